@@ -1,0 +1,135 @@
+// Package shardq is an ordered, tenant-sharded message queue on MySQL
+// (MariaDB, MySQL, Vitess) or an embedded SQLite file.
+//
+// Messages are published to (tenant, topic, partition key). The partition
+// key is the ordering unit (a message group): within one partition, offsets
+// increase in commit order and readers see messages in that order. Publish
+// is idempotent by message id.
+//
+// A Client wraps a driver (see driver/mysqldriver and driver/sqlitedriver):
+//
+//	drv, _ := sqlitedriver.Open("shardq.db", nil)
+//	client, _ := shardq.NewClient(drv, nil)
+//	defer client.Close()
+//	_ = client.Migrate(ctx)
+//	res, err := client.Publish(ctx, shardq.Message{
+//		Tenant: "acme", Topic: "orders", PartitionKey: "order-42",
+//		Payload: []byte(`{"status":"paid"}`),
+//	})
+//
+// Concurrent Publish calls of one tenant share transactions (group commit),
+// and each returns once its own messages are committed. PublishTx writes
+// inside the caller's own *sql.Tx instead: the messages exist if and only if
+// that transaction commits.
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/coalesce"
+)
+
+// Config tunes a Client. The zero value (or nil) gives the defaults.
+type Config struct {
+	// MaxPayloadBytes bounds one message's payload. Default 1 MiB.
+	MaxPayloadBytes int
+
+	// PublishMaxBatch bounds the messages that concurrent Publish calls
+	// share in one transaction. A single call with more messages is still
+	// one transaction of its own. Default 500.
+	PublishMaxBatch int
+
+	// PublishMaxInflight bounds the publish transactions running at once
+	// per tenant; calls arriving meanwhile queue and share the next one.
+	// Default 2.
+	PublishMaxInflight int
+
+	// PublishTimeout bounds one shared publish transaction, which runs
+	// detached from any single caller's context. Default 30 s.
+	PublishTimeout time.Duration
+
+	// PublishRetries is how many times a publish transaction that failed
+	// with a retryable error (a deadlock, a busy SQLite file) is run again.
+	// Default 5.
+	PublishRetries int
+
+	// Clock stamps CreatedAt on messages without one. Default time.Now.
+	Clock func() time.Time
+
+	// Logger receives what the client does not return to a caller.
+	// Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxPayloadBytes <= 0 {
+		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.PublishMaxBatch <= 0 {
+		c.PublishMaxBatch = 500
+	}
+	if c.PublishMaxInflight <= 0 {
+		c.PublishMaxInflight = 2
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
+	if c.PublishRetries <= 0 {
+		c.PublishRetries = 5
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Client publishes to one database. It is safe for concurrent use.
+type Client struct {
+	drv     driver.Driver
+	cfg     Config
+	batcher *coalesce.Batcher[string, *driver.InsertMessage]
+}
+
+// NewClient returns a client over drv. Closing the client does not close
+// the driver.
+func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
+	if drv == nil {
+		return nil, errors.New("shardq: driver must not be nil")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	cl := &Client{drv: drv, cfg: c.withDefaults()}
+	cl.batcher = coalesce.New[string](cl.writeBatch, cl.cfg.PublishMaxBatch, cl.cfg.PublishMaxInflight, cl.cfg.PublishTimeout)
+	return cl, nil
+}
+
+// Driver returns the client's driver.
+func (c *Client) Driver() driver.Driver { return c.drv }
+
+// Migrate applies the schema migrations that are not applied yet.
+func (c *Client) Migrate(ctx context.Context) error {
+	applied, err := c.drv.Migrate(ctx)
+	if err != nil {
+		return fmt.Errorf("shardq: %w", err)
+	}
+	if len(applied) > 0 {
+		c.cfg.Logger.Info("shardq: migrations applied", "driver", c.drv.Name(), "versions", applied)
+	}
+	return nil
+}
+
+// Close waits for queued publishes to finish and refuses new ones.
+func (c *Client) Close() error {
+	c.batcher.Close()
+	return nil
+}

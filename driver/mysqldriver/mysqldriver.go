@@ -1,0 +1,154 @@
+// Package mysqldriver is shardq's driver for MariaDB 10.6+ and MySQL 8.0+,
+// on go-sql-driver/mysql. Every statement names its tenant by equality or by
+// an explicit IN list, so that Vitess can route it to one shard (or to the
+// shards of that list).
+//
+// Offsets come from queue_messages' AUTO_INCREMENT, which is allocated in
+// insert order, not commit order. To make one partition's offsets visible in
+// increasing order, a publisher first locks the partition's head row in
+// queue_partitions and holds it until commit: the next publisher of that
+// partition inserts (and so draws its offsets) only after the previous one
+// committed. See DESIGN.md, "Offsets and the head row".
+package mysqldriver
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Driver is a MariaDB/MySQL database holding the queue's tables.
+type Driver struct {
+	db         *sql.DB
+	owned      bool
+	migrations []migrate.Migration
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New uses an existing pool. shardq works with any go-sql-driver/mysql DSN;
+// Open adds the settings it prefers (interpolateParams, UTC).
+func New(db *sql.DB) (*Driver, error) {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{db: db, migrations: ms}, nil
+}
+
+// Open opens a pool from a go-sql-driver/mysql DSN
+// ("user:pass@tcp(host:3306)/db?param=value"), with client-side parameter
+// interpolation (one round trip per statement), UTC times, and enough idle
+// connections for concurrent publishers. The driver owns the pool.
+func Open(dsn string) (*Driver, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mysql dsn: %w", err)
+	}
+	cfg.InterpolateParams = true
+	cfg.Loc = time.UTC
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	if _, ok := cfg.Params["time_zone"]; !ok {
+		cfg.Params["time_zone"] = "'+00:00'"
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysql dsn: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxIdleConns(64)
+	db.SetConnMaxLifetime(10 * time.Minute)
+	d, err := New(db)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	d.owned = true
+	return d, nil
+}
+
+func (d *Driver) Name() string { return "mysql" }
+func (d *Driver) DB() *sql.DB  { return d.db }
+
+func (d *Driver) Close() error {
+	if d.owned {
+		return d.db.Close()
+	}
+	return nil
+}
+
+// BeginWrite starts a READ COMMITTED transaction: publishers then take
+// record locks only, never gap locks that would make publishers of
+// neighbouring partitions wait on each other.
+func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, wrap("begin", err)
+	}
+	return tx, nil
+}
+
+// MySQL server error numbers this driver acts on.
+const (
+	errNoSuchTable = 1146
+	errDeadlock    = 1213
+)
+
+// Retryable reports a deadlock: InnoDB rolled the transaction back and
+// running it again is the documented remedy.
+func (d *Driver) Retryable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errDeadlock
+}
+
+// wrap names the operation and turns a missing table into ErrNotMigrated.
+func wrap(op string, err error) error {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errNoSuchTable {
+		return fmt.Errorf("%s: %w (%s)", op, driver.ErrNotMigrated, me.Message)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+const timeLayout = "2006-01-02 15:04:05.000000"
+
+func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
+
+// dbTime scans a DATETIME whichever way the pool's DSN returns it
+// (parseTime=true gives time.Time, otherwise bytes).
+type dbTime struct{ t time.Time }
+
+func (s *dbTime) Scan(v any) error {
+	switch v := v.(type) {
+	case time.Time:
+		s.t = v.UTC()
+		return nil
+	case []byte:
+		return s.parse(string(v))
+	case string:
+		return s.parse(v)
+	}
+	return fmt.Errorf("scan time: unsupported %T", v)
+}
+
+func (s *dbTime) parse(v string) error {
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", v, time.UTC)
+	if err != nil {
+		return fmt.Errorf("scan time: %w", err)
+	}
+	s.t = t
+	return nil
+}

@@ -1,0 +1,151 @@
+// Package sqlitedriver is shardq's driver for an embedded SQLite file, on
+// the pure-Go modernc.org/sqlite (no cgo). It is the default when there is
+// no server: local development, tests, small deployments.
+//
+// The file runs in WAL mode, so readers never wait for the writer. Writes go
+// through a pool of one connection and begin with BEGIN IMMEDIATE: goroutines
+// of one process queue for it in Go, and another process on the same file
+// waits in SQLite's busy handler (busy_timeout). Reads use a separate pool.
+package sqlitedriver
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"net/url"
+	"runtime"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Options tune Open. The zero value is the default.
+type Options struct {
+	// BusyTimeout is how long a writer waits for another process's write
+	// lock before failing with SQLITE_BUSY. Default 10 s.
+	BusyTimeout time.Duration
+	// Synchronous is SQLite's synchronous pragma. Default "FULL": a
+	// published message survives a power loss once Publish returned.
+	// "NORMAL" is faster and still safe against a process crash.
+	Synchronous string
+	// ReadConns bounds the read pool. Default max(4, GOMAXPROCS).
+	ReadConns int
+}
+
+// Driver is a SQLite file holding the queue's tables.
+type Driver struct {
+	write      *sql.DB // one connection; every transaction is BEGIN IMMEDIATE
+	read       *sql.DB
+	migrations []migrate.Migration
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// Open opens (creating if needed) the SQLite file at path.
+func Open(path string, opts *Options) (*Driver, error) {
+	if path == "" {
+		return nil, errors.New("sqlite: path must not be empty")
+	}
+	if strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("sqlite: path %q: '?' and '#' are not allowed", path)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 10 * time.Second
+	}
+	if o.Synchronous == "" {
+		o.Synchronous = "FULL"
+	}
+	if o.ReadConns <= 0 {
+		o.ReadConns = max(4, runtime.GOMAXPROCS(0))
+	}
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	q.Set("_busy_timeout", fmt.Sprint(o.BusyTimeout.Milliseconds()))
+	q.Set("_journal_mode", "WAL")
+	q.Set("_synchronous", o.Synchronous)
+	q.Set("_txlock", "immediate")
+	write, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	write.SetMaxOpenConns(1)
+	write.SetMaxIdleConns(1)
+	write.SetConnMaxLifetime(0)
+	// The write connection creates the file and switches it to WAL before
+	// any reader opens it.
+	if err := write.Ping(); err != nil {
+		write.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	q.Del("_txlock")
+	q.Del("_journal_mode") // persistent in the file; setting it needs the write lock
+	q.Set("_query_only", "true")
+	read, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		write.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	read.SetMaxOpenConns(o.ReadConns)
+	read.SetMaxIdleConns(o.ReadConns)
+	return &Driver{write: write, read: read, migrations: ms}, nil
+}
+
+func (d *Driver) Name() string { return "sqlite" }
+
+// DB is the write pool (one connection, BEGIN IMMEDIATE). Begin PublishTx
+// transactions on it. While such a transaction is open, other writers of
+// this process wait for it, so do not call Client.Publish inside one.
+func (d *Driver) DB() *sql.DB { return d.write }
+
+func (d *Driver) Close() error {
+	return errors.Join(d.read.Close(), d.write.Close())
+}
+
+// BeginWrite takes the file's write lock (BEGIN IMMEDIATE).
+func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+	tx, err := d.write.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, wrap("begin", err)
+	}
+	return tx, nil
+}
+
+// Retryable reports SQLITE_BUSY (another process held the write lock past
+// busy_timeout) and SQLITE_LOCKED.
+func (d *Driver) Retryable(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	code := se.Code() & 0xff // primary result code
+	return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
+}
+
+func wrap(op string, err error) error {
+	var se *sqlite.Error
+	if errors.As(err, &se) && strings.Contains(se.Error(), "no such table") {
+		return fmt.Errorf("%s: %w (%s)", op, driver.ErrNotMigrated, se.Error())
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func micros(t time.Time) int64      { return t.UnixMicro() }
+func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+func nowMicros() int64              { return time.Now().UnixMicro() }

@@ -1,0 +1,23 @@
+package shardq
+
+import (
+	"errors"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+var (
+	// ErrInvalid matches every validation error (errors.Is). Validation
+	// runs before any SQL, so nothing was written.
+	ErrInvalid = ident.ErrInvalid
+	// ErrNotMigrated means the queue's tables are missing: run
+	// `shardq migrate` or Client.Migrate.
+	ErrNotMigrated = driver.ErrNotMigrated
+	// ErrClosed is returned by calls on a closed Client.
+	ErrClosed = errors.New("shardq: client closed")
+)
+
+// ValidationError names the field and the rule that input broke, as in
+// "message 2: partition key: 256 characters, limit 255". Use errors.As.
+type ValidationError = ident.Error

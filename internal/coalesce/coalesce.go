@@ -1,0 +1,153 @@
+// Package coalesce merges concurrent submissions into shared flushes: group
+// commit for publishers.
+//
+// Submissions are queued per key (the tenant, so that a flush stays on one
+// shard). A key runs at most MaxInflight flushes at once; a submission that
+// finds a free slot starts a flush at once, so a lone publisher waits for
+// nothing but its own commit. Submissions arriving while every slot is busy
+// queue up, and the next flush takes all of them (up to MaxItems): batches
+// grow with the load and no timer adds latency.
+//
+// A submission is atomic: its items are never split across flushes. If a
+// shared flush fails, each of its submissions is flushed again on its own,
+// so that one submission's trouble does not fail the others; flushes must
+// therefore be idempotent (shardq's are: publish is idempotent by id).
+package coalesce
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// ErrClosed is returned by Submit after Close.
+var ErrClosed = errors.New("coalesce: closed")
+
+// FlushFunc writes items in one transaction.
+type FlushFunc[T any] func(ctx context.Context, items []T) error
+
+// Batcher coalesces submissions. Create it with New.
+type Batcher[K comparable, T any] struct {
+	flush       FlushFunc[T]
+	maxItems    int
+	maxInflight int
+	timeout     time.Duration
+
+	mu     sync.Mutex
+	queues map[K]*queue[T]
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type queue[T any] struct {
+	pending  []*request[T]
+	inflight int
+}
+
+type request[T any] struct {
+	items []T
+	done  chan error
+}
+
+// New returns a Batcher. maxItems bounds the items of a merged flush (a
+// larger submission is flushed alone); timeout bounds one flush, which runs
+// detached from the submitters' contexts because it serves several of them.
+func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, timeout time.Duration) *Batcher[K, T] {
+	return &Batcher[K, T]{
+		flush:       flush,
+		maxItems:    max(1, maxItems),
+		maxInflight: max(1, maxInflight),
+		timeout:     timeout,
+		queues:      map[K]*queue[T]{},
+	}
+}
+
+// Submit queues items under key and waits until they are flushed or ctx is
+// done. When ctx ends first, the items may still be flushed later.
+func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
+	r := &request[T]{items: items, done: make(chan error, 1)}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	q := b.queues[key]
+	if q == nil {
+		q = &queue[T]{}
+		b.queues[key] = q
+	}
+	q.pending = append(q.pending, r)
+	if q.inflight < b.maxInflight {
+		q.inflight++
+		b.wg.Add(1)
+		go b.drain(key, q)
+	}
+	b.mu.Unlock()
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// drain flushes the key's queue until it is empty.
+func (b *Batcher[K, T]) drain(key K, q *queue[T]) {
+	defer b.wg.Done()
+	for {
+		b.mu.Lock()
+		if len(q.pending) == 0 {
+			q.inflight--
+			if q.inflight == 0 {
+				delete(b.queues, key)
+			}
+			b.mu.Unlock()
+			return
+		}
+		n, items := 1, len(q.pending[0].items)
+		for n < len(q.pending) && items+len(q.pending[n].items) <= b.maxItems {
+			items += len(q.pending[n].items)
+			n++
+		}
+		reqs := q.pending[:n:n]
+		q.pending = q.pending[n:]
+		b.mu.Unlock()
+		b.run(reqs, items)
+	}
+}
+
+func (b *Batcher[K, T]) run(reqs []*request[T], n int) {
+	if len(reqs) == 1 {
+		reqs[0].done <- b.flushOnce(reqs[0].items)
+		return
+	}
+	items := make([]T, 0, n)
+	for _, r := range reqs {
+		items = append(items, r.items...)
+	}
+	if err := b.flushOnce(items); err == nil {
+		for _, r := range reqs {
+			r.done <- nil
+		}
+		return
+	}
+	for _, r := range reqs {
+		r.done <- b.flushOnce(r.items)
+	}
+}
+
+func (b *Batcher[K, T]) flushOnce(items []T) error {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	return b.flush(ctx, items)
+}
+
+// Close refuses new submissions and waits until everything queued is
+// flushed.
+func (b *Batcher[K, T]) Close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.wg.Wait()
+}

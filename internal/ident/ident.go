@@ -1,0 +1,155 @@
+// Package ident validates the queue's identifiers, headers and payloads in
+// the process, before any SQL runs. Every error names the field and the rule
+// it broke, so a caller can fix the input without reading the schema.
+//
+// The limits follow the schema: ASCII identifiers are VARCHAR(255) in an
+// ascii charset (255 bytes); partition keys and message ids are VARCHAR(255)
+// in utf8mb4 (255 characters, that is code points).
+//
+// No identifier or key may end with a space. MySQL's ascii_bin and
+// utf8mb4_bin are PAD SPACE collations: they ignore trailing spaces, so "k"
+// and "k " would be one key on MySQL and two on SQLite. Without trailing
+// spaces, PAD SPACE equality is exact equality on every database.
+package ident
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Limits of the stored forms.
+const (
+	MaxIdentBytes       = 255 // tenant, topic, consumer group, subscriber name
+	MaxKeyChars         = 255 // partition key and message id, in characters
+	MaxHeaders          = 64
+	MaxHeaderKeyBytes   = 255
+	MaxHeaderValueBytes = 8 << 10
+)
+
+// ErrInvalid is matched by every validation error (errors.Is).
+var ErrInvalid = errors.New("invalid argument")
+
+// Error is a validation failure: Field is what was checked ("tenant",
+// "partition key", `header "trace"`), Rule what it broke.
+type Error struct {
+	Field string
+	Rule  string
+}
+
+func (e *Error) Error() string        { return e.Field + ": " + e.Rule }
+func (e *Error) Is(target error) bool { return target == ErrInvalid }
+
+func fail(field, format string, args ...any) error {
+	return &Error{Field: field, Rule: fmt.Sprintf(format, args...)}
+}
+
+// ASCII checks an identifier stored as ASCII VARCHAR(255): tenant, topic,
+// consumer group, subscriber name. Comparison is byte for byte, so no case
+// folding or trimming happens here.
+func ASCII(field, v string) error {
+	if v == "" {
+		return fail(field, "must not be empty")
+	}
+	if len(v) > MaxIdentBytes {
+		return fail(field, "%d bytes, limit %d", len(v), MaxIdentBytes)
+	}
+	for i := 0; i < len(v); i++ {
+		switch b := v[i]; {
+		case b == 0:
+			return fail(field, "byte 0x00 not allowed")
+		case b >= utf8.RuneSelf:
+			return fail(field, "byte 0x%02x at index %d is not ASCII", b, i)
+		}
+	}
+	return noTrailingSpace(field, v)
+}
+
+func noTrailingSpace(field, v string) error {
+	if v != "" && v[len(v)-1] == ' ' {
+		return fail(field, "must not end with a space (MySQL collations ignore trailing spaces)")
+	}
+	return nil
+}
+
+// Tenant, Topic, ConsumerGroup and SubscriberName name the field for ASCII.
+func Tenant(v string) error         { return ASCII("tenant", v) }
+func Topic(v string) error          { return ASCII("topic", v) }
+func ConsumerGroup(v string) error  { return ASCII("consumer group", v) }
+func SubscriberName(v string) error { return ASCII("subscriber name", v) }
+
+// utf8Text checks valid UTF-8 of at most maxChars code points with no NUL.
+func utf8Text(field, v string, maxChars int) error {
+	if !utf8.ValidString(v) {
+		for i := 0; i < len(v); {
+			r, size := utf8.DecodeRuneInString(v[i:])
+			if r == utf8.RuneError && size <= 1 {
+				return fail(field, "invalid UTF-8 at byte %d", i)
+			}
+			i += size
+		}
+	}
+	n := 0
+	for i := 0; i < len(v); i++ {
+		if v[i] == 0 {
+			return fail(field, "byte 0x00 not allowed")
+		}
+		if v[i]&0xC0 != 0x80 { // count the first byte of each code point
+			n++
+		}
+	}
+	if n > maxChars {
+		return fail(field, "%d characters, limit %d", n, maxChars)
+	}
+	return noTrailingSpace(field, v)
+}
+
+// PartitionKey checks a partition key: valid UTF-8, at most 255 characters,
+// no NUL, no trailing space. The empty key is allowed and means "ungrouped".
+func PartitionKey(v string) error { return utf8Text("partition key", v, MaxKeyChars) }
+
+// MessageID checks a message id: valid UTF-8, 1 to 255 characters, no NUL,
+// no trailing space.
+func MessageID(v string) error {
+	if v == "" {
+		return fail("message id", "must not be empty")
+	}
+	return utf8Text("message id", v, MaxKeyChars)
+}
+
+// Headers checks message headers: at most MaxHeaders entries, keys valid
+// UTF-8 of 1..255 bytes without NUL, values valid UTF-8 of at most 8 KiB.
+// Headers are stored as a JSON object, which cannot carry invalid UTF-8
+// without changing it, hence the UTF-8 rule for values.
+func Headers(h map[string]string) error {
+	if len(h) > MaxHeaders {
+		return fail("headers", "%d entries, limit %d", len(h), MaxHeaders)
+	}
+	for k, v := range h {
+		if k == "" {
+			return fail("header key", "must not be empty")
+		}
+		if len(k) > MaxHeaderKeyBytes {
+			return fail("header key", "%d bytes, limit %d", len(k), MaxHeaderKeyBytes)
+		}
+		if err := utf8Text("header key", k, MaxHeaderKeyBytes); err != nil {
+			return err
+		}
+		field := fmt.Sprintf("header %q", k)
+		if len(v) > MaxHeaderValueBytes {
+			return fail(field, "value %d bytes, limit %d", len(v), MaxHeaderValueBytes)
+		}
+		if !utf8.ValidString(v) {
+			return fail(field, "value is not valid UTF-8")
+		}
+	}
+	return nil
+}
+
+// Payload checks a payload against the configured limit.
+func Payload(p []byte, limit int) error {
+	if len(p) > limit {
+		return fail("payload", "%d bytes, limit %d", len(p), limit)
+	}
+	return nil
+}

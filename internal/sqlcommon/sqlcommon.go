@@ -1,0 +1,202 @@
+// Package sqlcommon holds what the SQL drivers share: appending a batch
+// of messages: grouping by (tenant, topic), de-duplication inside the batch,
+// the statement fragments that look messages up by identity, and the header
+// encoding.
+package sqlcommon
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// Group is the distinct messages of one (tenant, topic) within a batch.
+type Group struct {
+	Tenant string
+	Topic  string
+	// Msgs holds the first occurrence of each (partition key, id), in batch
+	// order.
+	Msgs []*driver.InsertMessage
+	// Keys are the group's distinct partition keys, sorted: head rows are
+	// locked in this order, so two batches never wait on each other in a
+	// cycle.
+	Keys []string
+}
+
+// Batch is a planned batch.
+type Batch struct {
+	Groups  []*Group // sorted by tenant, then topic
+	repeats map[*driver.InsertMessage]*driver.InsertMessage
+}
+
+type identity struct{ tenant, topic, key, id string }
+
+// Plan groups msgs and sets aside repeats of an identity already in the batch.
+func Plan(msgs []*driver.InsertMessage) *Batch {
+	b := &Batch{}
+	first := make(map[identity]*driver.InsertMessage, len(msgs))
+	groups := map[[2]string]*Group{}
+	for _, m := range msgs {
+		m.Offset, m.Duplicate = 0, false
+		id := identity{m.Tenant, m.Topic, m.PartitionKey, m.ID}
+		if f, ok := first[id]; ok {
+			if b.repeats == nil {
+				b.repeats = map[*driver.InsertMessage]*driver.InsertMessage{}
+			}
+			b.repeats[m] = f
+			continue
+		}
+		first[id] = m
+		gk := [2]string{m.Tenant, m.Topic}
+		g := groups[gk]
+		if g == nil {
+			g = &Group{Tenant: m.Tenant, Topic: m.Topic}
+			groups[gk] = g
+			b.Groups = append(b.Groups, g)
+		}
+		g.Msgs = append(g.Msgs, m)
+		g.Keys = append(g.Keys, m.PartitionKey)
+	}
+	slices.SortFunc(b.Groups, func(x, y *Group) int {
+		return cmp.Or(strings.Compare(x.Tenant, y.Tenant), strings.Compare(x.Topic, y.Topic))
+	})
+	for _, g := range b.Groups {
+		slices.Sort(g.Keys)
+		g.Keys = slices.Compact(g.Keys)
+	}
+	return b
+}
+
+// Finish gives each repeat inside the batch its first occurrence's offset.
+func (b *Batch) Finish() {
+	for m, f := range b.repeats {
+		m.Offset, m.Duplicate = f.Offset, true
+	}
+}
+
+// ByTenant yields the batch's groups in runs that share a tenant.
+func (b *Batch) ByTenant(yield func(tenant string, groups []*Group) error) error {
+	for i := 0; i < len(b.Groups); {
+		j := i + 1
+		for j < len(b.Groups) && b.Groups[j].Tenant == b.Groups[i].Tenant {
+			j++
+		}
+		if err := yield(b.Groups[i].Tenant, b.Groups[i:j]); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// Chunks splits msgs into runs of at most maxRows messages and about
+// maxBytes of payload and headers, so that one statement stays well under
+// the server's packet limit. A single larger message gets a run of its own.
+func Chunks(msgs []*driver.InsertMessage, maxRows, maxBytes int) [][]*driver.InsertMessage {
+	var out [][]*driver.InsertMessage
+	start, size := 0, 0
+	for i, m := range msgs {
+		n := len(m.Payload) + len(m.ID) + len(m.PartitionKey) + 64*len(m.Headers)
+		if i > start && (i-start >= maxRows || size+n > maxBytes) {
+			out = append(out, msgs[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(msgs) {
+		out = append(out, msgs[start:])
+	}
+	return out
+}
+
+// IdentityMatch returns "((partition_key = ? AND id = ?) OR ...)" for msgs
+// and its arguments. The optimiser turns it into ranges on the unique key
+// (tenant, topic, partition_key, id).
+func IdentityMatch(msgs []*driver.InsertMessage) (string, []any) {
+	var sb strings.Builder
+	args := make([]any, 0, 2*len(msgs))
+	sb.WriteString("(")
+	for i, m := range msgs {
+		if i > 0 {
+			sb.WriteString(" OR ")
+		}
+		sb.WriteString("(partition_key = ? AND id = ?)")
+		args = append(args, m.PartitionKey, m.ID)
+	}
+	sb.WriteString(")")
+	return sb.String(), args
+}
+
+// Placeholders returns "?, ?, ..." with n marks.
+func Placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// EncodeHeaders stores headers as a JSON object (keys sorted by
+// encoding/json). Validation has ensured valid UTF-8, so nothing changes.
+func EncodeHeaders(h map[string]string) ([]byte, error) {
+	if len(h) == 0 {
+		return []byte("{}"), nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("encode headers: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeHeaders reads what EncodeHeaders wrote.
+func DecodeHeaders(b []byte) (map[string]string, error) {
+	var h map[string]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("decode headers: %w", err)
+	}
+	if h == nil {
+		return nil, fmt.Errorf("decode headers: %q is not a JSON object", b)
+	}
+	return h, nil
+}
+
+// Lookup finds which of msgs (all of group g) are stored and sets their
+// Offset; with duplicate it also marks them Duplicate. query selects
+// (partition_key, id, offset) FROM queue_messages and is followed by the
+// WHERE clause; suffix ends the statement (a lock clause, or "").
+func Lookup(ctx context.Context, q driver.DBTX, query, suffix string, g *Group, msgs []*driver.InsertMessage, duplicate bool) error {
+	idx := make(map[[2]string]*driver.InsertMessage, len(msgs))
+	for _, m := range msgs {
+		idx[[2]string{m.PartitionKey, m.ID}] = m
+	}
+	const maxLookupRows = 500
+	for start := 0; start < len(msgs); start += maxLookupRows {
+		part := msgs[start:min(start+maxLookupRows, len(msgs))]
+		match, margs := IdentityMatch(part)
+		rows, err := q.QueryContext(ctx, query+" WHERE tenant = ? AND topic = ? AND "+match+suffix,
+			append([]any{g.Tenant, g.Topic}, margs...)...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var key, id string
+			var off int64
+			if err := rows.Scan(&key, &id, &off); err != nil {
+				rows.Close()
+				return err
+			}
+			if m := idx[[2]string{key, id}]; m != nil {
+				m.Offset, m.Duplicate = off, duplicate
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+// Package testdb gives each test its own database: a fresh MariaDB/MySQL
+// schema (dropped when the test ends) or a SQLite file in the test's temp
+// directory.
+//
+// MySQL tests read SHARDQ_TEST_MYSQL_DSN (a go-sql-driver DSN without a
+// database name; default "root@tcp(127.0.0.1:3306)/"). An unreachable server
+// fails the test. Outside CI, SHARDQ_TEST_MYSQL=skip skips them instead
+// (with CI=true it is ignored: CI never skips).
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/driver/sqlitedriver"
+)
+
+// MySQLServerDSN is the DSN of the test server, without a database.
+func MySQLServerDSN() string {
+	if v := os.Getenv("SHARDQ_TEST_MYSQL_DSN"); v != "" {
+		return v
+	}
+	return "root@tcp(127.0.0.1:3306)/"
+}
+
+// MySQLDatabase creates an empty database and returns a go-sql-driver DSN
+// for it; the database is dropped when t ends.
+func MySQLDatabase(t testing.TB) string {
+	t.Helper()
+	if os.Getenv("CI") != "true" && os.Getenv("SHARDQ_TEST_MYSQL") == "skip" {
+		t.Skip("SHARDQ_TEST_MYSQL=skip: MySQL tests skipped (never in CI)")
+	}
+	admin, err := sql.Open("mysql", MySQLServerDSN())
+	if err != nil {
+		t.Fatalf("mysql: %v", err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := admin.PingContext(ctx); err != nil {
+		t.Fatalf("mysql test server %s unreachable: %v (run scripts/test, which starts MariaDB; "+
+			"outside CI, SHARDQ_TEST_MYSQL=skip skips these tests)", MySQLServerDSN(), err)
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "shardq_test_" + hex.EncodeToString(b)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("mysql", MySQLServerDSN())
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer db.Close()
+		if _, err := db.Exec("DROP DATABASE IF EXISTS " + name); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	cfg, err := mysql.ParseDSN(MySQLServerDSN())
+	if err != nil {
+		t.Fatalf("SHARDQ_TEST_MYSQL_DSN: %v", err)
+	}
+	cfg.DBName = name
+	return cfg.FormatDSN()
+}
+
+// MySQL opens a driver on a fresh database, not migrated.
+func MySQL(t testing.TB) *mysqldriver.Driver {
+	t.Helper()
+	d, err := mysqldriver.Open(MySQLDatabase(t))
+	if err != nil {
+		t.Fatalf("open mysql driver: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// SQLite opens a driver on a new file in t's temp directory, not migrated.
+func SQLite(t testing.TB) *sqlitedriver.Driver {
+	t.Helper()
+	d, err := sqlitedriver.Open(filepath.Join(t.TempDir(), "shardq.db"), nil)
+	if err != nil {
+		t.Fatalf("open sqlite driver: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// Migrated migrates d or fails t.
+func Migrated[D driver.Driver](t testing.TB, d D) D {
+	t.Helper()
+	if _, err := d.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return d
+}
