@@ -89,7 +89,7 @@ func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult,
 		if errors.Is(err, coalesce.ErrClosed) {
 			return nil, ErrClosed
 		}
-		return nil, fmt.Errorf("shardq: publish tenant %q topic %q: %w", rows[0].Tenant, rows[0].Topic, err)
+		return nil, fmt.Errorf("shardq: publish: %w", err)
 	}
 	return results(rows), nil
 }

@@ -592,6 +592,7 @@ func testLaterCommitNeverHidesBehindOpenOne(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback() // on failure, end it before cleanup drops the database
 	first, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "first"})
 	if err != nil {
 		t.Fatal(err)

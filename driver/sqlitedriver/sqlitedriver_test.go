@@ -1,19 +1,128 @@
 package sqlitedriver_test
 
 import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/drivertest"
+	"github.com/shardq/shardq/driver/sqlitedriver"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
+// helperEnv makes the test binary act as a second publisher process.
+const helperEnv = "SHARDQ_SQLITE_HELPER_DB"
+
 func TestMain(m *testing.M) {
+	if path := os.Getenv(helperEnv); path != "" {
+		if err := publishFromHelper(path, os.Getenv("SHARDQ_SQLITE_HELPER_NAME")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }
 
 func TestConformance(t *testing.T) {
 	drivertest.Run(t, func(t *testing.T) driver.Driver { return testdb.SQLite(t) })
+}
+
+const perProcess = 300
+
+func publishFromHelper(path, name string) error {
+	d, err := sqlitedriver.Open(path, nil)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for i := range perProcess {
+		if _, err := c.Publish(context.Background(), shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "shared",
+			ID: name + "-" + strconv.Itoa(i)}); err != nil {
+			return fmt.Errorf("%s message %d: %w", name, i, err)
+		}
+	}
+	return nil
+}
+
+// TestTwoProcessesOneFile runs publishers in two processes on one file
+// while this process reads: every message arrives once, in offset order.
+func TestTwoProcessesOneFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shared.db")
+	d := testdb.Migrated(t, must(sqlitedriver.Open(path, nil)))
+	defer d.Close()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+path, "SHARDQ_SQLITE_HELPER_NAME=child")
+	out := make(chan error, 1)
+	var stderr []byte
+	go func() {
+		var err error
+		stderr, err = cmd.CombinedOutput()
+		out <- err
+	}()
+	parent := make(chan error, 1)
+	go func() { parent <- publishFromHelper(path, "parent") }()
+
+	ctx := context.Background()
+	var cursor int64
+	var offsets []int64
+	seen := map[string]bool{}
+	for pending := 2; ; {
+		select {
+		case err := <-out:
+			if err != nil {
+				t.Fatalf("child process: %v\n%s", err, stderr)
+			}
+			pending--
+		case err := <-parent:
+			if err != nil {
+				t.Fatalf("parent publisher: %v", err)
+			}
+			pending--
+		default:
+		}
+		msgs, err := d.FetchAfter(ctx, "t", "x", "shared", cursor, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if seen[m.ID] {
+				t.Fatalf("%s read twice", m.ID)
+			}
+			seen[m.ID] = true
+			offsets = append(offsets, m.Offset)
+			cursor = m.Offset
+		}
+		if pending == 0 && len(msgs) == 0 {
+			break
+		}
+	}
+	if len(seen) != 2*perProcess {
+		t.Fatalf("read %d messages, want %d", len(seen), 2*perProcess)
+	}
+	if !slices.IsSorted(offsets) {
+		t.Fatal("offsets out of order across processes")
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

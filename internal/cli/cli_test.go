@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/goleak"
+
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), args, Env{
+		Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb,
+		Getenv: func(k string) string { return env[k] },
+	})
+	return result{code, out.String(), errb.String()}
+}
+
+func decodeLines(t *testing.T, s string) []publishLine {
+	t.Helper()
+	var out []publishLine
+	dec := json.NewDecoder(strings.NewReader(s))
+	for dec.More() {
+		var l publishLine
+		if err := dec.Decode(&l); err != nil {
+			t.Fatalf("stdout is not JSON lines: %v\n%s", err, s)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func mysqlURL(t *testing.T) string {
+	cfg, err := mysql.ParseDSN(testdb.MySQLDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName, User: url.UserPassword(cfg.User, cfg.Passwd)}
+	if cfg.Passwd == "" {
+		u.User = url.User(cfg.User)
+	}
+	return u.String()
+}
+
+func TestPublishFlow(t *testing.T) {
+	for _, db := range []struct {
+		name string
+		dsn  func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
+		{"mysql", mysqlURL},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			env := map[string]string{"SHARDQ_DSN": db.dsn(t)} // the env var, not --dsn
+			r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "x")
+			if r.code != 1 || !strings.Contains(r.stderr, "shardq migrate") {
+				t.Fatalf("publish before migrate: code %d, stderr %q; want 1 and the fix named", r.code, r.stderr)
+			}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 || !strings.Contains(r.stdout, "applied migrations [1]") {
+				t.Fatalf("migrate: %+v", r)
+			}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+				t.Fatalf("second migrate: %+v", r)
+			}
+			r = runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "o-1", "--id", "m1",
+				"--header", "trace=abc", "--json", `{"paid":true}`)
+			first := decodeLines(t, r.stdout)
+			if r.code != 0 || len(first) != 1 || first[0].Duplicate || first[0].ID != "m1" || first[0].PartitionKey != "o-1" || first[0].Offset <= 0 {
+				t.Fatalf("publish: %+v", r)
+			}
+			r = runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "o-1", "--id", "m1", "again")
+			if r.code != 0 || r.stdout != fmt.Sprintf("duplicate offset=%d tenant=acme topic=orders key=\"o-1\" id=m1\n", first[0].Offset) {
+				t.Fatalf("republish: %+v", r)
+			}
+			var lines strings.Builder
+			for i := range 250 {
+				fmt.Fprintf(&lines, "line %d\n", i)
+			}
+			r = runCLI(t, env, lines.String(), "publish", "--tenant", "acme", "--topic", "orders", "--key", "o-1", "--lines", "--batch", "100", "--json")
+			got := decodeLines(t, r.stdout)
+			if r.code != 0 || len(got) != 250 {
+				t.Fatalf("--lines: code %d, %d results, stderr %q", r.code, len(got), r.stderr)
+			}
+			for i, l := range got {
+				if l.Duplicate || (i > 0 && l.Offset <= got[i-1].Offset) || l.Offset <= first[0].Offset {
+					t.Fatalf("--lines result %d: %+v", i, l)
+				}
+			}
+		})
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"publish", "--topic", "x", "p"}, `required flag(s) "tenant" not set`},
+		{[]string{"publish", "--tenant", "t", "--topic", "x"}, "want exactly one PAYLOAD argument"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--lines", "p"}, "do not also give PAYLOAD"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--lines", "--id", "1"}, "--id names one message"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--header", "novalue", "p"}, `--header "novalue": want k=v`},
+		{[]string{"publish", "--tenant", "t\x00", "--topic", "x", "p"}, "tenant: byte 0x00 not allowed"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--key", strings.Repeat("k", 256), "p"}, "partition key: 256 characters, limit 255"},
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"publish", "--nope"}, "unknown flag: --nope"},
+		{[]string{"--dsn", "postgres://x/y", "migrate"}, "want sqlite://PATH or mysql://"},
+	} {
+		args := append([]string{"--dsn", dsn}, tc.args...)
+		if tc.args[0] == "--dsn" {
+			args = tc.args
+		}
+		r := runCLI(t, nil, "", args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "goroutine") {
+			t.Errorf("shardq %q: code %d stderr %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+}
+
+func TestTooLongLineIsNamed(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	long := "ok\n" + strings.Repeat("x", maxLineBytes+1) + "\n"
+	r := runCLI(t, nil, long, "--dsn", dsn, "publish", "--tenant", "t", "--topic", "x", "--lines")
+	if r.code != 2 || !strings.Contains(r.stderr, "stdin line 2: payload: more than 1048576 bytes") {
+		t.Fatalf("too-long line: %+v", r)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	r := runCLI(t, nil, "", "version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "shardq ") || !strings.Contains(r.stdout, "go1.") {
+		t.Fatalf("version: %+v", r)
+	}
+}

@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardq/shardq"
+)
+
+type publishFlags struct {
+	tenant, topic, key, id string
+	headers                []string
+	json, lines            bool
+	batch                  int
+}
+
+func (a *app) publishCmd() *cobra.Command {
+	var f publishFlags
+	cmd := &cobra.Command{
+		Use:   "publish --tenant T --topic X [--key K] [--id ID] [--header k=v ...] (PAYLOAD | --lines)",
+		Short: "Publish a message, or every line of stdin with --lines",
+		Long: "Publish one message whose payload is PAYLOAD, or with --lines one message per line of stdin\n" +
+			"(in transactions of --batch messages). Prints each message's offset and whether it was a\n" +
+			"duplicate (its id was already stored); --json prints one JSON object per message.",
+		RunE: run(func(cmd *cobra.Command, args []string) error { return a.publish(cmd, args, f) }),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&f.topic, "topic", "", "topic (required)")
+	fl.StringVar(&f.key, "key", "", "partition key (the ordering unit); empty means ungrouped")
+	fl.StringVar(&f.id, "id", "", "message id (idempotency key); generated when empty")
+	fl.StringArrayVar(&f.headers, "header", nil, "header k=v (repeatable)")
+	fl.BoolVar(&f.json, "json", false, "print one JSON object per message")
+	fl.BoolVar(&f.lines, "lines", false, "publish every line of stdin as one message")
+	fl.IntVar(&f.batch, "batch", 100, "with --lines, messages per transaction")
+	cmd.MarkFlagRequired("tenant")
+	cmd.MarkFlagRequired("topic")
+	return cmd
+}
+
+func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
+	headers := map[string]string{}
+	for _, h := range f.headers {
+		k, v, ok := strings.Cut(h, "=")
+		if !ok {
+			return usagef("--header %q: want k=v", h)
+		}
+		headers[k] = v
+	}
+	switch {
+	case f.lines && len(args) > 0:
+		return usagef("--lines reads payloads from stdin; do not also give PAYLOAD")
+	case f.lines && f.id != "":
+		return usagef("--id names one message; with --lines ids are generated")
+	case f.lines && f.batch < 1:
+		return usagef("--batch must be at least 1")
+	case !f.lines && len(args) != 1:
+		return usagef("want exactly one PAYLOAD argument (or --lines), got %d", len(args))
+	}
+	base := shardq.Message{Tenant: f.tenant, Topic: f.topic, PartitionKey: f.key, ID: f.id, Headers: headers}
+	c, done, err := a.client()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if !f.lines {
+		base.Payload = []byte(args[0])
+		res, err := c.Publish(cmd.Context(), base)
+		if err != nil {
+			return err
+		}
+		return a.printResults(f, res)
+	}
+
+	sc := bufio.NewScanner(a.env.Stdin)
+	sc.Buffer(make([]byte, 64<<10), maxLineBytes+1)
+	batch := make([]shardq.Message, 0, f.batch)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		res, err := c.Publish(cmd.Context(), batch...)
+		if err != nil {
+			return err
+		}
+		batch = batch[:0]
+		return a.printResults(f, res)
+	}
+	line := 0
+	for sc.Scan() {
+		line++
+		m := base
+		m.Payload = []byte(sc.Text())
+		batch = append(batch, m)
+		if len(batch) == f.batch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if errors.Is(sc.Err(), bufio.ErrTooLong) {
+		return fmt.Errorf("stdin line %d: %w", line+1,
+			&shardq.ValidationError{Field: "payload", Rule: fmt.Sprintf("more than %d bytes", maxLineBytes)})
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read stdin: %w", err)
+	}
+	return flush()
+}
+
+// maxLineBytes is the client's default payload limit.
+const maxLineBytes = 1 << 20
+
+type publishLine struct {
+	Tenant       string `json:"tenant"`
+	Topic        string `json:"topic"`
+	PartitionKey string `json:"partition_key"`
+	ID           string `json:"id"`
+	Offset       int64  `json:"offset"`
+	Duplicate    bool   `json:"duplicate"`
+}
+
+func (a *app) printResults(f publishFlags, res []shardq.PublishResult) error {
+	enc := json.NewEncoder(a.env.Stdout)
+	for _, r := range res {
+		if f.json {
+			if err := enc.Encode(publishLine{r.Tenant, r.Topic, r.PartitionKey, r.ID, r.Offset, r.Duplicate}); err != nil {
+				return err
+			}
+			continue
+		}
+		status := "published"
+		if r.Duplicate {
+			status = "duplicate"
+		}
+		if _, err := fmt.Fprintf(a.env.Stdout, "%s offset=%d tenant=%s topic=%s key=%q id=%s\n",
+			status, r.Offset, r.Tenant, r.Topic, r.PartitionKey, r.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,57 @@
+package sqlcommon
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/shardq/shardq/driver"
+)
+
+func FuzzDecodeHeaders(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":"b"}`, `null`, `[]`, `{"a":1}`, `{"\u00e9":"\ud83d\ude00"}`, ``} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := DecodeHeaders(b)
+		if err != nil {
+			return
+		}
+		if h == nil {
+			t.Fatalf("DecodeHeaders(%q) returned a nil map without error", b)
+		}
+		enc, err := EncodeHeaders(h)
+		if err != nil {
+			t.Fatalf("re-encode %v: %v", h, err)
+		}
+		back, err := DecodeHeaders(enc)
+		if err != nil || !maps.Equal(h, back) {
+			t.Fatalf("round trip of %q: %v, %v", b, back, err)
+		}
+	})
+}
+
+func TestPlanDeduplicatesAndSorts(t *testing.T) {
+	msgs := []*driver.InsertMessage{
+		{Tenant: "b", Topic: "x", PartitionKey: "k2", ID: "1"},
+		{Tenant: "a", Topic: "y", PartitionKey: "k1", ID: "1"},
+		{Tenant: "a", Topic: "x", PartitionKey: "k9", ID: "1"},
+		{Tenant: "a", Topic: "x", PartitionKey: "k1", ID: "1"},
+		{Tenant: "a", Topic: "x", PartitionKey: "k9", ID: "1"}, // repeat of the third
+	}
+	b := Plan(msgs)
+	var order []string
+	for _, g := range b.Groups {
+		order = append(order, g.Tenant+"/"+g.Topic)
+	}
+	if got := order; len(got) != 3 || got[0] != "a/x" || got[1] != "a/y" || got[2] != "b/x" {
+		t.Fatalf("groups %v, want a/x a/y b/x", got)
+	}
+	if k := b.Groups[0].Keys; len(k) != 2 || k[0] != "k1" || k[1] != "k9" || len(b.Groups[0].Msgs) != 2 {
+		t.Fatalf("group a/x keys %v msgs %d", k, len(b.Groups[0].Msgs))
+	}
+	msgs[2].Offset = 7
+	b.Finish()
+	if !msgs[4].Duplicate || msgs[4].Offset != 7 || msgs[2].Duplicate {
+		t.Fatalf("repeat not resolved: %+v / %+v", msgs[4], msgs[2])
+	}
+}

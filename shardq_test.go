@@ -1,0 +1,68 @@
+package shardq_test
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// TestHashSelectorMapping pins the documented mapping, FNV-1a (32-bit) of
+// the key's bytes modulo n, computed here with the standard library.
+func TestHashSelectorMapping(t *testing.T) {
+	sel := shardq.HashSelector(16)
+	for _, arg := range []any{"customer-1", []byte("customer-1"), 12345, int64(-7), uint64(99)} {
+		var key string
+		switch v := arg.(type) {
+		case string:
+			key = v
+		case []byte:
+			key = string(v)
+		case int:
+			key = strconv.Itoa(v)
+		case int64:
+			key = strconv.FormatInt(v, 10)
+		case uint64:
+			key = strconv.FormatUint(v, 10)
+		}
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		want := strconv.FormatUint(uint64(h.Sum32()%16), 10)
+		got, err := sel.SelectPartition(&shardq.Message{}, arg)
+		if err != nil || got != want {
+			t.Errorf("HashSelector(16)(%v) = %q, %v; want %q", arg, got, err, want)
+		}
+	}
+	if _, err := shardq.HashSelector(0).SelectPartition(&shardq.Message{}, "x"); err == nil {
+		t.Error("HashSelector(0) accepted")
+	}
+	if _, err := sel.SelectPartition(&shardq.Message{}, 1.5); err == nil || !strings.Contains(err.Error(), "float64") {
+		t.Errorf("float argument: %v", err)
+	}
+}
+
+func TestClosedClientRefuses(t *testing.T) {
+	d := testdb.Migrated(t, testdb.SQLite(t))
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := c.Publish(context.Background(), shardq.Message{Tenant: "t", Topic: "x"}); !errors.Is(err, shardq.ErrClosed) {
+		t.Fatalf("Publish after Close = %v, want ErrClosed", err)
+	}
+	if _, err := shardq.NewClient(nil, nil); err == nil {
+		t.Fatal("NewClient(nil) accepted")
+	}
+}
