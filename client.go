@@ -49,6 +49,13 @@ type Config struct {
 	// Default 2.
 	PublishMaxInflight int
 
+	// PublishLinger is how long a publish transaction waits for more
+	// concurrent calls to join it before it starts (unless PublishMaxBatch
+	// messages are already waiting). Default 0: under load, calls that
+	// arrive while a transaction runs share the next one anyway, and a lone
+	// caller waits for nothing but its own commit.
+	PublishLinger time.Duration
+
 	// PublishTimeout bounds one shared publish transaction, which runs
 	// detached from any single caller's context. Default 30 s.
 	PublishTimeout time.Duration
@@ -109,7 +116,7 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
-	cl.batcher = coalesce.New[string](cl.writeBatch, cl.cfg.PublishMaxBatch, cl.cfg.PublishMaxInflight, cl.cfg.PublishTimeout)
+	cl.batcher = coalesce.New[string](cl.writeBatch, cl.cfg.PublishMaxBatch, cl.cfg.PublishMaxInflight, cl.cfg.PublishLinger, cl.cfg.PublishTimeout)
 	return cl, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -30,9 +31,10 @@ var migrationFS embed.FS
 
 // Driver is a MariaDB/MySQL database holding the queue's tables.
 type Driver struct {
-	db         *sql.DB
-	owned      bool
-	migrations []migrate.Migration
+	db          *sql.DB
+	owned       bool
+	migrations  []migrate.Migration
+	autoIncStep atomic.Int64 // auto_increment_increment, read on first insert
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -90,11 +92,12 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// BeginWrite starts a READ COMMITTED transaction: publishers then take
-// record locks only, never gap locks that would make publishers of
-// neighbouring partitions wait on each other.
+// BeginWrite starts a transaction at the server's default isolation.
+// Publishers lock head rows in key order, so the gap locks of REPEATABLE
+// READ cannot close a cycle; asking for another level would cost a round
+// trip per transaction.
 func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
-	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)
 	}
@@ -103,9 +106,15 @@ func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
 
 // MySQL server error numbers this driver acts on.
 const (
-	errNoSuchTable = 1146
-	errDeadlock    = 1213
+	errDuplicateKey = 1062
+	errNoSuchTable  = 1146
+	errDeadlock     = 1213
 )
+
+func isDuplicateKey(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errDuplicateKey
+}
 
 // Retryable reports a deadlock: InnoDB rolled the transaction back and
 // running it again is the documented remedy.

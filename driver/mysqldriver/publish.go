@@ -20,18 +20,20 @@ const (
 //
 //  1. lock the head row of every partition written, in key order, creating
 //     missing ones (INSERT ... ON DUPLICATE KEY UPDATE takes the row lock);
-//  2. look up which identities are already stored, with a locking read so
-//     that it sees the latest committed rows whatever the caller's isolation
-//     level (PublishTx runs in the caller's transaction);
-//  3. insert the new messages, drawing offsets from AUTO_INCREMENT;
-//  4. read their offsets back (exact under every innodb_autoinc_lock_mode
-//     and auto_increment_increment);
-//  5. advance the head rows.
+//  2. insert the messages in multi-row INSERTs; offsets come from
+//     AUTO_INCREMENT, consecutive within one statement (LAST_INSERT_ID()
+//     is the first, spaced by auto_increment_increment);
+//  3. only if the unique key (tenant, topic, partition_key, id) reports a
+//     duplicate: read the stored offsets of that statement's messages with
+//     a locking read (the latest committed rows, whatever the caller's
+//     isolation level), mark them Duplicate, insert the others;
+//  4. advance the head rows.
 //
-// Because step 1 holds the head row until commit, no two transactions
-// insert into one partition at once, so a later commit never holds a lower
-// offset than an earlier one: the reader's cursor cannot pass a gap that
-// may still fill.
+// Because step 1 holds the head rows until commit, no other transaction
+// inserts into these partitions meanwhile: step 3 cannot race, and a later
+// commit never holds a lower offset than an earlier one, so a reader's
+// cursor cannot pass a gap that may still fill. Locking in sorted order keeps
+// two batches from waiting on each other in a cycle.
 func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error {
 	if len(msgs) == 0 {
 		return nil
@@ -42,7 +44,7 @@ func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*dri
 			return err
 		}
 		for _, g := range groups {
-			if err := insertGroup(ctx, tx, g); err != nil {
+			if err := d.insertGroup(ctx, tx, g); err != nil {
 				return fmt.Errorf("tenant %q topic %q: %w", g.Tenant, g.Topic, err)
 			}
 		}
@@ -77,12 +79,37 @@ func lockHeads(ctx context.Context, tx driver.DBTX, tenant string, groups []*sql
 	return nil
 }
 
-func insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
-	if err := lookupOffsets(ctx, tx, g, g.Msgs, true); err != nil {
-		return err
+func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
+	var stored []*driver.InsertMessage
+	for _, chunk := range sqlcommon.Chunks(g.Msgs, maxInsertRows, maxInsertBytes) {
+		err := d.insertChunk(ctx, tx, g, chunk)
+		if isDuplicateKey(err) {
+			err = d.insertNew(ctx, tx, g, chunk)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	fresh := make([]*driver.InsertMessage, 0, len(g.Msgs))
 	for _, m := range g.Msgs {
+		if !m.Duplicate {
+			stored = append(stored, m)
+		}
+	}
+	if len(stored) == 0 {
+		return nil
+	}
+	return advanceHeads(ctx, tx, g, stored)
+}
+
+// insertNew handles a chunk that hit the unique key: the statement was
+// rolled back, so look up which identities are stored and insert the rest.
+func (d *Driver) insertNew(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage) error {
+	if err := sqlcommon.Lookup(ctx, tx, "SELECT partition_key, id, `offset` FROM queue_messages",
+		" LOCK IN SHARE MODE", g, chunk, true); err != nil {
+		return wrap("look up message ids", err)
+	}
+	var fresh []*driver.InsertMessage
+	for _, m := range chunk {
 		if !m.Duplicate {
 			fresh = append(fresh, m)
 		}
@@ -90,59 +117,74 @@ func insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error 
 	if len(fresh) == 0 {
 		return nil
 	}
-	for _, chunk := range sqlcommon.Chunks(fresh, maxInsertRows, maxInsertBytes) {
-		var sb strings.Builder
-		args := make([]any, 0, 7*len(chunk))
-		sb.WriteString("INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES ")
-		for i, m := range chunk {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, ?, ?, ?, ?)")
-			h, err := sqlcommon.EncodeHeaders(m.Headers)
-			if err != nil {
-				return err
-			}
-			payload := m.Payload
-			if payload == nil {
-				payload = []byte{} // NOT NULL column; an empty payload is legal
-			}
-			args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, formatTime(m.CreatedAt))
-		}
-		if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
-			return wrap("insert messages", err)
-		}
-	}
-	if err := lookupOffsets(ctx, tx, g, fresh, false); err != nil {
-		return err
-	}
-	return advanceHeads(ctx, tx, g, fresh)
+	return d.insertChunk(ctx, tx, g, fresh)
 }
 
-// lookupOffsets sets Offset for the stored messages among msgs; with
-// existing it marks them Duplicate too, using a locking read: it sees the
-// latest committed rows whatever the caller's isolation level and snapshot.
-func lookupOffsets(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, msgs []*driver.InsertMessage, existing bool) error {
-	suffix := ""
-	if existing {
-		suffix = " LOCK IN SHARE MODE"
-	}
-	if err := sqlcommon.Lookup(ctx, tx, "SELECT partition_key, id, `offset` FROM queue_messages", suffix, g, msgs, existing); err != nil {
-		return wrap("look up message ids", err)
-	}
-	if !existing {
-		for _, m := range msgs {
-			if m.Offset == 0 {
-				return fmt.Errorf("partition %q id %q: inserted row not found", m.PartitionKey, m.ID)
-			}
+// insertChunk inserts msgs in one statement and sets their offsets.
+func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, msgs []*driver.InsertMessage) error {
+	var sb strings.Builder
+	args := make([]any, 0, 7*len(msgs))
+	sb.WriteString("INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES ")
+	for i, m := range msgs {
+		if i > 0 {
+			sb.WriteString(", ")
 		}
+		sb.WriteString("(?, ?, ?, ?, ?, ?, ?)")
+		h, err := sqlcommon.EncodeHeaders(m.Headers)
+		if err != nil {
+			return err
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{} // NOT NULL column; an empty payload is legal
+		}
+		args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, formatTime(m.CreatedAt))
+	}
+	res, err := tx.ExecContext(ctx, sb.String(), args...)
+	if err != nil {
+		if isDuplicateKey(err) {
+			return err // the caller falls back to looking the ids up
+		}
+		return wrap("insert messages", err)
+	}
+	first, err := res.LastInsertId()
+	if err != nil {
+		return fmt.Errorf("insert messages: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != int64(len(msgs)) {
+		return fmt.Errorf("insert messages: %d rows affected, want %d (%v)", n, len(msgs), err)
+	}
+	step, err := d.autoIncrementStep(ctx, tx)
+	if err != nil {
+		return err
+	}
+	for i, m := range msgs {
+		m.Offset = first + int64(i)*step
 	}
 	return nil
 }
 
-func advanceHeads(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, fresh []*driver.InsertMessage) error {
+// autoIncrementStep reads auto_increment_increment once: the spacing of the
+// AUTO_INCREMENT values one multi-row INSERT receives (1 unless the server
+// is set up for multi-primary replication).
+func (d *Driver) autoIncrementStep(ctx context.Context, q driver.DBTX) (int64, error) {
+	if v := d.autoIncStep.Load(); v > 0 {
+		return v, nil
+	}
+	var v int64
+	if err := q.QueryRowContext(ctx, "SELECT @@auto_increment_increment").Scan(&v); err != nil {
+		return 0, fmt.Errorf("read auto_increment_increment: %w", err)
+	}
+	if v < 1 {
+		return 0, fmt.Errorf("auto_increment_increment is %d", v)
+	}
+	d.autoIncStep.Store(v)
+	return v, nil
+}
+
+func advanceHeads(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, stored []*driver.InsertMessage) error {
 	heads := map[string]int64{}
-	for _, m := range fresh {
+	for _, m := range stored {
 		heads[m.PartitionKey] = max(heads[m.PartitionKey], m.Offset)
 	}
 	var sb strings.Builder

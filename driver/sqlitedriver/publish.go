@@ -10,13 +10,13 @@ import (
 )
 
 const (
-	maxInsertRows  = 500 // 8 variables a row, far below SQLite's 32766
+	maxInsertRows  = 500 // 7 variables a row, far below SQLite's 32766
 	maxInsertBytes = 4 << 20
 )
 
 // InsertMessages appends msgs in tx. The transaction holds SQLite's write
-// lock (BEGIN IMMEDIATE), so there is one writer at a time and offsets drawn
-// from queue_offset_sequence increase in commit order.
+// lock (BEGIN IMMEDIATE), so there is one writer at a time and the offsets
+// (AUTOINCREMENT rowids) it draws increase in commit order.
 func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error {
 	if len(msgs) == 0 {
 		return nil
@@ -31,54 +31,75 @@ func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*dri
 	return nil
 }
 
+// insertGroup inserts the messages with ON CONFLICT DO NOTHING; RETURNING
+// names the rows that went in and their offsets (rowids). The others were
+// stored before and get their stored offset.
 func insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
-	if err := markExisting(ctx, tx, g); err != nil {
-		return err
-	}
-	fresh := make([]*driver.InsertMessage, 0, len(g.Msgs))
-	for _, m := range g.Msgs {
-		if !m.Duplicate {
-			fresh = append(fresh, m)
+	inserted := make(map[[2]string]int64, len(g.Msgs))
+	for _, chunk := range sqlcommon.Chunks(g.Msgs, maxInsertRows, maxInsertBytes) {
+		if err := insertChunk(ctx, tx, g, chunk, inserted); err != nil {
+			return err
 		}
 	}
-	if len(fresh) == 0 {
+	heads := map[string]int64{}
+	for _, m := range g.Msgs {
+		if off, ok := inserted[[2]string{m.PartitionKey, m.ID}]; ok {
+			m.Offset = off
+			heads[m.PartitionKey] = max(heads[m.PartitionKey], off)
+			continue
+		}
+		m.Duplicate = true
+		if err := tx.QueryRowContext(ctx, `SELECT "offset" FROM queue_messages WHERE tenant = ? AND topic = ? AND partition_key = ? AND id = ?`,
+			g.Tenant, g.Topic, m.PartitionKey, m.ID).Scan(&m.Offset); err != nil {
+			return wrap(fmt.Sprintf("look up stored message partition %q id %q", m.PartitionKey, m.ID), err)
+		}
+	}
+	if len(heads) == 0 {
 		return nil
 	}
-	var last int64
-	if err := tx.QueryRowContext(ctx, "UPDATE queue_offset_sequence SET last_offset = last_offset + ? WHERE id = 1 RETURNING last_offset",
-		len(fresh)).Scan(&last); err != nil {
-		return wrap("draw offsets", err)
-	}
-	next := last - int64(len(fresh)) + 1
-	heads := map[string]int64{}
-	for _, m := range fresh {
-		m.Offset = next
-		heads[m.PartitionKey] = next
-		next++
-	}
-	for _, chunk := range sqlcommon.Chunks(fresh, maxInsertRows, maxInsertBytes) {
-		var sb strings.Builder
-		args := make([]any, 0, 8*len(chunk))
-		sb.WriteString(`INSERT INTO queue_messages (tenant, topic, partition_key, "offset", id, headers, payload, created_at) VALUES `)
-		for i, m := range chunk {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
-			h, err := sqlcommon.EncodeHeaders(m.Headers)
-			if err != nil {
-				return err
-			}
-			payload := m.Payload
-			if payload == nil {
-				payload = []byte{}
-			}
-			args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.Offset, m.ID, string(h), payload, micros(m.CreatedAt))
+	return advanceHeads(ctx, tx, g, heads)
+}
+
+func insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage, inserted map[[2]string]int64) error {
+	var sb strings.Builder
+	args := make([]any, 0, 7*len(chunk))
+	sb.WriteString(`INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES `)
+	for i, m := range chunk {
+		if i > 0 {
+			sb.WriteString(", ")
 		}
-		if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
-			return wrap("insert messages", err)
+		sb.WriteString("(?, ?, ?, ?, ?, ?, ?)")
+		h, err := sqlcommon.EncodeHeaders(m.Headers)
+		if err != nil {
+			return err
 		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, micros(m.CreatedAt))
 	}
+	sb.WriteString(` ON CONFLICT (tenant, topic, partition_key, id) DO NOTHING RETURNING partition_key, id, "offset"`)
+	rows, err := tx.QueryContext(ctx, sb.String(), args...)
+	if err != nil {
+		return wrap("insert messages", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, id string
+		var off int64
+		if err := rows.Scan(&key, &id, &off); err != nil {
+			return fmt.Errorf("insert messages: %w", err)
+		}
+		inserted[[2]string{key, id}] = off
+	}
+	if err := rows.Err(); err != nil {
+		return wrap("insert messages", err)
+	}
+	return nil
+}
+
+func advanceHeads(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, heads map[string]int64) error {
 	var sb strings.Builder
 	args := make([]any, 0, 6*len(heads))
 	now := nowMicros()
@@ -100,14 +121,6 @@ func insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error 
 		"head_offset = max(head_offset, excluded.head_offset), updated_at = excluded.updated_at")
 	if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
 		return wrap("advance partition heads", err)
-	}
-	return nil
-}
-
-// markExisting sets Offset and Duplicate on the messages already stored.
-func markExisting(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
-	if err := sqlcommon.Lookup(ctx, tx, `SELECT partition_key, id, "offset" FROM queue_messages`, "", g, g.Msgs, true); err != nil {
-		return wrap("look up message ids", err)
 	}
 	return nil
 }

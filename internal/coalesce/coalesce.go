@@ -6,7 +6,7 @@
 // finds a free slot starts a flush at once, so a lone publisher waits for
 // nothing but its own commit. Submissions arriving while every slot is busy
 // queue up, and the next flush takes all of them (up to MaxItems): batches
-// grow with the load and no timer adds latency.
+// grow with the load and, unless a linger is set, no timer adds latency.
 //
 // A submission is atomic: its items are never split across flushes. If a
 // shared flush fails, each of its submissions is flushed again on its own,
@@ -32,6 +32,7 @@ type Batcher[K comparable, T any] struct {
 	flush       FlushFunc[T]
 	maxItems    int
 	maxInflight int
+	linger      time.Duration
 	timeout     time.Duration
 
 	mu     sync.Mutex
@@ -51,13 +52,16 @@ type request[T any] struct {
 }
 
 // New returns a Batcher. maxItems bounds the items of a merged flush (a
-// larger submission is flushed alone); timeout bounds one flush, which runs
-// detached from the submitters' contexts because it serves several of them.
-func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, timeout time.Duration) *Batcher[K, T] {
+// larger submission is flushed alone); linger, when positive, is how long a
+// flush waits for more submissions unless maxItems are already queued;
+// timeout bounds one flush, which runs detached from the submitters'
+// contexts because it serves several of them.
+func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, linger, timeout time.Duration) *Batcher[K, T] {
 	return &Batcher[K, T]{
 		flush:       flush,
 		maxItems:    max(1, maxItems),
 		maxInflight: max(1, maxInflight),
+		linger:      linger,
 		timeout:     timeout,
 		queues:      map[K]*queue[T]{},
 	}
@@ -96,6 +100,7 @@ func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
 func (b *Batcher[K, T]) drain(key K, q *queue[T]) {
 	defer b.wg.Done()
 	for {
+		b.lingerFor(q)
 		b.mu.Lock()
 		if len(q.pending) == 0 {
 			q.inflight--
@@ -114,6 +119,23 @@ func (b *Batcher[K, T]) drain(key K, q *queue[T]) {
 		q.pending = q.pending[n:]
 		b.mu.Unlock()
 		b.run(reqs, items)
+	}
+}
+
+// lingerFor waits up to the linger time for the queue to fill, so that
+// publishers answered by the previous flush can join the next one.
+func (b *Batcher[K, T]) lingerFor(q *queue[T]) {
+	if b.linger <= 0 {
+		return
+	}
+	b.mu.Lock()
+	n := 0
+	for _, r := range q.pending {
+		n += len(r.items)
+	}
+	b.mu.Unlock()
+	if n < b.maxItems {
+		time.Sleep(b.linger)
 	}
 }
 

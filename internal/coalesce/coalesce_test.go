@@ -55,7 +55,7 @@ func waitPending(b *Batcher[string, int], n, first int) {
 
 func TestQueuedSubmissionsShareOneFlush(t *testing.T) {
 	rec := &recorder{gate: make(chan struct{}), started: make(chan struct{}, 100)}
-	b := New[string, int](rec.flush, 100, 1, time.Minute)
+	b := New[string, int](rec.flush, 100, 1, 0, time.Minute)
 	var wg sync.WaitGroup
 	submit := func(v int) {
 		defer wg.Done()
@@ -90,7 +90,7 @@ func TestQueuedSubmissionsShareOneFlush(t *testing.T) {
 
 func TestMaxItemsSplitsButNeverCutsASubmission(t *testing.T) {
 	rec := &recorder{gate: make(chan struct{}), started: make(chan struct{}, 100)}
-	b := New[string, int](rec.flush, 5, 1, time.Minute)
+	b := New[string, int](rec.flush, 5, 1, 0, time.Minute)
 	var wg sync.WaitGroup
 	submit := func(items []int) {
 		defer wg.Done()
@@ -129,7 +129,7 @@ func TestFailedSharedFlushIsolatesEachSubmission(t *testing.T) {
 		}
 		return nil
 	}
-	b := New[string, int](rec.flush, 100, 1, time.Minute)
+	b := New[string, int](rec.flush, 100, 1, 0, time.Minute)
 	errs := make(chan error, 3)
 	var wg sync.WaitGroup
 	for i, items := range [][]int{{1}, {13}, {2}} {
@@ -164,7 +164,7 @@ func TestFailedSharedFlushIsolatesEachSubmission(t *testing.T) {
 
 func TestCloseDrainsAndRefuses(t *testing.T) {
 	rec := &recorder{}
-	b := New[string, int](rec.flush, 10, 2, time.Minute)
+	b := New[string, int](rec.flush, 10, 2, 0, time.Minute)
 	if err := b.Submit(context.Background(), "t", []int{1}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestCloseDrainsAndRefuses(t *testing.T) {
 
 func TestSubmitReturnsOnContextEnd(t *testing.T) {
 	rec := &recorder{gate: make(chan struct{})}
-	b := New[string, int](rec.flush, 10, 1, time.Minute)
+	b := New[string, int](rec.flush, 10, 1, 0, time.Minute)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := b.Submit(ctx, "t", []int{1}); !errors.Is(err, context.Canceled) {
@@ -189,5 +189,27 @@ func TestSubmitReturnsOnContextEnd(t *testing.T) {
 	b.Close()
 	if len(rec.calls) != 1 {
 		t.Fatalf("calls = %v", rec.calls)
+	}
+}
+
+func TestLingerGathersConcurrentSubmissions(t *testing.T) {
+	rec := &recorder{}
+	// A long linger: the ten submissions below start within microseconds
+	// of each other, far inside it.
+	b := New[string, int](rec.flush, 100, 1, time.Second, time.Minute)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Submit(context.Background(), "t", []int{i}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	b.Close()
+	if len(rec.calls) != 1 || len(rec.calls[0]) != 10 {
+		t.Fatalf("flushes %v, want one flush of all 10", rec.calls)
 	}
 }

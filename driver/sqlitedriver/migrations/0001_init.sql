@@ -3,28 +3,26 @@
 -- which for UTF-8 is code-point order: the same as ascii_bin/utf8mb4_bin.
 -- Times are INTEGER microseconds since the Unix epoch, UTC.
 
+-- The log. "offset" is the rowid with AUTOINCREMENT, SQLite's form of
+-- AUTO_INCREMENT: never reused, and drawn under the file's single write
+-- lock, so offsets increase in commit order. Rows are stored in offset
+-- order, so a batch appends instead of dirtying one page per partition
+-- (SQLite writes whole pages to the WAL at commit). DESIGN's keys are unique
+-- indexes here: (tenant, topic, partition_key, offset) serves reads of a
+-- partition after a cursor, (tenant, topic, partition_key, id) idempotency,
+-- and the rowid itself is idx_offset.
 CREATE TABLE IF NOT EXISTS queue_messages (
+  "offset"      INTEGER PRIMARY KEY AUTOINCREMENT,
   tenant        TEXT NOT NULL,
   topic         TEXT NOT NULL,
   partition_key TEXT NOT NULL,
-  "offset"      INTEGER NOT NULL,
   id            TEXT NOT NULL,
   headers       TEXT NOT NULL,
   payload       BLOB NOT NULL,
-  created_at    INTEGER NOT NULL,
-  PRIMARY KEY (tenant, topic, partition_key, "offset")
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS uq_queue_messages_id ON queue_messages (tenant, topic, partition_key, id);
-CREATE INDEX IF NOT EXISTS idx_offset ON queue_messages ("offset");
-
--- SQLite has no AUTO_INCREMENT on a column that is not the rowid; this one
--- row is the file's offset counter (one file is one shard). Writers hold
--- SQLite's write lock, so offsets are drawn in commit order.
-CREATE TABLE IF NOT EXISTS queue_offset_sequence (
-  id          INTEGER PRIMARY KEY CHECK (id = 1),
-  last_offset INTEGER NOT NULL
+  created_at    INTEGER NOT NULL
 );
-INSERT OR IGNORE INTO queue_offset_sequence (id, last_offset) VALUES (1, 0);
+CREATE UNIQUE INDEX IF NOT EXISTS pk_queue_messages ON queue_messages (tenant, topic, partition_key, "offset");
+CREATE UNIQUE INDEX IF NOT EXISTS uq_queue_messages_id ON queue_messages (tenant, topic, partition_key, id);
 
 CREATE TABLE IF NOT EXISTS queue_partitions (
   tenant        TEXT NOT NULL,

@@ -1,0 +1,14 @@
+package mysqldriver_test
+
+import (
+	"testing"
+
+	"github.com/shardq/shardq/driver/drivertest"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// go test -bench . -run '^$' ./driver/mysqldriver/
+func BenchmarkPublish(b *testing.B) {
+	d := testdb.Migrated(b, testdb.MySQL(b))
+	drivertest.Benchmark(b, d, "CREATE TABLE bench_raw_messages LIKE queue_messages", "2026-01-01 00:00:00.000000")
+}

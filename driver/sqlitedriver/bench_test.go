@@ -1,0 +1,17 @@
+package sqlitedriver_test
+
+import (
+	"testing"
+
+	"github.com/shardq/shardq/driver/drivertest"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// go test -bench . -run '^$' ./driver/sqlitedriver/
+func BenchmarkPublish(b *testing.B) {
+	d := testdb.Migrated(b, testdb.SQLite(b))
+	drivertest.Benchmark(b, d, `CREATE TABLE bench_raw_messages (
+  "offset" INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, topic TEXT NOT NULL, partition_key TEXT NOT NULL,
+  id TEXT NOT NULL, headers TEXT NOT NULL, payload BLOB NOT NULL, created_at INTEGER NOT NULL,
+  UNIQUE (tenant, topic, partition_key, id))`, int64(0))
+}
