@@ -39,6 +39,7 @@ func Run(t *testing.T, open Open) {
 		{"IdempotentAcrossCalls", testIdempotentAcrossCalls},
 		{"IdempotentInsideOneBatch", testIdempotentInsideOneBatch},
 		{"IdempotentUnderRace", testIdempotentUnderRace},
+		{"DuplicatesInALargeBatch", testDuplicatesInALargeBatch},
 		{"IdentifiersCompareExactly", testIdentifiersCompareExactly},
 		{"PublishTxCommitAndRollback", testPublishTxCommitAndRollback},
 		{"InvalidInputStoresNothing", testInvalidInputStoresNothing},
@@ -255,6 +256,41 @@ func testIdempotentInsideOneBatch(t *testing.T, open Open) {
 	}
 	if got := fetchAll(t, d, "t", "x", "k"); len(got) != 2 || string(got[0].Payload) != "1" {
 		t.Fatalf("stored %d messages, want 2", len(got))
+	}
+}
+
+// testDuplicatesInALargeBatch publishes more messages than one INSERT
+// statement carries, with stored ids in a later statement's share.
+func testDuplicatesInALargeBatch(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	early := mustPublish(t, c,
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "id-650"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "id-10"})
+	var batch []shardq.Message
+	for i := range 1200 {
+		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("id-%d", i)})
+	}
+	res := mustPublish(t, c, batch...)
+	var last int64
+	for i, r := range res {
+		switch i {
+		case 10, 650:
+			want := early[0].Offset
+			if i == 10 {
+				want = early[1].Offset
+			}
+			if !r.Duplicate || r.Offset != want {
+				t.Fatalf("message %d = %+v, want a duplicate at offset %d", i, r, want)
+			}
+		default:
+			if r.Duplicate || r.Offset <= last || r.Offset <= early[1].Offset {
+				t.Fatalf("message %d = %+v after offset %d", i, r, last)
+			}
+			last = r.Offset
+		}
+	}
+	if got := fetchAll(t, d, "t", "x", "k"); len(got) != 1200 {
+		t.Fatalf("stored %d messages, want 1200", len(got))
 	}
 }
 
