@@ -24,6 +24,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/migrate"
+	"github.com/shardq/shardq/internal/sqlcommon"
 )
 
 //go:embed migrations/*.sql
@@ -132,32 +133,30 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-const timeLayout = "2006-01-02 15:04:05.000000"
-
-func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
-
-// dbTime scans a DATETIME whichever way the pool's DSN returns it
-// (parseTime=true gives time.Time, otherwise bytes).
-type dbTime struct{ t time.Time }
-
-func (s *dbTime) Scan(v any) error {
-	switch v := v.(type) {
-	case time.Time:
-		s.t = v.UTC()
-		return nil
-	case []byte:
-		return s.parse(string(v))
-	case string:
-		return s.parse(v)
-	}
-	return fmt.Errorf("scan time: unsupported %T", v)
+var dialect = sqlcommon.Dialect{
+	Offset:     "`offset`",
+	Wrap:       wrap,
+	EncodeTime: func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
+	DecodeTime: decodeTime,
 }
 
-func (s *dbTime) parse(v string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", v, time.UTC)
-	if err != nil {
-		return fmt.Errorf("scan time: %w", err)
+// decodeTime reads a DATETIME whichever way the pool's DSN returns it
+// (parseTime=true gives time.Time, otherwise text).
+func decodeTime(v any) (time.Time, error) {
+	var s string
+	switch v := v.(type) {
+	case time.Time:
+		return v.UTC(), nil
+	case []byte:
+		s = string(v)
+	case string:
+		s = v
+	default:
+		return time.Time{}, fmt.Errorf("created_at: unsupported %T", v)
 	}
-	s.t = t
-	return nil
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("created_at: %w", err)
+	}
+	return t, nil
 }

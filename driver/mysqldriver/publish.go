@@ -80,7 +80,6 @@ func lockHeads(ctx context.Context, tx driver.DBTX, tenant string, groups []*sql
 }
 
 func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
-	var stored []*driver.InsertMessage
 	for _, chunk := range sqlcommon.Chunks(g.Msgs, maxInsertRows, maxInsertBytes) {
 		err := d.insertChunk(ctx, tx, g, chunk)
 		if isDuplicateKey(err) {
@@ -90,6 +89,7 @@ func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 			return err
 		}
 	}
+	var stored []*driver.InsertMessage
 	for _, m := range g.Msgs {
 		if !m.Duplicate {
 			stored = append(stored, m)
@@ -104,9 +104,8 @@ func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 // insertNew handles a chunk that hit the unique key: the statement was
 // rolled back, so look up which identities are stored and insert the rest.
 func (d *Driver) insertNew(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage) error {
-	if err := sqlcommon.Lookup(ctx, tx, "SELECT partition_key, id, `offset` FROM queue_messages",
-		" LOCK IN SHARE MODE", g, chunk, true); err != nil {
-		return wrap("look up message ids", err)
+	if err := markStored(ctx, tx, g, chunk); err != nil {
+		return err
 	}
 	var fresh []*driver.InsertMessage
 	for _, m := range chunk {
@@ -122,25 +121,11 @@ func (d *Driver) insertNew(ctx context.Context, tx driver.DBTX, g *sqlcommon.Gro
 
 // insertChunk inserts msgs in one statement and sets their offsets.
 func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, msgs []*driver.InsertMessage) error {
-	var sb strings.Builder
-	args := make([]any, 0, 7*len(msgs))
-	sb.WriteString("INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES ")
-	for i, m := range msgs {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		sb.WriteString("(?, ?, ?, ?, ?, ?, ?)")
-		h, err := sqlcommon.EncodeHeaders(m.Headers)
-		if err != nil {
-			return err
-		}
-		payload := m.Payload
-		if payload == nil {
-			payload = []byte{} // NOT NULL column; an empty payload is legal
-		}
-		args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, formatTime(m.CreatedAt))
+	query, args, err := dialect.InsertMessages(g, msgs)
+	if err != nil {
+		return err
 	}
-	res, err := tx.ExecContext(ctx, sb.String(), args...)
+	res, err := tx.ExecContext(ctx, query, args...)
 	if err != nil {
 		if isDuplicateKey(err) {
 			return err // the caller falls back to looking the ids up
@@ -205,4 +190,53 @@ func advanceHeads(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, store
 		return wrap("advance partition heads", err)
 	}
 	return nil
+}
+
+// markStored marks the messages of chunk that are stored already as
+// Duplicate, with their stored offsets. The locking read sees the latest
+// committed rows whatever the caller's isolation level and snapshot.
+func markStored(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage) error {
+	idx := make(map[[2]string]*driver.InsertMessage, len(chunk))
+	for _, m := range chunk {
+		idx[[2]string{m.PartitionKey, m.ID}] = m
+	}
+	match, margs := identityMatch(chunk)
+	rows, err := tx.QueryContext(ctx, "SELECT partition_key, id, `offset` FROM queue_messages WHERE tenant = ? AND topic = ? AND "+
+		match+" LOCK IN SHARE MODE", append([]any{g.Tenant, g.Topic}, margs...)...)
+	if err != nil {
+		return wrap("look up message ids", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, id string
+		var off int64
+		if err := rows.Scan(&key, &id, &off); err != nil {
+			return fmt.Errorf("look up message ids: %w", err)
+		}
+		if m := idx[[2]string{key, id}]; m != nil {
+			m.Offset, m.Duplicate = off, true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return wrap("look up message ids", err)
+	}
+	return nil
+}
+
+// identityMatch returns "((partition_key = ? AND id = ?) OR ...)" for msgs
+// and its arguments. The optimiser turns it into ranges on the unique key
+// (tenant, topic, partition_key, id).
+func identityMatch(msgs []*driver.InsertMessage) (string, []any) {
+	var sb strings.Builder
+	args := make([]any, 0, 2*len(msgs))
+	sb.WriteString("(")
+	for i, m := range msgs {
+		if i > 0 {
+			sb.WriteString(" OR ")
+		}
+		sb.WriteString("(partition_key = ? AND id = ?)")
+		args = append(args, m.PartitionKey, m.ID)
+	}
+	sb.WriteString(")")
+	return sb.String(), args
 }

@@ -61,26 +61,12 @@ func insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error 
 }
 
 func insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage, inserted map[[2]string]int64) error {
-	var sb strings.Builder
-	args := make([]any, 0, 7*len(chunk))
-	sb.WriteString(`INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES `)
-	for i, m := range chunk {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		sb.WriteString("(?, ?, ?, ?, ?, ?, ?)")
-		h, err := sqlcommon.EncodeHeaders(m.Headers)
-		if err != nil {
-			return err
-		}
-		payload := m.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
-		args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, micros(m.CreatedAt))
+	query, args, err := dialect.InsertMessages(g, chunk)
+	if err != nil {
+		return err
 	}
-	sb.WriteString(` ON CONFLICT (tenant, topic, partition_key, id) DO NOTHING RETURNING partition_key, id, "offset"`)
-	rows, err := tx.QueryContext(ctx, sb.String(), args...)
+	query += ` ON CONFLICT (tenant, topic, partition_key, id) DO NOTHING RETURNING partition_key, id, "offset"`
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return wrap("insert messages", err)
 	}

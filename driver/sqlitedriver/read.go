@@ -5,49 +5,22 @@ import (
 	"fmt"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/sqlcommon"
 )
 
-// FetchAfter reads one partition from the primary key, in offset order.
+// FetchAfter reads one partition from its (tenant, topic, partition_key,
+// offset) index, in offset order.
 func (d *Driver) FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]driver.Message, error) {
-	rows, err := d.read.QueryContext(ctx, `SELECT "offset", id, headers, payload, created_at FROM queue_messages `+
-		`WHERE tenant = ? AND topic = ? AND partition_key = ? AND "offset" > ? ORDER BY "offset" LIMIT ?`,
-		tenant, topic, partitionKey, after, limit)
-	if err != nil {
-		return nil, wrap(fmt.Sprintf("fetch tenant %q topic %q partition %q", tenant, topic, partitionKey), err)
-	}
-	defer rows.Close()
-	var out []driver.Message
-	for rows.Next() {
-		m := driver.Message{Tenant: tenant, Topic: topic, PartitionKey: partitionKey}
-		var headers []byte
-		var created int64
-		if err := rows.Scan(&m.Offset, &m.ID, &headers, &m.Payload, &created); err != nil {
-			return nil, fmt.Errorf("fetch tenant %q topic %q partition %q: %w", tenant, topic, partitionKey, err)
-		}
-		if m.Headers, err = sqlcommon.DecodeHeaders(headers); err != nil {
-			return nil, fmt.Errorf("fetch tenant %q topic %q partition %q offset %d: %w", tenant, topic, partitionKey, m.Offset, err)
-		}
-		if m.Payload == nil {
-			m.Payload = []byte{}
-		}
-		m.CreatedAt = fromMicros(created)
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("fetch tenant %q topic %q partition %q: %w", tenant, topic, partitionKey, err)
-	}
-	return out, nil
+	return dialect.FetchAfter(ctx, d.read, tenant, topic, partitionKey, after, limit)
 }
 
 // PartitionsWithWork lists the partitions with work for group.
 func (d *Driver) PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]driver.Partition, error) {
-	return sqlcommon.PartitionsWithWork(ctx, d.read, wrap, tenants, topic, group)
+	return dialect.PartitionsWithWork(ctx, d.read, tenants, topic, group)
 }
 
 // PartitionHeads lists every partition of topic in the listed tenants.
 func (d *Driver) PartitionHeads(ctx context.Context, tenants []string, topic string) ([]driver.Partition, error) {
-	return sqlcommon.PartitionHeads(ctx, d.read, wrap, tenants, topic)
+	return dialect.PartitionHeads(ctx, d.read, tenants, topic)
 }
 
 // ResetOffset upserts a group's cursor.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/migrate"
+	"github.com/shardq/shardq/internal/sqlcommon"
 )
 
 //go:embed migrations/*.sql
@@ -146,6 +147,18 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-func micros(t time.Time) int64      { return t.UnixMicro() }
-func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
-func nowMicros() int64              { return time.Now().UnixMicro() }
+func nowMicros() int64 { return time.Now().UnixMicro() }
+
+// Times are INTEGER microseconds since the Unix epoch, UTC.
+var dialect = sqlcommon.Dialect{
+	Offset:     `"offset"`,
+	Wrap:       wrap,
+	EncodeTime: func(t time.Time) any { return t.UnixMicro() },
+	DecodeTime: func(v any) (time.Time, error) {
+		us, ok := v.(int64)
+		if !ok {
+			return time.Time{}, fmt.Errorf("created_at: unsupported %T", v)
+		}
+		return time.UnixMicro(us).UTC(), nil
+	},
+}

@@ -11,14 +11,13 @@ import (
 // is past group's cursor. It reads head rows and cursors only, never
 // queue_messages; both tables lead with tenant, so on Vitess the join runs
 // inside each tenant's shard.
-func PartitionsWithWork(ctx context.Context, q driver.DBTX, errWrap func(string, error) error,
-	tenants []string, topic, group string) ([]driver.Partition, error) {
+func (d Dialect) PartitionsWithWork(ctx context.Context, q driver.DBTX, tenants []string, topic, group string) ([]driver.Partition, error) {
 	args := []any{group}
 	for _, t := range tenants {
 		args = append(args, t)
 	}
 	args = append(args, topic)
-	return partitions(ctx, q, errWrap, "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) "+
+	return d.partitions(ctx, q, "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) "+
 		"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic "+
 		"AND o.partition_key = p.partition_key AND o.consumer_group = ? "+
 		"WHERE p.tenant IN ("+Placeholders(len(tenants))+") AND p.topic = ? "+
@@ -26,26 +25,24 @@ func PartitionsWithWork(ctx context.Context, q driver.DBTX, errWrap func(string,
 }
 
 // PartitionHeads lists every partition of topic in tenants with its head.
-func PartitionHeads(ctx context.Context, q driver.DBTX, errWrap func(string, error) error,
-	tenants []string, topic string) ([]driver.Partition, error) {
+func (d Dialect) PartitionHeads(ctx context.Context, q driver.DBTX, tenants []string, topic string) ([]driver.Partition, error) {
 	args := make([]any, 0, len(tenants)+1)
 	for _, t := range tenants {
 		args = append(args, t)
 	}
 	args = append(args, topic)
-	return partitions(ctx, q, errWrap, "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions "+
+	return d.partitions(ctx, q, "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions "+
 		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND topic = ? ORDER BY tenant, partition_key", topic, len(tenants), args)
 }
 
-func partitions(ctx context.Context, q driver.DBTX, errWrap func(string, error) error,
-	query, topic string, nTenants int, args []any) ([]driver.Partition, error) {
+func (d Dialect) partitions(ctx context.Context, q driver.DBTX, query, topic string, nTenants int, args []any) ([]driver.Partition, error) {
 	if nTenants == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list partitions of topic %q", topic)
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, errWrap(op, err)
+		return nil, d.Wrap(op, err)
 	}
 	defer rows.Close()
 	var out []driver.Partition

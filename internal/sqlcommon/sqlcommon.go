@@ -6,7 +6,6 @@ package sqlcommon
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -114,24 +113,6 @@ func Chunks(msgs []*driver.InsertMessage, maxRows, maxBytes int) [][]*driver.Ins
 	return out
 }
 
-// IdentityMatch returns "((partition_key = ? AND id = ?) OR ...)" for msgs
-// and its arguments. The optimiser turns it into ranges on the unique key
-// (tenant, topic, partition_key, id).
-func IdentityMatch(msgs []*driver.InsertMessage) (string, []any) {
-	var sb strings.Builder
-	args := make([]any, 0, 2*len(msgs))
-	sb.WriteString("(")
-	for i, m := range msgs {
-		if i > 0 {
-			sb.WriteString(" OR ")
-		}
-		sb.WriteString("(partition_key = ? AND id = ?)")
-		args = append(args, m.PartitionKey, m.ID)
-	}
-	sb.WriteString(")")
-	return sb.String(), args
-}
-
 // Placeholders returns "?, ?, ..." with n marks.
 func Placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
@@ -160,43 +141,4 @@ func DecodeHeaders(b []byte) (map[string]string, error) {
 		return nil, fmt.Errorf("decode headers: %q is not a JSON object", b)
 	}
 	return h, nil
-}
-
-// Lookup finds which of msgs (all of group g) are stored and sets their
-// Offset; with duplicate it also marks them Duplicate. query selects
-// (partition_key, id, offset) FROM queue_messages and is followed by the
-// WHERE clause; suffix ends the statement (a lock clause, or "").
-func Lookup(ctx context.Context, q driver.DBTX, query, suffix string, g *Group, msgs []*driver.InsertMessage, duplicate bool) error {
-	idx := make(map[[2]string]*driver.InsertMessage, len(msgs))
-	for _, m := range msgs {
-		idx[[2]string{m.PartitionKey, m.ID}] = m
-	}
-	const maxLookupRows = 500
-	for start := 0; start < len(msgs); start += maxLookupRows {
-		part := msgs[start:min(start+maxLookupRows, len(msgs))]
-		match, margs := IdentityMatch(part)
-		rows, err := q.QueryContext(ctx, query+" WHERE tenant = ? AND topic = ? AND "+match+suffix,
-			append([]any{g.Tenant, g.Topic}, margs...)...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var key, id string
-			var off int64
-			if err := rows.Scan(&key, &id, &off); err != nil {
-				rows.Close()
-				return err
-			}
-			if m := idx[[2]string{key, id}]; m != nil {
-				m.Offset, m.Duplicate = off, duplicate
-			}
-		}
-		if err := rows.Close(); err != nil {
-			return err
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
