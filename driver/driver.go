@@ -12,6 +12,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -107,4 +108,88 @@ type Driver interface {
 	// ResetOffset sets a consumer group's cursor for one partition without
 	// a lease: an operator's tool. Subscribers commit through their lease.
 	ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error
+
+	Leases
+}
+
+// Errors of the lease protocol.
+var (
+	// ErrLeaseLost means the lease's token is no longer current: another
+	// subscriber took the partition, or the lease was released or swept.
+	// The write that returned it changed nothing.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrLeaseHeld means another subscriber holds an unexpired lease.
+	ErrLeaseHeld = errors.New("lease held by another subscriber")
+)
+
+// PartitionRef names one partition as one consumer group reads it.
+type PartitionRef struct {
+	Tenant        string
+	ConsumerGroup string
+	Topic         string
+	PartitionKey  string
+}
+
+func (p PartitionRef) String() string {
+	return fmt.Sprintf("tenant %q topic %q partition %q group %q", p.Tenant, p.Topic, p.PartitionKey, p.ConsumerGroup)
+}
+
+// Lease is the exclusive right of Owner to deliver a partition to its
+// group. Token grows with every acquisition; writes made under the lease
+// name it and fail with ErrLeaseLost once it is no longer current.
+type Lease struct {
+	PartitionRef
+	Owner     string
+	Token     int64
+	ExpiresAt time.Time
+}
+
+// LeaseHeldError reports who holds a partition (errors.Is ErrLeaseHeld).
+type LeaseHeldError struct {
+	Partition PartitionRef
+	Owner     string
+	ExpiresAt time.Time
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("%s: held by %q until %s", e.Partition, e.Owner, e.ExpiresAt.Format(time.RFC3339Nano))
+}
+func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
+
+// Subscriber is one heartbeat row.
+type Subscriber struct {
+	Tenant        string
+	ConsumerGroup string
+	Topic         string
+	Name          string
+	StartedAt     time.Time
+	HeartbeatAt   time.Time
+}
+
+// Leases is the lease protocol: the part of a driver the subscriber
+// runtime uses. Every time is the caller's clock (injected in tests).
+type Leases interface {
+	// AcquireLease takes p for owner when it is free, expired, or already
+	// owner's, with a new token; otherwise *LeaseHeldError.
+	AcquireLease(ctx context.Context, p PartitionRef, owner string, now time.Time, ttl time.Duration) (Lease, error)
+	// RenewLease extends l to now+ttl, or returns ErrLeaseLost.
+	RenewLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
+	// ReleaseLease frees l, or returns ErrLeaseLost.
+	ReleaseLease(ctx context.Context, l Lease, now time.Time) error
+	// CommitOffset moves l's group cursor forward to offset (never back),
+	// or returns ErrLeaseLost and moves nothing.
+	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// ListLeases lists the lease rows of group on topic in tenants,
+	// free ones (Owner "") included.
+	ListLeases(ctx context.Context, tenants []string, group, topic string) ([]Lease, error)
+	// SweepLeases frees every lease held by one of owners (dead
+	// subscribers), advancing each token so their writes fail.
+	SweepLeases(ctx context.Context, tenants []string, group, topic string, owners []string, now time.Time) (int64, error)
+
+	// Heartbeat records that subscriber is alive, once per tenant.
+	Heartbeat(ctx context.Context, tenants []string, group, topic, subscriber string, now time.Time) error
+	// RemoveHeartbeat deletes subscriber's rows.
+	RemoveHeartbeat(ctx context.Context, tenants []string, group, topic, subscriber string) error
+	// Subscribers lists the heartbeat rows of group on topic in tenants.
+	Subscribers(ctx context.Context, tenants []string, group, topic string) ([]Subscriber, error)
 }

@@ -50,7 +50,7 @@ func Run(t *testing.T, open Open) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range tests {
+	for _, tc := range append(tests, leaseTests...) {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
 }

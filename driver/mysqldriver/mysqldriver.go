@@ -17,6 +17,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -138,6 +139,16 @@ var dialect = sqlcommon.Dialect{
 	Wrap:       wrap,
 	EncodeTime: func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
 	DecodeTime: decodeTime,
+	LockClause: " FOR UPDATE",
+	Greatest:   "GREATEST",
+	Excluded:   func(col string) string { return "VALUES(" + col + ")" },
+	Upsert: func(conflictCols, set string) string {
+		if set == "" { // a no-op update: the row is locked, nothing changes
+			col, _, _ := strings.Cut(conflictCols, ",")
+			set = col + " = " + col
+		}
+		return " ON DUPLICATE KEY UPDATE " + set
+	},
 }
 
 // decodeTime reads a DATETIME whichever way the pool's DSN returns it

@@ -7,10 +7,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/sqlrecord"
 	"github.com/shardq/shardq/internal/testdb"
@@ -99,6 +101,35 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.ResetOffset(ctx, "a", "x", "k", "g", 1); err != nil {
 		t.Fatal(err)
 	}
+	now := time.Now()
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "a", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s", now, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err = d.RenewLease(ctx, l, now, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CommitOffset(ctx, l, 2, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ListLeases(ctx, []string{"a"}, "g", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReleaseLease(ctx, l, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.SweepLeases(ctx, []string{"a", "b"}, "g", "x", []string{"dead"}, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Heartbeat(ctx, []string{"a", "b"}, "g", "x", "s", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Subscribers(ctx, []string{"a", "b"}, "g", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RemoveHeartbeat(ctx, []string{"a", "b"}, "g", "x", "s"); err != nil {
+		t.Fatal(err)
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -113,7 +144,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 			t.Errorf("statement does not name its tenant:\n%s", flat)
 		}
 	}
-	if checked < 10 {
+	if checked < 20 {
 		t.Fatalf("only %d queue statements recorded; the workload did not run", checked)
 	}
 }

@@ -161,4 +161,13 @@ var dialect = sqlcommon.Dialect{
 		}
 		return time.UnixMicro(us).UTC(), nil
 	},
+	LockClause: "",
+	Greatest:   "max",
+	Excluded:   func(col string) string { return "excluded." + col },
+	Upsert: func(conflictCols, set string) string {
+		if set == "" {
+			return " ON CONFLICT (" + conflictCols + ") DO NOTHING"
+		}
+		return " ON CONFLICT (" + conflictCols + ") DO UPDATE SET " + set
+	},
 }

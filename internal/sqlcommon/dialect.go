@@ -21,6 +21,17 @@ type Dialect struct {
 	// column's type.
 	EncodeTime func(time.Time) any
 	DecodeTime func(src any) (time.Time, error)
+	// LockClause ends a SELECT that must lock the rows it reads inside a
+	// write transaction (" FOR UPDATE"; "" on SQLite, whose write
+	// transaction already excludes every other writer).
+	LockClause string
+	// Greatest is the two-argument maximum function.
+	Greatest string
+	// Excluded names the value an upsert tried to insert into col.
+	Excluded func(col string) string
+	// Upsert ends an INSERT: on a conflict over conflictCols, apply set
+	// (an assignment list using Excluded), or do nothing when set is "".
+	Upsert func(conflictCols, set string) string
 }
 
 // InsertMessages returns a multi-row INSERT of msgs (all of group g) into

@@ -1,0 +1,286 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var leaseTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"LeaseIsExclusiveAndFenced", testLeaseIsExclusiveAndFenced},
+	{"LeaseRenewAndReacquire", testLeaseRenewAndReacquire},
+	{"CommitNeverMovesBack", testCommitNeverMovesBack},
+	{"LeaseAcquireRace", testLeaseAcquireRace},
+	{"SweepFreesDeadOwners", testSweepFreesDeadOwners},
+	{"HeartbeatsScoped", testHeartbeatsScoped},
+}
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+const ttl = 30 * time.Second
+
+// committed returns group's cursor for one partition (0 when none).
+func committed(t *testing.T, d driver.Driver, tenant, topic, key, group string) int64 {
+	t.Helper()
+	ps, err := d.PartitionHeads(context.Background(), []string{tenant}, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := d.PartitionsWithWork(context.Background(), []string{tenant}, topic, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range work {
+		if p.PartitionKey == key {
+			return p.CommittedOffset
+		}
+	}
+	for _, p := range ps {
+		if p.PartitionKey == key {
+			return p.HeadOffset // no work left: the cursor is at the head
+		}
+	}
+	t.Fatalf("partition %q not found", key)
+	return 0
+}
+
+func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	var batch []shardq.Message
+	for range 10 {
+		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	}
+	res := mustPublish(t, c, batch...)
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+
+	a, err := d.AcquireLease(ctx, p, "sub-a", t0, ttl)
+	if err != nil || a.Token != 1 || a.Owner != "sub-a" || !a.ExpiresAt.Equal(t0.Add(ttl)) {
+		t.Fatalf("first acquire = %+v, %v", a, err)
+	}
+	_, err = d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl-time.Second), ttl)
+	var held *driver.LeaseHeldError
+	if !errors.Is(err, driver.ErrLeaseHeld) || !errors.As(err, &held) || held.Owner != "sub-a" {
+		t.Fatalf("acquire of a held lease = %v, want LeaseHeldError naming sub-a", err)
+	}
+	if err := d.CommitOffset(ctx, a, res[4].Offset, t0); err != nil {
+		t.Fatal(err)
+	}
+	if got := committed(t, d, "t", "x", "k", "g"); got != res[4].Offset {
+		t.Fatalf("cursor %d after commit, want %d", got, res[4].Offset)
+	}
+
+	// a stalls past its expiry; b takes over with a higher token.
+	b, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl+time.Second), ttl)
+	if err != nil || b.Token != 2 {
+		t.Fatalf("takeover after expiry = %+v, %v; want token 2", b, err)
+	}
+	// The stale owner moves nothing.
+	if err := d.CommitOffset(ctx, a, res[9].Offset, t0.Add(ttl+2*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("stale commit = %v, want ErrLeaseLost", err)
+	}
+	if got := committed(t, d, "t", "x", "k", "g"); got != res[4].Offset {
+		t.Fatalf("stale commit moved the cursor to %d", got)
+	}
+	if _, err := d.RenewLease(ctx, a, t0.Add(ttl+2*time.Second), ttl); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("stale renew = %v, want ErrLeaseLost", err)
+	}
+	if err := d.ReleaseLease(ctx, a, t0.Add(ttl+2*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("stale release = %v, want ErrLeaseLost", err)
+	}
+	ls, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+	if err != nil || len(ls) != 1 || ls[0].Owner != "sub-b" || ls[0].Token != 2 {
+		t.Fatalf("leases after stale writes = %+v, %v; want sub-b's untouched", ls, err)
+	}
+	// b commits and releases; the next owner's token is higher again.
+	if err := d.CommitOffset(ctx, b, res[9].Offset, t0.Add(ttl+3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReleaseLease(ctx, b, t0.Add(ttl+4*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CommitOffset(ctx, b, res[9].Offset, t0.Add(ttl+5*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("commit after release = %v, want ErrLeaseLost", err)
+	}
+	a2, err := d.AcquireLease(ctx, p, "sub-a", t0.Add(ttl+5*time.Second), ttl)
+	if err != nil || a2.Token != 3 {
+		t.Fatalf("acquire after release = %+v, %v; want token 3", a2, err)
+	}
+	if ps, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(ps) != 0 {
+		t.Fatalf("group still has work after committing the head: %+v", ps)
+	}
+}
+
+func testLeaseRenewAndReacquire(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	ctx := context.Background()
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+	a, err := d.AcquireLease(ctx, p, "sub-a", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Renewing with a frozen clock must work too (no change in the row).
+	if _, err := d.RenewLease(ctx, a, t0, ttl); err != nil {
+		t.Fatalf("renew at the same instant: %v", err)
+	}
+	a, err = d.RenewLease(ctx, a, t0.Add(20*time.Second), ttl)
+	if err != nil || !a.ExpiresAt.Equal(t0.Add(50*time.Second)) {
+		t.Fatalf("renew = %+v, %v", a, err)
+	}
+	if _, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(40*time.Second), ttl); !errors.Is(err, driver.ErrLeaseHeld) {
+		t.Fatalf("acquire within the renewed lease = %v, want ErrLeaseHeld", err)
+	}
+	// An expired lease nobody took is still its owner's: it can renew.
+	a, err = d.RenewLease(ctx, a, t0.Add(time.Hour), ttl)
+	if err != nil {
+		t.Fatalf("renew of an expired, untaken lease: %v", err)
+	}
+	// Acquiring again as the same owner starts a new epoch and fences
+	// the old handle.
+	again, err := d.AcquireLease(ctx, p, "sub-a", t0.Add(time.Hour), ttl)
+	if err != nil || again.Token != a.Token+1 {
+		t.Fatalf("re-acquire by owner = %+v, %v", again, err)
+	}
+	if _, err := d.RenewLease(ctx, a, t0.Add(time.Hour), ttl); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("renew of the superseded handle = %v, want ErrLeaseLost", err)
+	}
+}
+
+func testCommitNeverMovesBack(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{res[1].Offset, res[0].Offset, res[1].Offset} {
+		if err := d.CommitOffset(ctx, l, off, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := committed(t, d, "t", "x", "k", "g"); got != res[1].Offset {
+		t.Fatalf("cursor %d, want %d: a commit must never move it back", got, res[1].Offset)
+	}
+}
+
+func testLeaseAcquireRace(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	ctx := context.Background()
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "hot"}
+	const racers = 8
+	var wg sync.WaitGroup
+	won := make(chan driver.Lease, racers)
+	errs := make(chan error, racers)
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := d.AcquireLease(ctx, p, fmt.Sprintf("sub-%d", i), t0, ttl)
+			switch {
+			case err == nil:
+				won <- l
+			case errors.Is(err, driver.ErrLeaseHeld):
+			case d.Retryable(err): // a deadlock InnoDB resolved by aborting one racer
+			default:
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(won)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var winners []driver.Lease
+	for l := range won {
+		winners = append(winners, l)
+	}
+	if len(winners) != 1 || winners[0].Token != 1 {
+		t.Fatalf("winners %+v, want exactly one with token 1", winners)
+	}
+}
+
+func testSweepFreesDeadOwners(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	ctx := context.Background()
+	ref := func(k string) driver.PartitionRef {
+		return driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
+	}
+	dead, err := d.AcquireLease(ctx, ref("k1"), "dead", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := d.AcquireLease(ctx, ref("k2"), "alive", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := d.SweepLeases(ctx, []string{"t"}, "g", "x", []string{"dead"}, t0.Add(time.Second))
+	if err != nil || n != 1 {
+		t.Fatalf("sweep = %d, %v; want 1", n, err)
+	}
+	if err := d.CommitOffset(ctx, dead, 1, t0.Add(time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("swept owner's commit = %v, want ErrLeaseLost", err)
+	}
+	if _, err := d.RenewLease(ctx, alive, t0.Add(time.Second), ttl); err != nil {
+		t.Fatalf("sweep touched a live owner's lease: %v", err)
+	}
+	// The swept lease is free at once, not after its expiry.
+	next, err := d.AcquireLease(ctx, ref("k1"), "heir", t0.Add(2*time.Second), ttl)
+	if err != nil || next.Token <= dead.Token+1 {
+		t.Fatalf("acquire after sweep = %+v, %v; want a token above %d", next, err, dead.Token+1)
+	}
+}
+
+func testHeartbeatsScoped(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	ctx := context.Background()
+	if err := d.Heartbeat(ctx, []string{"t1", "t2"}, "g", "x", "s1", t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Heartbeat(ctx, []string{"t1"}, "g", "x", "s2", t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Heartbeat(ctx, []string{"t3"}, "g", "x", "s3", t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Heartbeat(ctx, []string{"t1"}, "g", "x", "s1", t0.Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	subs, err := d.Subscribers(ctx, []string{"t1", "t2"}, "g", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range subs {
+		got = append(got, fmt.Sprintf("%s/%s@%ds", s.Tenant, s.Name, int(s.HeartbeatAt.Sub(t0).Seconds())))
+		if !s.StartedAt.Equal(t0) {
+			t.Fatalf("%s started_at %v changed by a later heartbeat", s.Name, s.StartedAt)
+		}
+	}
+	if want := []string{"t1/s1@5s", "t1/s2@0s", "t2/s1@0s"}; !slices.Equal(got, want) {
+		t.Fatalf("subscribers %v, want %v (never t3)", got, want)
+	}
+	if err := d.RemoveHeartbeat(ctx, []string{"t1", "t2"}, "g", "x", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	subs, _ = d.Subscribers(ctx, []string{"t1", "t2", "t3"}, "g", "x")
+	if len(subs) != 2 || subs[0].Name != "s2" || subs[1].Name != "s3" {
+		t.Fatalf("after removing s1: %+v", subs)
+	}
+	if subs, _ := d.Subscribers(ctx, nil, "g", "x"); len(subs) != 0 {
+		t.Fatalf("an empty tenant list returned %+v", subs)
+	}
+}

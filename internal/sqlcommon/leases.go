@@ -1,0 +1,270 @@
+package sqlcommon
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// Writer begins the driver's write transactions.
+type Writer interface {
+	BeginWrite(ctx context.Context) (*sql.Tx, error)
+}
+
+const leaseKey = "tenant = ? AND consumer_group = ? AND topic = ? AND partition_key = ?"
+
+func refArgs(p driver.PartitionRef) []any {
+	return []any{p.Tenant, p.ConsumerGroup, p.Topic, p.PartitionKey}
+}
+
+// inTx runs fn in a write transaction and commits it.
+func inTx[T any](ctx context.Context, w Writer, fn func(tx *sql.Tx) (T, error)) (T, error) {
+	var zero T
+	tx, err := w.BeginWrite(ctx)
+	if err != nil {
+		return zero, err
+	}
+	v, err := fn(tx)
+	if err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+			return zero, errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+		}
+		return zero, err
+	}
+	if err := tx.Commit(); err != nil {
+		return zero, fmt.Errorf("commit: %w", err)
+	}
+	return v, nil
+}
+
+// AcquireLease makes sure the lease row exists, locks it, and takes it for
+// owner with the next token unless another owner holds it unexpired.
+func (d Dialect) AcquireLease(ctx context.Context, w Writer, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	return inTx(ctx, w, func(tx *sql.Tx) (driver.Lease, error) {
+		op := "acquire lease on " + p.String()
+		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_partition_leases "+
+			"(tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) VALUES (?, ?, ?, ?, '', 0, ?, ?)"+
+			d.Upsert("tenant, consumer_group, topic, partition_key", ""),
+			append(refArgs(p), d.EncodeTime(now), d.EncodeTime(now))...); err != nil {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		var holder string
+		var token int64
+		var expires any
+		if err := tx.QueryRowContext(ctx, "SELECT owner, token, expires_at FROM queue_partition_leases WHERE "+leaseKey+d.LockClause,
+			refArgs(p)...).Scan(&holder, &token, &expires); err != nil {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		exp, err := d.DecodeTime(expires)
+		if err != nil {
+			return driver.Lease{}, fmt.Errorf("%s: %w", op, err)
+		}
+		if holder != "" && holder != owner && exp.After(now) {
+			return driver.Lease{}, &driver.LeaseHeldError{Partition: p, Owner: holder, ExpiresAt: exp}
+		}
+		l := driver.Lease{PartitionRef: p, Owner: owner, Token: token + 1, ExpiresAt: now.Add(ttl)}
+		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = ?, token = ?, expires_at = ?, acquired_at = ? WHERE "+leaseKey,
+			append([]any{owner, l.Token, d.EncodeTime(l.ExpiresAt), d.EncodeTime(now)}, refArgs(p)...)...); err != nil {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		return l, nil
+	})
+}
+
+// fence locks l's row if, and only if, l's token and owner are current.
+// Every write under a lease runs in a transaction that starts with it, so
+// the row stays locked (a takeover waits) until that write commits.
+func (d Dialect) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op string) error {
+	var one int
+	err := tx.QueryRowContext(ctx, "SELECT 1 FROM queue_partition_leases WHERE "+leaseKey+" AND token = ? AND owner = ?"+d.LockClause,
+		append(refArgs(l.PartitionRef), l.Token, l.Owner)...).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
+	}
+	if err != nil {
+		return d.Wrap(op, err)
+	}
+	return nil
+}
+
+// RenewLease extends l.
+func (d Dialect) RenewLease(ctx context.Context, w Writer, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	return inTx(ctx, w, func(tx *sql.Tx) (driver.Lease, error) {
+		op := "renew lease on " + l.PartitionRef.String()
+		if err := d.fence(ctx, tx, l, op); err != nil {
+			return driver.Lease{}, err
+		}
+		l.ExpiresAt = now.Add(ttl)
+		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET expires_at = ? WHERE "+leaseKey+" AND token = ?",
+			append(append([]any{d.EncodeTime(l.ExpiresAt)}, refArgs(l.PartitionRef)...), l.Token)...); err != nil {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		return l, nil
+	})
+}
+
+// ReleaseLease frees l; its token stays, so the next owner's is higher.
+func (d Dialect) ReleaseLease(ctx context.Context, w Writer, l driver.Lease, now time.Time) error {
+	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+		op := "release lease on " + l.PartitionRef.String()
+		if err := d.fence(ctx, tx, l, op); err != nil {
+			return struct{}{}, err
+		}
+		_, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', expires_at = ? WHERE "+leaseKey+" AND token = ?",
+			append(append([]any{d.EncodeTime(now)}, refArgs(l.PartitionRef)...), l.Token)...)
+		return struct{}{}, d.wrapNil(op, err)
+	})
+	return err
+}
+
+// CommitOffset moves the group's cursor forward under l.
+func (d Dialect) CommitOffset(ctx context.Context, w Writer, l driver.Lease, offset int64, now time.Time) error {
+	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+		op := fmt.Sprintf("commit offset %d on %s", offset, l.PartitionRef)
+		if err := d.fence(ctx, tx, l, op); err != nil {
+			return struct{}{}, err
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
+			"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
+			"committed_offset = "+d.Greatest+"(committed_offset, "+d.Excluded("committed_offset")+"), updated_at = "+d.Excluded("updated_at")),
+			l.Tenant, l.Topic, l.PartitionKey, l.ConsumerGroup, offset, d.EncodeTime(now))
+		return struct{}{}, d.wrapNil(op, err)
+	})
+	return err
+}
+
+func (d Dialect) wrapNil(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return d.Wrap(op, err)
+}
+
+func tenantArgs(tenants []string, rest ...any) []any {
+	args := make([]any, 0, len(tenants)+len(rest))
+	for _, t := range tenants {
+		args = append(args, t)
+	}
+	return append(args, rest...)
+}
+
+// ListLeases lists lease rows, free ones included.
+func (d Dialect) ListLeases(ctx context.Context, q driver.DBTX, tenants []string, group, topic string) ([]driver.Lease, error) {
+	if len(tenants) == 0 {
+		return nil, nil
+	}
+	op := fmt.Sprintf("list leases of group %q topic %q", group, topic)
+	rows, err := q.QueryContext(ctx, "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases "+
+		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? ORDER BY tenant, partition_key",
+		tenantArgs(tenants, group, topic)...)
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []driver.Lease
+	for rows.Next() {
+		l := driver.Lease{PartitionRef: driver.PartitionRef{ConsumerGroup: group, Topic: topic}}
+		var exp any
+		if err := rows.Scan(&l.Tenant, &l.PartitionKey, &l.Owner, &l.Token, &exp); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if l.ExpiresAt, err = d.DecodeTime(exp); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
+}
+
+// SweepLeases frees the leases of owners and advances their tokens.
+func (d Dialect) SweepLeases(ctx context.Context, q driver.DBTX, tenants []string, group, topic string, owners []string, now time.Time) (int64, error) {
+	if len(tenants) == 0 || len(owners) == 0 {
+		return 0, nil
+	}
+	args := append([]any{d.EncodeTime(now)}, tenantArgs(tenants, group, topic)...)
+	for _, o := range owners {
+		args = append(args, o)
+	}
+	res, err := q.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = ? "+
+		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? AND owner IN ("+Placeholders(len(owners))+")", args...)
+	if err != nil {
+		return 0, d.Wrap(fmt.Sprintf("sweep leases of group %q topic %q", group, topic), err)
+	}
+	return res.RowsAffected()
+}
+
+// Heartbeat upserts subscriber's row in each tenant.
+func (d Dialect) Heartbeat(ctx context.Context, q driver.DBTX, tenants []string, group, topic, subscriber string, now time.Time) error {
+	if len(tenants) == 0 {
+		return nil
+	}
+	var sb strings.Builder
+	args := make([]any, 0, 6*len(tenants))
+	sb.WriteString("INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at) VALUES ")
+	for i, t := range tenants {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteString("(?, ?, ?, ?, ?, ?)")
+		args = append(args, t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now))
+	}
+	sb.WriteString(d.Upsert("tenant, consumer_group, topic, subscriber_name", "heartbeat_at = "+d.Excluded("heartbeat_at")))
+	if _, err := q.ExecContext(ctx, sb.String(), args...); err != nil {
+		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
+	}
+	return nil
+}
+
+// RemoveHeartbeat deletes subscriber's rows.
+func (d Dialect) RemoveHeartbeat(ctx context.Context, q driver.DBTX, tenants []string, group, topic, subscriber string) error {
+	if len(tenants) == 0 {
+		return nil
+	}
+	if _, err := q.ExecContext(ctx, "DELETE FROM queue_subscriber_heartbeats WHERE tenant IN ("+Placeholders(len(tenants))+
+		") AND consumer_group = ? AND topic = ? AND subscriber_name = ?", tenantArgs(tenants, group, topic, subscriber)...); err != nil {
+		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
+	}
+	return nil
+}
+
+// Subscribers lists heartbeat rows.
+func (d Dialect) Subscribers(ctx context.Context, q driver.DBTX, tenants []string, group, topic string) ([]driver.Subscriber, error) {
+	if len(tenants) == 0 {
+		return nil, nil
+	}
+	op := fmt.Sprintf("list subscribers of group %q topic %q", group, topic)
+	rows, err := q.QueryContext(ctx, "SELECT tenant, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats "+
+		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? ORDER BY tenant, subscriber_name",
+		tenantArgs(tenants, group, topic)...)
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []driver.Subscriber
+	for rows.Next() {
+		s := driver.Subscriber{ConsumerGroup: group, Topic: topic}
+		var started, beat any
+		if err := rows.Scan(&s.Tenant, &s.Name, &started, &beat); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if s.StartedAt, err = d.DecodeTime(started); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if s.HeartbeatAt, err = d.DecodeTime(beat); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
+}
