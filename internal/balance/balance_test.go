@@ -1,0 +1,126 @@
+package balance
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+)
+
+var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func parts(tenant string, n int) []driver.PartitionRef {
+	out := make([]driver.PartitionRef, n)
+	for i := range out {
+		out[i] = driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: fmt.Sprint(i)}
+	}
+	return out
+}
+
+// simulate runs ticks of every subscriber against a shared lease table, as
+// the database would arbitrate them: an acquire succeeds only on a free or
+// expired lease. It returns the ticks taken until no plan changes anything.
+func simulate(t *testing.T, work []driver.PartitionRef, subs []string, leases map[driver.PartitionRef]string, maxTicks int) int {
+	t.Helper()
+	for tick := 1; tick <= maxTicks; tick++ {
+		changed := false
+		for _, me := range subs {
+			var rows []driver.Lease
+			for p, o := range leases {
+				rows = append(rows, driver.Lease{PartitionRef: p, Owner: o, ExpiresAt: now.Add(time.Minute)})
+			}
+			plan := Compute(Input{Me: me, Live: map[string][]string{"t": subs}, Work: work, Leases: rows, Now: now})
+			for _, p := range plan.Release {
+				delete(leases, p)
+				changed = true
+			}
+			for _, p := range plan.Acquire {
+				if leases[p] == "" {
+					leases[p] = me
+					changed = true
+				}
+			}
+		}
+		if !changed {
+			return tick
+		}
+	}
+	t.Fatalf("no convergence within %d ticks", maxTicks)
+	return 0
+}
+
+func counts(leases map[driver.PartitionRef]string) map[string]int {
+	c := map[string]int{}
+	for _, o := range leases {
+		c[o]++
+	}
+	return c
+}
+
+func TestTenThousandPartitionsEightSubscribersConverge(t *testing.T) {
+	work := parts("t", 10_000)
+	subs := []string{"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"}
+	leases := map[driver.PartitionRef]string{}
+	ticks := simulate(t, work, subs, leases, 10)
+	quota := (10_000 + 7) / 8
+	if len(leases) != 10_000 {
+		t.Fatalf("%d of 10000 partitions leased", len(leases))
+	}
+	for s, n := range counts(leases) {
+		if n > quota || n < quota-1 {
+			t.Fatalf("%s holds %d, want within one of %d (ticks %d)", s, n, quota, ticks)
+		}
+	}
+	t.Logf("converged in %d ticks", ticks)
+}
+
+func TestJoinHandsBackExcess(t *testing.T) {
+	work := parts("t", 64)
+	leases := map[driver.PartitionRef]string{}
+	simulate(t, work, []string{"a"}, leases, 5)
+	if counts(leases)["a"] != 64 {
+		t.Fatalf("a alone holds %d of 64", counts(leases)["a"])
+	}
+	// Three more join: a hands back down to 16, the others take 16 each.
+	simulate(t, work, []string{"a", "b", "c", "d"}, leases, 10)
+	for s, n := range counts(leases) {
+		if n != 16 {
+			t.Fatalf("after joins %s holds %d, want 16 (%v)", s, n, counts(leases))
+		}
+	}
+	// b leaves (its leases swept): the rest cover everything.
+	for p, o := range leases {
+		if o == "b" {
+			delete(leases, p)
+		}
+	}
+	simulate(t, work, []string{"a", "c", "d"}, leases, 10)
+	if len(leases) != 64 {
+		t.Fatalf("after b left %d of 64 leased", len(leases))
+	}
+	for s, n := range counts(leases) {
+		if n < 21 || n > 22 {
+			t.Fatalf("after b left %s holds %d, want 21 or 22", s, n)
+		}
+	}
+}
+
+func TestExpiredLeasesAreTakableAndTenantsSeparate(t *testing.T) {
+	work := append(parts("t1", 4), parts("t2", 2)...)
+	rows := []driver.Lease{
+		{PartitionRef: work[0], Owner: "gone", ExpiresAt: now.Add(-time.Second)},
+		{PartitionRef: work[1], Owner: "peer", ExpiresAt: now.Add(time.Minute)},
+	}
+	plan := Compute(Input{Me: "me", Live: map[string][]string{"t1": {"me", "peer"}, "t2": {"me"}}, Work: work, Leases: rows, Now: now})
+	if plan.Quota["t1"] != 2 || plan.Quota["t2"] != 2 {
+		t.Fatalf("quotas %v, want t1:2 t2:2", plan.Quota)
+	}
+	got := map[driver.PartitionRef]bool{}
+	for _, p := range plan.Acquire {
+		got[p] = true
+	}
+	if got[work[1]] || len(plan.Acquire) != 4 {
+		t.Fatalf("acquire %v: want 2 of t1 (never peer's live lease) and both of t2", plan.Acquire)
+	}
+}
