@@ -110,6 +110,7 @@ type Driver interface {
 	ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error
 
 	Leases
+	Deliveries
 }
 
 // Errors of the lease protocol.
@@ -176,8 +177,9 @@ type Leases interface {
 	RenewLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
 	// ReleaseLease frees l, or returns ErrLeaseLost.
 	ReleaseLease(ctx context.Context, l Lease, now time.Time) error
-	// CommitOffset moves l's group cursor forward to offset (never back),
-	// or returns ErrLeaseLost and moves nothing.
+	// CommitOffset moves l's group cursor forward to offset (never back)
+	// and drops the retry bookkeeping of the messages it passed, or
+	// returns ErrLeaseLost and changes nothing.
 	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
@@ -192,4 +194,25 @@ type Leases interface {
 	RemoveHeartbeat(ctx context.Context, tenants []string, group, topic, subscriber string) error
 	// Subscribers lists the heartbeat rows of group on topic in tenants.
 	Subscribers(ctx context.Context, tenants []string, group, topic string) ([]Subscriber, error)
+}
+
+// DeliveryState is the retry bookkeeping of one message for one group.
+type DeliveryState struct {
+	Attempts      int
+	NextAttemptAt time.Time
+	LastError     string
+}
+
+// Deliveries is the retry and dead-letter part of the lease protocol.
+// Writes are fenced like CommitOffset.
+type Deliveries interface {
+	// RecordAttempt stores a failed attempt of the message at offset.
+	RecordAttempt(ctx context.Context, l Lease, offset int64, st DeliveryState, now time.Time) error
+	// DeliveryState reads the bookkeeping of the message at offset
+	// (found false when it has none).
+	DeliveryState(ctx context.Context, p PartitionRef, offset int64) (st DeliveryState, found bool, err error)
+	// DeadLetter appends dlq (the message copied to the dead-letter topic),
+	// drops the message's bookkeeping and moves the cursor to offset, in
+	// one transaction.
+	DeadLetter(ctx context.Context, l Lease, dlq *InsertMessage, offset int64, now time.Time) error
 }

@@ -23,6 +23,8 @@ var leaseTests = []struct {
 	{"LeaseAcquireRace", testLeaseAcquireRace},
 	{"SweepFreesDeadOwners", testSweepFreesDeadOwners},
 	{"HeartbeatsScoped", testHeartbeatsScoped},
+	{"RetryBookkeepingFenced", testRetryBookkeepingFenced},
+	{"DeadLetterMovesAtomically", testDeadLetterMovesAtomically},
 }
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -282,5 +284,97 @@ func testHeartbeatsScoped(t *testing.T, open Open) {
 	}
 	if subs, _ := d.Subscribers(ctx, nil, "g", "x"); len(subs) != 0 {
 		t.Fatalf("an empty tenant list returned %+v", subs)
+	}
+}
+
+func testRetryBookkeepingFenced(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+	l, err := d.AcquireLease(ctx, p, "s", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := d.DeliveryState(ctx, p, res[0].Offset); err != nil || found {
+		t.Fatalf("fresh message has bookkeeping: %v %v", found, err)
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		st := driver.DeliveryState{Attempts: attempt, NextAttemptAt: t0.Add(time.Duration(attempt) * time.Second), LastError: fmt.Sprintf("boom %d", attempt)}
+		if err := d.RecordAttempt(ctx, l, res[0].Offset, st, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, found, err := d.DeliveryState(ctx, p, res[0].Offset)
+	if err != nil || !found || st.Attempts != 2 || st.LastError != "boom 2" || !st.NextAttemptAt.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("bookkeeping = %+v %v %v", st, found, err)
+	}
+	// A takeover fences the old owner's bookkeeping.
+	l2, err := d.AcquireLease(ctx, p, "s2", t0.Add(time.Hour), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 9}, t0.Add(time.Hour)); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("stale RecordAttempt = %v, want ErrLeaseLost", err)
+	}
+	if st, _, _ := d.DeliveryState(ctx, p, res[0].Offset); st.Attempts != 2 {
+		t.Fatalf("stale owner changed attempts to %d", st.Attempts)
+	}
+	// Acking the message (committing past it) drops its bookkeeping.
+	if err := d.CommitOffset(ctx, l2, res[0].Offset, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := d.DeliveryState(ctx, p, res[0].Offset); found {
+		t.Fatal("bookkeeping kept after the cursor passed the message")
+	}
+}
+
+func testDeadLetterMovesAtomically(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "poison", Payload: []byte("bad")},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "next"})
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+	l, err := d.AcquireLease(ctx, p, "s", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 3, LastError: "boom"}, t0); err != nil {
+		t.Fatal(err)
+	}
+	dlq := func() *driver.InsertMessage {
+		return &driver.InsertMessage{Tenant: "t", Topic: "x.dlq", PartitionKey: "k", ID: "poison", Payload: []byte("bad"),
+			Headers: map[string]string{"queue_name": "t", "dlq_original_topic": "x"}, CreatedAt: t0}
+	}
+	// A stale owner's dead-letter writes nothing at all.
+	if _, err := d.AcquireLease(ctx, p, "s2", t0.Add(time.Hour), ttl); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeadLetter(ctx, l, dlq(), res[0].Offset, t0.Add(time.Hour)); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("stale DeadLetter = %v, want ErrLeaseLost", err)
+	}
+	if got := fetchAll(t, d, "t", "x.dlq", "k"); len(got) != 0 {
+		t.Fatalf("stale dead-letter stored %d messages", len(got))
+	}
+	if _, found, _ := d.DeliveryState(ctx, p, res[0].Offset); !found {
+		t.Fatal("stale dead-letter dropped the bookkeeping")
+	}
+	l, err = d.AcquireLease(ctx, p, "s", t0.Add(2*time.Hour), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeadLetter(ctx, l, dlq(), res[0].Offset, t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	got := fetchAll(t, d, "t", "x.dlq", "k")
+	if len(got) != 1 || got[0].ID != "poison" || string(got[0].Payload) != "bad" || got[0].Headers["dlq_original_topic"] != "x" {
+		t.Fatalf("dead-letter topic holds %+v", got)
+	}
+	if _, found, _ := d.DeliveryState(ctx, p, res[0].Offset); found {
+		t.Fatal("bookkeeping kept after dead-lettering")
+	}
+	work, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+	if err != nil || len(work) != 1 || work[0].CommittedOffset != res[0].Offset {
+		t.Fatalf("after dead-lettering, work = %+v %v; want the cursor past the poison message only", work, err)
 	}
 }

@@ -44,3 +44,15 @@ func (d *Driver) RemoveHeartbeat(ctx context.Context, tenants []string, group, t
 func (d *Driver) Subscribers(ctx context.Context, tenants []string, group, topic string) ([]driver.Subscriber, error) {
 	return dialect.Subscribers(ctx, d.db, tenants, group, topic)
 }
+
+func (d *Driver) RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error {
+	return dialect.RecordAttempt(ctx, d, l, offset, st, now)
+}
+
+func (d *Driver) DeliveryState(ctx context.Context, p driver.PartitionRef, offset int64) (driver.DeliveryState, bool, error) {
+	return dialect.DeliveryState(ctx, d.db, p, offset)
+}
+
+func (d *Driver) DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error {
+	return dialect.DeadLetter(ctx, d, d.InsertMessages, l, dlq, offset, now)
+}

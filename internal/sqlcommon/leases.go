@@ -122,18 +122,88 @@ func (d Dialect) ReleaseLease(ctx context.Context, w Writer, l driver.Lease, now
 	return err
 }
 
-// CommitOffset moves the group's cursor forward under l.
+// CommitOffset moves the group's cursor forward under l and drops the
+// bookkeeping of the messages it passed.
 func (d Dialect) CommitOffset(ctx context.Context, w Writer, l driver.Lease, offset int64, now time.Time) error {
 	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("commit offset %d on %s", offset, l.PartitionRef)
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
-			"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
-			"committed_offset = "+d.Greatest+"(committed_offset, "+d.Excluded("committed_offset")+"), updated_at = "+d.Excluded("updated_at")),
-			l.Tenant, l.Topic, l.PartitionKey, l.ConsumerGroup, offset, d.EncodeTime(now))
+		return struct{}{}, d.commitOffset(ctx, tx, l, offset, now, op)
+	})
+	return err
+}
+
+func (d Dialect) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
+	if _, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
+		"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
+		"committed_offset = "+d.Greatest+"(committed_offset, "+d.Excluded("committed_offset")+"), updated_at = "+d.Excluded("updated_at")),
+		l.Tenant, l.Topic, l.PartitionKey, l.ConsumerGroup, offset, d.EncodeTime(now)); err != nil {
+		return d.Wrap(op, err)
+	}
+	if _, err := tx.ExecContext(ctx, "DELETE FROM queue_delivery_state WHERE "+leaseKey+" AND message_offset <= ?",
+		append(refArgs(l.PartitionRef), offset)...); err != nil {
+		return d.Wrap(op, err)
+	}
+	return nil
+}
+
+// RecordAttempt upserts a message's retry bookkeeping under l.
+func (d Dialect) RecordAttempt(ctx context.Context, w Writer, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error {
+	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+		op := fmt.Sprintf("record attempt %d of offset %d on %s", st.Attempts, offset, l.PartitionRef)
+		if err := d.fence(ctx, tx, l, op); err != nil {
+			return struct{}{}, err
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO queue_delivery_state (tenant, consumer_group, topic, partition_key, message_offset, "+
+			"attempts, next_attempt_at, last_error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"+
+			d.Upsert("tenant, consumer_group, topic, partition_key, message_offset",
+				"attempts = "+d.Excluded("attempts")+", next_attempt_at = "+d.Excluded("next_attempt_at")+
+					", last_error = "+d.Excluded("last_error")+", updated_at = "+d.Excluded("updated_at")),
+			append(refArgs(l.PartitionRef), offset, st.Attempts, d.EncodeTime(st.NextAttemptAt), st.LastError, d.EncodeTime(now))...)
 		return struct{}{}, d.wrapNil(op, err)
+	})
+	return err
+}
+
+// DeliveryState reads a message's retry bookkeeping.
+func (d Dialect) DeliveryState(ctx context.Context, q driver.DBTX, p driver.PartitionRef, offset int64) (driver.DeliveryState, bool, error) {
+	op := fmt.Sprintf("read delivery state of offset %d on %s", offset, p)
+	var st driver.DeliveryState
+	var next any
+	var lastErr sql.NullString
+	err := q.QueryRowContext(ctx, "SELECT attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE "+leaseKey+" AND message_offset = ?",
+		append(refArgs(p), offset)...).Scan(&st.Attempts, &next, &lastErr)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, d.Wrap(op, err)
+	}
+	if next != nil {
+		if st.NextAttemptAt, err = d.DecodeTime(next); err != nil {
+			return st, false, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	st.LastError = lastErr.String
+	return st, true, nil
+}
+
+// DeadLetter appends dlq with insert (the driver's InsertMessages), drops
+// the message's bookkeeping and passes the cursor over it, all under l in
+// one transaction.
+func (d Dialect) DeadLetter(ctx context.Context, w Writer, insert func(context.Context, driver.DBTX, []*driver.InsertMessage) error,
+	l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error {
+	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+		op := fmt.Sprintf("dead-letter offset %d of %s to topic %q", offset, l.PartitionRef, dlq.Topic)
+		if err := d.fence(ctx, tx, l, op); err != nil {
+			return struct{}{}, err
+		}
+		if err := insert(ctx, tx, []*driver.InsertMessage{dlq}); err != nil {
+			return struct{}{}, fmt.Errorf("%s: %w", op, err)
+		}
+		return struct{}{}, d.commitOffset(ctx, tx, l, offset, now, op)
 	})
 	return err
 }
