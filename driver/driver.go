@@ -208,9 +208,9 @@ type DeliveryState struct {
 type Deliveries interface {
 	// RecordAttempt stores a failed attempt of the message at offset.
 	RecordAttempt(ctx context.Context, l Lease, offset int64, st DeliveryState, now time.Time) error
-	// DeliveryState reads the bookkeeping of the message at offset
-	// (found false when it has none).
-	DeliveryState(ctx context.Context, p PartitionRef, offset int64) (st DeliveryState, found bool, err error)
+	// DeliveryStates reads the bookkeeping of the messages with offsets in
+	// (after, upTo], keyed by offset; messages without any are absent.
+	DeliveryStates(ctx context.Context, p PartitionRef, after, upTo int64) (map[int64]DeliveryState, error)
 	// DeadLetter appends dlq (the message copied to the dead-letter topic),
 	// drops the message's bookkeeping and moves the cursor to offset, in
 	// one transaction.

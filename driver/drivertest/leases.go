@@ -296,8 +296,17 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, found, err := d.DeliveryState(ctx, p, res[0].Offset); err != nil || found {
-		t.Fatalf("fresh message has bookkeeping: %v %v", found, err)
+	state := func(off int64) (driver.DeliveryState, bool) {
+		t.Helper()
+		sts, err := d.DeliveryStates(ctx, p, off-1, off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, ok := sts[off]
+		return st, ok
+	}
+	if _, found := state(res[0].Offset); found {
+		t.Fatal("fresh message has bookkeeping")
 	}
 	for attempt := 1; attempt <= 2; attempt++ {
 		st := driver.DeliveryState{Attempts: attempt, NextAttemptAt: t0.Add(time.Duration(attempt) * time.Second), LastError: fmt.Sprintf("boom %d", attempt)}
@@ -305,9 +314,12 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 	}
-	st, found, err := d.DeliveryState(ctx, p, res[0].Offset)
-	if err != nil || !found || st.Attempts != 2 || st.LastError != "boom 2" || !st.NextAttemptAt.Equal(t0.Add(2*time.Second)) {
-		t.Fatalf("bookkeeping = %+v %v %v", st, found, err)
+	st, found := state(res[0].Offset)
+	if !found || st.Attempts != 2 || st.LastError != "boom 2" || !st.NextAttemptAt.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("bookkeeping = %+v %v", st, found)
+	}
+	if sts, _ := d.DeliveryStates(ctx, p, res[0].Offset, res[1].Offset); len(sts) != 0 {
+		t.Fatalf("range after the message returned %+v", sts)
 	}
 	// A takeover fences the old owner's bookkeeping.
 	l2, err := d.AcquireLease(ctx, p, "s2", t0.Add(time.Hour), ttl)
@@ -317,14 +329,14 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 9}, t0.Add(time.Hour)); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("stale RecordAttempt = %v, want ErrLeaseLost", err)
 	}
-	if st, _, _ := d.DeliveryState(ctx, p, res[0].Offset); st.Attempts != 2 {
+	if st, _ := state(res[0].Offset); st.Attempts != 2 {
 		t.Fatalf("stale owner changed attempts to %d", st.Attempts)
 	}
 	// Acking the message (committing past it) drops its bookkeeping.
 	if err := d.CommitOffset(ctx, l2, res[0].Offset, t0.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if _, found, _ := d.DeliveryState(ctx, p, res[0].Offset); found {
+	if _, found := state(res[0].Offset); found {
 		t.Fatal("bookkeeping kept after the cursor passed the message")
 	}
 }
@@ -356,7 +368,7 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 	if got := fetchAll(t, d, "t", "x.dlq", "k"); len(got) != 0 {
 		t.Fatalf("stale dead-letter stored %d messages", len(got))
 	}
-	if _, found, _ := d.DeliveryState(ctx, p, res[0].Offset); !found {
+	if sts, _ := d.DeliveryStates(ctx, p, 0, res[0].Offset); len(sts) != 1 {
 		t.Fatal("stale dead-letter dropped the bookkeeping")
 	}
 	l, err = d.AcquireLease(ctx, p, "s", t0.Add(2*time.Hour), ttl)
@@ -370,7 +382,7 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 	if len(got) != 1 || got[0].ID != "poison" || string(got[0].Payload) != "bad" || got[0].Headers["dlq_original_topic"] != "x" {
 		t.Fatalf("dead-letter topic holds %+v", got)
 	}
-	if _, found, _ := d.DeliveryState(ctx, p, res[0].Offset); found {
+	if sts, _ := d.DeliveryStates(ctx, p, 0, res[0].Offset); len(sts) != 0 {
 		t.Fatal("bookkeeping kept after dead-lettering")
 	}
 	work, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")

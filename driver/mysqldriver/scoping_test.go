@@ -115,7 +115,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.RecordAttempt(ctx, l, 3, driver.DeliveryState{Attempts: 1, NextAttemptAt: now}, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := d.DeliveryState(ctx, l.PartitionRef, 3); err != nil {
+	if _, err := d.DeliveryStates(ctx, l.PartitionRef, 2, 3); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.DeadLetter(ctx, l, &driver.InsertMessage{Tenant: "a", Topic: "x.dlq", PartitionKey: "k", ID: "d", CreatedAt: now}, 3, now); err != nil {

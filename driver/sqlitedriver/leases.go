@@ -49,8 +49,8 @@ func (d *Driver) RecordAttempt(ctx context.Context, l driver.Lease, offset int64
 	return dialect.RecordAttempt(ctx, d, l, offset, st, now)
 }
 
-func (d *Driver) DeliveryState(ctx context.Context, p driver.PartitionRef, offset int64) (driver.DeliveryState, bool, error) {
-	return dialect.DeliveryState(ctx, d.read, p, offset)
+func (d *Driver) DeliveryStates(ctx context.Context, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
+	return dialect.DeliveryStates(ctx, d.read, p, after, upTo)
 }
 
 func (d *Driver) DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error {

@@ -15,6 +15,7 @@ package ident
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -150,6 +151,47 @@ func Headers(h map[string]string) error {
 func Payload(p []byte, limit int) error {
 	if len(p) > limit {
 		return fail("payload", "%d bytes, limit %d", len(p), limit)
+	}
+	return nil
+}
+
+// TenantList parses a comma-separated tenant list (MQ_TENANTS): entries are
+// trimmed of surrounding spaces and tabs, each must be a valid tenant, a
+// repeat is an error, and the list must not be empty.
+func TenantList(field, s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fail(field, "empty tenant list")
+	}
+	var out []string
+	seen := map[string]bool{}
+	for i, part := range strings.Split(s, ",") {
+		t := strings.Trim(part, " \t")
+		if err := Tenant(t); err != nil {
+			return nil, fail(field, "entry %d: %s", i+1, err.Error())
+		}
+		if seen[t] {
+			return nil, fail(field, "entry %d: tenant %q appears twice", i+1, t)
+		}
+		seen[t] = true
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// Tenants checks an explicit tenant list the same way.
+func Tenants(field string, ts []string) error {
+	if len(ts) == 0 {
+		return fail(field, "empty tenant list")
+	}
+	seen := map[string]bool{}
+	for i, t := range ts {
+		if err := Tenant(t); err != nil {
+			return fail(field, "entry %d: %s", i+1, err.Error())
+		}
+		if seen[t] {
+			return fail(field, "entry %d: tenant %q appears twice", i+1, t)
+		}
+		seen[t] = true
 	}
 	return nil
 }

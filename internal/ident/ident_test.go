@@ -155,3 +155,51 @@ func FuzzHeaders(f *testing.F) {
 		}
 	})
 }
+
+func TestTenantList(t *testing.T) {
+	got, err := TenantList("MQ_TENANTS", " acme, globex ,\tinitech")
+	if err != nil || len(got) != 3 || got[0] != "acme" || got[1] != "globex" || got[2] != "initech" {
+		t.Fatalf("TenantList = %q, %v", got, err)
+	}
+	for in, want := range map[string]string{
+		"":          "MQ_TENANTS: empty tenant list",
+		"  ":        "MQ_TENANTS: empty tenant list",
+		"a,,b":      "MQ_TENANTS: entry 2: tenant: must not be empty",
+		"a,b,a":     `MQ_TENANTS: entry 3: tenant "a" appears twice`,
+		"a,caf\xc3": "MQ_TENANTS: entry 2: tenant: byte 0xc3 at index 3 is not ASCII",
+	} {
+		if _, err := TenantList("MQ_TENANTS", in); err == nil || err.Error() != want {
+			t.Errorf("TenantList(%q) = %v, want %q", in, err, want)
+		}
+	}
+	if err := Tenants("tenants", nil); err == nil || err.Error() != "tenants: empty tenant list" {
+		t.Errorf("Tenants(nil) = %v", err)
+	}
+	if err := Tenants("tenants", []string{"a", "a"}); err == nil {
+		t.Error("Tenants accepted a repeat")
+	}
+}
+
+func FuzzTenantList(f *testing.F) {
+	for _, s := range []string{"a", "a,b", " a , b ", "a,,b", "a,a", "", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ts, err := TenantList("MQ_TENANTS", s)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "MQ_TENANTS: ") {
+				t.Fatalf("error %q does not name the field", err)
+			}
+			return
+		}
+		if len(ts) == 0 {
+			t.Fatal("accepted an empty list")
+		}
+		if err := Tenants("tenants", ts); err != nil {
+			t.Fatalf("TenantList(%q) = %q, which Tenants rejects: %v", s, ts, err)
+		}
+		if len(ts) != strings.Count(s, ",")+1 {
+			t.Fatalf("TenantList(%q) = %q lost or added entries", s, ts)
+		}
+	})
+}

@@ -167,27 +167,36 @@ func (d Dialect) RecordAttempt(ctx context.Context, w Writer, l driver.Lease, of
 	return err
 }
 
-// DeliveryState reads a message's retry bookkeeping.
-func (d Dialect) DeliveryState(ctx context.Context, q driver.DBTX, p driver.PartitionRef, offset int64) (driver.DeliveryState, bool, error) {
-	op := fmt.Sprintf("read delivery state of offset %d on %s", offset, p)
-	var st driver.DeliveryState
-	var next any
-	var lastErr sql.NullString
-	err := q.QueryRowContext(ctx, "SELECT attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE "+leaseKey+" AND message_offset = ?",
-		append(refArgs(p), offset)...).Scan(&st.Attempts, &next, &lastErr)
-	if errors.Is(err, sql.ErrNoRows) {
-		return st, false, nil
-	}
+// DeliveryStates reads the retry bookkeeping of offsets in (after, upTo].
+func (d Dialect) DeliveryStates(ctx context.Context, q driver.DBTX, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
+	op := fmt.Sprintf("read delivery state of offsets (%d, %d] on %s", after, upTo, p)
+	rows, err := q.QueryContext(ctx, "SELECT message_offset, attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE "+
+		leaseKey+" AND message_offset > ? AND message_offset <= ?", append(refArgs(p), after, upTo)...)
 	if err != nil {
-		return st, false, d.Wrap(op, err)
+		return nil, d.Wrap(op, err)
 	}
-	if next != nil {
-		if st.NextAttemptAt, err = d.DecodeTime(next); err != nil {
-			return st, false, fmt.Errorf("%s: %w", op, err)
+	defer rows.Close()
+	out := map[int64]driver.DeliveryState{}
+	for rows.Next() {
+		var off int64
+		var st driver.DeliveryState
+		var next any
+		var lastErr sql.NullString
+		if err := rows.Scan(&off, &st.Attempts, &next, &lastErr); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
 		}
+		if next != nil {
+			if st.NextAttemptAt, err = d.DecodeTime(next); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+		}
+		st.LastError = lastErr.String
+		out[off] = st
 	}
-	st.LastError = lastErr.String
-	return st, true, nil
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
 }
 
 // DeadLetter appends dlq with insert (the driver's InsertMessages), drops
