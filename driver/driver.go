@@ -143,6 +143,10 @@ type Lease struct {
 	Owner     string
 	Token     int64
 	ExpiresAt time.Time
+	// Committed is the group's cursor when the lease was acquired: read in
+	// the acquiring transaction, so it includes the previous owner's last
+	// commit (set by AcquireLease only).
+	Committed int64
 }
 
 // LeaseHeldError reports who holds a partition (errors.Is ErrLeaseHeld).
@@ -175,6 +179,9 @@ type Leases interface {
 	AcquireLease(ctx context.Context, p PartitionRef, owner string, now time.Time, ttl time.Duration) (Lease, error)
 	// RenewLease extends l to now+ttl, or returns ErrLeaseLost.
 	RenewLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
+	// RenewLeases extends the leases of one owner in one group and topic
+	// in one transaction; it returns those renewed and those lost.
+	RenewLeases(ctx context.Context, ls []Lease, now time.Time, ttl time.Duration) (renewed, lost []Lease, err error)
 	// ReleaseLease frees l, or returns ErrLeaseLost.
 	ReleaseLease(ctx context.Context, l Lease, now time.Time) error
 	// CommitOffset moves l's group cursor forward to offset (never back)

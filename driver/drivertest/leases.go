@@ -19,6 +19,7 @@ var leaseTests = []struct {
 }{
 	{"LeaseIsExclusiveAndFenced", testLeaseIsExclusiveAndFenced},
 	{"LeaseRenewAndReacquire", testLeaseRenewAndReacquire},
+	{"RenewManyLeasesAtOnce", testRenewManyLeasesAtOnce},
 	{"CommitNeverMovesBack", testCommitNeverMovesBack},
 	{"LeaseAcquireRace", testLeaseAcquireRace},
 	{"SweepFreesDeadOwners", testSweepFreesDeadOwners},
@@ -84,8 +85,8 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 
 	// a stalls past its expiry; b takes over with a higher token.
 	b, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl+time.Second), ttl)
-	if err != nil || b.Token != 2 {
-		t.Fatalf("takeover after expiry = %+v, %v; want token 2", b, err)
+	if err != nil || b.Token != 2 || b.Committed != res[4].Offset {
+		t.Fatalf("takeover after expiry = %+v, %v; want token 2 starting after offset %d", b, err, res[4].Offset)
 	}
 	// The stale owner moves nothing.
 	if err := d.CommitOffset(ctx, a, res[9].Offset, t0.Add(ttl+2*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
@@ -388,5 +389,43 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 	work, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
 	if err != nil || len(work) != 1 || work[0].CommittedOffset != res[0].Offset {
 		t.Fatalf("after dead-lettering, work = %+v %v; want the cursor past the poison message only", work, err)
+	}
+}
+
+func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	ctx := context.Background()
+	var mine []driver.Lease
+	for _, tk := range [][2]string{{"t1", "a"}, {"t1", "b"}, {"t2", "a"}} {
+		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tk[0], ConsumerGroup: "g", Topic: "x", PartitionKey: tk[1]}, "me", t0, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine = append(mine, l)
+	}
+	// t1/b expires and a peer takes it.
+	if _, err := d.AcquireLease(ctx, mine[1].PartitionRef, "peer", t0.Add(ttl+time.Second), ttl); err != nil {
+		t.Fatal(err)
+	}
+	renewed, lost, err := d.RenewLeases(ctx, mine, t0.Add(ttl+2*time.Second), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(renewed) != 2 || len(lost) != 1 || lost[0].PartitionRef != mine[1].PartitionRef {
+		t.Fatalf("renewed %+v lost %+v; want t1/a and t2/a renewed, t1/b lost", renewed, lost)
+	}
+	for _, l := range renewed {
+		if !l.ExpiresAt.Equal(t0.Add(2*ttl + 2*time.Second)) {
+			t.Fatalf("renewed lease expires %v", l.ExpiresAt)
+		}
+	}
+	ls, _ := d.ListLeases(ctx, []string{"t1", "t2"}, "g", "x")
+	for _, l := range ls {
+		if l.PartitionKey == "b" && (l.Owner != "peer" || !l.ExpiresAt.Equal(t0.Add(2*ttl+time.Second))) {
+			t.Fatalf("the peer's lease was changed by a stale renewal: %+v", l)
+		}
+	}
+	if _, err := d.AcquireLease(ctx, mine[0].PartitionRef, "peer", t0.Add(2*ttl), ttl); !errors.Is(err, driver.ErrLeaseHeld) {
+		t.Fatalf("acquire of a renewed lease = %v, want ErrLeaseHeld", err)
 	}
 }

@@ -109,6 +109,9 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if l, err = d.RenewLease(ctx, l, now, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	if _, _, err := d.RenewLeases(ctx, []driver.Lease{l}, now, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.CommitOffset(ctx, l, 2, now); err != nil {
 		t.Fatal(err)
 	}

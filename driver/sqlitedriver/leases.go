@@ -17,6 +17,10 @@ func (d *Driver) RenewLease(ctx context.Context, l driver.Lease, now time.Time, 
 	return dialect.RenewLease(ctx, d, l, now, ttl)
 }
 
+func (d *Driver) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Time, ttl time.Duration) ([]driver.Lease, []driver.Lease, error) {
+	return dialect.RenewLeases(ctx, d, ls, now, ttl)
+}
+
 func (d *Driver) ReleaseLease(ctx context.Context, l driver.Lease, now time.Time) error {
 	return dialect.ReleaseLease(ctx, d, l, now)
 }

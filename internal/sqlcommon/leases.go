@@ -68,6 +68,11 @@ func (d Dialect) AcquireLease(ctx context.Context, w Writer, p driver.PartitionR
 			return driver.Lease{}, &driver.LeaseHeldError{Partition: p, Owner: holder, ExpiresAt: exp}
 		}
 		l := driver.Lease{PartitionRef: p, Owner: owner, Token: token + 1, ExpiresAt: now.Add(ttl)}
+		err = tx.QueryRowContext(ctx, "SELECT committed_offset FROM queue_offsets WHERE tenant = ? AND topic = ? AND partition_key = ? AND consumer_group = ?",
+			p.Tenant, p.Topic, p.PartitionKey, p.ConsumerGroup).Scan(&l.Committed)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
 		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = ?, token = ?, expires_at = ?, acquired_at = ? WHERE "+leaseKey,
 			append([]any{owner, l.Token, d.EncodeTime(l.ExpiresAt), d.EncodeTime(now)}, refArgs(p)...)...); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
@@ -106,6 +111,78 @@ func (d Dialect) RenewLease(ctx context.Context, w Writer, l driver.Lease, now t
 		}
 		return l, nil
 	})
+}
+
+// RenewLeases extends many leases of one owner (one group and topic) in
+// one transaction: an UPDATE whose WHERE names every lease's token, then a
+// read of the owner's rows. A lease whose row still carries its token was
+// matched and is locked by the UPDATE until commit; the others are lost.
+func (d Dialect) RenewLeases(ctx context.Context, w Writer, ls []driver.Lease, now time.Time, ttl time.Duration) ([]driver.Lease, []driver.Lease, error) {
+	if len(ls) == 0 {
+		return nil, nil, nil
+	}
+	owner, group, topic := ls[0].Owner, ls[0].ConsumerGroup, ls[0].Topic
+	tenantSet := map[string]bool{}
+	var tenants []string
+	for _, l := range ls {
+		if l.Owner != owner || l.ConsumerGroup != group || l.Topic != topic {
+			return nil, nil, fmt.Errorf("renew leases: mixed owners, groups or topics (%s and %s)", ls[0].PartitionRef, l.PartitionRef)
+		}
+		if !tenantSet[l.Tenant] {
+			tenantSet[l.Tenant] = true
+			tenants = append(tenants, l.Tenant)
+		}
+	}
+	type result struct{ renewed, lost []driver.Lease }
+	res, err := inTx(ctx, w, func(tx *sql.Tx) (result, error) {
+		op := fmt.Sprintf("renew %d leases of %q in group %q topic %q", len(ls), owner, group, topic)
+		expires := now.Add(ttl)
+		for start := 0; start < len(ls); start += 500 {
+			part := ls[start:min(start+500, len(ls))]
+			var sb strings.Builder
+			args := append([]any{d.EncodeTime(expires)}, tenantArgs(tenants, group, topic, owner)...)
+			for i, l := range part {
+				if i > 0 {
+					sb.WriteString(" OR ")
+				}
+				sb.WriteString("(tenant = ? AND partition_key = ? AND token = ?)")
+				args = append(args, l.Tenant, l.PartitionKey, l.Token)
+			}
+			if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET expires_at = ? WHERE tenant IN ("+Placeholders(len(tenants))+
+				") AND consumer_group = ? AND topic = ? AND owner = ? AND ("+sb.String()+")", args...); err != nil {
+				return result{}, d.Wrap(op, err)
+			}
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT tenant, partition_key, token FROM queue_partition_leases WHERE tenant IN ("+
+			Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? AND owner = ?", tenantArgs(tenants, group, topic, owner)...)
+		if err != nil {
+			return result{}, d.Wrap(op, err)
+		}
+		defer rows.Close()
+		current := map[[2]string]int64{}
+		for rows.Next() {
+			var t, k string
+			var token int64
+			if err := rows.Scan(&t, &k, &token); err != nil {
+				return result{}, fmt.Errorf("%s: %w", op, err)
+			}
+			current[[2]string{t, k}] = token
+		}
+		if err := rows.Err(); err != nil {
+			return result{}, fmt.Errorf("%s: %w", op, err)
+		}
+		var r result
+		for _, l := range ls {
+			if tok, ok := current[[2]string{l.Tenant, l.PartitionKey}]; ok && tok == l.Token {
+				l.ExpiresAt = expires
+				r.renewed = append(r.renewed, l)
+			} else {
+				r.lost = append(r.lost, l)
+			}
+		}
+		return r, nil
+	})
+	return res.renewed, res.lost, err
 }
 
 // ReleaseLease frees l; its token stays, so the next owner's is higher.

@@ -1,0 +1,348 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var subscriberTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"SubscribersDeliverInOrder", testSubscribersDeliverInOrder},
+	{"SubscribersJoinAndLeave", testSubscribersJoinAndLeave},
+	{"PoisonMessageGoesToDLQ", testPoisonMessageGoesToDLQ},
+	{"HandlerResults", testHandlerResults},
+	{"SubscribeValidates", testSubscribeValidates},
+}
+
+// fastConfig is a subscriber configuration with test-sized intervals.
+func fastConfig(group, topic string, tenants []string, h shardq.Handler) shardq.SubscriberConfig {
+	return shardq.SubscriberConfig{
+		ConsumerGroup: group, Topic: topic, Tenants: tenants, Handler: h,
+		LeaseTTL: 3 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 2 * time.Second,
+		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, IdleRelease: 2 * time.Second,
+		BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+	}
+}
+
+// recorder checks what a consumer group receives: per partition, offsets
+// strictly increasing, no message twice, never two handlers at once.
+type recorder struct {
+	mu       sync.Mutex
+	last     map[string]int64
+	seen     map[string]bool
+	inFlight map[string]*atomic.Int32
+	errs     []error
+	total    atomic.Int64
+}
+
+func newRecorder() *recorder {
+	return &recorder{last: map[string]int64{}, seen: map[string]bool{}, inFlight: map[string]*atomic.Int32{}}
+}
+
+func (r *recorder) fail(format string, args ...any) {
+	r.mu.Lock()
+	r.errs = append(r.errs, fmt.Errorf(format, args...))
+	r.mu.Unlock()
+}
+
+func (r *recorder) handle(_ context.Context, d *shardq.Delivery) error {
+	key := d.Tenant + "/" + d.PartitionKey
+	r.mu.Lock()
+	n := r.inFlight[key]
+	if n == nil {
+		n = &atomic.Int32{}
+		r.inFlight[key] = n
+	}
+	r.mu.Unlock()
+	if n.Add(1) != 1 {
+		r.fail("two handlers at once in partition %s", key)
+	}
+	defer n.Add(-1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.Offset <= r.last[key] {
+		r.errs = append(r.errs, fmt.Errorf("partition %s: offset %d after %d", key, d.Offset, r.last[key]))
+	}
+	r.last[key] = d.Offset
+	if r.seen[d.ID] {
+		r.errs = append(r.errs, fmt.Errorf("message %s delivered twice", d.ID))
+	}
+	r.seen[d.ID] = true
+	r.total.Add(1)
+	return nil
+}
+
+func (r *recorder) check(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, err := range r.errs {
+		if i == 10 {
+			t.Fatalf("... and %d more", len(r.errs)-10)
+		}
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func publishSpread(t *testing.T, c *shardq.Client, tenant, topic string, partitions, total int) {
+	t.Helper()
+	var batch []shardq.Message
+	for i := range total {
+		batch = append(batch, shardq.Message{Tenant: tenant, Topic: topic, PartitionKey: fmt.Sprintf("p%02d", i%partitions),
+			ID: fmt.Sprintf("m-%05d", i)})
+		if len(batch) == 500 {
+			mustPublish(t, c, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		mustPublish(t, c, batch...)
+	}
+}
+
+func stopAll(t *testing.T, subs ...*shardq.Subscriber) {
+	t.Helper()
+	for _, s := range subs {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", s.Name(), err)
+		}
+		cancel()
+	}
+}
+
+func testSubscribersDeliverInOrder(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	const total = 10_000
+	publishSpread(t, c, "t", "orders", 64, total)
+	rec := newRecorder()
+	var subs []*shardq.Subscriber
+	for i := range 4 {
+		cfg := fastConfig("g", "orders", []string{"t"}, rec.handle)
+		cfg.Name = fmt.Sprintf("sub-%d", i)
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	defer stopAll(t, subs...)
+	waitFor(t, "all messages", 2*time.Minute, func() bool { return rec.total.Load() >= total })
+	waitFor(t, "cursors at the head", 30*time.Second, func() bool {
+		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "orders", "g")
+		return err == nil && len(ps) == 0
+	})
+	rec.check(t)
+	if rec.total.Load() != total {
+		t.Fatalf("delivered %d, want %d", rec.total.Load(), total)
+	}
+}
+
+func testSubscribersJoinAndLeave(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	rec := newRecorder()
+	start := func(name string) *shardq.Subscriber {
+		cfg := fastConfig("g", "x", []string{"t"}, rec.handle)
+		cfg.Name = name
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := start("a")
+	stopped := []*shardq.Subscriber{}
+	defer func() { stopAll(t, stopped...) }()
+	publishSpread(t, c, "t", "x", 16, 1600)
+	b, cc, dd := start("b"), start("c"), start("d")
+	publishSpreadFrom(t, c, "t", "x", 16, 1600, 1600)
+	// Fair share with 4 live subscribers and 16 busy partitions: 4 each.
+	waitFor(t, "fair share across 4", 30*time.Second, func() bool {
+		publishSpreadFrom(t, c, "t", "x", 16, 3200+int(rec.total.Load()), 16) // keep every partition busy
+		return leaseCounts(t, d)["a"] == 4 && leaseCounts(t, d)["d"] == 4
+	})
+	stopAll(t, b, cc)
+	publishSpreadFrom(t, c, "t", "x", 16, 100_000, 800)
+	stopped = append(stopped, a, dd)
+	sent := int64(3200 + 800)
+	waitFor(t, "everything after two left", time.Minute, func() bool {
+		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		return err == nil && len(ps) == 0
+	})
+	rec.check(t)
+	if rec.total.Load() < sent {
+		t.Fatalf("delivered %d of at least %d", rec.total.Load(), sent)
+	}
+}
+
+func publishSpreadFrom(t *testing.T, c *shardq.Client, tenant, topic string, partitions, from, n int) {
+	t.Helper()
+	var batch []shardq.Message
+	for i := from; i < from+n; i++ {
+		batch = append(batch, shardq.Message{Tenant: tenant, Topic: topic, PartitionKey: fmt.Sprintf("p%02d", i%partitions),
+			ID: fmt.Sprintf("m-%06d", i)})
+	}
+	mustPublish(t, c, batch...)
+}
+
+func leaseCounts(t *testing.T, d driver.Driver) map[string]int {
+	ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, l := range ls {
+		if l.Owner != "" {
+			out[l.Owner]++
+		}
+	}
+	return out
+}
+
+func testPoisonMessageGoesToDLQ(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	for i := range 5 {
+		mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("m%d", i),
+			Payload: []byte(fmt.Sprint(i)), Headers: map[string]string{"trace": "abc"}})
+	}
+	var mu sync.Mutex
+	var order []string
+	attempts := map[int]bool{}
+	cfg := fastConfig("g", "x", []string{"t"}, func(_ context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if dl.ID == "m2" {
+			attempts[dl.Attempt] = true
+			return errors.New("cannot parse m2")
+		}
+		order = append(order, dl.ID)
+		return nil
+	})
+	cfg.MaxAttempts = 3
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "the partition to pass the poison message", 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == 4
+	})
+	mu.Lock()
+	if fmt.Sprint(order) != "[m0 m1 m3 m4]" || len(attempts) != 3 || !attempts[1] || !attempts[3] {
+		t.Fatalf("delivered %v, attempts of m2 %v; want m0 m1 m3 m4 after attempts 1..3", order, attempts)
+	}
+	mu.Unlock()
+	dlq := fetchAll(t, d, "t", "x.dlq", "k")
+	if len(dlq) != 1 || dlq[0].ID != "m2" || string(dlq[0].Payload) != "2" {
+		t.Fatalf("dead-letter topic: %+v", dlq)
+	}
+	h := dlq[0].Headers
+	if h[shardq.HeaderDLQOriginalTopic] != "x" || h[shardq.HeaderDLQAttempts] != "3" || h[shardq.HeaderDLQLastError] != "cannot parse m2" ||
+		h["trace"] != "abc" || h[shardq.HeaderDLQOriginalOffset] == "" {
+		t.Fatalf("dead-letter headers %v", h)
+	}
+}
+
+func testHandlerResults(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "now"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "later"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "panics"})
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	var retriedAt time.Time
+	var firstAt time.Time
+	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", []string{"t"}, func(_ context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[dl.ID] = append(seen[dl.ID], dl.Attempt)
+		switch {
+		case dl.ID == "now":
+			return shardq.DeadLetter(errors.New("schema v0 is not supported"))
+		case dl.ID == "later" && dl.Attempt == 1:
+			firstAt = time.Now()
+			return shardq.RetryAfter(300*time.Millisecond, errors.New("rate limited"))
+		case dl.ID == "later":
+			retriedAt = time.Now()
+		case dl.ID == "panics" && dl.Attempt == 1:
+			panic("handler bug")
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "all three settled", 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen["panics"]) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(seen["now"]) != "[1]" || fmt.Sprint(seen["later"]) != "[1 2]" || fmt.Sprint(seen["panics"]) != "[1 2]" {
+		t.Fatalf("attempts %v", seen)
+	}
+	if retriedAt.Sub(firstAt) < 300*time.Millisecond {
+		t.Fatalf("RetryAfter(300ms) retried after %v", retriedAt.Sub(firstAt))
+	}
+	if dlq := fetchAll(t, d, "t", "x.dlq", "k"); len(dlq) != 1 || dlq[0].ID != "now" || dlq[0].Headers[shardq.HeaderDLQAttempts] != "1" ||
+		dlq[0].Headers[shardq.HeaderDLQLastError] != "schema v0 is not supported" {
+		t.Fatalf("dead-letter topic: %+v", dlq)
+	}
+}
+
+func testSubscribeValidates(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	h := func(context.Context, *shardq.Delivery) error { return nil }
+	t.Setenv("MQ_TENANTS", "")
+	for _, tc := range []struct {
+		cfg  shardq.SubscriberConfig
+		want string
+	}{
+		{shardq.SubscriberConfig{Topic: "x", Tenants: []string{"t"}, Handler: h}, "consumer group: must not be empty"},
+		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Handler: h}, "MQ_TENANTS: empty tenant list"},
+		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t", "t"}, Handler: h}, `tenants: entry 2: tenant "t" appears twice`},
+		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}}, "handler: set exactly one"},
+		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: fmt.Sprintf("%0252d", 0), Tenants: []string{"t"}, Handler: h}, "dead-letter topic"},
+	} {
+		_, err := c.Subscribe(context.Background(), tc.cfg)
+		if !errors.Is(err, shardq.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Subscribe(%+v) = %v, want an ErrInvalid containing %q", tc.cfg, err, tc.want)
+		}
+	}
+	t.Setenv("MQ_TENANTS", " t1 , t2")
+	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", nil, h))
+	if err != nil {
+		t.Fatalf("tenants from MQ_TENANTS: %v", err)
+	}
+	stopAll(t, s)
+}

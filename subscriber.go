@@ -1,0 +1,254 @@
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// Delivery is a message handed to a subscriber's handler.
+type Delivery struct {
+	Tenant       string
+	Topic        string
+	PartitionKey string
+	ID           string
+	Offset       int64
+	Headers      map[string]string
+	Payload      []byte
+	CreatedAt    time.Time
+	// Attempt is 1 on the message's first delivery to the consumer group,
+	// 2 on its first retry, and so on (across subscribers).
+	Attempt int
+}
+
+// Handler processes one message. Returning nil acks it; an error retries
+// it after a backoff (the partition waits); RetryAfter chooses the delay;
+// DeadLetter moves it to the dead-letter topic at once. The context ends
+// when the subscriber loses the partition's lease or is stopped hard.
+type Handler func(ctx context.Context, d *Delivery) error
+
+// BatchHandler processes consecutive messages of one partition together
+// and settles them together: nil acks all; an error retries the batch, and
+// after the last attempt the whole batch is dead-lettered.
+type BatchHandler func(ctx context.Context, ds []*Delivery) error
+
+type retryAfter struct {
+	after time.Duration
+	err   error
+}
+
+func (e *retryAfter) Error() string { return fmt.Sprintf("retry after %s: %v", e.after, e.err) }
+func (e *retryAfter) Unwrap() error { return e.err }
+
+// RetryAfter is a handler result: retry the message after d.
+func RetryAfter(d time.Duration, err error) error { return &retryAfter{after: d, err: err} }
+
+type deadLetter struct{ err error }
+
+func (e *deadLetter) Error() string { return fmt.Sprintf("dead-letter: %v", e.err) }
+func (e *deadLetter) Unwrap() error { return e.err }
+
+// DeadLetter is a handler result: move the message to the dead-letter
+// topic now, without further attempts.
+func DeadLetter(err error) error { return &deadLetter{err: err} }
+
+// ErrLeaseLost is returned (and logged) when a subscriber's partition lease
+// was taken over; the write that found it changed nothing.
+var ErrLeaseLost = driver.ErrLeaseLost
+
+// Headers a dead-lettered message carries besides its own.
+const (
+	HeaderDLQOriginalTopic  = "dlq_original_topic"
+	HeaderDLQOriginalOffset = "dlq_original_offset"
+	HeaderDLQAttempts       = "dlq_attempts"
+	HeaderDLQLastError      = "dlq_last_error"
+)
+
+// SubscriberConfig configures a member of a consumer group. Zero durations
+// and counts take the defaults in brackets.
+type SubscriberConfig struct {
+	ConsumerGroup string // required
+	Topic         string // required
+	// Tenants is the explicit list of tenants to serve. When empty, the
+	// comma-separated MQ_TENANTS environment variable is read once at
+	// Subscribe; an empty list is an error.
+	Tenants []string
+	// Name identifies this member (default host-pid-random).
+	Name string
+
+	Handler      Handler      // one of Handler and BatchHandler
+	BatchHandler BatchHandler //
+	BatchSize    int          // messages fetched (and handed to a BatchHandler) at once [100]
+
+	LeaseTTL          time.Duration // a lease lasts this long unless renewed [30s]
+	HeartbeatInterval time.Duration // [3s]
+	// StaleAfter is how old a heartbeat may be before its subscriber is
+	// dead and its leases are swept [3 × HeartbeatInterval].
+	StaleAfter        time.Duration
+	DiscoveryInterval time.Duration // how often partitions are rebalanced [1s]
+	PollInterval      time.Duration // how often an idle partition is polled [200ms]
+	IdleRelease       time.Duration // a lease without work this long is released [30s]
+	// MaxPartitions bounds the partitions this member delivers at once [64].
+	MaxPartitions int
+
+	MaxAttempts int           // after this many failed attempts a message is dead-lettered [10]
+	BackoffMin  time.Duration // first retry delay, doubling per attempt, with jitter [1s]
+	BackoffMax  time.Duration // [5m]
+	DLQSuffix   string        // dead-letter topic = Topic + DLQSuffix [".dlq"]
+
+	// Clock is the time used for leases, heartbeats and retry times
+	// [the client's Clock].
+	Clock  func() time.Time
+	Logger *slog.Logger // [the client's Logger]
+}
+
+func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, error) {
+	d := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	n := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	d(&cfg.LeaseTTL, 30*time.Second)
+	d(&cfg.HeartbeatInterval, 3*time.Second)
+	d(&cfg.StaleAfter, 3*cfg.HeartbeatInterval)
+	d(&cfg.DiscoveryInterval, time.Second)
+	d(&cfg.PollInterval, 200*time.Millisecond)
+	d(&cfg.IdleRelease, 30*time.Second)
+	d(&cfg.BackoffMin, time.Second)
+	d(&cfg.BackoffMax, 5*time.Minute)
+	n(&cfg.BatchSize, 100)
+	n(&cfg.MaxPartitions, 64)
+	n(&cfg.MaxAttempts, 10)
+	if cfg.DLQSuffix == "" {
+		cfg.DLQSuffix = ".dlq"
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = c.cfg.Clock
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = c.cfg.Logger
+	}
+	if cfg.Name == "" {
+		host, _ := os.Hostname()
+		cfg.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+		if ident.SubscriberName(cfg.Name) != nil { // a non-ASCII host name
+			cfg.Name = "subscriber-" + strconv.Itoa(os.Getpid()) + "-" + uuid.NewString()[:8]
+		}
+	}
+	if err := ident.ConsumerGroup(cfg.ConsumerGroup); err != nil {
+		return cfg, err
+	}
+	if err := ident.Topic(cfg.Topic); err != nil {
+		return cfg, err
+	}
+	if err := ident.SubscriberName(cfg.Name); err != nil {
+		return cfg, err
+	}
+	if err := ident.Topic(cfg.Topic + cfg.DLQSuffix); err != nil {
+		return cfg, &ident.Error{Field: "dead-letter topic", Rule: fmt.Sprintf("%q + %q: %s", cfg.Topic, cfg.DLQSuffix, err.(*ident.Error).Rule)}
+	}
+	if (cfg.Handler == nil) == (cfg.BatchHandler == nil) {
+		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
+	}
+	if len(cfg.Tenants) == 0 {
+		ts, err := ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
+		if err != nil {
+			return cfg, fmt.Errorf("%w (set SubscriberConfig.Tenants or MQ_TENANTS)", err)
+		}
+		cfg.Tenants = ts
+	} else if err := ident.Tenants("tenants", cfg.Tenants); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// Subscriber is a running member of a consumer group.
+type Subscriber struct {
+	drv driver.Driver
+	cfg SubscriberConfig
+	log *slog.Logger
+
+	runCtx     context.Context // ends at Stop: no more fetching or rebalancing
+	stopRun    context.CancelFunc
+	hardCtx    context.Context // ends at a hard stop: handlers are cancelled
+	stopHard   context.CancelFunc
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	workers    map[driver.PartitionRef]*worker
+	stopOnce   sync.Once
+	stopResult error
+}
+
+// Subscribe starts a member of cfg.ConsumerGroup. It validates cfg,
+// heartbeats once (so a database that is unreachable or not migrated fails
+// here), and then runs until Stop.
+func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
+	cfg, err := c.subscriberDefaults(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: subscribe: %w", err)
+	}
+	s := &Subscriber{
+		drv:     c.drv,
+		cfg:     cfg,
+		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", cfg.Name),
+		workers: map[driver.PartitionRef]*worker{},
+	}
+	if err := s.heartbeat(ctx, cfg.Clock()); err != nil {
+		return nil, fmt.Errorf("shardq: subscribe: %w", err)
+	}
+	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
+	s.hardCtx, s.stopHard = context.WithCancel(context.WithoutCancel(ctx))
+	s.wg.Add(2)
+	go s.beat()
+	go s.manage()
+	return s, nil
+}
+
+// Name is the subscriber's name in its group.
+func (s *Subscriber) Name() string { return s.cfg.Name }
+
+// Stop stops fetching, lets in-flight handlers finish until ctx ends (then
+// cancels them), commits what was acked, releases the leases and deletes
+// the heartbeat. No goroutine of the subscriber outlives it.
+func (s *Subscriber) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		s.stopRun()
+		done := make(chan struct{})
+		go func() { s.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.stopHard()
+			<-done
+		}
+		s.stopHard()
+		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name); err != nil {
+			s.stopResult = fmt.Errorf("shardq: stop: %w", err)
+		}
+	})
+	return s.stopResult
+}
+
+func (s *Subscriber) heartbeat(ctx context.Context, now time.Time) error {
+	return s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name, now)
+}
+
+// errorsIsLost reports a lost lease.
+func errorsIsLost(err error) bool { return errors.Is(err, driver.ErrLeaseLost) }

@@ -1,0 +1,481 @@
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/backoff"
+	"github.com/shardq/shardq/internal/balance"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// dbTimeout bounds one database call of the runtime, so that a hung
+// connection fails a tick instead of stalling the loop.
+const dbTimeout = 15 * time.Second
+
+// beat is the liveness loop: heartbeat and lease renewal. It runs apart
+// from manage so that a slow discovery tick never lets either go stale.
+func (s *Subscriber) beat() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.runCtx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(s.runCtx, dbTimeout)
+		now := s.cfg.Clock()
+		if err := s.heartbeat(ctx, now); err != nil && s.runCtx.Err() == nil {
+			s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
+		}
+		s.renew(ctx, now)
+		cancel()
+	}
+}
+
+// manage is the subscriber's control loop: lease renewal, orphan sweep,
+// discovery and rebalancing, once per DiscoveryInterval.
+func (s *Subscriber) manage() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.DiscoveryInterval)
+	defer t.Stop()
+	for {
+		s.tick()
+		select {
+		case <-s.runCtx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Subscriber) tick() {
+	ctx, cancel := context.WithTimeout(s.runCtx, dbTimeout)
+	defer cancel()
+	now := s.cfg.Clock()
+	tenants := s.cfg.Tenants
+
+	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	if err != nil {
+		s.tickFailed("listing subscribers failed", err)
+		return
+	}
+	leases, err := s.drv.ListLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	if err != nil {
+		s.tickFailed("listing leases failed", err)
+		return
+	}
+	work, err := s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+	if err != nil {
+		s.tickFailed("discovery failed", err)
+		return
+	}
+
+	live := map[string][]string{}
+	alive := map[string]bool{}
+	for _, sub := range subs {
+		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.cfg.Name {
+			live[sub.Tenant] = append(live[sub.Tenant], sub.Name)
+			alive[sub.Name] = true
+		}
+	}
+	s.sweep(ctx, leases, alive, now)
+
+	refs := make([]driver.PartitionRef, len(work))
+	for i, p := range work {
+		refs[i] = driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey}
+	}
+	plan := balance.Compute(balance.Input{Me: s.cfg.Name, Live: live, Work: refs, Leases: leases, Now: now})
+	for _, p := range plan.Release {
+		s.mu.Lock()
+		if w := s.workers[p]; w != nil {
+			w.handBack()
+		}
+		s.mu.Unlock()
+	}
+	for _, p := range plan.Acquire {
+		s.mu.Lock()
+		_, running := s.workers[p]
+		full := len(s.workers) >= s.cfg.MaxPartitions
+		s.mu.Unlock()
+		if running {
+			continue
+		}
+		if full || s.runCtx.Err() != nil {
+			break
+		}
+		l, err := s.drv.AcquireLease(ctx, p, s.cfg.Name, now, s.cfg.LeaseTTL)
+		if errors.Is(err, driver.ErrLeaseHeld) {
+			continue // a peer was quicker; the next tick replans
+		}
+		if err != nil {
+			s.log.Warn("shardq: acquiring a lease failed", "tenant", p.Tenant, "partition", p.PartitionKey, "err", err)
+			continue
+		}
+		s.startWorker(l)
+	}
+}
+
+// tickFailed logs a failed step of a tick, unless the tick failed because
+// the subscriber is stopping.
+func (s *Subscriber) tickFailed(what string, err error) {
+	if s.runCtx.Err() != nil {
+		return
+	}
+	s.log.Warn("shardq: "+what+"; tick skipped, retrying next tick", "tenants", s.cfg.Tenants, "err", err)
+}
+
+// renew extends, in one transaction, the leases that have used half of
+// their time, and stops the partitions whose lease was lost.
+func (s *Subscriber) renew(ctx context.Context, now time.Time) {
+	s.mu.Lock()
+	var due []driver.Lease
+	for _, w := range s.workers {
+		if w.lease.ExpiresAt.Sub(now) < s.cfg.LeaseTTL/2 {
+			due = append(due, w.lease)
+		}
+	}
+	s.mu.Unlock()
+	renewed, lost, err := s.drv.RenewLeases(ctx, due, now, s.cfg.LeaseTTL)
+	if err != nil {
+		if s.runCtx.Err() == nil {
+			s.log.Warn("shardq: lease renewal failed; retrying", "tenants", s.cfg.Tenants, "leases", len(due), "err", err)
+		}
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range renewed {
+		if w := s.workers[l.PartitionRef]; w != nil && w.lease.Token == l.Token {
+			w.lease.ExpiresAt = l.ExpiresAt
+		}
+	}
+	for _, l := range lost {
+		if w := s.workers[l.PartitionRef]; w != nil && w.lease.Token == l.Token {
+			s.log.Warn("shardq: lease lost; stopping the partition", "tenant", l.Tenant, "partition", l.PartitionKey, "token", l.Token)
+			w.lose()
+		}
+	}
+}
+
+// sweep frees the leases of subscribers whose heartbeat went stale.
+func (s *Subscriber) sweep(ctx context.Context, leases []driver.Lease, alive map[string]bool, now time.Time) {
+	deadSet := map[string]bool{}
+	for _, l := range leases {
+		if l.Owner != "" && !alive[l.Owner] {
+			deadSet[l.Owner] = true
+		}
+	}
+	if len(deadSet) == 0 {
+		return
+	}
+	var dead []string
+	for o := range deadSet {
+		dead = append(dead, o)
+	}
+	n, err := s.drv.SweepLeases(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, dead, now)
+	if err != nil {
+		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
+		return
+	}
+	s.log.Info("shardq: swept leases of dead subscribers", "dead", dead, "leases", n)
+}
+
+// worker delivers one leased partition.
+type worker struct {
+	s            *Subscriber
+	lease        driver.Lease // ExpiresAt guarded by s.mu
+	cursor       int64        // last settled offset
+	commit       int64        // last committed offset
+	ctx          context.Context
+	cancel       context.CancelFunc // cancels the handler: lease lost or hard stop
+	handback     chan struct{}      // closed to ask for a graceful hand-back
+	handbackOnce sync.Once
+	lost         chan struct{} // closed when the lease is lost
+	lostOnce     sync.Once
+}
+
+func (w *worker) handBack() { w.handbackOnce.Do(func() { close(w.handback) }) }
+
+func (w *worker) lose() {
+	w.lostOnce.Do(func() { close(w.lost) })
+	w.cancel()
+}
+
+func (s *Subscriber) startWorker(l driver.Lease) {
+	ctx, cancel := context.WithCancel(s.hardCtx)
+	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, ctx: ctx, cancel: cancel,
+		handback: make(chan struct{}), lost: make(chan struct{})}
+	s.mu.Lock()
+	s.workers[l.PartitionRef] = w
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go w.run()
+}
+
+// stopping reports whether the worker should stop taking new messages.
+func (w *worker) stopping() bool {
+	select {
+	case <-w.s.runCtx.Done():
+		return true
+	case <-w.handback:
+		return true
+	case <-w.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait sleeps d unless the worker is asked to stop first.
+func (w *worker) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-w.s.runCtx.Done():
+	case <-w.handback:
+	case <-w.lost:
+	}
+	return false
+}
+
+func (w *worker) leaseNow() driver.Lease {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	return w.lease
+}
+
+func (w *worker) logArgs(args ...any) []any {
+	return append([]any{"tenant", w.lease.Tenant, "partition", w.lease.PartitionKey}, args...)
+}
+
+func (w *worker) run() {
+	s := w.s
+	defer s.wg.Done()
+	defer w.finish()
+	idleSince := s.cfg.Clock()
+	for !w.stopping() {
+		msgs, err := w.fetch()
+		if err != nil {
+			s.log.Warn("shardq: fetch failed; retrying", w.logArgs("err", err)...)
+			w.wait(s.cfg.PollInterval)
+			continue
+		}
+		if len(msgs) == 0 {
+			if !w.commitCursor() {
+				return
+			}
+			if s.cfg.Clock().Sub(idleSince) >= s.cfg.IdleRelease {
+				return // idle release: finish() commits and releases
+			}
+			w.wait(s.cfg.PollInterval)
+			continue
+		}
+		idleSince = s.cfg.Clock()
+		if !w.deliver(msgs) {
+			return
+		}
+		if !w.commitCursor() {
+			return
+		}
+	}
+}
+
+func (w *worker) fetch() ([]driver.Message, error) {
+	ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
+	defer cancel()
+	return w.s.drv.FetchAfter(ctx, w.lease.Tenant, w.lease.Topic, w.lease.PartitionKey, w.cursor, w.s.cfg.BatchSize)
+}
+
+// commitCursor commits settled progress; false when the lease is lost.
+func (w *worker) commitCursor() bool {
+	if w.cursor <= w.commit {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
+	defer cancel()
+	err := w.s.drv.CommitOffset(ctx, w.leaseNow(), w.cursor, w.s.cfg.Clock())
+	switch {
+	case errorsIsLost(err):
+		w.s.log.Warn("shardq: lease lost at commit; the new owner redelivers", w.logArgs("offset", w.cursor)...)
+		w.lose()
+		return false
+	case err != nil:
+		w.s.log.Warn("shardq: commit failed; will retry", w.logArgs("offset", w.cursor, "err", err)...)
+		return true
+	}
+	w.commit = w.cursor
+	return true
+}
+
+// finish commits and releases the lease, unless it was lost.
+func (w *worker) finish() {
+	s := w.s
+	defer func() {
+		s.mu.Lock()
+		delete(s.workers, w.lease.PartitionRef)
+		s.mu.Unlock()
+		w.cancel()
+	}()
+	select {
+	case <-w.lost:
+		return
+	default:
+	}
+	if !w.commitCursor() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	if err := s.drv.ReleaseLease(ctx, w.leaseNow(), s.cfg.Clock()); err != nil && !errorsIsLost(err) {
+		s.log.Warn("shardq: releasing a lease failed; it expires on its own", w.logArgs("err", err)...)
+	}
+}
+
+// deliver hands msgs to the handler in order and settles each. It returns
+// false when the worker must stop (lease lost, stop, hand-back mid-retry).
+func (w *worker) deliver(msgs []driver.Message) bool {
+	ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
+	states, err := w.s.drv.DeliveryStates(ctx, w.lease.PartitionRef, w.cursor, msgs[len(msgs)-1].Offset)
+	cancel()
+	if err != nil {
+		w.s.log.Warn("shardq: reading retry state failed; retrying", w.logArgs("err", err)...)
+		return w.wait(w.s.cfg.PollInterval)
+	}
+	if w.s.cfg.BatchHandler != nil {
+		return w.settle(msgs, states[msgs[0].Offset])
+	}
+	for i := range msgs {
+		if i > 0 && w.stopping() {
+			return false // the rest is redelivered by the next owner
+		}
+		if !w.settle(msgs[i:i+1], states[msgs[i].Offset]) {
+			return false
+		}
+	}
+	return true
+}
+
+// settle delivers msgs (one, or one batch) until acked or dead-lettered.
+func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
+	s := w.s
+	first, last := msgs[0].Offset, msgs[len(msgs)-1].Offset
+	attempt := st.Attempts + 1
+	if wait := st.NextAttemptAt.Sub(s.cfg.Clock()); wait > 0 {
+		if !w.commitCursor() || !w.wait(wait) {
+			return false
+		}
+	}
+	for {
+		err := w.call(msgs, attempt)
+		if err == nil {
+			w.cursor = last
+			return true
+		}
+		if w.ctx.Err() != nil {
+			return false // lease lost or hard stop: the next owner redelivers
+		}
+		var dl *deadLetter
+		var ra *retryAfter
+		if errors.As(err, &dl) || attempt >= s.cfg.MaxAttempts {
+			cause := err
+			if dl != nil {
+				cause = dl.err // the handler's reason, without the wrapper's prefix
+			}
+			if !w.deadLetter(msgs, attempt, cause) {
+				return false
+			}
+			w.cursor, w.commit = last, last
+			return true
+		}
+		delay := backoff.Delay(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)
+		if errors.As(err, &ra) {
+			delay = ra.after
+		}
+		now := s.cfg.Clock()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
+		rerr := s.drv.RecordAttempt(ctx, w.leaseNow(), first,
+			driver.DeliveryState{Attempts: attempt, NextAttemptAt: now.Add(delay), LastError: errText(err)}, now)
+		cancel()
+		if errorsIsLost(rerr) {
+			w.lose()
+			return false
+		}
+		if rerr != nil {
+			s.log.Warn("shardq: recording a failed attempt failed", w.logArgs("offset", first, "err", rerr)...)
+		}
+		s.log.Info("shardq: handler failed; retrying after backoff", w.logArgs("offset", first, "attempt", attempt, "delay", delay, "err", err)...)
+		if !w.commitCursor() || !w.wait(delay) {
+			return false
+		}
+		attempt++
+	}
+}
+
+// call runs the handler, turning a panic into an error.
+func (w *worker) call(msgs []driver.Message, attempt int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	ds := make([]*Delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
+			Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, Attempt: attempt}
+	}
+	if w.s.cfg.BatchHandler != nil {
+		return w.s.cfg.BatchHandler(w.ctx, ds)
+	}
+	return w.s.cfg.Handler(w.ctx, ds[0])
+}
+
+// deadLetter copies msgs to the dead-letter topic and passes the cursor
+// over them, one message per fenced transaction.
+func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bool {
+	s := w.s
+	for _, m := range msgs {
+		headers := make(map[string]string, len(m.Headers)+4)
+		for k, v := range m.Headers {
+			headers[k] = v
+		}
+		headers[HeaderDLQOriginalTopic] = m.Topic
+		headers[HeaderDLQOriginalOffset] = strconv.FormatInt(m.Offset, 10)
+		headers[HeaderDLQAttempts] = strconv.Itoa(attempts)
+		headers[HeaderDLQLastError] = errText(cause)
+		dlq := &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic + s.cfg.DLQSuffix, PartitionKey: m.PartitionKey,
+			ID: m.ID, Headers: headers, Payload: m.Payload, CreatedAt: m.CreatedAt}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
+		err := s.drv.DeadLetter(ctx, w.leaseNow(), dlq, m.Offset, s.cfg.Clock())
+		cancel()
+		if errorsIsLost(err) {
+			w.lose()
+			return false
+		}
+		if err != nil {
+			s.log.Warn("shardq: dead-lettering failed; retrying", w.logArgs("offset", m.Offset, "err", err)...)
+			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, attempts, cause)
+		}
+		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
+	}
+	return true
+}
+
+// errText is an error as a header value: valid UTF-8, within the limit.
+func errText(err error) string {
+	t := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	if len(t) > ident.MaxHeaderValueBytes {
+		t = strings.ToValidUTF8(t[:ident.MaxHeaderValueBytes], "")
+	}
+	return t
+}
