@@ -155,3 +155,84 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version: %+v", r)
 	}
 }
+
+func TestConsume(t *testing.T) {
+	for _, db := range []struct {
+		name string
+		dsn  func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
+		{"mysql", mysqlURL},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			var lines strings.Builder
+			for i := range 30 {
+				fmt.Fprintf(&lines, "msg %d\n", i)
+			}
+			for _, key := range []string{"a", "b", "c"} {
+				if r := runCLI(t, env, lines.String(), "publish", "--tenant", "acme", "--topic", "orders", "--key", key, "--lines"); r.code != 0 {
+					t.Fatal(r)
+				}
+			}
+			if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "bin", "\xff\x00"); r.code != 0 {
+				t.Fatal(r)
+			}
+			seen := map[string]int64{}
+			ids := map[string]bool{}
+			read := func(r result) int {
+				t.Helper()
+				if r.code != 0 {
+					t.Fatalf("consume: %+v", r)
+				}
+				n := 0
+				dec := json.NewDecoder(strings.NewReader(r.stdout))
+				for dec.More() {
+					var l struct {
+						PartitionKey  string            `json:"partition_key"`
+						Offset        int64             `json:"offset"`
+						ID            string            `json:"id"`
+						Attempt       int               `json:"attempt"`
+						Headers       map[string]string `json:"headers"`
+						Payload       *string           `json:"payload"`
+						PayloadBase64 []byte            `json:"payload_base64"`
+					}
+					if err := dec.Decode(&l); err != nil {
+						t.Fatalf("not JSON lines: %v\n%s", err, r.stdout)
+					}
+					if l.Offset <= seen[l.PartitionKey] || ids[l.ID] || l.Attempt != 1 || l.Headers["queue_name"] != "acme" {
+						t.Fatalf("line %+v: out of order, repeated or malformed", l)
+					}
+					if l.PartitionKey == "bin" && (l.Payload != nil || string(l.PayloadBase64) != "\xff\x00") {
+						t.Fatalf("binary payload printed as %+v", l)
+					}
+					if l.PartitionKey != "bin" && l.Payload == nil {
+						t.Fatalf("text payload missing: %+v", l)
+					}
+					seen[l.PartitionKey], ids[l.ID] = l.Offset, true
+					n++
+				}
+				return n
+			}
+			// --max stops after exactly N; the rest stays for the next run.
+			if n := read(runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--tenant", "acme", "--max", "40")); n != 40 {
+				t.Fatalf("--max 40 printed %d", n)
+			}
+			env["MQ_TENANTS"] = "acme"
+			if n := read(runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--idle-exit", "1s")); n != 51 {
+				t.Fatalf("second run printed %d, want the remaining 51", n)
+			}
+			// Another group reads everything again.
+			delete(env, "MQ_TENANTS")
+			if r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "other", "--tenant", "acme", "--idle-exit", "1s"); strings.Count(r.stdout, "\n") != 91 {
+				t.Fatalf("group other printed %d lines", strings.Count(r.stdout, "\n"))
+			}
+			if r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g"); r.code != 2 || !strings.Contains(r.stderr, "MQ_TENANTS") {
+				t.Fatalf("consume without tenants: %+v", r)
+			}
+		})
+	}
+}
