@@ -23,6 +23,10 @@ var subscriberTests = []struct {
 	{"PoisonMessageGoesToDLQ", testPoisonMessageGoesToDLQ},
 	{"HandlerResults", testHandlerResults},
 	{"SubscribeValidates", testSubscribeValidates},
+	{"BatchHandlerSettlesTogether", testBatchHandlerSettlesTogether},
+	{"IdleLeasesAreReleased", testIdleLeasesAreReleased},
+	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
+	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 }
 
 // fastConfig is a subscriber configuration with test-sized intervals.
@@ -345,4 +349,159 @@ func testSubscribeValidates(t *testing.T, open Open) {
 		t.Fatalf("tenants from MQ_TENANTS: %v", err)
 	}
 	stopAll(t, s)
+}
+
+func testBatchHandlerSettlesTogether(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	publishSpread(t, c, "t", "x", 1, 25)
+	var mu sync.Mutex
+	var batches [][]int64
+	failed := false
+	cfg := fastConfig("g", "x", []string{"t"}, nil)
+	cfg.BatchSize = 10
+	cfg.BatchHandler = func(_ context.Context, ds []*shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		var offs []int64
+		for _, dl := range ds {
+			offs = append(offs, dl.Offset)
+		}
+		if !failed {
+			failed = true
+			return errors.New("first batch fails once")
+		}
+		batches = append(batches, offs)
+		return nil
+	}
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "all batches", 30*time.Second, func() bool {
+		ps, _ := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		return len(ps) == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var all []int64
+	for _, b := range batches {
+		if len(b) > 10 {
+			t.Fatalf("batch of %d, limit 10", len(b))
+		}
+		all = append(all, b...)
+	}
+	if len(all) != 25 || len(batches[0]) != 10 {
+		t.Fatalf("batches %v: want the failed first batch redelivered whole, 25 messages in all", batches)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i] <= all[i-1] {
+			t.Fatalf("batches out of order: %v", batches)
+		}
+	}
+}
+
+func testIdleLeasesAreReleased(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	publishSpread(t, c, "t", "x", 4, 40)
+	rec := newRecorder()
+	cfg := fastConfig("g", "x", []string{"t"}, rec.handle)
+	cfg.IdleRelease = 300 * time.Millisecond
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "all messages", 30*time.Second, func() bool { return rec.total.Load() == 40 })
+	waitFor(t, "idle leases released", 30*time.Second, func() bool {
+		ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+		if err != nil || len(ls) != 4 {
+			return false
+		}
+		for _, l := range ls {
+			if l.Owner != "" {
+				return false
+			}
+		}
+		return true
+	})
+	// New work is picked up again.
+	publishSpreadFrom(t, c, "t", "x", 4, 1000, 4)
+	waitFor(t, "new messages after idle release", 30*time.Second, func() bool { return rec.total.Load() == 44 })
+	rec.check(t)
+}
+
+func testLostLeaseCancelsHandler(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "slow"})
+	started := make(chan struct{})
+	cancelled := make(chan error, 1)
+	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		close(started)
+		<-ctx.Done()
+		cancelled <- ctx.Err()
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	<-started
+	// Another live member takes the partition (its clock is past the
+	// expiry); its heartbeat keeps it from being swept as dead.
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+	if err := d.Heartbeat(context.Background(), []string{"t"}, "g", "x", "thief", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	thief, err := d.AcquireLease(context.Background(), p, "thief", time.Now().Add(time.Hour), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cancelled:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("handler context ended with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's context was not cancelled after its lease was taken")
+	}
+	// The loser moved nothing: the message is still unacked, the thief's
+	// lease untouched.
+	if ps, _ := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g"); len(ps) != 1 || ps[0].CommittedOffset != 0 {
+		t.Fatalf("work after the loss: %+v", ps)
+	}
+	ls, _ := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	if len(ls) != 1 || ls[0].Owner != "thief" || ls[0].Token != thief.Token {
+		t.Fatalf("leases after the loss: %d, first owned by %q with token %d; want thief's with token %d",
+			len(ls), ls[0].Owner, ls[0].Token, thief.Token)
+	}
+}
+
+func testHardStopCancelsHandlers(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "stuck"})
+	started := make(chan struct{})
+	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ps, _ := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g"); len(ps) != 1 {
+		t.Fatalf("a cancelled handler's message was acked: %+v", ps)
+	}
+	if ls, _ := d.ListLeases(context.Background(), []string{"t"}, "g", "x"); len(ls) != 1 || ls[0].Owner != "" {
+		t.Fatalf("lease not released at stop: %+v", ls)
+	}
+	if subs, _ := d.Subscribers(context.Background(), []string{"t"}, "g", "x"); len(subs) != 0 {
+		t.Fatalf("heartbeat left after stop: %+v", subs)
+	}
 }
