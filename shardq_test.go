@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +16,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if dsn := os.Getenv(killHelperEnv); dsn != "" {
+		os.Exit(runKillHelper(dsn))
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }
 

@@ -98,6 +98,10 @@ type SubscriberConfig struct {
 	DiscoveryInterval time.Duration // how often partitions are rebalanced [1s]
 	PollInterval      time.Duration // how often an idle partition is polled [200ms]
 	IdleRelease       time.Duration // a lease without work this long is released [30s]
+	// CommitInterval bounds how long settled messages stay uncommitted
+	// while a batch is being delivered (a crash redelivers at most that
+	// much); the cursor is also committed after every batch [1s].
+	CommitInterval time.Duration
 	// MaxPartitions bounds the partitions this member delivers at once [64].
 	MaxPartitions int
 
@@ -129,6 +133,7 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	d(&cfg.DiscoveryInterval, time.Second)
 	d(&cfg.PollInterval, 200*time.Millisecond)
 	d(&cfg.IdleRelease, 30*time.Second)
+	d(&cfg.CommitInterval, time.Second)
 	d(&cfg.BackoffMin, time.Second)
 	d(&cfg.BackoffMax, 5*time.Minute)
 	n(&cfg.BatchSize, 100)

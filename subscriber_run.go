@@ -195,6 +195,7 @@ type worker struct {
 	lease        driver.Lease // ExpiresAt guarded by s.mu
 	cursor       int64        // last settled offset
 	commit       int64        // last committed offset
+	committedAt  time.Time
 	ctx          context.Context
 	cancel       context.CancelFunc // cancels the handler: lease lost or hard stop
 	handback     chan struct{}      // closed to ask for a graceful hand-back
@@ -212,7 +213,7 @@ func (w *worker) lose() {
 
 func (s *Subscriber) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.hardCtx)
-	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, ctx: ctx, cancel: cancel,
+	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: s.cfg.Clock(), ctx: ctx, cancel: cancel,
 		handback: make(chan struct{}), lost: make(chan struct{})}
 	s.mu.Lock()
 	s.workers[l.PartitionRef] = w
@@ -314,7 +315,7 @@ func (w *worker) commitCursor() bool {
 		w.s.log.Warn("shardq: commit failed; will retry", w.logArgs("offset", w.cursor, "err", err)...)
 		return true
 	}
-	w.commit = w.cursor
+	w.commit, w.committedAt = w.cursor, w.s.cfg.Clock()
 	return true
 }
 
@@ -360,6 +361,9 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 			return false // the rest is redelivered by the next owner
 		}
 		if !w.settle(msgs[i:i+1], states[msgs[i].Offset]) {
+			return false
+		}
+		if w.s.cfg.Clock().Sub(w.committedAt) >= w.s.cfg.CommitInterval && !w.commitCursor() {
 			return false
 		}
 	}

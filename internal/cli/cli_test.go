@@ -5,12 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/goleak"
 
 	"github.com/shardq/shardq/internal/testdb"
@@ -49,17 +47,7 @@ func decodeLines(t *testing.T, s string) []publishLine {
 	return out
 }
 
-func mysqlURL(t *testing.T) string {
-	cfg, err := mysql.ParseDSN(testdb.MySQLDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName, User: url.UserPassword(cfg.User, cfg.Passwd)}
-	if cfg.Passwd == "" {
-		u.User = url.User(cfg.User)
-	}
-	return u.String()
-}
+func mysqlURL(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }
 
 func TestPublishFlow(t *testing.T) {
 	for _, db := range []struct {

@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -105,4 +106,18 @@ func Migrated[D driver.Driver](t testing.TB, d D) D {
 		t.Fatalf("migrate: %v", err)
 	}
 	return d
+}
+
+// MySQLURL turns a go-sql-driver DSN into the mysql:// URL the CLI takes.
+func MySQLURL(t testing.TB, dsn string) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName, User: url.User(cfg.User)}
+	if cfg.Passwd != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Passwd)
+	}
+	return u.String()
 }

@@ -1,0 +1,186 @@
+package shardq_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/dsn"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// killHelperEnv makes the test binary a subscriber process that prints
+// "partition offset id" for each message before acking it, until killed.
+const killHelperEnv = "SHARDQ_KILL_HELPER_DSN"
+
+func killedConfig(name string, h shardq.Handler) shardq.SubscriberConfig {
+	return shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Name: name, Handler: h,
+		LeaseTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
+		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, CommitInterval: 20 * time.Millisecond}
+}
+
+func runKillHelper(url string) int {
+	spec, err := dsn.Parse(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	drv, err := dsn.Open(spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := shardq.NewClient(drv, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var mu sync.Mutex
+	_, err = c.Subscribe(context.Background(), killedConfig("doomed", func(_ context.Context, d *shardq.Delivery) error {
+		mu.Lock()
+		fmt.Fprintf(os.Stdout, "%s %d %s\n", d.PartitionKey, d.Offset, d.ID) // unbuffered: written before the ack
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	}))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	select {} // until SIGKILL
+}
+
+// TestSubscriberKilledMidRun is DESIGN invariant 4 for a killed process: a
+// subscriber process is SIGKILLed mid-run; another takes its partitions
+// over (its heartbeat goes stale, its leases are swept) and every message
+// is delivered, in order per partition, each consumer's share in order.
+func TestSubscriberKilledMidRun(t *testing.T) {
+	for _, db := range []struct {
+		name string
+		url  func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
+		{"mysql", func(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			url := db.url(t)
+			spec, err := dsn.Parse(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			drv, err := dsn.Open(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer drv.Close()
+			c, err := shardq.NewClient(drv, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			if err := c.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			const total = 1200
+			var batch []shardq.Message
+			for i := range total {
+				batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%04d", i)})
+			}
+			if _, err := c.Publish(ctx, batch...); err != nil {
+				t.Fatal(err)
+			}
+
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), killHelperEnv+"="+url)
+			cmd.Stderr = os.Stderr
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			type line struct {
+				key    string
+				offset int64
+				id     string
+			}
+			lines := make(chan line, total)
+			go func() {
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					f := strings.Fields(sc.Text())
+					off, _ := strconv.ParseInt(f[1], 10, 64)
+					lines <- line{f[0], off, f[2]}
+				}
+				close(lines)
+			}()
+			var child []line
+			for l := range lines {
+				child = append(child, l)
+				if len(child) == 200 {
+					if err := cmd.Process.Kill(); err != nil { // SIGKILL mid-run
+						t.Fatal(err)
+					}
+				}
+			}
+			cmd.Wait()
+			if len(child) < 200 {
+				t.Fatalf("the helper printed only %d messages before it died", len(child))
+			}
+
+			var mu sync.Mutex
+			var parent []line
+			sub, err := c.Subscribe(ctx, killedConfig("heir", func(_ context.Context, d *shardq.Delivery) error {
+				mu.Lock()
+				parent = append(parent, line{d.PartitionKey, d.Offset, d.ID})
+				mu.Unlock()
+				return nil
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(time.Minute)
+			for {
+				ps, err := drv.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+				if err == nil && len(ps) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("partitions still have work a minute after the kill: %+v", ps)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := sub.Stop(stopCtx); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]bool{}
+			for _, who := range [][]line{child, parent} {
+				last := map[string]int64{}
+				for _, l := range who {
+					if l.offset <= last[l.key] {
+						t.Fatalf("partition %s: offset %d after %d", l.key, l.offset, last[l.key])
+					}
+					last[l.key] = l.offset
+					seen[l.id] = true
+				}
+			}
+			if len(seen) != total {
+				t.Fatalf("delivered %d distinct messages of %d (child %d, heir %d)", len(seen), total, len(child), len(parent))
+			}
+			t.Logf("child delivered %d before SIGKILL, heir %d (%d redelivered)", len(child), len(parent), len(child)+len(parent)-total)
+		})
+	}
+}
