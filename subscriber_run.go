@@ -89,6 +89,18 @@ func (s *Subscriber) tick() {
 	}
 	s.sweep(ctx, leases, alive, now)
 
+	// A lease in our name without a worker here is an acquisition whose
+	// commit succeeded while we saw an error (a cut connection): offer it
+	// to the plan as free, so that we acquire it again (new token) instead
+	// of holding it unused forever.
+	s.mu.Lock()
+	for i, l := range leases {
+		if l.Owner == s.cfg.Name && s.workers[l.PartitionRef] == nil {
+			leases[i].Owner = ""
+		}
+	}
+	s.mu.Unlock()
+
 	refs := make([]driver.PartitionRef, len(work))
 	for i, p := range work {
 		refs[i] = driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey}

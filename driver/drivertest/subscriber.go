@@ -27,6 +27,7 @@ var subscriberTests = []struct {
 	{"IdleLeasesAreReleased", testIdleLeasesAreReleased},
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
+	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
 }
 
 // fastConfig is a subscriber configuration with test-sized intervals.
@@ -504,4 +505,28 @@ func testHardStopCancelsHandlers(t *testing.T, open Open) {
 	if subs, _ := d.Subscribers(context.Background(), []string{"t"}, "g", "x"); len(subs) != 0 {
 		t.Fatalf("heartbeat left after stop: %+v", subs)
 	}
+}
+
+// testOwnLeaseWithoutWorkerIsTakenUp: an acquisition can commit while its
+// caller sees an error (a connection cut after COMMIT). The lease then
+// names the subscriber but no worker runs; the subscriber must take it up.
+func testOwnLeaseWithoutWorkerIsTakenUp(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	publishSpread(t, c, "t", "x", 2, 10)
+	for _, k := range []string{"p00", "p01"} {
+		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
+		if _, err := d.AcquireLease(context.Background(), p, "me", time.Now(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := newRecorder()
+	cfg := fastConfig("g", "x", []string{"t"}, rec.handle)
+	cfg.Name = "me"
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "messages of partitions leased in our name before start", 30*time.Second, func() bool { return rec.total.Load() == 10 })
+	rec.check(t)
 }
