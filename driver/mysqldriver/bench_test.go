@@ -12,3 +12,8 @@ func BenchmarkPublish(b *testing.B) {
 	d := testdb.Migrated(b, testdb.MySQL(b))
 	drivertest.Benchmark(b, d, "CREATE TABLE bench_raw_messages LIKE queue_messages", "2026-01-01 00:00:00.000000")
 }
+
+// go test -bench Tick -run '^$' ./driver/mysqldriver/
+func BenchmarkTick(b *testing.B) {
+	drivertest.BenchmarkTick(b, testdb.Migrated(b, testdb.MySQL(b)))
+}

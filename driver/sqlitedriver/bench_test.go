@@ -15,3 +15,8 @@ func BenchmarkPublish(b *testing.B) {
   id TEXT NOT NULL, headers TEXT NOT NULL, payload BLOB NOT NULL, created_at INTEGER NOT NULL,
   UNIQUE (tenant, topic, partition_key, id))`, int64(0))
 }
+
+// go test -bench Tick -run '^$' ./driver/sqlitedriver/
+func BenchmarkTick(b *testing.B) {
+	drivertest.BenchmarkTick(b, testdb.Migrated(b, testdb.SQLite(b)))
+}

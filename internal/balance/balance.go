@@ -40,10 +40,12 @@ type Plan struct {
 	Quota   map[string]int        // per tenant
 }
 
-// Compute plans one tick for in.Me.
+// Compute plans one tick for in.Me. It is linear in partitions and leases
+// (plus sorting the candidates), and allocates no per-partition map: at
+// 100,000 partitions it runs every tick.
 func Compute(in Input) Plan {
 	type tenantState struct {
-		active  map[driver.PartitionRef]bool
+		active  int // partitions with work, or held (by us, or unexpired)
 		mine    []driver.PartitionRef
 		takable []driver.PartitionRef
 	}
@@ -51,31 +53,47 @@ func Compute(in Input) Plan {
 	state := func(t string) *tenantState {
 		s := tenants[t]
 		if s == nil {
-			s = &tenantState{active: map[driver.PartitionRef]bool{}}
+			s = &tenantState{}
 			tenants[t] = s
 		}
 		return s
 	}
-	held := map[driver.PartitionRef]driver.Lease{}
+	type held struct {
+		lease  driver.Lease
+		inWork bool
+	}
+	leases := make(map[driver.PartitionRef]*held, len(in.Leases))
 	for _, l := range in.Leases {
-		if l.Owner == "" {
-			continue
-		}
-		held[l.PartitionRef] = l
-		s := state(l.Tenant)
-		if l.Owner == in.Me {
-			s.mine = append(s.mine, l.PartitionRef)
-			s.active[l.PartitionRef] = true
-		} else if l.ExpiresAt.After(in.Now) {
-			s.active[l.PartitionRef] = true
+		if l.Owner != "" {
+			leases[l.PartitionRef] = &held{lease: l}
 		}
 	}
 	for _, p := range in.Work {
 		s := state(p.Tenant)
-		s.active[p] = true
-		l, ok := held[p]
-		if !ok || (l.Owner != in.Me && !l.ExpiresAt.After(in.Now)) {
+		s.active++
+		h := leases[p]
+		if h != nil {
+			h.inWork = true
+		}
+		if h == nil || (h.lease.Owner != in.Me && !h.lease.ExpiresAt.After(in.Now)) {
+			if s.takable == nil {
+				s.takable = make([]driver.PartitionRef, 0, len(in.Work))
+			}
 			s.takable = append(s.takable, p)
+		}
+	}
+	for _, l := range in.Leases {
+		h := leases[l.PartitionRef]
+		if h == nil {
+			continue
+		}
+		s := state(l.Tenant)
+		mine := l.Owner == in.Me
+		if mine {
+			s.mine = append(s.mine, l.PartitionRef)
+		}
+		if !h.inWork && (mine || l.ExpiresAt.After(in.Now)) {
+			s.active++ // held without work: still part of the share until idle release
 		}
 	}
 	plan := Plan{Quota: map[string]int{}}
@@ -93,9 +111,9 @@ func Compute(in Input) Plan {
 		slices.Sort(live)
 		// An exact split: the first P mod N subscribers by name take one
 		// more, so the quotas add up to P and nobody ends two short.
-		n, active := len(live), len(s.active)
-		quota := active / n
-		if slices.Index(live, in.Me) < active%n {
+		n := len(live)
+		quota := s.active / n
+		if slices.Index(live, in.Me) < s.active%n {
 			quota++
 		}
 		plan.Quota[t] = quota
@@ -105,18 +123,33 @@ func Compute(in Input) Plan {
 			plan.Release = append(plan.Release, s.mine[quota:]...)
 			continue
 		}
-		byScore(in.Me, s.takable)
 		want := min(quota-len(s.mine), len(s.takable))
+		if want == 0 {
+			continue
+		}
+		byScore(in.Me, s.takable)
 		plan.Acquire = append(plan.Acquire, s.takable[:want]...)
 	}
 	return plan
 }
 
 // byScore orders partitions by rendezvous score for me, highest first.
+// Scores are computed once each, not once per comparison.
 func byScore(me string, ps []driver.PartitionRef) {
-	slices.SortFunc(ps, func(a, b driver.PartitionRef) int {
-		return cmp.Or(cmp.Compare(score(me, b), score(me, a)), cmp.Compare(a.PartitionKey, b.PartitionKey))
+	type scored struct {
+		p driver.PartitionRef
+		s uint64
+	}
+	xs := make([]scored, len(ps))
+	for i, p := range ps {
+		xs[i] = scored{p, score(me, p)}
+	}
+	slices.SortFunc(xs, func(a, b scored) int {
+		return cmp.Or(cmp.Compare(b.s, a.s), cmp.Compare(a.p.PartitionKey, b.p.PartitionKey))
 	})
+	for i := range xs {
+		ps[i] = xs[i].p
+	}
 }
 
 func score(me string, p driver.PartitionRef) uint64 {
