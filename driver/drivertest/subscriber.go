@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/balance"
 )
 
 var subscriberTests = []struct {
@@ -28,6 +29,7 @@ var subscriberTests = []struct {
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
+	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 }
 
 // fastConfig is a subscriber configuration with test-sized intervals.
@@ -190,7 +192,7 @@ func testSubscribersJoinAndLeave(t *testing.T, open Open) {
 	// Fair share with 4 live subscribers and 16 busy partitions: 4 each.
 	waitFor(t, "fair share across 4", 30*time.Second, func() bool {
 		publishSpreadFrom(t, c, "t", "x", 16, 3200+int(rec.total.Load()), 16) // keep every partition busy
-		return leaseCounts(t, d)["a"] == 4 && leaseCounts(t, d)["d"] == 4
+		return leaseCountsOf(t, d)["a"] == 4 && leaseCountsOf(t, d)["d"] == 4
 	})
 	stopAll(t, b, cc)
 	publishSpreadFrom(t, c, "t", "x", 16, 100_000, 800)
@@ -214,20 +216,6 @@ func publishSpreadFrom(t *testing.T, c *shardq.Client, tenant, topic string, par
 			ID: fmt.Sprintf("m-%06d", i)})
 	}
 	mustPublish(t, c, batch...)
-}
-
-func leaseCounts(t *testing.T, d driver.Driver) map[string]int {
-	ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, l := range ls {
-		if l.Owner != "" {
-			out[l.Owner]++
-		}
-	}
-	return out
 }
 
 func testPoisonMessageGoesToDLQ(t *testing.T, open Open) {
@@ -529,4 +517,91 @@ func testOwnLeaseWithoutWorkerIsTakenUp(t *testing.T, open Open) {
 	defer stopAll(t, s)
 	waitFor(t, "messages of partitions leased in our name before start", 30*time.Second, func() bool { return rec.total.Load() == 10 })
 	rec.check(t)
+}
+
+// testFairShareConverges runs the rebalancing decisions of 8 subscribers
+// (list, plan, acquire, release: what a tick does, without delivering)
+// against the database's lease table for 10,000 partitions with work, until
+// a round changes nothing. Each must end within one of ceil(P/N).
+func testFairShareConverges(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	const parts, members = 10_000, 8
+	publishSpread(t, c, "t", "x", parts, parts)
+	names := make([]string, members)
+	for i := range names {
+		names[i] = fmt.Sprintf("sub-%d", i)
+		if err := d.Heartbeat(ctx, []string{"t"}, "g", "x", names[i], t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+	if err != nil || len(work) != parts {
+		t.Fatalf("%d partitions with work, %v", len(work), err)
+	}
+	refs := make([]driver.PartitionRef, len(work))
+	for i, p := range work {
+		refs[i] = driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: "g", Topic: p.Topic, PartitionKey: p.PartitionKey}
+	}
+	rounds := 0
+	for changed := true; changed; rounds++ {
+		if rounds == 5 {
+			t.Fatalf("no convergence in %d rounds: %v", rounds, leaseCountsOf(t, d))
+		}
+		changed = false
+		for _, me := range names {
+			leases, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := balance.Compute(balance.Input{Me: me, Live: map[string][]string{"t": names}, Work: refs, Leases: leases, Now: t0})
+			for _, p := range plan.Release {
+				for _, l := range leases {
+					if l.PartitionRef == p {
+						if err := d.ReleaseLease(ctx, l, t0); err != nil {
+							t.Fatal(err)
+						}
+						changed = true
+					}
+				}
+			}
+			for _, p := range plan.Acquire {
+				_, err := d.AcquireLease(ctx, p, me, t0, time.Hour)
+				if errors.Is(err, driver.ErrLeaseHeld) {
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				changed = true
+			}
+		}
+	}
+	counts := leaseCountsOf(t, d)
+	ceil := (parts + members - 1) / members
+	total := 0
+	for _, name := range names {
+		if counts[name] < ceil-1 || counts[name] > ceil {
+			t.Fatalf("%s holds %d partitions, want within one of %d: %v", name, counts[name], ceil, counts)
+		}
+		total += counts[name]
+	}
+	if total != parts {
+		t.Fatalf("%d of %d partitions leased", total, parts)
+	}
+	t.Logf("converged in %d rounds: %v", rounds, counts)
+}
+
+func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
+	ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, l := range ls {
+		if l.Owner != "" {
+			out[l.Owner]++
+		}
+	}
+	return out
 }
