@@ -145,13 +145,14 @@ func (s *Subscriber) tickFailed(what string, err error) {
 	s.log.Warn("shardq: "+what+"; tick skipped, retrying next tick", "tenants", s.cfg.Tenants, "err", err)
 }
 
-// renew extends, in one transaction, the leases that have used half of
-// their time, and stops the partitions whose lease was lost.
+// renew extends, in one transaction, the leases that have used a third of
+// their time (so each gets several chances before it could lapse), and
+// stops the partitions whose lease was lost.
 func (s *Subscriber) renew(ctx context.Context, now time.Time) {
 	s.mu.Lock()
 	var due []driver.Lease
 	for _, w := range s.workers {
-		if w.lease.ExpiresAt.Sub(now) < s.cfg.LeaseTTL/2 {
+		if w.lease.ExpiresAt.Sub(now) < s.cfg.LeaseTTL*2/3 {
 			due = append(due, w.lease)
 		}
 	}

@@ -32,11 +32,14 @@ var subscriberTests = []struct {
 	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 }
 
-// fastConfig is a subscriber configuration with test-sized intervals.
+// fastConfig is a subscriber configuration with test-sized intervals. The
+// lease TTL and staleness limit stay generous: CI runs packages in
+// parallel under the race detector on two cores, where SQLite's single
+// write connection can make a renewal wait for seconds.
 func fastConfig(group, topic string, tenants []string, h shardq.Handler) shardq.SubscriberConfig {
 	return shardq.SubscriberConfig{
 		ConsumerGroup: group, Topic: topic, Tenants: tenants, Handler: h,
-		LeaseTTL: 3 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 2 * time.Second,
+		LeaseTTL: 10 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 5 * time.Second,
 		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, IdleRelease: 2 * time.Second,
 		BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
 	}
