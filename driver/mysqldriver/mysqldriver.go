@@ -33,6 +33,8 @@ var migrationFS embed.FS
 
 // Driver is a MariaDB/MySQL database holding the queue's tables.
 type Driver struct {
+	sqlcommon.Store // leases, bookkeeping, reads: the SQL shared with SQLite
+
 	db          *sql.DB
 	owned       bool
 	migrations  []migrate.Migration
@@ -48,7 +50,9 @@ func New(db *sql.DB) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{db: db, migrations: ms}, nil
+	d := &Driver{db: db, migrations: ms}
+	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages}
+	return d, nil
 }
 
 // Open opens a pool from a go-sql-driver/mysql DSN

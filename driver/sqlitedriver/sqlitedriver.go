@@ -45,6 +45,8 @@ type Options struct {
 
 // Driver is a SQLite file holding the queue's tables.
 type Driver struct {
+	sqlcommon.Store // leases, bookkeeping, reads: the SQL shared with MySQL
+
 	write      *sql.DB // one connection; every transaction is BEGIN IMMEDIATE
 	read       *sql.DB
 	migrations []migrate.Migration
@@ -105,7 +107,9 @@ func Open(path string, opts *Options) (*Driver, error) {
 	}
 	read.SetMaxOpenConns(o.ReadConns)
 	read.SetMaxIdleConns(o.ReadConns)
-	return &Driver{write: write, read: read, migrations: ms}, nil
+	d := &Driver{write: write, read: read, migrations: ms}
+	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: read, Write: write, Insert: d.InsertMessages}
+	return d, nil
 }
 
 func (d *Driver) Name() string { return "sqlite" }

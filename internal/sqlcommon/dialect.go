@@ -60,9 +60,9 @@ func (d Dialect) InsertMessages(g *Group, msgs []*driver.InsertMessage) (string,
 
 // FetchAfter reads up to limit messages of one partition after offset
 // after, in offset order, from the index that leads with the partition.
-func (d Dialect) FetchAfter(ctx context.Context, q driver.DBTX, tenant, topic, partitionKey string, after int64, limit int) ([]driver.Message, error) {
+func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]driver.Message, error) {
 	op := fmt.Sprintf("fetch tenant %q topic %q partition %q", tenant, topic, partitionKey)
-	rows, err := q.QueryContext(ctx, "SELECT "+d.Offset+", id, headers, payload, created_at FROM queue_messages "+
+	rows, err := d.Read.QueryContext(ctx, "SELECT "+d.Offset+", id, headers, payload, created_at FROM queue_messages "+
 		"WHERE tenant = ? AND topic = ? AND partition_key = ? AND "+d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?",
 		tenant, topic, partitionKey, after, limit)
 	if err != nil {

@@ -11,9 +11,19 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-// Writer begins the driver's write transactions.
-type Writer interface {
-	BeginWrite(ctx context.Context) (*sql.Tx, error)
+// Store implements, on top of a Dialect, the parts of driver.Driver that
+// are the same SQL on every database: the lease protocol, retry
+// bookkeeping, reads after a cursor and partition listings. Drivers embed
+// it.
+type Store struct {
+	Dialect
+	// Begin starts a write transaction (the driver's BeginWrite).
+	Begin func(ctx context.Context) (*sql.Tx, error)
+	// Read serves queries; Write serves single-statement writes.
+	Read, Write driver.DBTX
+	// Insert appends messages inside a transaction (the driver's
+	// InsertMessages), for dead-lettering.
+	Insert func(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 }
 
 const leaseKey = "tenant = ? AND consumer_group = ? AND topic = ? AND partition_key = ?"
@@ -23,9 +33,9 @@ func refArgs(p driver.PartitionRef) []any {
 }
 
 // inTx runs fn in a write transaction and commits it.
-func inTx[T any](ctx context.Context, w Writer, fn func(tx *sql.Tx) (T, error)) (T, error) {
+func inTx[T any](ctx context.Context, begin func(context.Context) (*sql.Tx, error), fn func(tx *sql.Tx) (T, error)) (T, error) {
 	var zero T
-	tx, err := w.BeginWrite(ctx)
+	tx, err := begin(ctx)
 	if err != nil {
 		return zero, err
 	}
@@ -44,8 +54,8 @@ func inTx[T any](ctx context.Context, w Writer, fn func(tx *sql.Tx) (T, error)) 
 
 // AcquireLease makes sure the lease row exists, locks it, and takes it for
 // owner with the next token unless another owner holds it unexpired.
-func (d Dialect) AcquireLease(ctx context.Context, w Writer, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
-	return inTx(ctx, w, func(tx *sql.Tx) (driver.Lease, error) {
+func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "acquire lease on " + p.String()
 		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_partition_leases "+
 			"(tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) VALUES (?, ?, ?, ?, '', 0, ?, ?)"+
@@ -98,8 +108,8 @@ func (d Dialect) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op strin
 }
 
 // RenewLease extends l.
-func (d Dialect) RenewLease(ctx context.Context, w Writer, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
-	return inTx(ctx, w, func(tx *sql.Tx) (driver.Lease, error) {
+func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "renew lease on " + l.PartitionRef.String()
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return driver.Lease{}, err
@@ -117,7 +127,7 @@ func (d Dialect) RenewLease(ctx context.Context, w Writer, l driver.Lease, now t
 // one transaction: an UPDATE whose WHERE names every lease's token, then a
 // read of the owner's rows. A lease whose row still carries its token was
 // matched and is locked by the UPDATE until commit; the others are lost.
-func (d Dialect) RenewLeases(ctx context.Context, w Writer, ls []driver.Lease, now time.Time, ttl time.Duration) ([]driver.Lease, []driver.Lease, error) {
+func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Time, ttl time.Duration) ([]driver.Lease, []driver.Lease, error) {
 	if len(ls) == 0 {
 		return nil, nil, nil
 	}
@@ -134,7 +144,7 @@ func (d Dialect) RenewLeases(ctx context.Context, w Writer, ls []driver.Lease, n
 		}
 	}
 	type result struct{ renewed, lost []driver.Lease }
-	res, err := inTx(ctx, w, func(tx *sql.Tx) (result, error) {
+	res, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (result, error) {
 		op := fmt.Sprintf("renew %d leases of %q in group %q topic %q", len(ls), owner, group, topic)
 		expires := now.Add(ttl)
 		for start := 0; start < len(ls); start += 500 {
@@ -186,8 +196,8 @@ func (d Dialect) RenewLeases(ctx context.Context, w Writer, ls []driver.Lease, n
 }
 
 // ReleaseLease frees l; its token stays, so the next owner's is higher.
-func (d Dialect) ReleaseLease(ctx context.Context, w Writer, l driver.Lease, now time.Time) error {
-	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+func (d *Store) ReleaseLease(ctx context.Context, l driver.Lease, now time.Time) error {
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := "release lease on " + l.PartitionRef.String()
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
@@ -201,8 +211,8 @@ func (d Dialect) ReleaseLease(ctx context.Context, w Writer, l driver.Lease, now
 
 // CommitOffset moves the group's cursor forward under l and drops the
 // bookkeeping of the messages it passed.
-func (d Dialect) CommitOffset(ctx context.Context, w Writer, l driver.Lease, offset int64, now time.Time) error {
-	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, now time.Time) error {
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("commit offset %d on %s", offset, l.PartitionRef)
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
@@ -227,8 +237,8 @@ func (d Dialect) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, o
 }
 
 // RecordAttempt upserts a message's retry bookkeeping under l.
-func (d Dialect) RecordAttempt(ctx context.Context, w Writer, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error {
-	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error {
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("record attempt %d of offset %d on %s", st.Attempts, offset, l.PartitionRef)
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
@@ -245,9 +255,9 @@ func (d Dialect) RecordAttempt(ctx context.Context, w Writer, l driver.Lease, of
 }
 
 // DeliveryStates reads the retry bookkeeping of offsets in (after, upTo].
-func (d Dialect) DeliveryStates(ctx context.Context, q driver.DBTX, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
+func (d *Store) DeliveryStates(ctx context.Context, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
 	op := fmt.Sprintf("read delivery state of offsets (%d, %d] on %s", after, upTo, p)
-	rows, err := q.QueryContext(ctx, "SELECT message_offset, attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE "+
+	rows, err := d.Read.QueryContext(ctx, "SELECT message_offset, attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE "+
 		leaseKey+" AND message_offset > ? AND message_offset <= ?", append(refArgs(p), after, upTo)...)
 	if err != nil {
 		return nil, d.Wrap(op, err)
@@ -276,17 +286,16 @@ func (d Dialect) DeliveryStates(ctx context.Context, q driver.DBTX, p driver.Par
 	return out, nil
 }
 
-// DeadLetter appends dlq with insert (the driver's InsertMessages), drops
+// DeadLetter appends dlq (through the driver's InsertMessages), drops
 // the message's bookkeeping and passes the cursor over it, all under l in
 // one transaction.
-func (d Dialect) DeadLetter(ctx context.Context, w Writer, insert func(context.Context, driver.DBTX, []*driver.InsertMessage) error,
-	l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error {
-	_, err := inTx(ctx, w, func(tx *sql.Tx) (struct{}, error) {
+func (d *Store) DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error {
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("dead-letter offset %d of %s to topic %q", offset, l.PartitionRef, dlq.Topic)
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
 		}
-		if err := insert(ctx, tx, []*driver.InsertMessage{dlq}); err != nil {
+		if err := d.Insert(ctx, tx, []*driver.InsertMessage{dlq}); err != nil {
 			return struct{}{}, fmt.Errorf("%s: %w", op, err)
 		}
 		return struct{}{}, d.commitOffset(ctx, tx, l, offset, now, op)
@@ -310,12 +319,12 @@ func tenantArgs(tenants []string, rest ...any) []any {
 }
 
 // ListLeases lists lease rows, free ones included.
-func (d Dialect) ListLeases(ctx context.Context, q driver.DBTX, tenants []string, group, topic string) ([]driver.Lease, error) {
+func (d *Store) ListLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
 	if len(tenants) == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list leases of group %q topic %q", group, topic)
-	rows, err := q.QueryContext(ctx, "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases "+
+	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases "+
 		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? ORDER BY tenant, partition_key",
 		tenantArgs(tenants, group, topic)...)
 	if err != nil {
@@ -341,7 +350,7 @@ func (d Dialect) ListLeases(ctx context.Context, q driver.DBTX, tenants []string
 }
 
 // SweepLeases frees the leases of owners and advances their tokens.
-func (d Dialect) SweepLeases(ctx context.Context, q driver.DBTX, tenants []string, group, topic string, owners []string, now time.Time) (int64, error) {
+func (d *Store) SweepLeases(ctx context.Context, tenants []string, group, topic string, owners []string, now time.Time) (int64, error) {
 	if len(tenants) == 0 || len(owners) == 0 {
 		return 0, nil
 	}
@@ -349,7 +358,7 @@ func (d Dialect) SweepLeases(ctx context.Context, q driver.DBTX, tenants []strin
 	for _, o := range owners {
 		args = append(args, o)
 	}
-	res, err := q.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = ? "+
+	res, err := d.Write.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = ? "+
 		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? AND owner IN ("+Placeholders(len(owners))+")", args...)
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("sweep leases of group %q topic %q", group, topic), err)
@@ -358,7 +367,7 @@ func (d Dialect) SweepLeases(ctx context.Context, q driver.DBTX, tenants []strin
 }
 
 // Heartbeat upserts subscriber's row in each tenant.
-func (d Dialect) Heartbeat(ctx context.Context, q driver.DBTX, tenants []string, group, topic, subscriber string, now time.Time) error {
+func (d *Store) Heartbeat(ctx context.Context, tenants []string, group, topic, subscriber string, now time.Time) error {
 	if len(tenants) == 0 {
 		return nil
 	}
@@ -373,18 +382,18 @@ func (d Dialect) Heartbeat(ctx context.Context, q driver.DBTX, tenants []string,
 		args = append(args, t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now))
 	}
 	sb.WriteString(d.Upsert("tenant, consumer_group, topic, subscriber_name", "heartbeat_at = "+d.Excluded("heartbeat_at")))
-	if _, err := q.ExecContext(ctx, sb.String(), args...); err != nil {
+	if _, err := d.Write.ExecContext(ctx, sb.String(), args...); err != nil {
 		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
 }
 
 // RemoveHeartbeat deletes subscriber's rows.
-func (d Dialect) RemoveHeartbeat(ctx context.Context, q driver.DBTX, tenants []string, group, topic, subscriber string) error {
+func (d *Store) RemoveHeartbeat(ctx context.Context, tenants []string, group, topic, subscriber string) error {
 	if len(tenants) == 0 {
 		return nil
 	}
-	if _, err := q.ExecContext(ctx, "DELETE FROM queue_subscriber_heartbeats WHERE tenant IN ("+Placeholders(len(tenants))+
+	if _, err := d.Write.ExecContext(ctx, "DELETE FROM queue_subscriber_heartbeats WHERE tenant IN ("+Placeholders(len(tenants))+
 		") AND consumer_group = ? AND topic = ? AND subscriber_name = ?", tenantArgs(tenants, group, topic, subscriber)...); err != nil {
 		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
@@ -392,12 +401,12 @@ func (d Dialect) RemoveHeartbeat(ctx context.Context, q driver.DBTX, tenants []s
 }
 
 // Subscribers lists heartbeat rows.
-func (d Dialect) Subscribers(ctx context.Context, q driver.DBTX, tenants []string, group, topic string) ([]driver.Subscriber, error) {
+func (d *Store) Subscribers(ctx context.Context, tenants []string, group, topic string) ([]driver.Subscriber, error) {
 	if len(tenants) == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list subscribers of group %q topic %q", group, topic)
-	rows, err := q.QueryContext(ctx, "SELECT tenant, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats "+
+	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats "+
 		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? ORDER BY tenant, subscriber_name",
 		tenantArgs(tenants, group, topic)...)
 	if err != nil {

@@ -3,6 +3,7 @@ package sqlcommon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/shardq/shardq/driver"
 )
@@ -11,13 +12,13 @@ import (
 // is past group's cursor. It reads head rows and cursors only, never
 // queue_messages; both tables lead with tenant, so on Vitess the join runs
 // inside each tenant's shard.
-func (d Dialect) PartitionsWithWork(ctx context.Context, q driver.DBTX, tenants []string, topic, group string) ([]driver.Partition, error) {
+func (d *Store) PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]driver.Partition, error) {
 	args := []any{group}
 	for _, t := range tenants {
 		args = append(args, t)
 	}
 	args = append(args, topic)
-	return d.partitions(ctx, q, "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) "+
+	return d.partitions(ctx, "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) "+
 		"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic "+
 		"AND o.partition_key = p.partition_key AND o.consumer_group = ? "+
 		"WHERE p.tenant IN ("+Placeholders(len(tenants))+") AND p.topic = ? "+
@@ -25,22 +26,22 @@ func (d Dialect) PartitionsWithWork(ctx context.Context, q driver.DBTX, tenants 
 }
 
 // PartitionHeads lists every partition of topic in tenants with its head.
-func (d Dialect) PartitionHeads(ctx context.Context, q driver.DBTX, tenants []string, topic string) ([]driver.Partition, error) {
+func (d *Store) PartitionHeads(ctx context.Context, tenants []string, topic string) ([]driver.Partition, error) {
 	args := make([]any, 0, len(tenants)+1)
 	for _, t := range tenants {
 		args = append(args, t)
 	}
 	args = append(args, topic)
-	return d.partitions(ctx, q, "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions "+
+	return d.partitions(ctx, "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions "+
 		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND topic = ? ORDER BY tenant, partition_key", topic, len(tenants), args)
 }
 
-func (d Dialect) partitions(ctx context.Context, q driver.DBTX, query, topic string, nTenants int, args []any) ([]driver.Partition, error) {
+func (d *Store) partitions(ctx context.Context, query, topic string, nTenants int, args []any) ([]driver.Partition, error) {
 	if nTenants == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list partitions of topic %q", topic)
-	rows, err := q.QueryContext(ctx, query, args...)
+	rows, err := d.Read.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -57,4 +58,16 @@ func (d Dialect) partitions(ctx context.Context, q driver.DBTX, query, topic str
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return out, nil
+}
+
+// ResetOffset upserts a group's cursor without a lease (an operator's act).
+func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error {
+	_, err := d.Write.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
+		"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
+		"committed_offset = "+d.Excluded("committed_offset")+", updated_at = "+d.Excluded("updated_at")),
+		tenant, topic, partitionKey, group, offset, d.EncodeTime(time.Now()))
+	if err != nil {
+		return d.Wrap(fmt.Sprintf("reset offset tenant %q topic %q partition %q group %q", tenant, topic, partitionKey, group), err)
+	}
+	return nil
 }
