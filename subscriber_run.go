@@ -129,7 +129,7 @@ func (s *Subscriber) tick() {
 			continue // a peer was quicker; the next tick replans
 		}
 		if err != nil {
-			s.log.Warn("shardq: acquiring a lease failed", "tenant", p.Tenant, "partition", p.PartitionKey, "err", err)
+			s.tickFailed(fmt.Sprintf("acquiring the lease of tenant %q partition %q failed", p.Tenant, p.PartitionKey), err)
 			continue
 		}
 		s.startWorker(l)
@@ -142,7 +142,7 @@ func (s *Subscriber) tickFailed(what string, err error) {
 	if s.runCtx.Err() != nil {
 		return
 	}
-	s.log.Warn("shardq: "+what+"; tick skipped, retrying next tick", "tenants", s.cfg.Tenants, "err", err)
+	s.log.Warn("shardq: "+what+"; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
 }
 
 // renew extends, in one transaction, the leases that have used a third of
