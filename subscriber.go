@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
 )
 
 // Delivery is a message handed to a subscriber's handler.
@@ -188,11 +189,10 @@ type Subscriber struct {
 	cfg SubscriberConfig
 	log *slog.Logger
 
-	runCtx     context.Context // ends at Stop: no more fetching or rebalancing
-	stopRun    context.CancelFunc
-	hardCtx    context.Context // ends at a hard stop: handlers are cancelled
-	stopHard   context.CancelFunc
-	wg         sync.WaitGroup
+	// life runs the loops and workers: its Context ends at Stop (no more
+	// fetching or rebalancing), its HardContext at a hard stop (handlers
+	// are cancelled).
+	life       *lifecycle.Group
 	mu         sync.Mutex
 	workers    map[driver.PartitionRef]*worker
 	stopOnce   sync.Once
@@ -216,11 +216,9 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err := s.heartbeat(ctx, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
-	s.hardCtx, s.stopHard = context.WithCancel(context.WithoutCancel(ctx))
-	s.wg.Add(2)
-	go s.beat()
-	go s.manage()
+	s.life = lifecycle.New(ctx)
+	s.life.Go(s.beat)
+	s.life.Go(s.manage)
 	return s, nil
 }
 
@@ -232,16 +230,7 @@ func (s *Subscriber) Name() string { return s.cfg.Name }
 // the heartbeat. No goroutine of the subscriber outlives it.
 func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
-		s.stopRun()
-		done := make(chan struct{})
-		go func() { s.wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			s.stopHard()
-			<-done
-		}
-		s.stopHard()
+		s.life.Stop(ctx)
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name); err != nil {

@@ -22,18 +22,17 @@ const dbTimeout = 15 * time.Second
 // beat is the liveness loop: heartbeat and lease renewal. It runs apart
 // from manage so that a slow discovery tick never lets either go stale.
 func (s *Subscriber) beat() {
-	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.runCtx.Done():
+		case <-s.life.Context().Done():
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(s.runCtx, dbTimeout)
+		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		now := s.cfg.Clock()
-		if err := s.heartbeat(ctx, now); err != nil && s.runCtx.Err() == nil {
+		if err := s.heartbeat(ctx, now); err != nil && s.life.Context().Err() == nil {
 			s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
 		}
 		s.renew(ctx, now)
@@ -44,13 +43,12 @@ func (s *Subscriber) beat() {
 // manage is the subscriber's control loop: lease renewal, orphan sweep,
 // discovery and rebalancing, once per DiscoveryInterval.
 func (s *Subscriber) manage() {
-	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.DiscoveryInterval)
 	defer t.Stop()
 	for {
 		s.tick()
 		select {
-		case <-s.runCtx.Done():
+		case <-s.life.Context().Done():
 			return
 		case <-t.C:
 		}
@@ -58,7 +56,7 @@ func (s *Subscriber) manage() {
 }
 
 func (s *Subscriber) tick() {
-	ctx, cancel := context.WithTimeout(s.runCtx, dbTimeout)
+	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
 	tenants := s.cfg.Tenants
@@ -121,7 +119,7 @@ func (s *Subscriber) tick() {
 		if running {
 			continue
 		}
-		if full || s.runCtx.Err() != nil {
+		if full || s.life.Context().Err() != nil {
 			break
 		}
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.Name, now, s.cfg.LeaseTTL)
@@ -139,7 +137,7 @@ func (s *Subscriber) tick() {
 // tickFailed logs a failed step of a tick, unless the tick failed because
 // the subscriber is stopping.
 func (s *Subscriber) tickFailed(what string, err error) {
-	if s.runCtx.Err() != nil {
+	if s.life.Context().Err() != nil {
 		return
 	}
 	s.log.Warn("shardq: "+what+"; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
@@ -159,7 +157,7 @@ func (s *Subscriber) renew(ctx context.Context, now time.Time) {
 	s.mu.Unlock()
 	renewed, lost, err := s.drv.RenewLeases(ctx, due, now, s.cfg.LeaseTTL)
 	if err != nil {
-		if s.runCtx.Err() == nil {
+		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: lease renewal failed; retrying", "tenants", s.cfg.Tenants, "leases", len(due), "err", err)
 		}
 		return
@@ -225,20 +223,21 @@ func (w *worker) lose() {
 }
 
 func (s *Subscriber) startWorker(l driver.Lease) {
-	ctx, cancel := context.WithCancel(s.hardCtx)
+	ctx, cancel := context.WithCancel(s.life.HardContext())
 	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: s.cfg.Clock(), ctx: ctx, cancel: cancel,
 		handback: make(chan struct{}), lost: make(chan struct{})}
 	s.mu.Lock()
 	s.workers[l.PartitionRef] = w
 	s.mu.Unlock()
-	s.wg.Add(1)
-	go w.run()
+	if !s.life.Go(w.run) {
+		w.finish() // stopping: hand the fresh lease straight back
+	}
 }
 
 // stopping reports whether the worker should stop taking new messages.
 func (w *worker) stopping() bool {
 	select {
-	case <-w.s.runCtx.Done():
+	case <-w.s.life.Context().Done():
 		return true
 	case <-w.handback:
 		return true
@@ -256,7 +255,7 @@ func (w *worker) wait(d time.Duration) bool {
 	select {
 	case <-t.C:
 		return true
-	case <-w.s.runCtx.Done():
+	case <-w.s.life.Context().Done():
 	case <-w.handback:
 	case <-w.lost:
 	}
@@ -275,7 +274,6 @@ func (w *worker) logArgs(args ...any) []any {
 
 func (w *worker) run() {
 	s := w.s
-	defer s.wg.Done()
 	defer w.finish()
 	idleSince := s.cfg.Clock()
 	for !w.stopping() {

@@ -19,6 +19,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/shardq/shardq/internal/lifecycle"
 )
 
 // ErrClosed is returned by Submit after Close.
@@ -38,7 +40,7 @@ type Batcher[K comparable, T any] struct {
 	mu     sync.Mutex
 	queues map[K]*queue[T]
 	closed bool
-	wg     sync.WaitGroup
+	life   *lifecycle.Group
 }
 
 type queue[T any] struct {
@@ -64,6 +66,7 @@ func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, lin
 		linger:      linger,
 		timeout:     timeout,
 		queues:      map[K]*queue[T]{},
+		life:        lifecycle.New(context.Background()),
 	}
 }
 
@@ -84,8 +87,7 @@ func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
 	q.pending = append(q.pending, r)
 	if q.inflight < b.maxInflight {
 		q.inflight++
-		b.wg.Add(1)
-		go b.drain(key, q)
+		b.life.Go(func() { b.drain(key, q) }) // not refused: Close sets closed under mu first
 	}
 	b.mu.Unlock()
 	select {
@@ -98,7 +100,6 @@ func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
 
 // drain flushes the key's queue until it is empty.
 func (b *Batcher[K, T]) drain(key K, q *queue[T]) {
-	defer b.wg.Done()
 	for {
 		b.lingerFor(q)
 		b.mu.Lock()
@@ -171,5 +172,5 @@ func (b *Batcher[K, T]) Close() {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
-	b.wg.Wait()
+	b.life.Stop(context.Background()) // flushers end once their queues are empty
 }

@@ -1,0 +1,78 @@
+// Package lifecycle is the start/stop primitive of shardq's background
+// work (the subscriber's loops and workers, the publish coalescer's
+// flushers). A Group runs goroutines under two contexts:
+//
+//   - Context ends when Stop begins: loops stop taking new work;
+//   - HardContext ends when Stop's own context ends first: work in
+//     progress (a handler) is cancelled.
+//
+// Stop returns only when every goroutine started with Go has returned, so
+// nothing outlives it.
+package lifecycle
+
+import (
+	"context"
+	"sync"
+)
+
+// Group is a set of goroutines stopped together.
+type Group struct {
+	ctx, hard        context.Context
+	cancel, hardStop context.CancelFunc
+	wg               sync.WaitGroup
+	mu               sync.Mutex
+	stopped          bool
+	once             sync.Once
+}
+
+// New returns a running group whose contexts carry parent's values but not
+// its cancellation (the group ends by Stop only).
+func New(parent context.Context) *Group {
+	base := context.WithoutCancel(parent)
+	g := &Group{}
+	g.ctx, g.cancel = context.WithCancel(base)
+	g.hard, g.hardStop = context.WithCancel(base)
+	return g
+}
+
+// Context ends when Stop begins.
+func (g *Group) Context() context.Context { return g.ctx }
+
+// HardContext ends when Stop gives up waiting.
+func (g *Group) HardContext() context.Context { return g.hard }
+
+// Go runs fn in the group; it reports false (and does not run fn) once
+// Stop has begun.
+func (g *Group) Go(fn func()) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return false
+	}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// Stop ends Context, waits for the group's goroutines until ctx ends, then
+// ends HardContext and waits for them to return. Later calls return at once.
+func (g *Group) Stop(ctx context.Context) {
+	g.once.Do(func() {
+		g.mu.Lock()
+		g.stopped = true
+		g.mu.Unlock()
+		g.cancel()
+		done := make(chan struct{})
+		go func() { g.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			g.hardStop()
+			<-done
+		}
+		g.hardStop()
+	})
+}

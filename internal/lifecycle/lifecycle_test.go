@@ -1,0 +1,54 @@
+package lifecycle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestGracefulStopWaitsForWork(t *testing.T) {
+	g := New(context.Background())
+	finished := make(chan bool, 1)
+	g.Go(func() {
+		<-g.Context().Done()                     // stop fetching...
+		finished <- g.HardContext().Err() == nil // ...and finish in-flight work
+	})
+	g.Stop(context.Background())
+	if !<-finished {
+		t.Fatal("a graceful stop cancelled the hard context before the work returned")
+	}
+	if g.Go(func() { t.Error("ran after Stop") }) {
+		t.Fatal("Go accepted work after Stop")
+	}
+	g.Stop(context.Background()) // idempotent
+}
+
+func TestHardStopCancelsWorkInProgress(t *testing.T) {
+	g := New(context.Background())
+	started := make(chan struct{})
+	g.Go(func() {
+		close(started)
+		<-g.HardContext().Done() // a handler that ignores the soft stop
+	})
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	g.Stop(ctx) // returns only because the hard context ended the work
+	if g.HardContext().Err() == nil {
+		t.Fatal("hard context still live after Stop")
+	}
+}
+
+func TestParentCancellationDoesNotStopTheGroup(t *testing.T) {
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), struct{}{}, "v"))
+	g := New(parent)
+	cancel()
+	if g.Context().Err() != nil || g.Context().Value(struct{}{}) != "v" {
+		t.Fatal("the group must keep the parent's values but not its cancellation")
+	}
+	g.Stop(context.Background())
+}
