@@ -184,3 +184,131 @@ func TestSubscriberKilledMidRun(t *testing.T) {
 		})
 	}
 }
+
+// txKillHelperEnv makes the test binary a producer that writes a half
+// message, says so on stdout, and hangs in its local transaction.
+const txKillHelperEnv = "SHARDQ_TX_KILL_HELPER_DSN"
+
+func runTxKillHelper(url string) int {
+	spec, err := dsn.Parse(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	drv, err := dsn.Open(spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := shardq.NewClient(drv, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	p, err := c.StartTransactionProducer(context.Background(), shardq.TransactionProducerConfig{ProducerGroup: "pg", Tenants: []string{"t"},
+		TransactionTimeout: 100 * time.Millisecond, Checker: func(context.Context, *shardq.HalfMessage) (shardq.TxState, error) {
+			return shardq.TxUnknown, nil // this process never answers
+		}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	_, err = p.SendInTransaction(context.Background(), shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "orphan", Payload: []byte("paid")}, nil, nil,
+		func(context.Context, *shardq.HalfMessage) (shardq.TxState, error) {
+			fmt.Println("half written")
+			select {} // the local transaction never returns: SIGKILL comes first
+		})
+	fmt.Fprintln(os.Stderr, "unreachable:", err)
+	return 1
+}
+
+// TestTxProducerKilledAfterHalfMessage: a producer process dies after
+// writing its half message; another producer of the group checks it back
+// and commits it, once.
+func TestTxProducerKilledAfterHalfMessage(t *testing.T) {
+	for _, db := range []struct {
+		name string
+		url  func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
+		{"mysql", func(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			url := db.url(t)
+			spec, err := dsn.Parse(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			drv, err := dsn.Open(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer drv.Close()
+			c, err := shardq.NewClient(drv, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			if err := c.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), txKillHelperEnv+"="+url)
+			cmd.Stderr = os.Stderr
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil || line != "half written\n" {
+				t.Fatalf("helper said %q, %v", line, err)
+			}
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Wait()
+			if hs, err := drv.ListHalves(ctx, []string{"t"}, false); err != nil || len(hs) != 1 {
+				t.Fatalf("pending after the kill: %d, %v", len(hs), err)
+			}
+			checked := make(chan string, 10)
+			p, err := c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{ProducerGroup: "pg", Tenants: []string{"t"},
+				PollInterval: 20 * time.Millisecond, Checker: func(_ context.Context, h *shardq.HalfMessage) (shardq.TxState, error) {
+					checked <- h.ID
+					return shardq.TxCommit, nil // the business record exists: commit
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Stop(ctx)
+			select {
+			case id := <-checked:
+				if id != "orphan" {
+					t.Fatalf("checked %q", id)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the orphaned half message was never checked")
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				msgs, err := drv.FetchAfter(ctx, "t", "x", "k", 0, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(msgs) == 1 && msgs[0].ID == "orphan" && string(msgs[0].Payload) == "paid" {
+					break
+				}
+				if len(msgs) > 1 || time.Now().After(deadline) {
+					t.Fatalf("partition holds %+v", msgs)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if hs, _ := drv.ListHalves(ctx, []string{"t"}, false); len(hs) != 0 {
+				t.Fatalf("half message still pending after the check-back committed it")
+			}
+		})
+	}
+}

@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv(killHelperEnv); dsn != "" {
 		os.Exit(runKillHelper(dsn))
 	}
+	if dsn := os.Getenv(txKillHelperEnv); dsn != "" {
+		os.Exit(runTxKillHelper(dsn))
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }
 

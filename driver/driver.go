@@ -111,6 +111,7 @@ type Driver interface {
 
 	Leases
 	Deliveries
+	HalfMessages
 }
 
 // Errors of the lease protocol.
@@ -222,4 +223,56 @@ type Deliveries interface {
 	// drops the message's bookkeeping and moves the cursor to offset, in
 	// one transaction.
 	DeadLetter(ctx context.Context, l Lease, dlq *InsertMessage, offset int64, now time.Time) error
+}
+
+// ErrHalfResolved means a half message is no longer pending: it was
+// committed, rolled back or dead-lettered already.
+var ErrHalfResolved = errors.New("half message already resolved")
+
+// MessageRef names a message by its full identity.
+type MessageRef struct {
+	Tenant       string
+	Topic        string
+	PartitionKey string
+	ID           string
+}
+
+// HalfMessage is a transactional message that no consumer can see yet.
+type HalfMessage struct {
+	InsertMessage
+	ProducerGroup string
+	Checks        int       // check-backs that answered "unknown"
+	NextCheckAt   time.Time // when the next check-back is due
+	ClaimOwner    string    // the producer checking it now ("" when none)
+	ClaimToken    int64     // grows with every claim; fences the claim's writes
+}
+
+// Ref is h's identity.
+func (h *HalfMessage) Ref() MessageRef {
+	return MessageRef{Tenant: h.Tenant, Topic: h.Topic, PartitionKey: h.PartitionKey, ID: h.ID}
+}
+
+// HalfMessages stores transactional sends. A claim token of 0 means an
+// unclaimed resolution (the sender's own, or an operator's); a positive one
+// must still be current (ErrLeaseLost otherwise).
+type HalfMessages interface {
+	// InsertHalf stores h, due for its first check at h.NextCheckAt.
+	InsertHalf(ctx context.Context, h *HalfMessage) error
+	// CommitHalf deletes the half message and appends it to its partition
+	// with a fresh offset, in one transaction; ErrHalfResolved when it is
+	// pending no more.
+	CommitHalf(ctx context.Context, ref MessageRef, claimToken int64) (*InsertMessage, error)
+	// RollbackHalf deletes the half message; ErrHalfResolved when it is
+	// pending no more.
+	RollbackHalf(ctx context.Context, ref MessageRef, claimToken int64) error
+	// ClaimDueHalves claims up to limit half messages of group in tenants
+	// whose check is due and that nobody else is checking.
+	ClaimDueHalves(ctx context.Context, tenants []string, group, owner string, now time.Time, claimTTL time.Duration, limit int) ([]HalfMessage, error)
+	// RescheduleHalf counts an "unknown" check and releases the claim.
+	RescheduleHalf(ctx context.Context, h HalfMessage, nextCheckAt time.Time) error
+	// DeadLetterHalf moves a claimed half message to queue_half_messages_dead.
+	DeadLetterHalf(ctx context.Context, h HalfMessage, now time.Time) error
+	// ListHalves lists pending half messages of tenants, or of every
+	// tenant when allTenants is set (an operator's explicit request).
+	ListHalves(ctx context.Context, tenants []string, allTenants bool) ([]HalfMessage, error)
 }

@@ -1,0 +1,345 @@
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
+)
+
+// TxState is the outcome of a local transaction, as the sender or the
+// checker reports it.
+type TxState int
+
+const (
+	// TxUnknown leaves the half message pending; the check-back asks again.
+	TxUnknown TxState = iota
+	// TxCommit delivers the message.
+	TxCommit
+	// TxRollback discards it.
+	TxRollback
+)
+
+func (s TxState) String() string {
+	switch s {
+	case TxCommit:
+		return "commit"
+	case TxRollback:
+		return "rollback"
+	}
+	return "unknown"
+}
+
+// HalfMessage is a transactional message that no consumer sees until it is
+// committed: what the local transaction and the checker are given.
+type HalfMessage struct {
+	Tenant        string
+	Topic         string
+	PartitionKey  string // chosen by the selector before anything was written
+	ID            string
+	ProducerGroup string
+	Payload       []byte
+	Headers       map[string]string
+	CreatedAt     time.Time
+	Checks        int // check-backs that answered TxUnknown so far
+}
+
+// LocalTransaction runs the sender's business transaction after the half
+// message is stored and says whether to commit it. An error (or a panic)
+// leaves the message unknown, for the check-back.
+type LocalTransaction func(ctx context.Context, h *HalfMessage) (TxState, error)
+
+// TransactionChecker answers, for a half message left unknown, whether its
+// local transaction committed. An error counts as TxUnknown.
+type TransactionChecker func(ctx context.Context, h *HalfMessage) (TxState, error)
+
+// ExhaustedPolicy resolves a half message whose checks ran out.
+type ExhaustedPolicy int
+
+const (
+	// RollbackWhenExhausted discards it (the default).
+	RollbackWhenExhausted ExhaustedPolicy = iota
+	// DeadLetterWhenExhausted moves it to queue_half_messages_dead.
+	DeadLetterWhenExhausted
+)
+
+func (p ExhaustedPolicy) String() string {
+	if p == DeadLetterWhenExhausted {
+		return "dead-letter"
+	}
+	return "rollback"
+}
+
+// TransactionProducerConfig configures a member of a producer group.
+type TransactionProducerConfig struct {
+	ProducerGroup string // required
+	// Tenants the producer sends to and checks (default MQ_TENANTS).
+	Tenants []string
+	Checker TransactionChecker // required
+	Name    string             // default host-pid-random
+
+	TransactionTimeout time.Duration   // a half message is first checked this long after it was written [6s]
+	CheckInterval      time.Duration   // between checks that answered unknown [30s]
+	MaxChecks          int             // then WhenExhausted applies [15]
+	WhenExhausted      ExhaustedPolicy // [RollbackWhenExhausted]
+	PollInterval       time.Duration   // how often due half messages are looked for [1s]
+	ClaimTTL           time.Duration   // how long a producer owns a check [1m]
+
+	Clock  func() time.Time // [the client's Clock]
+	Logger *slog.Logger     // [the client's Logger]
+}
+
+// TxResult is the outcome of SendInTransaction.
+type TxResult struct {
+	State        TxState
+	Tenant       string
+	Topic        string
+	PartitionKey string
+	ID           string
+	Offset       int64 // when committed
+}
+
+// TxStats counts how half messages were resolved by this producer.
+type TxStats struct {
+	Committed, RolledBack, CheckedCommitted, CheckedRolledBack, Exhausted int64
+}
+
+// TransactionProducer sends RocketMQ-style transactional messages with a
+// partition selector and runs the producer group's check-back.
+type TransactionProducer struct {
+	c    *Client
+	cfg  TransactionProducerConfig
+	log  *slog.Logger
+	life *lifecycle.Group
+
+	committed, rolledBack, checkedCommitted, checkedRolledBack, exhausted atomic.Int64
+}
+
+// ErrTxResolved is returned by SendInTransaction when the half message was
+// resolved before the sender's own decision arrived (by a check-back or an
+// operator); the earlier resolution stands.
+var ErrTxResolved = driver.ErrHalfResolved
+
+// StartTransactionProducer validates cfg and starts the check-back loop.
+func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionProducerConfig) (*TransactionProducer, error) {
+	d := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	d(&cfg.TransactionTimeout, 6*time.Second)
+	d(&cfg.CheckInterval, 30*time.Second)
+	d(&cfg.PollInterval, time.Second)
+	d(&cfg.ClaimTTL, time.Minute)
+	if cfg.MaxChecks <= 0 {
+		cfg.MaxChecks = 15
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = c.cfg.Clock
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = c.cfg.Logger
+	}
+	if cfg.Name == "" {
+		host, _ := os.Hostname()
+		cfg.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+		if ident.ASCII("producer name", cfg.Name) != nil {
+			cfg.Name = fmt.Sprintf("producer-%d-%s", os.Getpid(), uuid.NewString()[:8])
+		}
+	}
+	err := ident.ASCII("producer group", cfg.ProducerGroup)
+	if err == nil {
+		err = ident.ASCII("producer name", cfg.Name)
+	}
+	if err == nil && cfg.Checker == nil {
+		err = &ident.Error{Field: "checker", Rule: "must not be nil"}
+	}
+	if err == nil {
+		if len(cfg.Tenants) == 0 {
+			cfg.Tenants, err = ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
+		} else {
+			err = ident.Tenants("tenants", cfg.Tenants)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
+	}
+	p := &TransactionProducer{c: c, cfg: cfg, life: lifecycle.New(ctx),
+		log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", cfg.Name)}
+	p.life.Go(p.checkLoop)
+	return p, nil
+}
+
+// Stop ends the check-back loop, letting a running check finish until ctx
+// ends.
+func (p *TransactionProducer) Stop(ctx context.Context) error {
+	p.life.Stop(ctx)
+	return nil
+}
+
+// Stats reports how this producer resolved half messages so far.
+func (p *TransactionProducer) Stats() TxStats {
+	return TxStats{Committed: p.committed.Load(), RolledBack: p.rolledBack.Load(), CheckedCommitted: p.checkedCommitted.Load(),
+		CheckedRolledBack: p.checkedRolledBack.Load(), Exhausted: p.exhausted.Load()}
+}
+
+// SendInTransaction sends msg transactionally. The selector (when not nil)
+// chooses the partition key from msg and arg before anything is written;
+// without one, msg's own partition key (or Selector) is used. It stores a
+// half message, runs local, and then commits (the message enters its
+// partition with a fresh offset), rolls back, or leaves it unknown for the
+// check-back. A commit or rollback that finds the half message already
+// resolved returns ErrTxResolved.
+func (p *TransactionProducer) SendInTransaction(ctx context.Context, msg Message, sel Selector, arg any, local LocalTransaction) (TxResult, error) {
+	if sel != nil {
+		if msg.Selector != nil {
+			return TxResult{}, fmt.Errorf("shardq: send in transaction: %w",
+				&ident.Error{Field: "selector", Rule: "given both as an argument and in Message.Selector"})
+		}
+		msg.Selector, msg.SelectorArg = sel, arg
+	}
+	if local == nil {
+		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", &ident.Error{Field: "local transaction", Rule: "must not be nil"})
+	}
+	rows, err := p.c.prepare([]Message{msg})
+	if err != nil {
+		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", err)
+	}
+	row := rows[0]
+	if !slices.Contains(p.cfg.Tenants, row.Tenant) {
+		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", &ident.Error{Field: "tenant",
+			Rule: fmt.Sprintf("%q is not among producer group %q's tenants, whose check-back would never see it", row.Tenant, p.cfg.ProducerGroup)})
+	}
+	now := p.cfg.Clock()
+	half := &driver.HalfMessage{InsertMessage: *row, ProducerGroup: p.cfg.ProducerGroup, NextCheckAt: now.Add(p.cfg.TransactionTimeout)}
+	res := TxResult{Tenant: row.Tenant, Topic: row.Topic, PartitionKey: row.PartitionKey, ID: row.ID}
+	if err := p.c.drv.InsertHalf(ctx, half); err != nil {
+		return res, fmt.Errorf("shardq: send in transaction: %w", err)
+	}
+	state, lerr := runLocal(ctx, local, toHalf(half))
+	switch state {
+	case TxCommit:
+		m, err := p.c.drv.CommitHalf(ctx, half.Ref(), 0)
+		if err != nil {
+			return res, fmt.Errorf("shardq: send in transaction: %w", err)
+		}
+		p.committed.Add(1)
+		res.State, res.Offset = TxCommit, m.Offset
+	case TxRollback:
+		if err := p.c.drv.RollbackHalf(ctx, half.Ref(), 0); err != nil {
+			return res, fmt.Errorf("shardq: send in transaction: %w", err)
+		}
+		p.rolledBack.Add(1)
+		res.State = TxRollback
+	default:
+		res.State = TxUnknown
+	}
+	if lerr != nil {
+		return res, fmt.Errorf("shardq: local transaction: %w (left %s for the check-back)", lerr, res.State)
+	}
+	return res, nil
+}
+
+// runLocal runs a local transaction or checker; an error or a panic means
+// unknown.
+func runLocal(ctx context.Context, fn func(context.Context, *HalfMessage) (TxState, error), h *HalfMessage) (state TxState, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			state, err = TxUnknown, fmt.Errorf("panicked: %v", r)
+		}
+	}()
+	state, err = fn(ctx, h)
+	if err != nil || (state != TxCommit && state != TxRollback) {
+		return TxUnknown, err
+	}
+	return state, nil
+}
+
+func toHalf(h *driver.HalfMessage) *HalfMessage {
+	return &HalfMessage{Tenant: h.Tenant, Topic: h.Topic, PartitionKey: h.PartitionKey, ID: h.ID, ProducerGroup: h.ProducerGroup,
+		Payload: h.Payload, Headers: h.Headers, CreatedAt: h.CreatedAt, Checks: h.Checks}
+}
+
+// checkLoop claims due half messages of the group and checks them.
+func (p *TransactionProducer) checkLoop() {
+	t := time.NewTicker(p.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		p.checkDue()
+		select {
+		case <-p.life.Context().Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *TransactionProducer) checkDue() {
+	ctx, cancel := context.WithTimeout(p.life.Context(), dbTimeout)
+	defer cancel()
+	now := p.cfg.Clock()
+	due, err := p.c.drv.ClaimDueHalves(ctx, p.cfg.Tenants, p.cfg.ProducerGroup, p.cfg.Name, now, p.cfg.ClaimTTL, 100)
+	if err != nil {
+		if p.life.Context().Err() == nil {
+			p.log.Warn("shardq: claiming half messages to check failed; retrying", "tenants", p.cfg.Tenants, "err", err)
+		}
+		return
+	}
+	for _, h := range due {
+		if p.life.Context().Err() != nil {
+			return // the claims expire; another producer checks them
+		}
+		p.check(h)
+	}
+}
+
+func (p *TransactionProducer) check(h driver.HalfMessage) {
+	ctx, cancel := context.WithTimeout(p.life.HardContext(), dbTimeout)
+	defer cancel()
+	args := []any{"tenant", h.Tenant, "topic", h.Topic, "partition", h.PartitionKey, "id", h.ID, "checks", h.Checks + 1}
+	state, err := runLocal(ctx, p.cfg.Checker, toHalf(&h))
+	if err != nil {
+		p.log.Warn("shardq: transaction check failed; counted as unknown", append(args, "err", err)...)
+	}
+	now := p.cfg.Clock()
+	switch {
+	case state == TxCommit:
+		_, err = p.c.drv.CommitHalf(ctx, h.Ref(), h.ClaimToken)
+		if err == nil {
+			p.checkedCommitted.Add(1)
+			p.log.Info("shardq: half message committed by check-back", args...)
+		}
+	case state == TxRollback:
+		err = p.c.drv.RollbackHalf(ctx, h.Ref(), h.ClaimToken)
+		if err == nil {
+			p.checkedRolledBack.Add(1)
+			p.log.Info("shardq: half message rolled back by check-back", args...)
+		}
+	case h.Checks+1 >= p.cfg.MaxChecks:
+		if p.cfg.WhenExhausted == DeadLetterWhenExhausted {
+			err = p.c.drv.DeadLetterHalf(ctx, h, now)
+		} else {
+			err = p.c.drv.RollbackHalf(ctx, h.Ref(), h.ClaimToken)
+		}
+		if err == nil {
+			p.exhausted.Add(1)
+			p.log.Warn("shardq: half message still unknown after the last check; resolved by policy",
+				append(args, "policy", p.cfg.WhenExhausted.String())...)
+		}
+	default:
+		err = p.c.drv.RescheduleHalf(ctx, h, now.Add(p.cfg.CheckInterval))
+	}
+	if err != nil && !errors.Is(err, driver.ErrHalfResolved) {
+		p.log.Warn("shardq: resolving a checked half message failed; it is checked again", append(args, "err", err)...)
+	}
+}
