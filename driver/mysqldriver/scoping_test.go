@@ -130,6 +130,32 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.ReleaseLease(ctx, l, now); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"h1", "h2", "h3", "h4"} {
+		h := &driver.HalfMessage{InsertMessage: driver.InsertMessage{Tenant: "a", Topic: "x", PartitionKey: "k", ID: id, CreatedAt: now},
+			ProducerGroup: "pg", NextCheckAt: now}
+		if err := d.InsertHalf(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := d.ClaimDueHalves(ctx, []string{"a", "b"}, "pg", "p", now, time.Minute, 10)
+	if err != nil || len(claimed) != 4 {
+		t.Fatalf("claimed %d, %v", len(claimed), err)
+	}
+	if _, err := d.CommitHalf(ctx, claimed[0].Ref(), claimed[0].ClaimToken); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RollbackHalf(ctx, claimed[1].Ref(), claimed[1].ClaimToken); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RescheduleHalf(ctx, claimed[2], now); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeadLetterHalf(ctx, claimed[3], now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ListHalves(ctx, []string{"a"}, false); err != nil { // --all-tenants is an operator's explicit fleet-wide read
+		t.Fatal(err)
+	}
 	if _, err := d.SweepLeases(ctx, []string{"a", "b"}, "g", "x", []string{"dead"}, now); err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/shardq/shardq/driver"
+	dsnpkg "github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -222,5 +225,61 @@ func TestConsume(t *testing.T) {
 				t.Fatalf("consume without tenants: %+v", r)
 			}
 		})
+	}
+}
+
+func TestTxCommands(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	spec, err := dsnpkg.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv, err := dsnpkg.Open(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.Close()
+	for _, h := range []driver.HalfMessage{
+		{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "a", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
+		{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "b", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
+		{InsertMessage: driver.InsertMessage{Tenant: "globex", Topic: "orders", PartitionKey: "k", ID: "c", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
+	} {
+		if err := drv.InsertHalf(context.Background(), &h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := runCLI(t, env, "", "tx", "list"); r.code != 2 || !strings.Contains(r.stderr, "exactly one of --tenant") {
+		t.Fatalf("tx list without scope: %+v", r)
+	}
+	if r := runCLI(t, env, "", "tx", "list", "--tenant", "acme", "--all-tenants"); r.code != 2 {
+		t.Fatalf("tx list with both scopes: %+v", r)
+	}
+	r := runCLI(t, env, "", "tx", "list", "--tenant", "acme")
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || strings.Contains(r.stdout, "globex") || !strings.Contains(r.stdout, "unknown") {
+		t.Fatalf("tx list --tenant acme: %+v", r)
+	}
+	r = runCLI(t, env, "", "tx", "list", "--all-tenants", "--json")
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || !strings.Contains(r.stdout, `"tenant":"globex"`) || !strings.Contains(r.stdout, `"checks":0`) {
+		t.Fatalf("tx list --all-tenants: %+v", r)
+	}
+	r = runCLI(t, env, "", "tx", "resolve", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "a", "commit")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "committed offset=") {
+		t.Fatalf("resolve commit: %+v", r)
+	}
+	if r := runCLI(t, env, "", "tx", "resolve", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "b", "rollback"); r.code != 0 {
+		t.Fatalf("resolve rollback: %+v", r)
+	}
+	if r := runCLI(t, env, "", "tx", "resolve", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "a", "commit"); r.code != 1 || !strings.Contains(r.stderr, "already resolved") {
+		t.Fatalf("second resolve: %+v", r)
+	}
+	if r := runCLI(t, env, "", "tx", "resolve", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "c", "maybe"); r.code != 2 {
+		t.Fatalf("bad verb: %+v", r)
+	}
+	if msgs, _ := drv.FetchAfter(context.Background(), "acme", "orders", "k", 0, 10); len(msgs) != 1 || msgs[0].ID != "a" {
+		t.Fatalf("after resolving: %+v", msgs)
 	}
 }
