@@ -66,7 +66,7 @@ func TestPublishFlow(t *testing.T) {
 			if r.code != 1 || !strings.Contains(r.stderr, "shardq migrate") {
 				t.Fatalf("publish before migrate: code %d, stderr %q; want 1 and the fix named", r.code, r.stderr)
 			}
-			if r := runCLI(t, env, "", "migrate"); r.code != 0 || !strings.Contains(r.stdout, "applied migrations [1]") {
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 || !strings.HasPrefix(r.stdout, "applied migrations [1 ") {
 				t.Fatalf("migrate: %+v", r)
 			}
 			if r := runCLI(t, env, "", "migrate"); r.code != 0 || !strings.Contains(r.stdout, "up to date") {
