@@ -112,6 +112,7 @@ type Driver interface {
 	Leases
 	Deliveries
 	HalfMessages
+	Admin
 }
 
 // Errors of the lease protocol.
@@ -276,3 +277,53 @@ type HalfMessages interface {
 	// tenant when allTenants is set (an operator's explicit request).
 	ListHalves(ctx context.Context, tenants []string, allTenants bool) ([]HalfMessage, error)
 }
+
+// Scope selects tenants for an operator's listing: an explicit list, or
+// every tenant when AllTenants is set. Neither is never "all".
+type Scope struct {
+	Tenants    []string
+	AllTenants bool
+}
+
+// TopicSummary is one topic of one tenant.
+type TopicSummary struct {
+	Tenant     string
+	Topic      string
+	Partitions int
+	HeadOffset int64 // highest head among its partitions
+}
+
+// OffsetRow is one consumer group's position in one partition.
+type OffsetRow struct {
+	Tenant, Topic, PartitionKey, ConsumerGroup string
+	HeadOffset, CommittedOffset                int64
+	Lag                                        int64     // messages after the cursor
+	OldestUnconsumed                           time.Time // zero when Lag is 0
+}
+
+// Admin is what operators' tools read and change, each statement scoped
+// by tenant (or, for listings, explicitly by all tenants).
+type Admin interface {
+	Topics(ctx context.Context, s Scope) ([]TopicSummary, error)
+	// OffsetReport lists cursors of every group known in queue_offsets
+	// (only group when it is not empty) with lag.
+	OffsetReport(ctx context.Context, s Scope, group string) ([]OffsetRow, error)
+	AllLeases(ctx context.Context, s Scope) ([]Lease, error)
+	AllSubscribers(ctx context.Context, s Scope) ([]Subscriber, error)
+	// GetMessage reads one message and its retry bookkeeping per group.
+	GetMessage(ctx context.Context, ref MessageRef) (*Message, map[string]DeliveryState, error)
+	// DeleteMessage deletes one message by full identity.
+	DeleteMessage(ctx context.Context, ref MessageRef) (bool, error)
+	// TopicMessages lists up to limit messages of topic in s, oldest first.
+	TopicMessages(ctx context.Context, s Scope, topic string, limit int) ([]Message, error)
+	// Requeue moves the message ref (in a dead-letter topic) back to
+	// toTopic, same tenant and partition key, with a fresh offset, in one
+	// transaction; the original's retry bookkeeping is dropped.
+	Requeue(ctx context.Context, ref MessageRef, toTopic string, headers map[string]string) (*InsertMessage, error)
+	// OffsetBefore is the highest offset of the partition created before t
+	// (0 when none).
+	OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error)
+}
+
+// ErrNoMessage means no message has the given identity.
+var ErrNoMessage = errors.New("no such message")

@@ -1,0 +1,308 @@
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// Scope selects tenants for an operator's listing: Tenants, or every tenant
+// with AllTenants. Exactly one must be given; nothing falls back to all.
+type Scope = driver.Scope
+
+// MessageRef names a message by its full identity.
+type MessageRef = driver.MessageRef
+
+// ErrNoMessage means no message has the given identity.
+var ErrNoMessage = driver.ErrNoMessage
+
+// ErrPartitionLeased refuses an offset reset while a live subscriber holds
+// a lease on an affected partition (see ResetRequest.Force).
+var ErrPartitionLeased = errors.New("partition leased by a live subscriber")
+
+// Admin is the operator's API; the `shardq admin` commands wrap it. Every
+// statement is scoped by tenant, except listings an operator asked to run
+// across all tenants by name.
+type Admin struct{ c *Client }
+
+// Admin returns the client's operator API.
+func (c *Client) Admin() *Admin { return &Admin{c: c} }
+
+func checkScope(s Scope) error {
+	if (len(s.Tenants) > 0) == s.AllTenants {
+		return &ident.Error{Field: "scope", Rule: "give exactly one of a tenant list or all tenants"}
+	}
+	if s.AllTenants {
+		return nil
+	}
+	return ident.Tenants("tenants", s.Tenants)
+}
+
+func checkRef(ref MessageRef) error {
+	for _, err := range []error{ident.Tenant(ref.Tenant), ident.Topic(ref.Topic), ident.PartitionKey(ref.PartitionKey), ident.MessageID(ref.ID)} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func scoped[T any](s Scope, fn func() (T, error)) (T, error) {
+	if err := checkScope(s); err != nil {
+		var zero T
+		return zero, fmt.Errorf("shardq: admin: %w", err)
+	}
+	return fn()
+}
+
+// Topics lists topics with their partition counts and highest head.
+func (a *Admin) Topics(ctx context.Context, s Scope) ([]driver.TopicSummary, error) {
+	return scoped(s, func() ([]driver.TopicSummary, error) { return a.c.drv.Topics(ctx, s) })
+}
+
+// Offsets lists every known group's cursor per partition with its lag
+// (messages after the cursor) and the age of the oldest of them; group
+// "" means all groups.
+func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]driver.OffsetRow, error) {
+	if group != "" {
+		if err := ident.ConsumerGroup(group); err != nil {
+			return nil, fmt.Errorf("shardq: admin: %w", err)
+		}
+	}
+	return scoped(s, func() ([]driver.OffsetRow, error) { return a.c.drv.OffsetReport(ctx, s, group) })
+}
+
+// Leases lists lease rows (free ones included).
+func (a *Admin) Leases(ctx context.Context, s Scope) ([]driver.Lease, error) {
+	return scoped(s, func() ([]driver.Lease, error) { return a.c.drv.AllLeases(ctx, s) })
+}
+
+// StaleLeases lists held leases that are past expiry or whose holder's
+// heartbeat is older than staleAfter.
+func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]driver.Lease, error) {
+	return scoped(s, func() ([]driver.Lease, error) {
+		leases, err := a.c.drv.AllLeases(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		subs, err := a.c.drv.AllSubscribers(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		now := a.c.cfg.Clock()
+		fresh := map[[4]string]bool{}
+		for _, sub := range subs {
+			if now.Sub(sub.HeartbeatAt) < staleAfter {
+				fresh[[4]string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name}] = true
+			}
+		}
+		var out []driver.Lease
+		for _, l := range leases {
+			if l.Owner != "" && (!l.ExpiresAt.After(now) || !fresh[[4]string{l.Tenant, l.ConsumerGroup, l.Topic, l.Owner}]) {
+				out = append(out, l)
+			}
+		}
+		return out, nil
+	})
+}
+
+// Subscribers lists heartbeat rows.
+func (a *Admin) Subscribers(ctx context.Context, s Scope) ([]driver.Subscriber, error) {
+	return scoped(s, func() ([]driver.Subscriber, error) { return a.c.drv.AllSubscribers(ctx, s) })
+}
+
+// Inspect reads one message and its retry bookkeeping per consumer group.
+func (a *Admin) Inspect(ctx context.Context, ref MessageRef) (*driver.Message, map[string]driver.DeliveryState, error) {
+	if err := checkRef(ref); err != nil {
+		return nil, nil, fmt.Errorf("shardq: admin: %w", err)
+	}
+	m, states, err := a.c.drv.GetMessage(ctx, ref)
+	if err == nil && m == nil {
+		err = ErrNoMessage
+	}
+	return m, states, err
+}
+
+// Delete removes exactly the message with ref's identity and reports
+// whether there was one.
+func (a *Admin) Delete(ctx context.Context, ref MessageRef) (bool, error) {
+	if err := checkRef(ref); err != nil {
+		return false, fmt.Errorf("shardq: admin: %w", err)
+	}
+	return a.c.drv.DeleteMessage(ctx, ref)
+}
+
+// DeadLetters lists the dead letters of topic (topic+suffix; suffix ""
+// means ".dlq").
+func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string, limit int) ([]driver.Message, error) {
+	if suffix == "" {
+		suffix = ".dlq"
+	}
+	if err := ident.Topic(topic + suffix); err != nil {
+		return nil, fmt.Errorf("shardq: admin: %w", err)
+	}
+	return scoped(s, func() ([]driver.Message, error) { return a.c.drv.TopicMessages(ctx, s, topic+suffix, max(limit, 1)) })
+}
+
+// Requeue moves one dead letter of ref.Topic (ref names the original
+// topic) back to its original topic and partition with a fresh offset and
+// its attempts reset, atomically.
+func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*PublishResult, error) {
+	if suffix == "" {
+		suffix = ".dlq"
+	}
+	if err := checkRef(ref); err != nil {
+		return nil, fmt.Errorf("shardq: admin: %w", err)
+	}
+	dl := ref
+	dl.Topic = ref.Topic + suffix
+	m, _, err := a.c.drv.GetMessage(ctx, dl)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, fmt.Errorf("shardq: admin: requeue %+v: %w", dl, ErrNoMessage)
+	}
+	headers := maps.Clone(m.Headers)
+	maps.DeleteFunc(headers, func(k, _ string) bool { return strings.HasPrefix(k, "dlq_") })
+	im, err := a.c.drv.Requeue(ctx, dl, ref.Topic, headers)
+	if err != nil {
+		return nil, err
+	}
+	return &PublishResult{Tenant: im.Tenant, Topic: im.Topic, PartitionKey: im.PartitionKey, ID: im.ID, Offset: im.Offset}, nil
+}
+
+// RequeueAll requeues every dead letter of one tenant's topic, in offset
+// order, and returns how many.
+func (a *Admin) RequeueAll(ctx context.Context, tenant, topic, suffix string) (int, error) {
+	if err := ident.Tenant(tenant); err != nil {
+		return 0, fmt.Errorf("shardq: admin: %w", err)
+	}
+	n := 0
+	for {
+		dls, err := a.DeadLetters(ctx, Scope{Tenants: []string{tenant}}, topic, suffix, 500)
+		if err != nil || len(dls) == 0 {
+			return n, err
+		}
+		for _, m := range dls {
+			if _, err := a.Requeue(ctx, MessageRef{Tenant: tenant, Topic: topic, PartitionKey: m.PartitionKey, ID: m.ID}, suffix); err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+}
+
+// ResetTarget is where ResetOffsets moves cursors.
+type ResetTarget int
+
+const (
+	ResetToEarliest ResetTarget = iota + 1 // before the first message: everything again
+	ResetToLatest                          // at the head: nothing pending
+	ResetToOffset                          // Offset, in partition Key only
+	ResetToTime                            // before the first message created at or after Time
+)
+
+// ResetRequest moves a consumer group's cursors on one tenant's topic.
+type ResetRequest struct {
+	Tenant, Topic, ConsumerGroup string
+	To                           ResetTarget
+	Key                          string // with ResetToOffset
+	Offset                       int64  // with ResetToOffset
+	Time                         time.Time
+	// Force resets even while a live subscriber holds an affected lease.
+	Force bool
+}
+
+// OffsetChange is one cursor a reset moved.
+type OffsetChange struct {
+	PartitionKey string
+	From, To     int64
+}
+
+// ResetOffsets moves cursors as r says and returns what changed. It refuses
+// (ErrPartitionLeased) while a live lease covers an affected partition,
+// unless r.Force.
+func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChange, error) {
+	for _, err := range []error{ident.Tenant(r.Tenant), ident.Topic(r.Topic), ident.ConsumerGroup(r.ConsumerGroup)} {
+		if err != nil {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
+		}
+	}
+	if r.To < ResetToEarliest || r.To > ResetToTime {
+		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "target", Rule: "choose earliest, latest, an offset or a time"})
+	}
+	scope := Scope{Tenants: []string{r.Tenant}}
+	heads, err := a.c.drv.PartitionHeads(ctx, scope.Tenants, r.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if r.To == ResetToOffset {
+		if err := ident.PartitionKey(r.Key); err != nil {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
+		}
+		heads = filterKey(heads, r.Key)
+		if len(heads) == 0 {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: tenant %q topic %q has no partition %q", r.Tenant, r.Topic, r.Key)
+		}
+	}
+	affected := map[string]bool{}
+	for _, h := range heads {
+		affected[h.PartitionKey] = true
+	}
+	leases, err := a.c.drv.AllLeases(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	now := a.c.cfg.Clock()
+	for _, l := range leases {
+		if l.Topic == r.Topic && l.ConsumerGroup == r.ConsumerGroup && affected[l.PartitionKey] && l.Owner != "" && l.ExpiresAt.After(now) && !r.Force {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w: %s held by %q until %s (stop it, or force)",
+				ErrPartitionLeased, l.PartitionRef, l.Owner, l.ExpiresAt.Format(time.RFC3339))
+		}
+	}
+	rows, err := a.c.drv.OffsetReport(ctx, scope, r.ConsumerGroup)
+	if err != nil {
+		return nil, err
+	}
+	current := map[string]int64{}
+	for _, row := range rows {
+		if row.Topic == r.Topic {
+			current[row.PartitionKey] = row.CommittedOffset
+		}
+	}
+	var changes []OffsetChange
+	for _, h := range heads {
+		var to int64
+		switch r.To {
+		case ResetToLatest:
+			to = h.HeadOffset
+		case ResetToOffset:
+			to = r.Offset
+		case ResetToTime:
+			if to, err = a.c.drv.OffsetBefore(ctx, r.Tenant, r.Topic, h.PartitionKey, r.Time); err != nil {
+				return changes, err
+			}
+		}
+		if err := a.c.drv.ResetOffset(ctx, r.Tenant, r.Topic, h.PartitionKey, r.ConsumerGroup, to); err != nil {
+			return changes, err
+		}
+		changes = append(changes, OffsetChange{PartitionKey: h.PartitionKey, From: current[h.PartitionKey], To: to})
+	}
+	return changes, nil
+}
+
+func filterKey(ps []driver.Partition, key string) []driver.Partition {
+	for _, p := range ps {
+		if p.PartitionKey == key {
+			return []driver.Partition{p}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,237 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var adminTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"AdminListingsAreScoped", testAdminListingsAreScoped},
+	{"AdminOffsetsShowLag", testAdminOffsetsShowLag},
+	{"AdminInspectAndDeleteOneRow", testAdminInspectAndDeleteOneRow},
+	{"AdminRequeueDeadLetter", testAdminRequeueDeadLetter},
+	{"AdminResetOffsets", testAdminResetOffsets},
+}
+
+func testAdminListingsAreScoped(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	admin := c.Admin()
+	for _, tenant := range []string{"a", "b"} {
+		mustPublish(t, c, shardq.Message{Tenant: tenant, Topic: "x", PartitionKey: "k"})
+		if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s-"+tenant, time.Now(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Heartbeat(ctx, []string{tenant}, "g", "x", "s-"+tenant, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []shardq.Scope{{}, {Tenants: []string{"a"}, AllTenants: true}, {Tenants: []string{""}}} {
+		if _, err := admin.Topics(ctx, bad); !errors.Is(err, shardq.ErrInvalid) {
+			t.Fatalf("Topics(%+v) = %v, want ErrInvalid: never an implied all-tenants read", bad, err)
+		}
+		if _, err := admin.Leases(ctx, bad); !errors.Is(err, shardq.ErrInvalid) {
+			t.Fatalf("Leases(%+v) = %v, want ErrInvalid", bad, err)
+		}
+	}
+	onlyA := shardq.Scope{Tenants: []string{"a"}}
+	topics, err := admin.Topics(ctx, onlyA)
+	if err != nil || len(topics) != 1 || topics[0].Tenant != "a" || topics[0].Partitions != 1 {
+		t.Fatalf("topics of a: %+v, %v", topics, err)
+	}
+	leases, _ := admin.Leases(ctx, onlyA)
+	subs, _ := admin.Subscribers(ctx, onlyA)
+	if len(leases) != 1 || leases[0].Tenant != "a" || len(subs) != 1 || subs[0].Tenant != "a" {
+		t.Fatalf("scoped to a: leases %d, subscribers %d", len(leases), len(subs))
+	}
+	all, err := admin.Topics(ctx, shardq.Scope{AllTenants: true})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("all tenants: %+v, %v", all, err)
+	}
+	// b's holder stops heartbeating: its lease is stale; a's is not.
+	if err := d.Heartbeat(ctx, []string{"b"}, "g", "x", "s-b", time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := admin.StaleLeases(ctx, shardq.Scope{AllTenants: true}, time.Minute)
+	if err != nil || len(stale) != 1 || stale[0].Owner != "s-b" {
+		t.Fatalf("stale leases: %+v, %v", stale, err)
+	}
+}
+
+func testAdminOffsetsShowLag(t *testing.T, open Open) {
+	d, c := setup(t, open, &shardq.Config{Clock: func() time.Time { return t0 }})
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", CreatedAt: t0.Add(time.Minute)})
+	if err := d.ResetOffset(ctx, "t", "x", "k", "g", res[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := c.Admin().Offsets(ctx, shardq.Scope{Tenants: []string{"t"}}, "g")
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("offsets: %+v, %v", rows, err)
+	}
+	r := rows[0]
+	if r.HeadOffset != res[2].Offset || r.CommittedOffset != res[0].Offset || r.Lag != 2 || !r.OldestUnconsumed.Equal(t0) {
+		t.Fatalf("offset row %+v: want head %d, cursor %d, lag 2, oldest unconsumed at %v", r, res[2].Offset, res[0].Offset, t0)
+	}
+	if other, _ := c.Admin().Offsets(ctx, shardq.Scope{Tenants: []string{"t"}}, "other"); len(other) != 0 {
+		t.Fatalf("group filter ignored: %+v", other)
+	}
+}
+
+func testAdminInspectAndDeleteOneRow(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "target", Payload: []byte("p")},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "neighbour"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2", ID: "target"})
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s", time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 2, LastError: "boom", NextAttemptAt: t0}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	ref := shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "target"}
+	m, states, err := c.Admin().Inspect(ctx, ref)
+	if err != nil || m.Offset != res[0].Offset || string(m.Payload) != "p" || states["g"].Attempts != 2 || states["g"].LastError != "boom" {
+		t.Fatalf("inspect: %+v %+v %v", m, states, err)
+	}
+	if _, err := c.Admin().Delete(ctx, shardq.MessageRef{Tenant: "t", Topic: "x", ID: "target"}); err != nil {
+		t.Fatalf("delete with an empty (ungrouped) key is a full identity too: %v", err)
+	}
+	if _, err := c.Admin().Delete(ctx, shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k"}); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("delete without an id = %v, want ErrInvalid", err)
+	}
+	deleted, err := c.Admin().Delete(ctx, ref)
+	if err != nil || !deleted {
+		t.Fatalf("delete: %v %v", deleted, err)
+	}
+	if again, _ := c.Admin().Delete(ctx, ref); again {
+		t.Fatal("deleted twice")
+	}
+	if got := fetchAll(t, d, "t", "x", "k"); len(got) != 1 || got[0].ID != "neighbour" {
+		t.Fatalf("partition k after delete: %+v", got)
+	}
+	if got := fetchAll(t, d, "t", "x", "k2"); len(got) != 1 {
+		t.Fatal("delete touched another partition's row with the same id")
+	}
+	if _, _, err := c.Admin().Inspect(ctx, ref); !errors.Is(err, shardq.ErrNoMessage) {
+		t.Fatalf("inspect after delete = %v, want ErrNoMessage", err)
+	}
+}
+
+func testAdminRequeueDeadLetter(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	for i := range 3 {
+		mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("m%d", i), Payload: []byte(fmt.Sprint(i))})
+	}
+	// m1 fails for good and is dead-lettered; the others are consumed.
+	var requeued atomic.Bool // until requeued, m1 is poison
+	cfg := fastConfig("g", "x", []string{"t"}, func(_ context.Context, dl *shardq.Delivery) error {
+		if dl.ID == "m1" && !requeued.Load() {
+			return shardq.DeadLetter(errors.New("bad"))
+		}
+		return nil
+	})
+	s, err := c.Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the group to pass everything", 30*time.Second, func() bool {
+		ps, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+		return len(ps) == 0 && len(fetchAll(t, d, "t", "x.dlq", "k")) == 1
+	})
+	stopAll(t, s)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m3"})
+	dls, err := c.Admin().DeadLetters(ctx, shardq.Scope{Tenants: []string{"t"}}, "x", "", 10)
+	if err != nil || len(dls) != 1 || dls[0].ID != "m1" {
+		t.Fatalf("dead letters: %+v, %v", dls, err)
+	}
+	requeued.Store(true)
+	res, err := c.Admin().Requeue(ctx, shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fetchAll(t, d, "t", "x", "k")
+	if ids := fmt.Sprint(idsOf(got)); ids != "[m0 m2 m3 m1]" || got[3].Offset != res.Offset {
+		t.Fatalf("partition after requeue: %s; want m1 again after everything already there", ids)
+	}
+	if _, ok := got[3].Headers[shardq.HeaderDLQLastError]; ok || string(got[3].Payload) != "1" {
+		t.Fatalf("requeued message: %+v", got[3])
+	}
+	if left := fetchAll(t, d, "t", "x.dlq", "k"); len(left) != 0 {
+		t.Fatalf("dead letter not removed: %+v", left)
+	}
+	// The group that had passed it consumes it again.
+	work, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+	if len(work) != 1 || work[0].HeadOffset != res.Offset {
+		t.Fatalf("requeued message is not work for the group: %+v", work)
+	}
+	if _, err := c.Admin().Requeue(ctx, shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}, ""); !errors.Is(err, shardq.ErrNoMessage) {
+		t.Fatalf("second requeue = %v, want ErrNoMessage", err)
+	}
+	if n, err := c.Admin().RequeueAll(ctx, "t", "x", ""); err != nil || n != 0 {
+		t.Fatalf("requeue all of an empty DLQ = %d, %v", n, err)
+	}
+}
+
+func idsOf(ms []driver.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+func testAdminResetOffsets(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	res := mustPublish(t, c,
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", CreatedAt: t0},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", CreatedAt: t0.Add(time.Hour)},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b", CreatedAt: t0.Add(2 * time.Hour)})
+	admin := c.Admin()
+	req := shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", To: shardq.ResetToLatest}
+	changes, err := admin.ResetOffsets(ctx, req)
+	if err != nil || len(changes) != 2 || changes[0].To != res[1].Offset || changes[1].To != res[2].Offset {
+		t.Fatalf("to latest: %+v, %v", changes, err)
+	}
+	// A live subscriber's lease on an affected partition refuses it.
+	if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}, "live", time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	req.To = shardq.ResetToEarliest
+	if _, err := admin.ResetOffsets(ctx, req); !errors.Is(err, shardq.ErrPartitionLeased) {
+		t.Fatalf("reset under a live lease = %v, want ErrPartitionLeased", err)
+	}
+	if work, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(work) != 0 {
+		t.Fatal("a refused reset moved cursors")
+	}
+	// Only partition b, which nobody holds: allowed.
+	changes, err = admin.ResetOffsets(ctx, shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", To: shardq.ResetToOffset, Key: "b", Offset: 0})
+	if err != nil || len(changes) != 1 || changes[0].From != res[2].Offset || changes[0].To != 0 {
+		t.Fatalf("to offset 0 in b: %+v, %v", changes, err)
+	}
+	req.Force = true
+	req.To = shardq.ResetToTime
+	req.Time = t0.Add(30 * time.Minute) // after a's first message, before the others
+	changes, err = admin.ResetOffsets(ctx, req)
+	if err != nil || len(changes) != 2 || changes[0].To != res[0].Offset || changes[1].To != 0 {
+		t.Fatalf("forced to time: %+v, %v", changes, err)
+	}
+	if _, err := admin.ResetOffsets(ctx, shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g"}); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("reset without a target = %v, want ErrInvalid", err)
+	}
+}
