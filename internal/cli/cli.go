@@ -88,7 +88,7 @@ func newRoot(env Env) *cobra.Command {
 	root.PersistentFlags().StringVar(&a.dsn, "dsn", defaultDSN,
 		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (env SHARDQ_DSN)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.versionCmd())
 	return root
 }
 

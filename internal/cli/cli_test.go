@@ -283,3 +283,78 @@ func TestTxCommands(t *testing.T) {
 		t.Fatalf("after resolving: %+v", msgs)
 	}
 }
+
+func TestAdminCommands(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		if r := runCLI(t, env, "a\nb\nc\n", "publish", "--tenant", tenant, "--topic", "orders", "--key", "k", "--lines"); r.code != 0 {
+			t.Fatal(r)
+		}
+	}
+	for _, listing := range [][]string{{"topics"}, {"offsets"}, {"leases"}, {"stale-leases"}, {"subscribers"}, {"dlq", "list", "--topic", "orders"}} {
+		for _, scope := range [][]string{nil, {"--tenant", "acme", "--all-tenants"}} {
+			args := append(append([]string{"admin"}, listing...), scope...)
+			if r := runCLI(t, env, "", args...); r.code != 2 || !strings.Contains(r.stderr, "exactly one of --tenant") {
+				t.Errorf("shardq %q: code %d, stderr %q; want a usage error naming --tenant and --all-tenants", args, r.code, r.stderr)
+			}
+		}
+	}
+	r := runCLI(t, env, "", "admin", "topics", "--tenant", "acme")
+	if r.code != 0 || !strings.Contains(r.stdout, "acme") || strings.Contains(r.stdout, "globex") || !strings.HasPrefix(r.stdout, "TENANT") {
+		t.Fatalf("topics --tenant acme: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "topics", "--all-tenants", "--json"); r.code != 0 || strings.Count(r.stdout, "\n") != 2 {
+		t.Fatalf("topics --all-tenants --json: %+v", r)
+	}
+	// Consume one message of acme as group g, then see the lag.
+	if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1"); r.code != 0 {
+		t.Fatal(r)
+	}
+	r = runCLI(t, env, "", "admin", "offsets", "--tenant", "acme", "--group", "g", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"lag":2`) || !strings.Contains(r.stdout, `"committed_offset":1`) {
+		t.Fatalf("offsets: %+v", r)
+	}
+	// Reset to earliest, then inspect and delete by full identity.
+	r = runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-earliest")
+	if r.code != 0 || !strings.Contains(r.stdout, `partition "k": 1 -> 0`) {
+		t.Fatalf("reset-offsets: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-offset", "2"); r.code != 2 || !strings.Contains(r.stderr, "--key") {
+		t.Fatalf("reset --to-offset without --key: %+v", r)
+	}
+	pub := decodeLines(t, runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1", "--json", "payload").stdout)[0]
+	r = runCLI(t, env, "", "admin", "inspect", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1")
+	if r.code != 0 || !strings.Contains(r.stdout, `"payload": "payload"`) || !strings.Contains(r.stdout, fmt.Sprintf(`"offset": %d`, pub.Offset)) {
+		t.Fatalf("inspect: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "delete", "--tenant", "acme", "--topic", "orders", "--key", "k"); r.code != 2 || !strings.Contains(r.stderr, `"id" not set`) {
+		t.Fatalf("delete without --id: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "delete", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1"); r.code != 0 || r.stdout != "deleted 1 message\n" {
+		t.Fatalf("delete: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "inspect", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1"); r.code != 1 || !strings.Contains(r.stderr, "no such message") {
+		t.Fatalf("inspect after delete: %+v", r)
+	}
+	// A dead letter, listed and requeued.
+	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders.dlq", "--key", "k", "--id", "dead1", "--header", "dlq_attempts=10", "bad"); r.code != 0 {
+		t.Fatal(r)
+	}
+	r = runCLI(t, env, "", "admin", "dlq", "list", "--tenant", "acme", "--topic", "orders")
+	if r.code != 0 || !strings.Contains(r.stdout, "dead1") {
+		t.Fatalf("dlq list: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "dlq", "requeue", "--tenant", "acme", "--topic", "orders"); r.code != 2 {
+		t.Fatalf("requeue without --id or --all: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "dlq", "requeue", "--tenant", "acme", "--topic", "orders", "--all"); r.code != 0 || r.stdout != "requeued 1 dead letters\n" {
+		t.Fatalf("requeue --all: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "dlq", "list", "--tenant", "acme", "--topic", "orders", "--json"); r.code != 0 || r.stdout != "" {
+		t.Fatalf("dlq after requeue: %+v", r)
+	}
+}

@@ -1,0 +1,384 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+// scopeFlags are --tenant (repeatable) and --all-tenants: exactly one.
+type scopeFlags struct {
+	tenants []string
+	all     bool
+}
+
+func (f *scopeFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringArrayVar(&f.tenants, "tenant", nil, "tenant (repeatable)")
+	cmd.Flags().BoolVar(&f.all, "all-tenants", false, "every tenant (an explicit fleet-wide read)")
+}
+
+func (f scopeFlags) scope() (shardq.Scope, error) {
+	if (len(f.tenants) > 0) == f.all {
+		return shardq.Scope{}, usagef("give exactly one of --tenant T (repeatable) or --all-tenants")
+	}
+	return shardq.Scope{Tenants: f.tenants, AllTenants: f.all}, nil
+}
+
+// refFlags are the four flags of a message's full identity.
+func refFlags(cmd *cobra.Command, ref *shardq.MessageRef) {
+	fl := cmd.Flags()
+	fl.StringVar(&ref.Tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&ref.Topic, "topic", "", "topic (required)")
+	fl.StringVar(&ref.PartitionKey, "key", "", "partition key (required; \"\" for ungrouped)")
+	fl.StringVar(&ref.ID, "id", "", "message id (required)")
+	for _, f := range []string{"tenant", "topic", "key", "id"} {
+		cmd.MarkFlagRequired(f)
+	}
+}
+
+// table prints rows as an aligned table, or as JSON lines with asJSON.
+func (a *app) table(asJSON bool, header []string, rows [][]string, objs []any) error {
+	if asJSON {
+		enc := json.NewEncoder(a.env.Stdout)
+		for _, o := range objs {
+			if err := enc.Encode(o); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	w := tabwriter.NewWriter(a.env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	return w.Flush()
+}
+
+func ts(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func (a *app) adminCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "admin", Short: "Operator commands: listings, messages by identity, offsets (all scoped by tenant)"}
+	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
+		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset())
+	return cmd
+}
+
+// listing builds a scoped listing command.
+func (a *app) listing(use, short string, extra func(*cobra.Command), body func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error) *cobra.Command {
+	var sf scopeFlags
+	var asJSON bool
+	cmd := &cobra.Command{Use: use + " (--tenant T ... | --all-tenants)", Short: short, Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			s, err := sf.scope()
+			if err != nil {
+				return err
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			return body(cmd, s, c.Admin(), asJSON)
+		})}
+	sf.add(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	if extra != nil {
+		extra(cmd)
+	}
+	return cmd
+}
+
+func (a *app) adminTopics() *cobra.Command {
+	return a.listing("topics", "Topics with their partition counts and highest head offset", nil,
+		func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+			topics, err := admin.Topics(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			var rows [][]string
+			var objs []any
+			for _, t := range topics {
+				rows = append(rows, []string{t.Tenant, t.Topic, fmt.Sprint(t.Partitions), fmt.Sprint(t.HeadOffset)})
+				objs = append(objs, map[string]any{"tenant": t.Tenant, "topic": t.Topic, "partitions": t.Partitions, "head_offset": t.HeadOffset})
+			}
+			return a.table(asJSON, []string{"TENANT", "TOPIC", "PARTITIONS", "HEAD"}, rows, objs)
+		})
+}
+
+func (a *app) adminOffsets() *cobra.Command {
+	var group string
+	return a.listing("offsets", "Per partition and consumer group: head, committed cursor, lag, oldest unconsumed message's age",
+		func(cmd *cobra.Command) { cmd.Flags().StringVar(&group, "group", "", "only this consumer group") },
+		func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+			offsets, err := admin.Offsets(cmd.Context(), s, group)
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			var rows [][]string
+			var objs []any
+			for _, o := range offsets {
+				age, ageSec := "-", 0.0
+				if o.Lag > 0 {
+					ageSec = now.Sub(o.OldestUnconsumed).Seconds()
+					age = now.Sub(o.OldestUnconsumed).Round(time.Second).String()
+				}
+				rows = append(rows, []string{o.Tenant, o.Topic, fmt.Sprintf("%q", o.PartitionKey), o.ConsumerGroup,
+					fmt.Sprint(o.HeadOffset), fmt.Sprint(o.CommittedOffset), fmt.Sprint(o.Lag), age})
+				objs = append(objs, map[string]any{"tenant": o.Tenant, "topic": o.Topic, "partition_key": o.PartitionKey, "group": o.ConsumerGroup,
+					"head_offset": o.HeadOffset, "committed_offset": o.CommittedOffset, "lag": o.Lag, "oldest_unconsumed_age_seconds": ageSec})
+			}
+			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "GROUP", "HEAD", "COMMITTED", "LAG", "OLDEST UNCONSUMED"}, rows, objs)
+		})
+}
+
+func (a *app) adminLeases(staleOnly bool) *cobra.Command {
+	use, short := "leases", "Partition leases: owner, token, expiry"
+	var staleAfter time.Duration
+	extra := func(*cobra.Command) {}
+	if staleOnly {
+		use, short = "stale-leases", "Leases past expiry or whose holder's heartbeat is stale"
+		extra = func(cmd *cobra.Command) {
+			cmd.Flags().DurationVar(&staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is stale")
+		}
+	}
+	return a.listing(use, short, extra, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+		var ls []driver.Lease
+		var err error
+		if staleOnly {
+			ls, err = admin.StaleLeases(cmd.Context(), s, staleAfter)
+		} else {
+			ls, err = admin.Leases(cmd.Context(), s)
+		}
+		if err != nil {
+			return err
+		}
+		var rows [][]string
+		var objs []any
+		for _, l := range ls {
+			owner := l.Owner
+			if owner == "" {
+				owner = "(free)"
+			}
+			rows = append(rows, []string{l.Tenant, l.ConsumerGroup, l.Topic, fmt.Sprintf("%q", l.PartitionKey), owner, fmt.Sprint(l.Token), ts(l.ExpiresAt)})
+			objs = append(objs, map[string]any{"tenant": l.Tenant, "group": l.ConsumerGroup, "topic": l.Topic, "partition_key": l.PartitionKey,
+				"owner": l.Owner, "token": l.Token, "expires_at": l.ExpiresAt})
+		}
+		return a.table(asJSON, []string{"TENANT", "GROUP", "TOPIC", "KEY", "OWNER", "TOKEN", "EXPIRES"}, rows, objs)
+	})
+}
+
+func (a *app) adminSubscribers() *cobra.Command {
+	return a.listing("subscribers", "Consumer group members and their last heartbeat", nil,
+		func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+			subs, err := admin.Subscribers(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			var rows [][]string
+			var objs []any
+			for _, sub := range subs {
+				rows = append(rows, []string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name, ts(sub.StartedAt), ts(sub.HeartbeatAt)})
+				objs = append(objs, map[string]any{"tenant": sub.Tenant, "group": sub.ConsumerGroup, "topic": sub.Topic, "name": sub.Name,
+					"started_at": sub.StartedAt, "heartbeat_at": sub.HeartbeatAt})
+			}
+			return a.table(asJSON, []string{"TENANT", "GROUP", "TOPIC", "SUBSCRIBER", "STARTED", "HEARTBEAT"}, rows, objs)
+		})
+}
+
+func (a *app) adminInspect() *cobra.Command {
+	var ref shardq.MessageRef
+	cmd := &cobra.Command{Use: "inspect --tenant T --topic X --key K --id ID", Short: "Print one message and its delivery state per consumer group",
+		Args: cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			m, states, err := c.Admin().Inspect(cmd.Context(), ref)
+			if err != nil {
+				return err
+			}
+			out := map[string]any{"tenant": m.Tenant, "topic": m.Topic, "partition_key": m.PartitionKey, "id": m.ID, "offset": m.Offset,
+				"created_at": m.CreatedAt, "headers": m.Headers, "delivery_state": states}
+			if utf8.Valid(m.Payload) {
+				out["payload"] = string(m.Payload)
+			} else {
+				out["payload_base64"] = m.Payload
+			}
+			enc := json.NewEncoder(a.env.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		})}
+	refFlags(cmd, &ref)
+	return cmd
+}
+
+func (a *app) adminDelete() *cobra.Command {
+	var ref shardq.MessageRef
+	cmd := &cobra.Command{Use: "delete --tenant T --topic X --key K --id ID", Short: "Delete exactly one message, named by its full identity",
+		Args: cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			deleted, err := c.Admin().Delete(cmd.Context(), ref)
+			if err != nil {
+				return err
+			}
+			if deleted {
+				fmt.Fprintln(a.env.Stdout, "deleted 1 message")
+			} else {
+				fmt.Fprintln(a.env.Stdout, "deleted nothing: no message has that identity")
+			}
+			return nil
+		})}
+	refFlags(cmd, &ref)
+	return cmd
+}
+
+func (a *app) adminDLQ() *cobra.Command {
+	cmd := &cobra.Command{Use: "dlq", Short: "Dead letters: list and requeue"}
+	var topic, suffix string
+	var limit int
+	list := a.listing("list", "List the dead letters of a topic", func(cmd *cobra.Command) {
+		cmd.Flags().StringVar(&topic, "topic", "", "original topic (required)")
+		cmd.Flags().StringVar(&suffix, "suffix", ".dlq", "dead-letter topic suffix")
+		cmd.Flags().IntVar(&limit, "limit", 1000, "most dead letters to list")
+		cmd.MarkFlagRequired("topic")
+	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+		ms, err := admin.DeadLetters(cmd.Context(), s, topic, suffix, limit)
+		if err != nil {
+			return err
+		}
+		var rows [][]string
+		var objs []any
+		for _, m := range ms {
+			h := m.Headers
+			rows = append(rows, []string{m.Tenant, fmt.Sprintf("%q", m.PartitionKey), m.ID, h[shardq.HeaderDLQOriginalOffset], h[shardq.HeaderDLQAttempts], h[shardq.HeaderDLQLastError]})
+			objs = append(objs, map[string]any{"tenant": m.Tenant, "topic": topic, "partition_key": m.PartitionKey, "id": m.ID, "dlq_offset": m.Offset,
+				"original_offset": h[shardq.HeaderDLQOriginalOffset], "attempts": h[shardq.HeaderDLQAttempts], "last_error": h[shardq.HeaderDLQLastError]})
+		}
+		return a.table(asJSON, []string{"TENANT", "KEY", "ID", "ORIGINAL OFFSET", "ATTEMPTS", "LAST ERROR"}, rows, objs)
+	})
+	var ref shardq.MessageRef
+	var all bool
+	requeue := &cobra.Command{Use: "requeue --tenant T --topic X (--key K --id ID | --all)",
+		Short: "Move a dead letter (or, with --all, every dead letter of the topic, in offset order) back to its partition",
+		Args:  cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
+			keyed := cmd.Flags().Changed("key") || cmd.Flags().Changed("id")
+			if all == keyed {
+				return usagef("give either --key and --id, or --all")
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			if all {
+				n, err := c.Admin().RequeueAll(cmd.Context(), ref.Tenant, ref.Topic, suffix)
+				fmt.Fprintf(a.env.Stdout, "requeued %d dead letters\n", n)
+				return err
+			}
+			res, err := c.Admin().Requeue(cmd.Context(), ref, suffix)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "requeued offset=%d tenant=%s topic=%s key=%q id=%s\n", res.Offset, res.Tenant, res.Topic, res.PartitionKey, res.ID)
+			return nil
+		})}
+	fl := requeue.Flags()
+	fl.StringVar(&ref.Tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&ref.Topic, "topic", "", "original topic (required)")
+	fl.StringVar(&ref.PartitionKey, "key", "", "partition key")
+	fl.StringVar(&ref.ID, "id", "", "message id")
+	fl.BoolVar(&all, "all", false, "requeue every dead letter of the topic")
+	fl.StringVar(&suffix, "suffix", ".dlq", "dead-letter topic suffix")
+	requeue.MarkFlagRequired("tenant")
+	requeue.MarkFlagRequired("topic")
+	cmd.AddCommand(list, requeue)
+	return cmd
+}
+
+func (a *app) adminReset() *cobra.Command {
+	var r shardq.ResetRequest
+	var earliest, latest bool
+	var toOffset int64
+	var toTime string
+	cmd := &cobra.Command{
+		Use:   "reset-offsets --tenant T --topic X --group G (--to-earliest | --to-latest | --to-offset N --key K | --to-time RFC3339) [--force]",
+		Short: "Move a consumer group's cursors; refused while a live subscriber holds an affected lease unless --force",
+		Args:  cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			n := 0
+			for _, set := range []bool{earliest, latest, cmd.Flags().Changed("to-offset"), toTime != ""} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
+				return usagef("give exactly one of --to-earliest, --to-latest, --to-offset (with --key), --to-time")
+			}
+			switch {
+			case earliest:
+				r.To = shardq.ResetToEarliest
+			case latest:
+				r.To = shardq.ResetToLatest
+			case toTime != "":
+				t, err := time.Parse(time.RFC3339, toTime)
+				if err != nil {
+					return usagef("--to-time %q: want RFC 3339, like 2026-11-30T12:00:00Z", toTime)
+				}
+				r.To, r.Time = shardq.ResetToTime, t
+			default:
+				if !cmd.Flags().Changed("key") {
+					return usagef("--to-offset needs --key: an offset means something in one partition only")
+				}
+				r.To, r.Offset = shardq.ResetToOffset, toOffset
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			changes, err := c.Admin().ResetOffsets(cmd.Context(), r)
+			if err != nil {
+				return err
+			}
+			for _, ch := range changes {
+				fmt.Fprintf(a.env.Stdout, "partition %q: %d -> %d\n", ch.PartitionKey, ch.From, ch.To)
+			}
+			fmt.Fprintf(a.env.Stdout, "reset %d partitions of tenant %s topic %s for group %s\n", len(changes), r.Tenant, r.Topic, r.ConsumerGroup)
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&r.Tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&r.Topic, "topic", "", "topic (required)")
+	fl.StringVar(&r.ConsumerGroup, "group", "", "consumer group (required)")
+	fl.BoolVar(&earliest, "to-earliest", false, "before the first message")
+	fl.BoolVar(&latest, "to-latest", false, "at the head")
+	fl.Int64Var(&toOffset, "to-offset", 0, "this offset (with --key)")
+	fl.StringVar(&r.Key, "key", "", "partition for --to-offset")
+	fl.StringVar(&toTime, "to-time", "", "before the first message created at or after this RFC 3339 time")
+	fl.BoolVar(&r.Force, "force", false, "reset even while a live subscriber holds an affected lease")
+	for _, f := range []string{"tenant", "topic", "group"} {
+		cmd.MarkFlagRequired(f)
+	}
+	return cmd
+}
