@@ -323,6 +323,10 @@ type Admin interface {
 	// OffsetBefore is the highest offset of the partition created before t
 	// (0 when none).
 	OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error)
+	// DeleteBatch deletes up to limit of the partition's oldest messages
+	// with offset <= upTo (any offset when upTo < 0) created before
+	// createdBefore, in one statement, and returns how many it deleted.
+	DeleteBatch(ctx context.Context, tenant, topic, partitionKey string, upTo int64, createdBefore time.Time, limit int) (int64, error)
 }
 
 // ErrNoMessage means no message has the given identity.

@@ -21,6 +21,7 @@ var adminTests = []struct {
 	{"AdminInspectAndDeleteOneRow", testAdminInspectAndDeleteOneRow},
 	{"AdminRequeueDeadLetter", testAdminRequeueDeadLetter},
 	{"AdminResetOffsets", testAdminResetOffsets},
+	{"Retention", testRetention},
 }
 
 func testAdminListingsAreScoped(t *testing.T, open Open) {
@@ -233,5 +234,65 @@ func testAdminResetOffsets(t *testing.T, open Open) {
 	}
 	if _, err := admin.ResetOffsets(ctx, shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g"}); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("reset without a target = %v, want ErrInvalid", err)
+	}
+}
+
+func testRetention(t *testing.T, open Open) {
+	d, c := setup(t, open, &shardq.Config{Clock: func() time.Time { return t0 }})
+	ctx := context.Background()
+	old := t0.Add(-2 * time.Hour)
+	var batch []shardq.Message
+	for i := range 10 {
+		for _, k := range []string{"a", "b"} {
+			batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: k, ID: fmt.Sprintf("%s%d", k, i), CreatedAt: old})
+		}
+	}
+	res := mustPublish(t, c, batch...)
+	fresh := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "fresh"})[0] // created at t0
+	ancient := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "c", ID: "ancient", CreatedAt: t0.Add(-8 * 24 * time.Hour)})[0]
+	mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "a", CreatedAt: old})
+	// Group g passed a5 and everything of a up to fresh; group h passed a2.
+	// Nobody has a cursor in b.
+	if err := d.ResetOffset(ctx, "t", "x", "a", "g", fresh.Offset); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ResetOffset(ctx, "t", "x", "a", "h", res[4].Offset); err != nil { // res[4] is a2
+		t.Fatal(err)
+	}
+	admin := c.Admin()
+	// A claim held by another cleaner: this pass skips the topic.
+	claim, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: shardq.RetentionGroup, Topic: "x"}, "other-cleaner", t0, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := admin.RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, shardq.RetentionConfig{BatchSize: 2})
+	if err != nil || rep.Skipped != 1 || rep.Deleted != 0 {
+		t.Fatalf("pass under another cleaner's claim: %+v, %v", rep, err)
+	}
+	if err := d.ReleaseLease(ctx, claim, t0); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = admin.RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, shardq.RetentionConfig{BatchSize: 2})
+	if err != nil || rep.Topics != 1 {
+		t.Fatalf("pass: %+v, %v", rep, err)
+	}
+	a := idsOf(fetchAll(t, d, "t", "x", "a"))
+	if fmt.Sprint(a) != "[a3 a4 a5 a6 a7 a8 a9 fresh]" {
+		t.Fatalf("partition a keeps %v: want what group h has not passed, and the fresh message", a)
+	}
+	if b := fetchAll(t, d, "t", "x", "b"); len(b) != 10 {
+		t.Fatalf("partition b, which no group has passed, lost messages: %d left", len(b))
+	}
+	if cc := fetchAll(t, d, "t", "x", "c"); len(cc) != 0 {
+		t.Fatalf("a message past the maximum retention (offset %d) was kept", ancient.Offset)
+	}
+	if rep.Deleted != 4 {
+		t.Fatalf("deleted %d, want a0 a1 a2 and the ancient one", rep.Deleted)
+	}
+	if u := fetchAll(t, d, "u", "x", "a"); len(u) != 1 {
+		t.Fatal("a pass scoped to tenant t touched tenant u")
+	}
+	if _, err := admin.RunRetention(ctx, shardq.Scope{}, shardq.RetentionConfig{}); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("unscoped retention = %v, want ErrInvalid", err)
 	}
 }

@@ -295,7 +295,7 @@ func TestAdminCommands(t *testing.T) {
 			t.Fatal(r)
 		}
 	}
-	for _, listing := range [][]string{{"topics"}, {"offsets"}, {"leases"}, {"stale-leases"}, {"subscribers"}, {"dlq", "list", "--topic", "orders"}} {
+	for _, listing := range [][]string{{"topics"}, {"offsets"}, {"leases"}, {"stale-leases"}, {"subscribers"}, {"dlq", "list", "--topic", "orders"}, {"retention", "run"}} {
 		for _, scope := range [][]string{nil, {"--tenant", "acme", "--all-tenants"}} {
 			args := append(append([]string{"admin"}, listing...), scope...)
 			if r := runCLI(t, env, "", args...); r.code != 2 || !strings.Contains(r.stderr, "exactly one of --tenant") {
@@ -356,5 +356,18 @@ func TestAdminCommands(t *testing.T) {
 	}
 	if r := runCLI(t, env, "", "admin", "dlq", "list", "--tenant", "acme", "--topic", "orders", "--json"); r.code != 0 || r.stdout != "" {
 		t.Fatalf("dlq after requeue: %+v", r)
+	}
+	// Group g has passed everything of acme; a minimum retention of 0
+	// lets the pass delete all four (a, b, c and the requeued dead letter),
+	// and nothing of globex, where no group has a cursor.
+	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-latest"); r.code != 0 {
+		t.Fatal(r)
+	}
+	r = runCLI(t, env, "", "admin", "retention", "run", "--all-tenants", "--min", "1ns", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"deleted":4`) {
+		t.Fatalf("retention run: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "topics", "--tenant", "globex", "--json"); !strings.Contains(r.stdout, `"head_offset"`) {
+		t.Fatalf("globex: %+v", r)
 	}
 }

@@ -74,9 +74,17 @@ func noTrailingSpace(field, v string) error {
 }
 
 // Tenant, Topic, ConsumerGroup and SubscriberName name the field for ASCII.
-func Tenant(v string) error         { return ASCII("tenant", v) }
-func Topic(v string) error          { return ASCII("topic", v) }
-func ConsumerGroup(v string) error  { return ASCII("consumer group", v) }
+func Tenant(v string) error { return ASCII("tenant", v) }
+func Topic(v string) error  { return ASCII("topic", v) }
+func ConsumerGroup(v string) error {
+	if err := ASCII("consumer group", v); err != nil {
+		return err
+	}
+	if v[0] == '$' { // $retention holds retention claims
+		return fail("consumer group", "names starting with '$' are reserved for shardq")
+	}
+	return nil
+}
 func SubscriberName(v string) error { return ASCII("subscriber name", v) }
 
 // utf8Text checks valid UTF-8 of at most maxChars code points with no NUL.

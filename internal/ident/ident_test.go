@@ -42,6 +42,9 @@ func TestASCIIRules(t *testing.T) {
 	if err := ConsumerGroup(""); err == nil || err.Error() != "consumer group: must not be empty" {
 		t.Errorf("ConsumerGroup empty = %v", err)
 	}
+	if err := ConsumerGroup("$retention"); err == nil || err.Error() != "consumer group: names starting with '$' are reserved for shardq" {
+		t.Errorf("reserved group = %v", err)
+	}
 	if err := SubscriberName(""); err == nil || err.Error() != "subscriber name: must not be empty" {
 		t.Errorf("SubscriberName empty = %v", err)
 	}

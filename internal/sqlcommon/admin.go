@@ -273,7 +273,6 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 	})
 }
 
-
 // OffsetBefore finds the last offset created before t in one partition.
 func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error) {
 	var off sql.NullInt64
@@ -283,4 +282,29 @@ func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey st
 		return 0, d.Wrap(fmt.Sprintf("find offset before %s in tenant %q topic %q partition %q", t.Format(time.RFC3339), tenant, topic, partitionKey), err)
 	}
 	return off.Int64, nil
+}
+
+// DeleteBatch deletes one bounded batch of a partition's oldest messages.
+// Each batch is its own short statement, so retention never holds locks
+// that publishers of the partition would wait on for long.
+func (d *Store) DeleteBatch(ctx context.Context, tenant, topic, partitionKey string, upTo int64, createdBefore time.Time, limit int) (int64, error) {
+	cond := "tenant = ? AND topic = ? AND partition_key = ? AND created_at < ?"
+	args := []any{tenant, topic, partitionKey, d.EncodeTime(createdBefore)}
+	if upTo >= 0 {
+		cond += " AND " + d.Offset + " <= ?"
+		args = append(args, upTo)
+	}
+	args = append(args, limit)
+	var query string
+	if d.DeleteLimit {
+		query = "DELETE FROM queue_messages WHERE " + cond + " ORDER BY " + d.Offset + " LIMIT ?"
+	} else {
+		query = "DELETE FROM queue_messages WHERE " + d.Offset + " IN (SELECT " + d.Offset + " FROM queue_messages WHERE " + cond +
+			" ORDER BY " + d.Offset + " LIMIT ?)"
+	}
+	res, err := d.Write.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, d.Wrap(fmt.Sprintf("retention: delete from tenant %q topic %q partition %q", tenant, topic, partitionKey), err)
+	}
+	return res.RowsAffected()
 }

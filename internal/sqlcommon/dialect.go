@@ -32,6 +32,9 @@ type Dialect struct {
 	// Upsert ends an INSERT: on a conflict over conflictCols, apply set
 	// (an assignment list using Excluded), or do nothing when set is "".
 	Upsert func(conflictCols, set string) string
+	// DeleteLimit reports DELETE … ORDER BY … LIMIT support (MySQL);
+	// without it a bounded delete selects its rows in a subquery.
+	DeleteLimit bool
 }
 
 // InsertMessages returns a multi-row INSERT of msgs (all of group g) into
