@@ -117,6 +117,11 @@ func (a *Admin) Subscribers(ctx context.Context, s Scope) ([]driver.Subscriber, 
 	return scoped(s, func() ([]driver.Subscriber, error) { return a.c.drv.AllSubscribers(ctx, s) })
 }
 
+// PendingHalves lists pending transactional half messages.
+func (a *Admin) PendingHalves(ctx context.Context, s Scope) ([]driver.HalfMessage, error) {
+	return scoped(s, func() ([]driver.HalfMessage, error) { return a.c.drv.ListHalves(ctx, s.Tenants, s.AllTenants) })
+}
+
 // Inspect reads one message and its retry bookkeeping per consumer group.
 func (a *Admin) Inspect(ctx context.Context, ref MessageRef) (*driver.Message, map[string]driver.DeliveryState, error) {
 	if err := checkRef(ref); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,8 +13,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq"
-	"github.com/shardq/shardq/internal/dsn"
-	"github.com/shardq/shardq/internal/testdb"
+	"github.com/shardq/shardq/driver"
 )
 
 // killHelperEnv makes the test binary a subscriber process that prints
@@ -29,17 +27,7 @@ func killedConfig(name string, h shardq.Handler) shardq.SubscriberConfig {
 }
 
 func runKillHelper(url string) int {
-	spec, err := dsn.Parse(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	drv, err := dsn.Open(spec)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c, err := shardq.NewClient(drv, nil)
+	c, _, err := openURL(url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -64,125 +52,99 @@ func runKillHelper(url string) int {
 // over (its heartbeat goes stale, its leases are swept) and every message
 // is delivered, in order per partition, each consumer's share in order.
 func TestSubscriberKilledMidRun(t *testing.T) {
-	for _, db := range []struct {
-		name string
-		url  func(t *testing.T) string
-	}{
-		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
-		{"mysql", func(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }},
-	} {
-		t.Run(db.name, func(t *testing.T) {
-			url := db.url(t)
-			spec, err := dsn.Parse(url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			drv, err := dsn.Open(spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer drv.Close()
-			c, err := shardq.NewClient(drv, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			ctx := context.Background()
-			if err := c.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			const total = 1200
-			var batch []shardq.Message
-			for i := range total {
-				batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%04d", i)})
-			}
-			if _, err := c.Publish(ctx, batch...); err != nil {
-				t.Fatal(err)
-			}
+	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		const total = 1200
+		var batch []shardq.Message
+		for i := range total {
+			batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%04d", i)})
+		}
+		if _, err := c.Publish(ctx, batch...); err != nil {
+			t.Fatal(err)
+		}
 
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), killHelperEnv+"="+url)
-			cmd.Stderr = os.Stderr
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), killHelperEnv+"="+url)
+		cmd.Stderr = os.Stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		type line struct {
+			key    string
+			offset int64
+			id     string
+		}
+		lines := make(chan line, total)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				f := strings.Fields(sc.Text())
+				off, _ := strconv.ParseInt(f[1], 10, 64)
+				lines <- line{f[0], off, f[2]}
 			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			type line struct {
-				key    string
-				offset int64
-				id     string
-			}
-			lines := make(chan line, total)
-			go func() {
-				sc := bufio.NewScanner(stdout)
-				for sc.Scan() {
-					f := strings.Fields(sc.Text())
-					off, _ := strconv.ParseInt(f[1], 10, 64)
-					lines <- line{f[0], off, f[2]}
+			close(lines)
+		}()
+		var child []line
+		for l := range lines {
+			child = append(child, l)
+			if len(child) == 200 {
+				if err := cmd.Process.Kill(); err != nil { // SIGKILL mid-run
+					t.Fatal(err)
 				}
-				close(lines)
-			}()
-			var child []line
-			for l := range lines {
-				child = append(child, l)
-				if len(child) == 200 {
-					if err := cmd.Process.Kill(); err != nil { // SIGKILL mid-run
-						t.Fatal(err)
-					}
-				}
 			}
-			cmd.Wait()
-			if len(child) < 200 {
-				t.Fatalf("the helper printed only %d messages before it died", len(child))
-			}
+		}
+		cmd.Wait()
+		if len(child) < 200 {
+			t.Fatalf("the helper printed only %d messages before it died", len(child))
+		}
 
-			var mu sync.Mutex
-			var parent []line
-			sub, err := c.Subscribe(ctx, killedConfig("heir", func(_ context.Context, d *shardq.Delivery) error {
-				mu.Lock()
-				parent = append(parent, line{d.PartitionKey, d.Offset, d.ID})
-				mu.Unlock()
-				return nil
-			}))
-			if err != nil {
-				t.Fatal(err)
+		var mu sync.Mutex
+		var parent []line
+		sub, err := c.Subscribe(ctx, killedConfig("heir", func(_ context.Context, d *shardq.Delivery) error {
+			mu.Lock()
+			parent = append(parent, line{d.PartitionKey, d.Offset, d.ID})
+			mu.Unlock()
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for {
+			ps, err := drv.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+			if err == nil && len(ps) == 0 {
+				break
 			}
-			deadline := time.Now().Add(time.Minute)
-			for {
-				ps, err := drv.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
-				if err == nil && len(ps) == 0 {
-					break
+			if time.Now().After(deadline) {
+				t.Fatalf("partitions still have work a minute after the kill: %+v", ps)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := sub.Stop(stopCtx); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, who := range [][]line{child, parent} {
+			last := map[string]int64{}
+			for _, l := range who {
+				if l.offset <= last[l.key] {
+					t.Fatalf("partition %s: offset %d after %d", l.key, l.offset, last[l.key])
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("partitions still have work a minute after the kill: %+v", ps)
-				}
-				time.Sleep(50 * time.Millisecond)
+				last[l.key] = l.offset
+				seen[l.id] = true
 			}
-			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if err := sub.Stop(stopCtx); err != nil {
-				t.Fatal(err)
-			}
-			seen := map[string]bool{}
-			for _, who := range [][]line{child, parent} {
-				last := map[string]int64{}
-				for _, l := range who {
-					if l.offset <= last[l.key] {
-						t.Fatalf("partition %s: offset %d after %d", l.key, l.offset, last[l.key])
-					}
-					last[l.key] = l.offset
-					seen[l.id] = true
-				}
-			}
-			if len(seen) != total {
-				t.Fatalf("delivered %d distinct messages of %d (child %d, heir %d)", len(seen), total, len(child), len(parent))
-			}
-			t.Logf("child delivered %d before SIGKILL, heir %d (%d redelivered)", len(child), len(parent), len(child)+len(parent)-total)
-		})
-	}
+		}
+		if len(seen) != total {
+			t.Fatalf("delivered %d distinct messages of %d (child %d, heir %d)", len(seen), total, len(child), len(parent))
+		}
+		t.Logf("child delivered %d before SIGKILL, heir %d (%d redelivered)", len(child), len(parent), len(child)+len(parent)-total)
+	})
 }
 
 // txKillHelperEnv makes the test binary a producer that writes a half
@@ -190,17 +152,7 @@ func TestSubscriberKilledMidRun(t *testing.T) {
 const txKillHelperEnv = "SHARDQ_TX_KILL_HELPER_DSN"
 
 func runTxKillHelper(url string) int {
-	spec, err := dsn.Parse(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	drv, err := dsn.Open(spec)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c, err := shardq.NewClient(drv, nil)
+	c, _, err := openURL(url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -226,89 +178,63 @@ func runTxKillHelper(url string) int {
 // writing its half message; another producer of the group checks it back
 // and commits it, once.
 func TestTxProducerKilledAfterHalfMessage(t *testing.T) {
-	for _, db := range []struct {
-		name string
-		url  func(t *testing.T) string
-	}{
-		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
-		{"mysql", func(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }},
-	} {
-		t.Run(db.name, func(t *testing.T) {
-			url := db.url(t)
-			spec, err := dsn.Parse(url)
+	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), txKillHelperEnv+"="+url)
+		cmd.Stderr = os.Stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil || line != "half written\n" {
+			t.Fatalf("helper said %q, %v", line, err)
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		if hs, err := drv.ListHalves(ctx, []string{"t"}, false); err != nil || len(hs) != 1 {
+			t.Fatalf("pending after the kill: %d, %v", len(hs), err)
+		}
+		checked := make(chan string, 10)
+		p, err := c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{ProducerGroup: "pg", Tenants: []string{"t"},
+			PollInterval: 20 * time.Millisecond, Checker: func(_ context.Context, h *shardq.HalfMessage) (shardq.TxState, error) {
+				checked <- h.ID
+				return shardq.TxCommit, nil // the business record exists: commit
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop(ctx)
+		select {
+		case id := <-checked:
+			if id != "orphan" {
+				t.Fatalf("checked %q", id)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the orphaned half message was never checked")
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			msgs, err := drv.FetchAfter(ctx, "t", "x", "k", 0, 10)
 			if err != nil {
 				t.Fatal(err)
 			}
-			drv, err := dsn.Open(spec)
-			if err != nil {
-				t.Fatal(err)
+			if len(msgs) == 1 && msgs[0].ID == "orphan" && string(msgs[0].Payload) == "paid" {
+				break
 			}
-			defer drv.Close()
-			c, err := shardq.NewClient(drv, nil)
-			if err != nil {
-				t.Fatal(err)
+			if len(msgs) > 1 || time.Now().After(deadline) {
+				t.Fatalf("partition holds %+v", msgs)
 			}
-			defer c.Close()
-			ctx := context.Background()
-			if err := c.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), txKillHelperEnv+"="+url)
-			cmd.Stderr = os.Stderr
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil || line != "half written\n" {
-				t.Fatalf("helper said %q, %v", line, err)
-			}
-			if err := cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			cmd.Wait()
-			if hs, err := drv.ListHalves(ctx, []string{"t"}, false); err != nil || len(hs) != 1 {
-				t.Fatalf("pending after the kill: %d, %v", len(hs), err)
-			}
-			checked := make(chan string, 10)
-			p, err := c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{ProducerGroup: "pg", Tenants: []string{"t"},
-				PollInterval: 20 * time.Millisecond, Checker: func(_ context.Context, h *shardq.HalfMessage) (shardq.TxState, error) {
-					checked <- h.ID
-					return shardq.TxCommit, nil // the business record exists: commit
-				}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Stop(ctx)
-			select {
-			case id := <-checked:
-				if id != "orphan" {
-					t.Fatalf("checked %q", id)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("the orphaned half message was never checked")
-			}
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				msgs, err := drv.FetchAfter(ctx, "t", "x", "k", 0, 10)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(msgs) == 1 && msgs[0].ID == "orphan" && string(msgs[0].Payload) == "paid" {
-					break
-				}
-				if len(msgs) > 1 || time.Now().After(deadline) {
-					t.Fatalf("partition holds %+v", msgs)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			if hs, _ := drv.ListHalves(ctx, []string{"t"}, false); len(hs) != 0 {
-				t.Fatalf("half message still pending after the check-back committed it")
-			}
-		})
-	}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if hs, _ := drv.ListHalves(ctx, []string{"t"}, false); len(hs) != 0 {
+			t.Fatalf("half message still pending after the check-back committed it")
+		}
+	})
 }

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
@@ -65,11 +63,7 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 		c.ClaimTTL = time.Minute
 	}
 	if c.Name == "" {
-		host, _ := os.Hostname()
-		c.Name = fmt.Sprintf("cleaner-%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
-		if ident.ASCII("name", c.Name) != nil {
-			c.Name = fmt.Sprintf("cleaner-%d-%s", os.Getpid(), uuid.NewString()[:8])
-		}
+		c.Name = defaultName("cleaner")
 	}
 	return c
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -71,5 +74,53 @@ func TestClosedClientRefuses(t *testing.T) {
 	}
 	if _, err := shardq.NewClient(nil, nil); err == nil {
 		t.Fatal("NewClient(nil) accepted")
+	}
+}
+
+// openURL opens a migrated client on a shardq database URL; helper
+// processes use it too.
+func openURL(url string) (*shardq.Client, driver.Driver, error) {
+	spec, err := dsn.Parse(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	drv, err := dsn.Open(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := shardq.NewClient(drv, nil)
+	if err != nil {
+		drv.Close()
+		return nil, nil, err
+	}
+	if err := c.Migrate(context.Background()); err != nil {
+		c.Close()
+		drv.Close()
+		return nil, nil, err
+	}
+	return c, drv, nil
+}
+
+// eachDatabase runs fn on a fresh SQLite file and on a fresh MariaDB
+// database, both migrated; url lets fn start helper processes on the same
+// database.
+func eachDatabase(t *testing.T, fn func(t *testing.T, url string, drv driver.Driver, c *shardq.Client)) {
+	for _, db := range []struct {
+		name string
+		url  func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
+		{"mysql", func(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			url := db.url(t)
+			c, drv, err := openURL(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer drv.Close()
+			defer c.Close()
+			fn(t, url, drv, c)
+		})
 	}
 }

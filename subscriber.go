@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -150,11 +149,7 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 		cfg.Logger = c.cfg.Logger
 	}
 	if cfg.Name == "" {
-		host, _ := os.Hostname()
-		cfg.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
-		if ident.SubscriberName(cfg.Name) != nil { // a non-ASCII host name
-			cfg.Name = "subscriber-" + strconv.Itoa(os.Getpid()) + "-" + uuid.NewString()[:8]
-		}
+		cfg.Name = defaultName("subscriber")
 	}
 	if err := ident.ConsumerGroup(cfg.ConsumerGroup); err != nil {
 		return cfg, err
@@ -181,6 +176,17 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// defaultName names a member of a group: host-pid-random, or kind-pid-random
+// where the host name is not a valid ASCII identifier.
+func defaultName(kind string) string {
+	host, _ := os.Hostname()
+	name := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+	if ident.ASCII("name", name) != nil {
+		name = fmt.Sprintf("%s-%d-%s", kind, os.Getpid(), uuid.NewString()[:8])
+	}
+	return name
 }
 
 // Subscriber is a running member of a consumer group.

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
@@ -151,11 +149,7 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 		cfg.Logger = c.cfg.Logger
 	}
 	if cfg.Name == "" {
-		host, _ := os.Hostname()
-		cfg.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
-		if ident.ASCII("producer name", cfg.Name) != nil {
-			cfg.Name = fmt.Sprintf("producer-%d-%s", os.Getpid(), uuid.NewString()[:8])
-		}
+		cfg.Name = defaultName("producer")
 	}
 	err := ident.ASCII("producer group", cfg.ProducerGroup)
 	if err == nil {

@@ -1,14 +1,13 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 )
@@ -32,54 +31,23 @@ type halfLine struct {
 }
 
 func (a *app) txListCmd() *cobra.Command {
-	var tenants []string
-	var all, asJSON bool
-	cmd := &cobra.Command{
-		Use:   "list (--tenant T ... | --all-tenants)",
-		Short: "List pending half messages with age, state and check count",
-		Args:  cobra.NoArgs,
-		RunE: run(func(cmd *cobra.Command, _ []string) error {
-			if (len(tenants) > 0) == all {
-				return usagef("give exactly one of --tenant (repeatable) or --all-tenants")
-			}
-			for _, t := range tenants {
-				if err := ident.Tenant(t); err != nil {
-					return err
-				}
-			}
-			c, done, err := a.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			hs, err := c.Driver().ListHalves(cmd.Context(), tenants, all)
+	return a.listing("list", "List pending half messages with age, state and check count", nil,
+		func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+			hs, err := admin.PendingHalves(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
 			now := time.Now()
-			if asJSON {
-				enc := json.NewEncoder(a.env.Stdout)
-				for _, h := range hs {
-					if err := enc.Encode(halfLineOf(h, now)); err != nil {
-						return err
-					}
-				}
-				return nil
-			}
-			w := tabwriter.NewWriter(a.env.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(w, "TENANT\tTOPIC\tKEY\tID\tGROUP\tSTATE\tAGE\tCHECKS\tNEXT CHECK")
+			var rows [][]string
+			var objs []any
 			for _, h := range hs {
 				l := halfLineOf(h, now)
-				fmt.Fprintf(w, "%s\t%s\t%q\t%s\t%s\t%s\t%s\t%d\t%s\n", l.Tenant, l.Topic, l.PartitionKey, l.ID, l.ProducerGroup, l.State,
-					time.Duration(l.AgeSeconds*float64(time.Second)).Round(time.Second), l.Checks, l.NextCheckAt.Format(time.RFC3339))
+				rows = append(rows, []string{l.Tenant, l.Topic, fmt.Sprintf("%q", l.PartitionKey), l.ID, l.ProducerGroup, l.State,
+					time.Duration(l.AgeSeconds * float64(time.Second)).Round(time.Second).String(), fmt.Sprint(l.Checks), ts(l.NextCheckAt)})
+				objs = append(objs, l)
 			}
-			return w.Flush()
-		}),
-	}
-	cmd.Flags().StringArrayVar(&tenants, "tenant", nil, "tenant (repeatable)")
-	cmd.Flags().BoolVar(&all, "all-tenants", false, "list every tenant (an explicit fleet-wide read)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
-	return cmd
+			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "ID", "GROUP", "STATE", "AGE", "CHECKS", "NEXT CHECK"}, rows, objs)
+		})
 }
 
 func halfLineOf(h driver.HalfMessage, now time.Time) halfLine {
