@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -203,9 +204,10 @@ func (s *Subscriber) sweep(ctx context.Context, leases []driver.Lease, alive map
 // worker delivers one leased partition.
 type worker struct {
 	s            *Subscriber
-	lease        driver.Lease // ExpiresAt guarded by s.mu
-	cursor       int64        // last settled offset
-	commit       int64        // last committed offset
+	lease        driver.Lease                   // ExpiresAt guarded by s.mu
+	cursor       int64                          // last settled offset
+	commit       int64                          // last committed offset
+	states       map[int64]driver.DeliveryState // earlier owners' bookkeeping beyond the cursor, read once
 	committedAt  time.Time
 	ctx          context.Context
 	cancel       context.CancelFunc // cancels the handler: lease lost or hard stop
@@ -357,13 +359,20 @@ func (w *worker) finish() {
 // deliver hands msgs to the handler in order and settles each. It returns
 // false when the worker must stop (lease lost, stop, hand-back mid-retry).
 func (w *worker) deliver(msgs []driver.Message) bool {
-	ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
-	states, err := w.s.drv.DeliveryStates(ctx, w.lease.PartitionRef, w.cursor, msgs[len(msgs)-1].Offset)
-	cancel()
-	if err != nil {
-		w.s.log.Warn("shardq: reading retry state failed; retrying", w.logArgs("err", err)...)
-		return w.wait(w.s.cfg.PollInterval)
+	if w.states == nil {
+		// Retry bookkeeping is written only under the partition's lease,
+		// so what exists beyond the cursor now is all there is besides our
+		// own attempts (which settle tracks): read it once per lease.
+		ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
+		states, err := w.s.drv.DeliveryStates(ctx, w.lease.PartitionRef, w.cursor, math.MaxInt64)
+		cancel()
+		if err != nil {
+			w.s.log.Warn("shardq: reading retry state failed; retrying", w.logArgs("err", err)...)
+			return w.wait(w.s.cfg.PollInterval)
+		}
+		w.states = states
 	}
+	states := w.states
 	if w.s.cfg.BatchHandler != nil {
 		return w.settle(msgs, states[msgs[0].Offset])
 	}

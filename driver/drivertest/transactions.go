@@ -110,7 +110,11 @@ func testTxUnknownThenChecked(t *testing.T, open Open) {
 			t.Fatalf("unknown local transaction: %+v, %v", res, err)
 		}
 	}
-	waitFor(t, "the check-back to resolve both", 30*time.Second, func() bool { return pending(t, d) == 0 })
+	// The counters move just after each resolution commits: wait for both.
+	waitFor(t, "the check-back to resolve both", 30*time.Second, func() bool {
+		s := p.Stats()
+		return pending(t, d) == 0 && s.CheckedCommitted == 1 && s.CheckedRolledBack == 1
+	})
 	got := fetchAll(t, d, "t", "x", "k")
 	if len(got) != 1 || got[0].ID != "commit-me" {
 		t.Fatalf("after check-back: %+v, want commit-me only", got)
@@ -138,7 +142,7 @@ func testTxChecksExhausted(t *testing.T, open Open) {
 			if _, err := p.SendInTransaction(context.Background(), shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "lost"}, nil, nil, never); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "checks to run out", 30*time.Second, func() bool { return pending(t, d) == 0 })
+			waitFor(t, "checks to run out", 30*time.Second, func() bool { return pending(t, d) == 0 && p.Stats().Exhausted == 1 })
 			if n, _ := checks.Load("lost"); *n.(*int) != 3 {
 				t.Fatalf("%d checks, want 3", *n.(*int))
 			}

@@ -3,6 +3,8 @@ package mysqldriver_test
 import (
 	"testing"
 
+	"github.com/shardq/shardq/driver"
+
 	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/internal/testdb"
 )
@@ -16,4 +18,9 @@ func BenchmarkPublish(b *testing.B) {
 // go test -bench Tick -run '^$' ./driver/mysqldriver/
 func BenchmarkTick(b *testing.B) {
 	drivertest.BenchmarkTick(b, testdb.Migrated(b, testdb.MySQL(b)))
+}
+
+// go test -bench Consume -run '^$' ./driver/mysqldriver/
+func BenchmarkConsume(b *testing.B) {
+	drivertest.BenchmarkConsume(b, func(b *testing.B) driver.Driver { return testdb.Migrated(b, testdb.MySQL(b)) })
 }

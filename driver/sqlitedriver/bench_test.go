@@ -3,6 +3,8 @@ package sqlitedriver_test
 import (
 	"testing"
 
+	"github.com/shardq/shardq/driver"
+
 	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/internal/testdb"
 )
@@ -19,4 +21,9 @@ func BenchmarkPublish(b *testing.B) {
 // go test -bench Tick -run '^$' ./driver/sqlitedriver/
 func BenchmarkTick(b *testing.B) {
 	drivertest.BenchmarkTick(b, testdb.Migrated(b, testdb.SQLite(b)))
+}
+
+// go test -bench Consume -run '^$' ./driver/sqlitedriver/
+func BenchmarkConsume(b *testing.B) {
+	drivertest.BenchmarkConsume(b, func(b *testing.B) driver.Driver { return testdb.Migrated(b, testdb.SQLite(b)) })
 }
