@@ -76,6 +76,14 @@ func (p *cutProxy) close() {
 	p.wg.Wait()
 }
 
+// faultSubscriberConfig is the member the fault tests run: short
+// intervals, a lease long enough to outlive one outage.
+func faultSubscriberConfig(h shardq.Handler) shardq.SubscriberConfig {
+	return shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Handler: h,
+		LeaseTTL: 5 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 3 * time.Second,
+		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, CommitInterval: 20 * time.Millisecond}
+}
+
 // TestSubscriberSurvivesConnectionCuts runs a subscriber through a proxy
 // that severs every connection to MariaDB ten times while messages flow:
 // the subscriber recovers each time and nothing is lost or reordered.
@@ -118,21 +126,18 @@ func TestSubscriberSurvivesConnectionCuts(t *testing.T) {
 	last := map[string]int64{}
 	seen := map[string]bool{}
 	var disorder []string
-	sub, err := subClient.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
-		LeaseTTL: 5 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 3 * time.Second,
-		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, CommitInterval: 20 * time.Millisecond,
-		Handler: func(_ context.Context, d *shardq.Delivery) error {
-			mu.Lock()
-			defer mu.Unlock()
-			// At least once: a message may come again after a cut, but a
-			// partition never goes backwards past what was acked before.
-			if d.Offset < last[d.PartitionKey] {
-				disorder = append(disorder, fmt.Sprintf("%s: %d after %d", d.PartitionKey, d.Offset, last[d.PartitionKey]))
-			}
-			last[d.PartitionKey] = d.Offset
-			seen[d.ID] = true
-			return nil
-		}})
+	sub, err := subClient.Subscribe(ctx, faultSubscriberConfig(func(_ context.Context, d *shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		// At least once: a message may come again after a cut, but a
+		// partition never goes backwards past what was acked before.
+		if d.Offset < last[d.PartitionKey] {
+			disorder = append(disorder, fmt.Sprintf("%s: %d after %d", d.PartitionKey, d.Offset, last[d.PartitionKey]))
+		}
+		last[d.PartitionKey] = d.Offset
+		seen[d.ID] = true
+		return nil
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -47,6 +48,23 @@ func runKillHelper(url string) int {
 	select {} // until SIGKILL
 }
 
+// startHelper re-runs the test binary as the helper process env selects,
+// on the database at url, and returns it with its standard output.
+func startHelper(t *testing.T, env, url string) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+url)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, stdout
+}
+
 // TestSubscriberKilledMidRun is DESIGN invariant 4 for a killed process: a
 // subscriber process is SIGKILLed mid-run; another takes its partitions
 // over (its heartbeat goes stale, its leases are swept) and every message
@@ -63,16 +81,7 @@ func TestSubscriberKilledMidRun(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), killHelperEnv+"="+url)
-		cmd.Stderr = os.Stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, stdout := startHelper(t, killHelperEnv, url)
 		type line struct {
 			key    string
 			offset int64
@@ -180,16 +189,7 @@ func runTxKillHelper(url string) int {
 func TestTxProducerKilledAfterHalfMessage(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
 		ctx := context.Background()
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), txKillHelperEnv+"="+url)
-		cmd.Stderr = os.Stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, stdout := startHelper(t, txKillHelperEnv, url)
 		line, err := bufio.NewReader(stdout).ReadString('\n')
 		if err != nil || line != "half written\n" {
 			t.Fatalf("helper said %q, %v", line, err)

@@ -130,21 +130,18 @@ func TestDatabaseCrashMidRun(t *testing.T) {
 	firstSeen := map[string]bool{}
 	lastFirst := map[string]int64{}
 	var disorder []string
-	sub, err := c.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
-		LeaseTTL: 5 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 3 * time.Second,
-		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, CommitInterval: 20 * time.Millisecond,
-		Handler: func(_ context.Context, d *shardq.Delivery) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if firstSeen[d.ID] {
-				return nil // redelivery after the outage: allowed
-			}
-			if d.Offset <= lastFirst[d.PartitionKey] {
-				disorder = append(disorder, fmt.Sprintf("%s: first delivery of offset %d after %d", d.PartitionKey, d.Offset, lastFirst[d.PartitionKey]))
-			}
-			firstSeen[d.ID], lastFirst[d.PartitionKey] = true, d.Offset
-			return nil
-		}})
+	sub, err := c.Subscribe(ctx, faultSubscriberConfig(func(_ context.Context, d *shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstSeen[d.ID] {
+			return nil // redelivery after the outage: allowed
+		}
+		if d.Offset <= lastFirst[d.PartitionKey] {
+			disorder = append(disorder, fmt.Sprintf("%s: first delivery of offset %d after %d", d.PartitionKey, d.Offset, lastFirst[d.PartitionKey]))
+		}
+		firstSeen[d.ID], lastFirst[d.PartitionKey] = true, d.Offset
+		return nil
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
