@@ -21,6 +21,12 @@
 // and each returns once its own messages are committed. PublishTx writes
 // inside the caller's own *sql.Tx instead: the messages exist if and only if
 // that transaction commits.
+//
+// Subscribe starts a member of a consumer group (ordered, at-least-once
+// delivery over fenced partition leases); StartTransactionProducer sends
+// RocketMQ-style transactional messages with check-back; Admin is the
+// operator's API (listings, messages by identity, offset reset, retention).
+// docs/ in the repository explains the mechanisms and their state machines.
 package shardq
 
 import (
@@ -135,7 +141,9 @@ func (c *Client) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Close waits for queued publishes to finish and refuses new ones.
+// Close waits for queued publishes to finish and refuses new ones. Stop
+// the client's subscribers, transaction producers and cleaners first; the
+// driver stays open (close it after the client).
 func (c *Client) Close() error {
 	c.batcher.Close()
 	return nil
