@@ -109,6 +109,7 @@ type Client struct {
 	drv     driver.Driver
 	cfg     Config
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
+	local   localSubscribers
 }
 
 // NewClient returns a client over drv. Closing the client does not close

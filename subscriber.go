@@ -96,8 +96,14 @@ type SubscriberConfig struct {
 	// dead and its leases are swept [3 × HeartbeatInterval].
 	StaleAfter        time.Duration
 	DiscoveryInterval time.Duration // how often partitions are rebalanced [1s]
-	PollInterval      time.Duration // how often an idle partition is polled [200ms]
-	IdleRelease       time.Duration // a lease without work this long is released [30s]
+	// JoinWindow is how long a new member waits for peers starting with it
+	// before its first rebalance, and how soon it replans after a peer beat
+	// it to a partition: members that start together split the partitions
+	// at once instead of a discovery interval or two later (like Kafka's
+	// group.initial.rebalance.delay.ms) [DiscoveryInterval / 10].
+	JoinWindow   time.Duration
+	PollInterval time.Duration // how often an idle partition is polled [200ms]
+	IdleRelease  time.Duration // a lease without work this long is released [30s]
 	// CommitInterval bounds how long settled messages stay uncommitted
 	// while a batch is being delivered (a crash redelivers at most that
 	// much); the cursor is also committed after every batch [1s].
@@ -131,6 +137,7 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	d(&cfg.HeartbeatInterval, 3*time.Second)
 	d(&cfg.StaleAfter, 3*cfg.HeartbeatInterval)
 	d(&cfg.DiscoveryInterval, time.Second)
+	d(&cfg.JoinWindow, cfg.DiscoveryInterval/10)
 	d(&cfg.PollInterval, 200*time.Millisecond)
 	d(&cfg.IdleRelease, 30*time.Second)
 	d(&cfg.CommitInterval, time.Second)
@@ -191,9 +198,10 @@ func defaultName(kind string) string {
 
 // Subscriber is a running member of a consumer group.
 type Subscriber struct {
-	drv driver.Driver
-	cfg SubscriberConfig
-	log *slog.Logger
+	drv   driver.Driver
+	local *localSubscribers // the client's, for wake-ups on publish
+	cfg   SubscriberConfig
+	log   *slog.Logger
 
 	// life runs the loops and workers: its Context ends at Stop (no more
 	// fetching or rebalancing), its HardContext at a hard stop (handlers
@@ -225,6 +233,8 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	s.life = lifecycle.New(ctx)
 	s.life.Go(s.beat)
 	s.life.Go(s.manage)
+	c.local.add(s)
+	s.local = &c.local
 	return s, nil
 }
 
@@ -236,6 +246,7 @@ func (s *Subscriber) Name() string { return s.cfg.Name }
 // the heartbeat. No goroutine of the subscriber outlives it.
 func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
+		s.local.remove(s)
 		s.life.Stop(ctx)
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

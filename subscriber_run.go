@@ -41,22 +41,30 @@ func (s *Subscriber) beat() {
 	}
 }
 
-// manage is the subscriber's control loop: lease renewal, orphan sweep,
-// discovery and rebalancing, once per DiscoveryInterval.
+// manage is the subscriber's control loop: orphan sweep, discovery and
+// rebalancing, once per DiscoveryInterval; the first tick after the join
+// window, and the next one after the join window again when a peer took a
+// partition this one reached for.
 func (s *Subscriber) manage() {
-	t := time.NewTicker(s.cfg.DiscoveryInterval)
+	t := time.NewTimer(s.cfg.JoinWindow)
 	defer t.Stop()
 	for {
-		s.tick()
 		select {
 		case <-s.life.Context().Done():
 			return
 		case <-t.C:
 		}
+		next := s.cfg.DiscoveryInterval
+		if s.tick() {
+			next = s.cfg.JoinWindow
+		}
+		t.Reset(next)
 	}
 }
 
-func (s *Subscriber) tick() {
+// tick runs one rebalance; it reports whether a peer took a partition this
+// subscriber planned to acquire (so that it replans soon).
+func (s *Subscriber) tick() (contended bool) {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
@@ -65,17 +73,17 @@ func (s *Subscriber) tick() {
 	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
 	if err != nil {
 		s.tickFailed("listing subscribers failed", err)
-		return
+		return false
 	}
 	leases, err := s.drv.ListLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
 	if err != nil {
 		s.tickFailed("listing leases failed", err)
-		return
+		return false
 	}
 	work, err := s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
 	if err != nil {
 		s.tickFailed("discovery failed", err)
-		return
+		return false
 	}
 
 	live := map[string][]string{}
@@ -125,7 +133,8 @@ func (s *Subscriber) tick() {
 		}
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.Name, now, s.cfg.LeaseTTL)
 		if errors.Is(err, driver.ErrLeaseHeld) {
-			continue // a peer was quicker; the next tick replans
+			contended = true // a peer was quicker; replan soon
+			continue
 		}
 		if err != nil {
 			s.tickFailed(fmt.Sprintf("acquiring the lease of tenant %q partition %q failed", p.Tenant, p.PartitionKey), err)
@@ -133,6 +142,7 @@ func (s *Subscriber) tick() {
 		}
 		s.startWorker(l)
 	}
+	return contended
 }
 
 // tickFailed logs a failed step of a tick, unless the tick failed because
@@ -215,6 +225,7 @@ type worker struct {
 	handbackOnce sync.Once
 	lost         chan struct{} // closed when the lease is lost
 	lostOnce     sync.Once
+	wake         chan struct{} // a local publish stored messages here
 }
 
 func (w *worker) handBack() { w.handbackOnce.Do(func() { close(w.handback) }) }
@@ -227,7 +238,7 @@ func (w *worker) lose() {
 func (s *Subscriber) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
 	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: s.cfg.Clock(), ctx: ctx, cancel: cancel,
-		handback: make(chan struct{}), lost: make(chan struct{})}
+		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.workers[l.PartitionRef] = w
 	s.mu.Unlock()
@@ -264,6 +275,19 @@ func (w *worker) wait(d time.Duration) bool {
 	return false
 }
 
+// idle waits for d or until a local publish wakes the worker.
+func (w *worker) idle(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-w.wake:
+	case <-w.s.life.Context().Done():
+	case <-w.handback:
+	case <-w.lost:
+	}
+}
+
 func (w *worker) leaseNow() driver.Lease {
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
@@ -292,7 +316,7 @@ func (w *worker) run() {
 			if s.cfg.Clock().Sub(idleSince) >= s.cfg.IdleRelease {
 				return // idle release: finish() commits and releases
 			}
-			w.wait(s.cfg.PollInterval)
+			w.idle(s.cfg.PollInterval)
 			continue
 		}
 		idleSince = s.cfg.Clock()

@@ -30,6 +30,8 @@ var subscriberTests = []struct {
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
 	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
+	{"LocalPublishWakesIdleWorker", testLocalPublishWakesIdleWorker},
+	{"MembersStartingTogetherSplitAtOnce", testMembersStartingTogetherSplitAtOnce},
 }
 
 // fastConfig is a subscriber configuration with test-sized intervals. The
@@ -612,4 +614,78 @@ func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
 		}
 	}
 	return out
+}
+
+// A Publish through the subscriber's own client wakes the idle worker of
+// its partition: with an hour-long poll interval, only the wake-up can
+// deliver the second message.
+func testLocalPublishWakesIdleWorker(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	got := make(chan string, 10)
+	cfg := fastConfig("g", "x", []string{"t"}, func(_ context.Context, d *shardq.Delivery) error {
+		got <- d.ID
+		return nil
+	})
+	cfg.PollInterval = time.Hour
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "first"})
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	for _, want := range []string{"first", "second"} {
+		if want == "second" {
+			mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "second"})
+		}
+		select {
+		case id := <-got:
+			if id != want {
+				t.Fatalf("delivered %q, want %q", id, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%q not delivered: the publish did not wake the idle worker", want)
+		}
+	}
+}
+
+// Members that start within the join window split the partitions at their
+// first tick, before any second discovery (an hour away here): nobody
+// takes everything and hands it back later.
+func testMembersStartingTogetherSplitAtOnce(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	const parts, members = 32, 4
+	publishSpread(t, c, "t", "x", parts, parts)
+	block := make(chan struct{})
+	var subs []*shardq.Subscriber
+	for i := range members {
+		cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, _ *shardq.Delivery) error {
+			select { // hold every partition until the check is done
+			case <-block:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		cfg.Name = fmt.Sprintf("m%d", i)
+		cfg.DiscoveryInterval = time.Hour
+		cfg.JoinWindow = 2 * time.Second
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	defer func() { close(block); stopAll(t, subs...) }()
+	waitFor(t, "every partition leased", 30*time.Second, func() bool {
+		n := 0
+		for _, v := range leaseCountsOf(t, d) {
+			n += v
+		}
+		return n == parts
+	})
+	for name, n := range leaseCountsOf(t, d) {
+		if n != parts/members {
+			t.Fatalf("%s holds %d partitions, want %d: %v", name, n, parts/members, leaseCountsOf(t, d))
+		}
+	}
 }

@@ -124,3 +124,28 @@ func TestExpiredLeasesAreTakableAndTenantsSeparate(t *testing.T) {
 		t.Fatalf("acquire %v: want 2 of t1 (never peer's live lease) and both of t2", plan.Acquire)
 	}
 }
+
+// go test -bench . -run '^$' ./internal/balance/
+// One subscriber's plan at 10,000 and 100,000 partitions with work, 8 live
+// members, a tenth of the partitions leased.
+func BenchmarkCompute(b *testing.B) {
+	now := time.Now()
+	for _, parts := range []int{10_000, 100_000} {
+		live := map[string][]string{"t": {"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"}}
+		work := make([]driver.PartitionRef, parts)
+		var leases []driver.Lease
+		for i := range work {
+			work[i] = driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: fmt.Sprintf("p%06d", i)}
+			if i%10 == 0 {
+				leases = append(leases, driver.Lease{PartitionRef: work[i], Owner: fmt.Sprintf("s%d", i%8), ExpiresAt: now.Add(time.Minute)})
+			}
+		}
+		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
+			for b.Loop() {
+				if p := Compute(Input{Me: "s0", Live: live, Work: work, Leases: leases, Now: now}); p.Quota["t"] == 0 {
+					b.Fatal("empty plan")
+				}
+			}
+		})
+	}
+}

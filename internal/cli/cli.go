@@ -88,7 +88,7 @@ func newRoot(env Env) *cobra.Command {
 	root.PersistentFlags().StringVar(&a.dsn, "dsn", defaultDSN,
 		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (env SHARDQ_DSN)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.versionCmd())
 	return root
 }
 
@@ -115,13 +115,17 @@ func (a *app) client() (*shardq.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	logger := slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := shardq.NewClient(drv, &shardq.Config{Logger: logger})
+	c, err := shardq.NewClient(drv, &shardq.Config{Logger: a.logger()})
 	if err != nil {
 		drv.Close()
 		return nil, nil, err
 	}
 	return c, func() { c.Close(); drv.Close() }, nil
+}
+
+// logger writes warnings and errors to stderr.
+func (a *app) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 func (a *app) migrateCmd() *cobra.Command {

@@ -1,0 +1,376 @@
+// Package bench measures shardq against the database's own ceiling in the
+// same run: the scenarios behind `shardq bench`.
+//
+// Every scenario runs in a fresh namespace (tenants named bench-<run>-<n>,
+// raw tables named bench_raw_*_<run>) and removes it afterwards. Every
+// scenario also checks what it measures: messages lost, delivered twice, or
+// delivered before an earlier message of their partition.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// Scenarios are the names Run accepts.
+var Scenarios = []string{"raw", "publish", "consume", "latency"}
+
+// Params are a run's knobs; zero values take the defaults of Defaults.
+type Params struct {
+	Messages    int           `json:"messages"`
+	Size        int           `json:"size"`
+	Publishers  int           `json:"publishers"`
+	Batch       int           `json:"batch"`
+	Partitions  int           `json:"partitions"`
+	Tenants     int           `json:"tenants"`
+	Subscribers int           `json:"subscribers"`
+	Processes   bool          `json:"processes"`
+	Rate        int           `json:"rate"`
+	Duration    time.Duration `json:"-"`
+	Reps        int           `json:"reps"`
+	// PollInterval is the subscribers' idle poll interval (0: the
+	// subscriber default).
+	PollInterval time.Duration `json:"-"`
+}
+
+// Defaults are the parameters of the issue's targets.
+var Defaults = Params{Messages: 20_000, Size: 256, Publishers: 16, Batch: 1, Partitions: 64, Tenants: 1,
+	Subscribers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3}
+
+// headerLen is the payload prefix every bench message carries: sequence in
+// its partition, the time it was meant to be published, its publisher.
+const headerLen = 20
+
+// Validate checks p, naming the flag and the rule.
+func (p Params) Validate() error {
+	type rule struct {
+		flag string
+		ok   bool
+		want string
+	}
+	for _, r := range []rule{
+		{"--messages", p.Messages >= 1, "at least 1"},
+		{"--size", p.Size >= headerLen && p.Size <= 1<<20, fmt.Sprintf("between %d and 1048576 bytes", headerLen)},
+		{"--publishers", p.Publishers >= 1 && p.Publishers <= 1024, "between 1 and 1024"},
+		{"--batch", p.Batch >= 1 && p.Batch <= 10_000, "between 1 and 10000"},
+		{"--partitions", p.Partitions >= 1 && p.Partitions <= 100_000, "between 1 and 100000"},
+		{"--tenants", p.Tenants >= 1 && p.Tenants <= p.Partitions, "between 1 and --partitions"},
+		{"--subscribers", p.Subscribers >= 1 && p.Subscribers <= 256, "between 1 and 256"},
+		{"--rate", p.Rate >= 1 && p.Rate <= 1_000_000, "between 1 and 1000000 msg/s"},
+		{"--duration", p.Duration >= 100*time.Millisecond, "at least 100ms"},
+		{"--reps", p.Reps >= 1 && p.Reps <= 100, "between 1 and 100"},
+		{"--poll", p.PollInterval >= 0, "not negative"},
+	} {
+		if !r.ok {
+			return fmt.Errorf("%s: must be %s", r.flag, r.want)
+		}
+	}
+	return nil
+}
+
+// Result is one scenario's outcome: medians over the repetitions, and
+// correctness counts summed over them. Its JSON form is one line of
+// `shardq bench --json`.
+type Result struct {
+	Scenario           string         `json:"scenario"`
+	Driver             string         `json:"driver"`
+	Params             map[string]any `json:"params"`
+	Msgs               int64          `json:"msgs"`
+	Seconds            float64        `json:"seconds"`
+	MsgsPerSec         float64        `json:"msgs_per_sec"`
+	P50Ms              float64        `json:"p50_ms"`
+	P99Ms              float64        `json:"p99_ms"`
+	Lost               int64          `json:"lost"`
+	Duplicates         int64          `json:"duplicates"`
+	OutOfOrder         int64          `json:"out_of_order"`
+	BaselineMsgsPerSec float64        `json:"baseline_msgs_per_sec"`
+	// Ratio is MsgsPerSec / BaselineMsgsPerSec; for latency it is
+	// P99Ms / BaselineP99Ms (lower is better).
+	Ratio         float64 `json:"ratio"`
+	Baseline      string  `json:"baseline,omitempty"`
+	BaselineP99Ms float64 `json:"baseline_p99_ms,omitempty"`
+}
+
+// Failed reports whether the result breaks the queue's guarantees: a lost
+// or out-of-order message. Duplicates are at-least-once's right.
+func (r Result) Failed() bool { return r.Lost > 0 || r.OutOfOrder > 0 }
+
+// Runner runs scenarios against one database.
+type Runner struct {
+	// Open opens a fresh driver for the database (migrated or not: Run
+	// migrates). Each subscriber and publisher shares it.
+	Open func() (driver.Driver, error)
+	// Worker starts a subscriber process for --processes: it must run
+	// `shardq bench worker` with the given arguments against the same
+	// database and return the process's stdout and stdin, and a wait
+	// function for its exit (called after stdout reached EOF).
+	Worker func(ctx context.Context, args []string) (stdout io.Reader, stdin io.Closer, wait func() error, err error)
+	Logger *slog.Logger
+	// Progress receives one line per finished repetition (may be nil).
+	Progress io.Writer
+}
+
+// Run runs scenario with p and returns its results: for raw, one per
+// baseline; otherwise the baseline first, then the scenario with its ratio.
+func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if !slices.Contains(Scenarios, scenario) {
+		return nil, fmt.Errorf("scenario %q: must be one of %s", scenario, strings.Join(Scenarios, ", "))
+	}
+	if p.Processes && r.Worker == nil {
+		return nil, errors.New("--processes: this runner cannot start worker processes")
+	}
+	if r.Logger == nil {
+		r.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d, err := r.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	if _, err := d.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	e := &env{Runner: r, d: d, p: p}
+	switch scenario {
+	case "raw":
+		var out []Result
+		for _, c := range e.rawCases() {
+			res, err := e.repeat(ctx, c)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, res)
+		}
+		return out, nil
+	case "publish":
+		base := e.rawInsertCase(p.Publishers)
+		if p.Batch > 1 {
+			base = e.rawMultiRowCase()
+		}
+		return e.compare(ctx, base, scenCase{"publish", e.publish}, false)
+	case "consume":
+		return e.compare(ctx, e.rawConsumeCase(), scenCase{"consume", e.consume}, false)
+	default:
+		return e.compare(ctx, e.rawInsertCase(1), scenCase{"latency", e.latency}, true)
+	}
+}
+
+// env is one Run: the database and the parameters.
+type env struct {
+	*Runner
+	d driver.Driver
+	p Params
+}
+
+// scenCase is a named measurement: one repetition in a fresh namespace.
+type scenCase struct {
+	name string
+	run  func(ctx context.Context, ns namespace) (rep, error)
+}
+
+// rep is one repetition's measurement.
+type rep struct {
+	msgs                   int64
+	elapsed                time.Duration
+	latencies              []time.Duration
+	lost, dups, outOfOrder int64
+	extraParams            map[string]any
+}
+
+func (e *env) compare(ctx context.Context, base, c scenCase, byLatency bool) ([]Result, error) {
+	b, err := e.repeat(ctx, base)
+	if err != nil {
+		return nil, err
+	}
+	res, err := e.repeat(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	res.Baseline, res.BaselineMsgsPerSec = b.Scenario, b.MsgsPerSec
+	if byLatency {
+		res.BaselineP99Ms = b.P99Ms
+		if b.P99Ms > 0 {
+			res.Ratio = res.P99Ms / b.P99Ms
+		}
+	} else if b.MsgsPerSec > 0 {
+		res.Ratio = res.MsgsPerSec / b.MsgsPerSec
+	}
+	return []Result{b, res}, nil
+}
+
+// repeat runs c p.Reps times, each in its own namespace, and reports
+// medians.
+func (e *env) repeat(ctx context.Context, c scenCase) (Result, error) {
+	res := Result{Scenario: c.name, Driver: e.d.Name(), Params: e.paramsMap()}
+	var rates, secs, p50s, p99s []float64
+	for i := range e.p.Reps {
+		ns, err := e.newNamespace(ctx)
+		if err != nil {
+			return res, err
+		}
+		r, err := c.run(ctx, ns)
+		if cerr := ns.cleanup(context.WithoutCancel(ctx)); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up namespace %s: %w", ns.id, cerr))
+		}
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", c.name, err)
+		}
+		res.Msgs = r.msgs
+		res.Lost += r.lost
+		res.Duplicates += r.dups
+		res.OutOfOrder += r.outOfOrder
+		for k, v := range r.extraParams {
+			res.Params[k] = v
+		}
+		rate := float64(r.msgs) / r.elapsed.Seconds()
+		rates = append(rates, rate)
+		secs = append(secs, r.elapsed.Seconds())
+		p50, p99 := percentile(r.latencies, 0.50), percentile(r.latencies, 0.99)
+		p50s, p99s = append(p50s, p50), append(p99s, p99)
+		if e.Progress != nil {
+			fmt.Fprintf(e.Progress, "%s rep %d/%d: %.0f msg/s, p99 %.2f ms, lost %d, dup %d, out of order %d\n",
+				c.name, i+1, e.p.Reps, rate, p99, r.lost, r.dups, r.outOfOrder)
+		}
+	}
+	res.MsgsPerSec, res.Seconds, res.P50Ms, res.P99Ms = median(rates), median(secs), median(p50s), median(p99s)
+	return res, nil
+}
+
+func (e *env) paramsMap() map[string]any {
+	p := e.p
+	return map[string]any{"messages": p.Messages, "size": p.Size, "publishers": p.Publishers, "batch": p.Batch,
+		"partitions": p.Partitions, "tenants": p.Tenants, "subscribers": p.Subscribers, "processes": p.Processes,
+		"rate": p.Rate, "duration": p.Duration.String(), "reps": p.Reps}
+}
+
+// percentile of ds in milliseconds (0 when empty).
+func percentile(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	i = min(max(i, 0), len(s)-1)
+	return float64(s[i]) / float64(time.Millisecond)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// namespace is one repetition's private names.
+type namespace struct {
+	e       *env
+	id      string
+	tenants []string
+	topic   string
+}
+
+func (e *env) newNamespace(ctx context.Context) (namespace, error) {
+	b := make([]byte, 4)
+	rand.Read(b)
+	ns := namespace{e: e, id: hex.EncodeToString(b), topic: "bench"}
+	for t := range e.p.Tenants {
+		ns.tenants = append(ns.tenants, fmt.Sprintf("bench-%s-%d", ns.id, t))
+	}
+	return ns, nil
+}
+
+// partition is partition k of the namespace: its tenant and key.
+func (ns namespace) partition(k int) (tenant, key string) {
+	return ns.tenants[k%len(ns.tenants)], fmt.Sprintf("p%05d", k)
+}
+
+func (ns namespace) rawMessages() string { return "bench_raw_messages_" + ns.id }
+func (ns namespace) rawOffsets() string  { return "bench_raw_offsets_" + ns.id }
+
+// cleanup deletes the namespace's rows from every queue table and drops
+// its raw tables.
+func (ns namespace) cleanup(ctx context.Context) error {
+	db := ns.e.d.DB()
+	tables, err := queueTables(ctx, ns.e.d)
+	if err != nil {
+		return err
+	}
+	in := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(ns.tenants)), ", ") + ")"
+	args := make([]any, len(ns.tenants))
+	for i, t := range ns.tenants {
+		args[i] = t
+	}
+	var errs []error
+	for _, t := range tables {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+t+" WHERE tenant IN "+in, args...); err != nil {
+			errs = append(errs, fmt.Errorf("delete from %s: %w", t, err))
+		}
+	}
+	for _, t := range []string{ns.rawMessages(), ns.rawOffsets()} {
+		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+			errs = append(errs, fmt.Errorf("drop %s: %w", t, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// queueTables lists the queue's tables (every one has a tenant column).
+func queueTables(ctx context.Context, d driver.Driver) ([]string, error) {
+	q := `SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'queue\_%' ESCAPE '\'`
+	if d.Name() == "mysql" {
+		q = `SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'queue\_%'`
+	}
+	rows, err := d.DB().QueryContext(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("list queue tables: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// payload builds a bench message body of size bytes.
+func payload(size int, seq uint64, at time.Time, publisher uint32) []byte {
+	b := make([]byte, size)
+	binary.BigEndian.PutUint64(b[0:8], seq)
+	binary.BigEndian.PutUint64(b[8:16], uint64(at.UnixNano()))
+	binary.BigEndian.PutUint32(b[16:20], publisher)
+	for i := headerLen; i < size; i++ {
+		b[i] = 'x'
+	}
+	return b
+}
+
+// parsePayload reads what payload wrote.
+func parsePayload(b []byte) (seq uint64, at time.Time, publisher uint32, err error) {
+	if len(b) < headerLen {
+		return 0, time.Time{}, 0, fmt.Errorf("bench payload of %d bytes: shorter than its %d-byte header", len(b), headerLen)
+	}
+	return binary.BigEndian.Uint64(b[0:8]), time.Unix(0, int64(binary.BigEndian.Uint64(b[8:16]))),
+		binary.BigEndian.Uint32(b[16:20]), nil
+}

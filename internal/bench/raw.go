@@ -1,0 +1,256 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The raw baselines: what the database itself does with tables of the
+// queue's shape, with no queue around it.
+
+func (e *env) rawCases() []scenCase {
+	cases := []scenCase{e.rawInsertCase(1)}
+	if e.p.Publishers > 1 {
+		cases = append(cases, e.rawInsertCase(e.p.Publishers))
+	}
+	return append(cases, e.rawMultiRowCase(), e.rawConsumeCase())
+}
+
+// rawInsertCase: single-row autocommit INSERTs over conns connections.
+func (e *env) rawInsertCase(conns int) scenCase {
+	return scenCase{fmt.Sprintf("raw-insert-%dconn", conns), func(ctx context.Context, ns namespace) (rep, error) {
+		return e.rawInsert(ctx, ns, conns, 1)
+	}}
+}
+
+// rawMultiRowCase: multi-row INSERTs of --batch rows over --publishers
+// connections.
+func (e *env) rawMultiRowCase() scenCase {
+	return scenCase{fmt.Sprintf("raw-multirow-%d", e.p.Batch), func(ctx context.Context, ns namespace) (rep, error) {
+		return e.rawInsert(ctx, ns, e.p.Publishers, e.p.Batch)
+	}}
+}
+
+// createRaw creates the namespace's raw tables: copies of queue_messages
+// (its offset assigned by the database) and queue_offsets.
+func (ns namespace) createRaw(ctx context.Context) error {
+	db := ns.e.d.DB()
+	for src, dst := range map[string]string{"queue_messages": ns.rawMessages(), "queue_offsets": ns.rawOffsets()} {
+		var stmts []string
+		if ns.e.d.Name() == "mysql" {
+			stmts = []string{"CREATE TABLE " + dst + " LIKE " + src}
+		} else {
+			rows, err := db.QueryContext(ctx, "SELECT sql FROM sqlite_master WHERE tbl_name = ? AND sql IS NOT NULL ORDER BY type DESC", src)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var s string
+				if err := rows.Scan(&s); err != nil {
+					rows.Close()
+					return err
+				}
+				stmts = append(stmts, strings.ReplaceAll(s, src, dst))
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		for _, s := range stmts {
+			if _, err := db.ExecContext(ctx, s); err != nil {
+				return fmt.Errorf("create raw table %s: %w", dst, err)
+			}
+		}
+	}
+	return nil
+}
+
+// timeArg is t as the dialect stores created_at.
+func (e *env) timeArg(t time.Time) any {
+	if e.d.Name() == "mysql" {
+		return t.UTC()
+	}
+	return t.UnixMicro()
+}
+
+func (e *env) offsetCol() string {
+	if e.d.Name() == "mysql" {
+		return "`offset`"
+	}
+	return `"offset"`
+}
+
+// rawInsert writes --messages rows in statements of rowsPer rows over conns
+// connections, each statement its own transaction.
+func (e *env) rawInsert(ctx context.Context, ns namespace, conns, rowsPer int) (rep, error) {
+	if err := ns.createRaw(ctx); err != nil {
+		return rep{}, err
+	}
+	total := e.p.Messages
+	stmt := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES "
+	var next atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	errc := make(chan error, conns)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
+			for {
+				first := int(next.Add(int64(rowsPer))) - rowsPer
+				if first >= total {
+					return
+				}
+				n := min(rowsPer, total-first)
+				args := make([]any, 0, 7*n)
+				now := time.Now()
+				for i := first; i < first+n; i++ {
+					tenant, key := ns.partition(i % e.p.Partitions)
+					args = append(args, tenant, ns.topic, key, fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`,
+						payload(e.p.Size, uint64(i), now, 0), e.timeArg(now))
+				}
+				q := stmt + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
+				t0 := time.Now()
+				if _, err := e.d.DB().ExecContext(ctx, q, args...); err != nil {
+					errc <- fmt.Errorf("raw insert: %w", err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errc)
+	if err := <-errc; err != nil {
+		return rep{}, err
+	}
+	var stored int64
+	if err := e.d.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM "+ns.rawMessages()).Scan(&stored); err != nil {
+		return rep{}, err
+	}
+	return rep{msgs: int64(total), elapsed: elapsed, latencies: lat, lost: max(0, int64(total)-stored),
+		dups: max(0, stored-int64(total))}, nil
+}
+
+// rawConsumeCase is the ordered-consume ceiling: --subscribers workers,
+// each owning its share of --partitions, loop { begin; select up to 100
+// rows after the cursor; update the cursor row; commit } until every row
+// is read.
+func (e *env) rawConsumeCase() scenCase {
+	return scenCase{"raw-ordered-consume", e.rawConsume}
+}
+
+func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
+	if err := ns.createRaw(ctx); err != nil {
+		return rep{}, err
+	}
+	p := e.p
+	db := e.d.DB()
+	// Fill, untimed: message i goes to partition i % K as its (i / K)th.
+	const fillBatch = 500
+	for first := 0; first < p.Messages; first += fillBatch {
+		n := min(fillBatch, p.Messages-first)
+		args := make([]any, 0, 7*n)
+		now := time.Now()
+		for i := first; i < first+n; i++ {
+			tenant, key := ns.partition(i % p.Partitions)
+			args = append(args, tenant, ns.topic, key, fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`,
+				payload(p.Size, uint64(i/p.Partitions), now, 0), e.timeArg(now))
+		}
+		q := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			return rep{}, fmt.Errorf("raw fill: %w", err)
+		}
+	}
+	for k := range p.Partitions {
+		tenant, key := ns.partition(k)
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+ns.rawOffsets()+" (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) VALUES (?, ?, ?, 'bench', 0, ?)",
+			tenant, ns.topic, key, e.timeArg(time.Now())); err != nil {
+			return rep{}, fmt.Errorf("raw fill offsets: %w", err)
+		}
+	}
+	rec := newRecorder(p.Messages, p.Partitions)
+	oc := e.offsetCol()
+	sel := "SELECT " + oc + ", payload FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = ? AND " + oc + " > ? ORDER BY " + oc + " LIMIT 100"
+	upd := "UPDATE " + ns.rawOffsets() + " SET committed_offset = ?, updated_at = ? WHERE tenant = ? AND topic = ? AND partition_key = ? AND consumer_group = 'bench'"
+	consumePartition := func(k int) error {
+		tenant, key := ns.partition(k)
+		var cursor int64
+		for {
+			tx, err := e.d.BeginWrite(ctx)
+			if err != nil {
+				return err
+			}
+			rows, err := tx.QueryContext(ctx, sel, tenant, ns.topic, key, cursor)
+			if err != nil {
+				tx.Rollback()
+				return err
+			}
+			n := 0
+			for rows.Next() {
+				var body []byte
+				if err := rows.Scan(&cursor, &body); err != nil {
+					rows.Close()
+					tx.Rollback()
+					return err
+				}
+				seq, _, _, err := parsePayload(body)
+				if err != nil {
+					rows.Close()
+					tx.Rollback()
+					return err
+				}
+				rec.record(event{tenant: tenant, key: key, seq: seq, at: time.Now()})
+				n++
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				tx.Rollback()
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, upd, cursor, e.timeArg(time.Now()), tenant, ns.topic, key); err != nil {
+				tx.Rollback()
+				return err
+			}
+			if err := tx.Commit(); err != nil {
+				return err
+			}
+			if n < 100 {
+				return nil
+			}
+		}
+	}
+	errc := make(chan error, p.Subscribers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range p.Subscribers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := w; k < p.Partitions; k += p.Subscribers {
+				if err := consumePartition(k); err != nil {
+					errc <- fmt.Errorf("raw consume partition %d: %w", k, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errc)
+	if err := <-errc; err != nil {
+		return rep{}, err
+	}
+	return rec.rep(elapsed), nil
+}

@@ -1,0 +1,191 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/bench"
+	"github.com/shardq/shardq/internal/dsn"
+)
+
+func (a *app) benchCmd() *cobra.Command {
+	p := bench.Defaults
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "bench publish|consume|latency|raw [flags]",
+		Short: "Measure publish, consume and end-to-end latency against the database's own ceiling",
+		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
+			"medians next to the matching raw baseline measured in the same run:\n" +
+			"  raw      the database alone: single-row autocommit INSERTs with 1 and --publishers connections,\n" +
+			"           multi-row INSERTs of --batch rows, and the ordered-consume ceiling (--subscribers workers\n" +
+			"           each owning their share of --partitions: begin; select 100 after the cursor; update it; commit)\n" +
+			"  publish  --publishers concurrent publishers, --batch messages per call (baseline: raw INSERTs)\n" +
+			"  consume  --messages published beforehand, then --subscribers in one consumer group with a\n" +
+			"           per-message handler (baseline: the raw ordered-consume ceiling)\n" +
+			"  latency  --rate msg/s for --duration while subscribers run; publish-due to handler time\n" +
+			"           (baseline: the p99 of one raw autocommit INSERT)\n" +
+			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
+			"message is lost or out of order.",
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: bench.Scenarios,
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			if err := p.Validate(); err != nil {
+				return usageError{err}
+			}
+			if !slices.Contains(bench.Scenarios, args[0]) {
+				return usagef("scenario %q: must be one of %s", args[0], strings.Join(bench.Scenarios, ", "))
+			}
+			// Progress, logs and worker processes all write to stderr.
+			a.env.Stderr = &lockedWriter{w: a.env.Stderr}
+			return a.bench(cmd.Context(), args[0], p, asJSON)
+		}),
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&p.Messages, "messages", p.Messages, "messages per repetition (publish, consume, raw)")
+	fl.IntVar(&p.Size, "size", p.Size, "payload bytes")
+	fl.IntVar(&p.Publishers, "publishers", p.Publishers, "concurrent publishers (connections for raw)")
+	fl.IntVar(&p.Batch, "batch", p.Batch, "messages per Publish call (rows per raw multi-row INSERT)")
+	fl.IntVar(&p.Partitions, "partitions", p.Partitions, "partitions (partition keys)")
+	fl.IntVar(&p.Tenants, "tenants", p.Tenants, "tenants the partitions are spread over")
+	fl.IntVar(&p.Subscribers, "subscribers", p.Subscribers, "subscribers in one consumer group (raw consume workers)")
+	fl.BoolVar(&p.Processes, "processes", false, "run each subscriber as a separate process")
+	fl.IntVar(&p.Rate, "rate", p.Rate, "latency: messages per second")
+	fl.DurationVar(&p.Duration, "duration", p.Duration, "latency: how long to publish")
+	fl.IntVar(&p.Reps, "reps", p.Reps, "repetitions; medians are reported")
+	fl.DurationVar(&p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
+	cmd.AddCommand(a.benchWorkerCmd())
+	return cmd
+}
+
+func (a *app) bench(ctx context.Context, scenario string, p bench.Params, asJSON bool) error {
+	spec, err := dsn.Parse(a.dsn)
+	if err != nil {
+		return usageError{fmt.Errorf("--dsn: %w", err)}
+	}
+	r := &bench.Runner{
+		Open:   func() (driver.Driver, error) { return dsn.Open(spec) },
+		Worker: a.startWorker,
+		Logger: a.logger(),
+	}
+	if !asJSON {
+		r.Progress = a.env.Stderr
+	}
+	results, err := r.Run(ctx, scenario, p)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(a.env.Stdout)
+		for _, res := range results {
+			if err := enc.Encode(res); err != nil {
+				return err
+			}
+		}
+	} else {
+		printResults(a.env.Stdout, results)
+	}
+	for _, res := range results {
+		if res.Failed() {
+			return fmt.Errorf("bench %s: %d lost, %d out of order", res.Scenario, res.Lost, res.OutOfOrder)
+		}
+	}
+	return nil
+}
+
+func printResults(w io.Writer, results []bench.Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tdriver\tmsgs\tseconds\tmsg/s\tp50 ms\tp99 ms\tlost\tdup\tout of order\tbaseline\tratio\t")
+	for _, r := range results {
+		ratio := "-"
+		if r.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.Ratio)
+		}
+		base := "-"
+		if r.Baseline != "" {
+			base = r.Baseline
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%d\t%s\t%s\t\n", r.Scenario, r.Driver, r.Msgs, r.Seconds,
+			r.MsgsPerSec, r.P50Ms, r.P99Ms, r.Lost, r.Duplicates, r.OutOfOrder, base, ratio)
+	}
+	tw.Flush()
+}
+
+// startWorker runs `shardq bench worker` as a child process of this
+// binary against the same database.
+func (a *app) startWorker(ctx context.Context, args []string) (io.Reader, io.Closer, func() error, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, append([]string{"--dsn", a.dsn, "bench", "worker"}, args...)...)
+	cmd.Stderr = a.env.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, fmt.Errorf("start bench worker: %w", err)
+	}
+	return stdout, stdin, func() error {
+		if err := cmd.Wait(); err != nil {
+			return fmt.Errorf("bench worker %v: %w", args, err)
+		}
+		return nil
+	}, nil
+}
+
+func (a *app) benchWorkerCmd() *cobra.Command {
+	var cfg bench.WorkerConfig
+	cmd := &cobra.Command{
+		Use:    "worker",
+		Short:  "A subscriber process of `shardq bench --processes` (internal)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if len(cfg.Tenants) == 0 {
+				return usagef("--tenant: at least one is required")
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			return bench.Work(cmd.Context(), c, cfg, a.env.Stdin, a.env.Stdout)
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Name, "name", "", "subscriber name")
+	fl.StringVar(&cfg.Topic, "topic", "", "topic")
+	fl.StringArrayVar(&cfg.Tenants, "tenant", nil, "tenant (repeatable)")
+	fl.DurationVar(&cfg.PollInterval, "poll", 0, "idle poll interval")
+	fl.BoolVar(&cfg.Latency, "latency", false, "report due times")
+	return cmd
+}
+
+// lockedWriter serialises writes from several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,28 @@
+package sqlcommon
+
+import "testing"
+
+// go test -bench . -run '^$' ./internal/sqlcommon/
+// Headers are encoded once per published message and decoded once per
+// fetched one.
+func BenchmarkHeaders(b *testing.B) {
+	h := map[string]string{"queue_name": "acme", "trace-id": "4bf92f3577b34da6a3ce929d0e0e4736", "content-type": "application/json"}
+	enc, err := EncodeHeaders(h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := EncodeHeaders(h); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := DecodeHeaders(enc); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
