@@ -23,7 +23,10 @@
 // that transaction commits.
 //
 // Subscribe starts a member of a consumer group (ordered, at-least-once
-// delivery over fenced partition leases); StartTransactionProducer sends
+// delivery over fenced partition leases; ungrouped messages, with an empty
+// partition key, through per-message claims); AcceptGroup and
+// AcceptNextGroup hold one message group exclusively, like a Service Bus
+// session receiver; StartTransactionProducer sends
 // RocketMQ-style transactional messages with check-back; Admin is the
 // operator's API (listings, messages by identity, offset reset, retention).
 // docs/ in the repository explains the mechanisms and their state machines.

@@ -2,6 +2,7 @@ package shardq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -112,4 +113,53 @@ func ExampleHashSelector() {
 	// c-1001 -> lane 7
 	// c-1002 -> lane 2
 	// c-1001 -> lane 7
+}
+
+func ExampleClient_AcceptGroup() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+	for _, step := range []string{"created", "paid", "shipped"} {
+		if _, err := client.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "order-42",
+			ID: "order-42-" + step, Payload: []byte(step)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	// Hold the message group "order-42" of consumer group "billing".
+	r, err := client.AcceptGroup(ctx, "acme", "orders", "billing", "order-42", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close(ctx)
+
+	// A second receiver is told who holds it.
+	_, err = client.AcceptGroup(ctx, "acme", "orders", "billing", "order-42", &shardq.ReceiverOptions{Name: "other"})
+	fmt.Println("second receiver refused:", errors.Is(err, shardq.ErrGroupOwned))
+
+	for range 3 {
+		d, err := r.Receive(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		state, err := r.State(ctx) // the group's state, kept across owners
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := r.SetState(ctx, append(state, d.Payload[0])); err != nil {
+			log.Fatal(err)
+		}
+		if err := r.Ack(ctx, d); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(string(d.Payload))
+	}
+	state, _ := r.State(ctx)
+	fmt.Println("state:", string(state))
+	// Output:
+	// second receiver refused: true
+	// created
+	// paid
+	// shipped
+	// state: cps
 }

@@ -59,6 +59,13 @@ func (s *Subscriber) wake(rows []*driver.InsertMessage) {
 		if r.Topic != s.cfg.Topic || (i > 0 && r.Tenant == rows[i-1].Tenant && r.PartitionKey == rows[i-1].PartitionKey) {
 			continue
 		}
+		if r.PartitionKey == "" && s.ungroupedWake != nil {
+			select {
+			case s.ungroupedWake <- struct{}{}:
+			default:
+			}
+			continue
+		}
 		ref := driver.PartitionRef{Tenant: r.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: r.Topic, PartitionKey: r.PartitionKey}
 		if w := s.workers[ref]; w != nil {
 			select {

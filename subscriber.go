@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
 )
@@ -111,6 +112,19 @@ type SubscriberConfig struct {
 	// MaxPartitions bounds the partitions this member delivers at once [64].
 	MaxPartitions int
 
+	// Take chooses what this member consumes: grouped messages through
+	// fair-share partition leases, ungrouped ones (empty partition key)
+	// through per-message claims shared with the group's other members, or
+	// both [TakeAll].
+	Take Take
+	// UngroupedConcurrency bounds the ungrouped messages handled at once
+	// [16].
+	UngroupedConcurrency int
+	// VisibilityTimeout is how long a claimed ungrouped message stays
+	// invisible to the group's other members; not settled by then, it is
+	// delivered again (and this member's settlement fails) [30s].
+	VisibilityTimeout time.Duration
+
 	MaxAttempts int           // after this many failed attempts a message is dead-lettered [10]
 	BackoffMin  time.Duration // first retry delay, doubling per attempt, with jitter [1s]
 	BackoffMax  time.Duration // [5m]
@@ -145,19 +159,12 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	d(&cfg.BackoffMax, 5*time.Minute)
 	n(&cfg.BatchSize, 100)
 	n(&cfg.MaxPartitions, 64)
-	n(&cfg.MaxAttempts, 10)
-	if cfg.DLQSuffix == "" {
-		cfg.DLQSuffix = ".dlq"
+	n(&cfg.UngroupedConcurrency, 16)
+	d(&cfg.VisibilityTimeout, 30*time.Second)
+	if cfg.Take < TakeAll || cfg.Take > TakeUngrouped {
+		return cfg, &ident.Error{Field: "take", Rule: fmt.Sprintf("%d is not TakeAll, TakeGrouped or TakeUngrouped", cfg.Take)}
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = c.cfg.Clock
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = c.cfg.Logger
-	}
-	if cfg.Name == "" {
-		cfg.Name = defaultName("subscriber")
-	}
+	c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber")
 	if err := ident.ConsumerGroup(cfg.ConsumerGroup); err != nil {
 		return cfg, err
 	}
@@ -167,8 +174,8 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	if err := ident.SubscriberName(cfg.Name); err != nil {
 		return cfg, err
 	}
-	if err := ident.Topic(cfg.Topic + cfg.DLQSuffix); err != nil {
-		return cfg, &ident.Error{Field: "dead-letter topic", Rule: fmt.Sprintf("%q + %q: %s", cfg.Topic, cfg.DLQSuffix, err.(*ident.Error).Rule)}
+	if err := dlqTopic(cfg.Topic, cfg.DLQSuffix); err != nil {
+		return cfg, err
 	}
 	if (cfg.Handler == nil) == (cfg.BatchHandler == nil) {
 		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
@@ -185,6 +192,39 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	return cfg, nil
 }
 
+// settleDefaults fills the settings that subscribers and receivers share:
+// attempts before dead-lettering, the dead-letter suffix, clock, logger
+// and name.
+func (c *Client) settleDefaults(maxAttempts *int, dlqSuffix *string, clock *func() time.Time, logger **slog.Logger, name *string, kind string) {
+	if *maxAttempts <= 0 {
+		*maxAttempts = 10
+	}
+	if *dlqSuffix == "" {
+		*dlqSuffix = ".dlq"
+	}
+	if *clock == nil {
+		*clock = c.cfg.Clock
+	}
+	if *logger == nil {
+		*logger = c.cfg.Logger
+	}
+	if *name == "" {
+		*name = defaultName(kind)
+	}
+}
+
+// dlqTopic checks that topic's dead-letter topic is a valid topic name.
+func dlqTopic(topic, suffix string) error {
+	if err := ident.Topic(topic + suffix); err != nil {
+		var ie *ident.Error
+		if errors.As(err, &ie) {
+			return &ident.Error{Field: "dead-letter topic", Rule: fmt.Sprintf("%q + %q: %s", topic, suffix, ie.Rule)}
+		}
+		return err
+	}
+	return nil
+}
+
 // defaultName names a member of a group: host-pid-random, or kind-pid-random
 // where the host name is not a valid ASCII identifier.
 func defaultName(kind string) string {
@@ -196,6 +236,21 @@ func defaultName(kind string) string {
 	return name
 }
 
+// Take chooses which messages a subscriber consumes.
+type Take int
+
+const (
+	// TakeAll: grouped and ungrouped messages.
+	TakeAll Take = iota
+	// TakeGrouped: only messages with a partition key, in order, through
+	// fair-share partition leases.
+	TakeGrouped
+	// TakeUngrouped: only messages with an empty partition key, in
+	// parallel, through per-message claims. Such a member does not
+	// heartbeat and takes no part in the fair share.
+	TakeUngrouped
+)
+
 // Subscriber is a running member of a consumer group.
 type Subscriber struct {
 	drv   driver.Driver
@@ -206,9 +261,13 @@ type Subscriber struct {
 	// life runs the loops and workers: its Context ends at Stop (no more
 	// fetching or rebalancing), its HardContext at a hard stop (handlers
 	// are cancelled).
-	life       *lifecycle.Group
-	mu         sync.Mutex
-	workers    map[driver.PartitionRef]*worker
+	life    *lifecycle.Group
+	mu      sync.Mutex
+	workers map[driver.PartitionRef]*worker
+	// ungroupedWake is nudged by a local publish of ungrouped messages.
+	ungroupedWake chan struct{}
+	// acks coalesces the acks of ungrouped messages per tenant.
+	acks       *coalesce.Batcher[string, driver.Claim]
 	stopOnce   sync.Once
 	stopResult error
 }
@@ -227,12 +286,30 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", cfg.Name),
 		workers: map[driver.PartitionRef]*worker{},
 	}
-	if err := s.heartbeat(ctx, cfg.Clock()); err != nil {
+	// A member that takes grouped messages heartbeats (its first beat also
+	// proves the database reachable and migrated); one that takes only
+	// ungrouped messages holds no lease and stays out of the fair share,
+	// so it only advances the ungrouped cursor.
+	if cfg.Take == TakeUngrouped {
+		_, err = c.drv.AdvanceUngrouped(ctx, cfg.Tenants[0], cfg.Topic, cfg.ConsumerGroup, cfg.Clock())
+	} else {
+		err = s.heartbeat(ctx, cfg.Clock())
+	}
+	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
 	s.life = lifecycle.New(ctx)
-	s.life.Go(s.beat)
-	s.life.Go(s.manage)
+	if cfg.Take != TakeUngrouped {
+		s.life.Go(s.beat)
+		s.life.Go(s.manage)
+	}
+	if cfg.Take != TakeGrouped {
+		s.ungroupedWake = make(chan struct{}, 1)
+		s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
+			return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
+		}, 500, 2, 0, dbTimeout)
+		s.life.Go(s.ungrouped)
+	}
 	c.local.add(s)
 	s.local = &c.local
 	return s, nil
@@ -248,6 +325,9 @@ func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		s.local.remove(s)
 		s.life.Stop(ctx)
+		if s.acks != nil {
+			s.acks.Close() // every handler has returned: no more acks
+		}
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name); err != nil {

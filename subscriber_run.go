@@ -88,13 +88,15 @@ func (s *Subscriber) tick() (contended bool) {
 
 	live := map[string][]string{}
 	alive := map[string]bool{}
+	member := map[string]bool{}
 	for _, sub := range subs {
+		member[sub.Name] = true
 		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.cfg.Name {
 			live[sub.Tenant] = append(live[sub.Tenant], sub.Name)
 			alive[sub.Name] = true
 		}
 	}
-	s.sweep(ctx, leases, alive, now)
+	s.sweep(ctx, leases, member, alive, now)
 
 	// A lease in our name without a worker here is an acquisition whose
 	// commit succeeded while we saw an error (a cut connection): offer it
@@ -108,9 +110,12 @@ func (s *Subscriber) tick() (contended bool) {
 	}
 	s.mu.Unlock()
 
-	refs := make([]driver.PartitionRef, len(work))
-	for i, p := range work {
-		refs[i] = driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey}
+	refs := make([]driver.PartitionRef, 0, len(work))
+	for _, p := range work {
+		if p.PartitionKey == "" {
+			continue // ungrouped messages go to per-message claims, never to a lease
+		}
+		refs = append(refs, driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey})
 	}
 	plan := balance.Compute(balance.Input{Me: s.cfg.Name, Live: live, Work: refs, Leases: leases, Now: now})
 	for _, p := range plan.Release {
@@ -189,10 +194,13 @@ func (s *Subscriber) renew(ctx context.Context, now time.Time) {
 }
 
 // sweep frees the leases of subscribers whose heartbeat went stale.
-func (s *Subscriber) sweep(ctx context.Context, leases []driver.Lease, alive map[string]bool, now time.Time) {
+func (s *Subscriber) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, now time.Time) {
 	deadSet := map[string]bool{}
 	for _, l := range leases {
-		if l.Owner != "" && !alive[l.Owner] {
+		// Only members whose heartbeat went stale are known dead. An owner
+		// without heartbeat rows is a group receiver (AcceptGroup), which
+		// renews its lease instead: its lease expires by itself.
+		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] {
 			deadSet[l.Owner] = true
 		}
 	}
@@ -471,21 +479,31 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 }
 
 // call runs the handler, turning a panic into an error.
-func (w *worker) call(msgs []driver.Message, attempt int) (err error) {
+func (w *worker) call(msgs []driver.Message, attempt int) error {
+	ds := make([]*Delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = newDelivery(m, attempt)
+	}
+	return w.s.callHandler(w.ctx, ds)
+}
+
+// callHandler runs the handler (the batch handler with all of ds, or the
+// handler with the one message), turning a panic into an error.
+func (s *Subscriber) callHandler(ctx context.Context, ds []*Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
-	ds := make([]*Delivery, len(msgs))
-	for i, m := range msgs {
-		ds[i] = &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
-			Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, Attempt: attempt}
+	if s.cfg.BatchHandler != nil {
+		return s.cfg.BatchHandler(ctx, ds)
 	}
-	if w.s.cfg.BatchHandler != nil {
-		return w.s.cfg.BatchHandler(w.ctx, ds)
-	}
-	return w.s.cfg.Handler(w.ctx, ds[0])
+	return s.cfg.Handler(ctx, ds[0])
+}
+
+func newDelivery(m driver.Message, attempt int) *Delivery {
+	return &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
+		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, Attempt: attempt}
 }
 
 // deadLetter copies msgs to the dead-letter topic and passes the cursor
@@ -493,18 +511,8 @@ func (w *worker) call(msgs []driver.Message, attempt int) (err error) {
 func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bool {
 	s := w.s
 	for _, m := range msgs {
-		headers := make(map[string]string, len(m.Headers)+4)
-		for k, v := range m.Headers {
-			headers[k] = v
-		}
-		headers[HeaderDLQOriginalTopic] = m.Topic
-		headers[HeaderDLQOriginalOffset] = strconv.FormatInt(m.Offset, 10)
-		headers[HeaderDLQAttempts] = strconv.Itoa(attempts)
-		headers[HeaderDLQLastError] = errText(cause)
-		dlq := &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic + s.cfg.DLQSuffix, PartitionKey: m.PartitionKey,
-			ID: m.ID, Headers: headers, Payload: m.Payload, CreatedAt: m.CreatedAt}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
-		err := s.drv.DeadLetter(ctx, w.leaseNow(), dlq, m.Offset, s.cfg.Clock())
+		err := s.drv.DeadLetter(ctx, w.leaseNow(), dlqMessage(m, s.cfg.DLQSuffix, attempts, cause), m.Offset, s.cfg.Clock())
 		cancel()
 		if errorsIsLost(err) {
 			w.lose()
@@ -517,6 +525,21 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bo
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
 	}
 	return true
+}
+
+// dlqMessage is m's copy for the dead-letter topic: same tenant, partition
+// key and id, with headers saying where it came from and why.
+func dlqMessage(m driver.Message, suffix string, attempts int, cause error) *driver.InsertMessage {
+	headers := make(map[string]string, len(m.Headers)+4)
+	for k, v := range m.Headers {
+		headers[k] = v
+	}
+	headers[HeaderDLQOriginalTopic] = m.Topic
+	headers[HeaderDLQOriginalOffset] = strconv.FormatInt(m.Offset, 10)
+	headers[HeaderDLQAttempts] = strconv.Itoa(attempts)
+	headers[HeaderDLQLastError] = errText(cause)
+	return &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic + suffix, PartitionKey: m.PartitionKey,
+		ID: m.ID, Headers: headers, Payload: m.Payload, CreatedAt: m.CreatedAt}
 }
 
 // errText is an error as a header value: valid UTF-8, within the limit.

@@ -111,6 +111,7 @@ type Driver interface {
 
 	Leases
 	Deliveries
+	Groups
 	HalfMessages
 	Admin
 }
@@ -331,3 +332,63 @@ type Admin interface {
 
 // ErrNoMessage means no message has the given identity.
 var ErrNoMessage = errors.New("no such message")
+
+// ReadyGroup is a partition with a message after a group's cursor and no
+// unexpired lease: a message group an explicit receiver may accept.
+type ReadyGroup struct {
+	Tenant       string
+	Topic        string
+	PartitionKey string
+	// NextOffset is the offset of the group's next message.
+	NextOffset int64
+}
+
+// Claim is one ungrouped message (empty partition key) claimed by Owner
+// for a consumer group until its visibility timeout. Token changes with
+// every claim; the claim's writes name it and fail with ErrLeaseLost once
+// the message was claimed again.
+type Claim struct {
+	ConsumerGroup string
+	Owner         string
+	Token         int64
+	// Attempts counts claims of the message, this one included.
+	Attempts  int
+	LastError string
+	Message   Message
+}
+
+// Groups is the message-group part of a driver: explicit receivers of one
+// partition, per-group state, and per-message claims of ungrouped
+// messages. Every time is the caller's clock.
+type Groups interface {
+	// ReadyGroups lists up to limit partitions of topic in tenants (the
+	// ungrouped partition "" excluded) that have a message after group's
+	// cursor and no unexpired lease, lowest next offset (oldest) first.
+	ReadyGroups(ctx context.Context, tenants []string, topic, group string, now time.Time, limit int) ([]ReadyGroup, error)
+	// GroupState reads the state of l's partition under l's fence (nil when
+	// none was set), or returns ErrLeaseLost.
+	GroupState(ctx context.Context, l Lease) ([]byte, error)
+	// SetGroupState stores the state of l's partition under l's fence, or
+	// returns ErrLeaseLost and changes nothing.
+	SetGroupState(ctx context.Context, l Lease, state []byte, now time.Time) error
+
+	// ClaimMessages claims up to limit ungrouped messages of topic in
+	// tenant for group: never claimed, or whose claim is visible again
+	// (expired, or retry due) and not done. Each claim lasts until
+	// now+visibility.
+	ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit int) ([]Claim, error)
+	// AckClaims marks the messages of cs (one tenant, topic and group)
+	// done in one transaction, or, when any claim is no longer current,
+	// returns ErrLeaseLost and changes nothing.
+	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
+	// RetryClaim makes c's message claimable again at retryAt, recording
+	// lastError, or returns ErrLeaseLost.
+	RetryClaim(ctx context.Context, c Claim, retryAt time.Time, lastError string, now time.Time) error
+	// DeadLetterClaim appends dlq and marks c's message done in one
+	// transaction, or returns ErrLeaseLost and changes nothing.
+	DeadLetterClaim(ctx context.Context, c Claim, dlq *InsertMessage, now time.Time) error
+	// AdvanceUngrouped moves group's cursor of tenant's ungrouped partition
+	// past every message that is done, and drops their claims. It returns
+	// the cursor.
+	AdvanceUngrouped(ctx context.Context, tenant, topic, group string, now time.Time) (int64, error)
+}

@@ -254,29 +254,9 @@ func BenchmarkConsume(b *testing.B, open func(b *testing.B) driver.Driver) {
 			c, _ := shardq.NewClient(d, nil)
 			tenant := fmt.Sprintf("sub%d", i)
 			fill(b, c, tenant)
-			var got atomic.Int64
-			done := make(chan struct{})
 			b.StartTimer()
-			var subs []*shardq.Subscriber
-			for w := range workers {
-				s, err := c.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "consume", Tenants: []string{tenant},
-					Name: fmt.Sprintf("w%d", w), DiscoveryInterval: 20 * time.Millisecond, PollInterval: 5 * time.Millisecond,
-					Handler: func(context.Context, *shardq.Delivery) error {
-						if got.Add(1) == total {
-							close(done)
-						}
-						return nil
-					}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				subs = append(subs, s)
-			}
-			<-done
-			b.StopTimer()
-			for _, s := range subs {
-				s.Stop(ctx)
-			}
+			consumeAll(b, c, total, workers, 0, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "consume", Tenants: []string{tenant},
+				DiscoveryInterval: 20 * time.Millisecond, PollInterval: 5 * time.Millisecond})
 			c.Close()
 		}
 		reportRate(b, total)
@@ -289,4 +269,73 @@ func offsetColumn(d driver.Driver) string {
 		return "`offset`"
 	}
 	return `"offset"`
+}
+
+// BenchmarkUngrouped measures competing consumers of ungrouped messages:
+// 10,000 messages with an empty partition key, consumed by 1, 2, 4 and 8
+// subscribers (TakeUngrouped) of one group, each running 4 handlers at
+// once. With an instant handler the database is the limit (a claim
+// transaction per batch, shared ack transactions); with a 10 ms handler
+// (work that waits, like a call to another service) the handlers are, and
+// msgs/s grows with consumers until the database's limit.
+func BenchmarkUngrouped(b *testing.B, open func(b *testing.B) driver.Driver) {
+	const total = 10_000
+	ctx := context.Background()
+	for _, c := range []struct {
+		consumers int
+		work      time.Duration
+	}{{1, 0}, {8, 0}, {1, 10 * time.Millisecond}, {2, 10 * time.Millisecond}, {4, 10 * time.Millisecond}, {8, 10 * time.Millisecond}} {
+		consumers, work := c.consumers, c.work
+		b.Run(fmt.Sprintf("handler=%s/consumers=%d", work, consumers), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				d := open(b)
+				c, _ := shardq.NewClient(d, nil)
+				for j := 0; j < total; j += 500 {
+					batch := make([]shardq.Message, 500)
+					for k := range batch {
+						batch[k] = shardq.Message{Tenant: "t", Topic: "u", Payload: []byte("x")}
+					}
+					if _, err := c.Publish(ctx, batch...); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+				consumeAll(b, c, total, consumers, work, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "u", Tenants: []string{"t"},
+					Take: shardq.TakeUngrouped, PollInterval: 5 * time.Millisecond, UngroupedConcurrency: 4})
+				c.Close()
+			}
+			reportRate(b, total)
+		})
+	}
+}
+
+// consumeAll runs members copies of cfg (a handler that takes work per
+// message) until total messages were handled, stops the timer, and stops
+// them.
+func consumeAll(b *testing.B, c *shardq.Client, total, members int, work time.Duration, cfg shardq.SubscriberConfig) {
+	ctx := context.Background()
+	var got atomic.Int64
+	done := make(chan struct{})
+	cfg.Handler = func(context.Context, *shardq.Delivery) error {
+		time.Sleep(work)
+		if got.Add(1) == int64(total) {
+			close(done)
+		}
+		return nil
+	}
+	var subs []*shardq.Subscriber
+	for w := range members {
+		cfg.Name = fmt.Sprintf("w%d", w)
+		s, err := c.Subscribe(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	<-done
+	b.StopTimer()
+	for _, s := range subs {
+		s.Stop(ctx)
+	}
 }

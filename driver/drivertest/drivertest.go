@@ -50,7 +50,7 @@ func Run(t *testing.T, open Open) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, transactionTests, adminTests) {
+	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, groupTests, transactionTests, adminTests) {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
 }

@@ -144,14 +144,17 @@ func wrap(op string, err error) error {
 }
 
 var dialect = sqlcommon.Dialect{
-	Offset:      "`offset`",
-	Wrap:        wrap,
-	EncodeTime:  func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
-	DecodeTime:  decodeTime,
-	LockClause:  " FOR UPDATE",
-	DeleteLimit: true,
-	Greatest:    "GREATEST",
-	Excluded:    func(col string) string { return "VALUES(" + col + ")" },
+	Offset:          "`offset`",
+	Wrap:            wrap,
+	EncodeTime:      func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
+	DecodeTime:      decodeTime,
+	LockClause:      " FOR UPDATE",
+	ShareLockClause: " LOCK IN SHARE MODE",
+	DeleteLimit:     true,
+	UseIndex:        func(index string) string { return " FORCE INDEX (" + index + ")" },
+	PartitionOrder:  " FORCE INDEX (PRIMARY)",
+	Greatest:        "GREATEST",
+	Excluded:        func(col string) string { return "VALUES(" + col + ")" },
 	Upsert: func(conflictCols, set string) string {
 		if set == "" { // a no-op update: the row is locked, nothing changes
 			col, _, _ := strings.Cut(conflictCols, ",")

@@ -127,7 +127,39 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.ListLeases(ctx, []string{"a"}, "g", "x"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := d.GroupState(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetGroupState(ctx, l, []byte("s"), now); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.ReleaseLease(ctx, l, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ReadyGroups(ctx, []string{"a", "b"}, "x", "g", now, 10); err != nil {
+		t.Fatal(err)
+	}
+	var ungrouped []shardq.Message
+	for range 3 {
+		ungrouped = append(ungrouped, shardq.Message{Tenant: "a", Topic: "u"})
+	}
+	if _, err := c.Publish(ctx, ungrouped...); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := d.ClaimMessages(ctx, "a", "u", "g", "s", now, time.Minute, 10)
+	if err != nil || len(claims) != 3 {
+		t.Fatalf("claimed %d ungrouped messages, %v", len(claims), err)
+	}
+	if err := d.AckClaims(ctx, claims[:1], now); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RetryClaim(ctx, claims[1], now, "later", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeadLetterClaim(ctx, claims[2], &driver.InsertMessage{Tenant: "a", Topic: "u.dlq", ID: "d", CreatedAt: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AdvanceUngrouped(ctx, "a", "u", "g", now); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"h1", "h2", "h3", "h4"} {

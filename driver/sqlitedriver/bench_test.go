@@ -27,3 +27,8 @@ func BenchmarkTick(b *testing.B) {
 func BenchmarkConsume(b *testing.B) {
 	drivertest.BenchmarkConsume(b, func(b *testing.B) driver.Driver { return testdb.Migrated(b, testdb.SQLite(b)) })
 }
+
+// go test -bench Ungrouped -run '^$' ./driver/sqlitedriver/
+func BenchmarkUngrouped(b *testing.B) {
+	drivertest.BenchmarkUngrouped(b, func(b *testing.B) driver.Driver { return testdb.Migrated(b, testdb.SQLite(b)) })
+}

@@ -165,9 +165,11 @@ var dialect = sqlcommon.Dialect{
 		}
 		return time.UnixMicro(us).UTC(), nil
 	},
-	LockClause: "",
-	Greatest:   "max",
-	Excluded:   func(col string) string { return "excluded." + col },
+	LockClause:     "",
+	UseIndex:       func(index string) string { return " INDEXED BY " + index },
+	PartitionOrder: " INDEXED BY pk_queue_messages",
+	Greatest:       "max",
+	Excluded:       func(col string) string { return "excluded." + col },
 	Upsert: func(conflictCols, set string) string {
 		if set == "" {
 			return " ON CONFLICT (" + conflictCols + ") DO NOTHING"

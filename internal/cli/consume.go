@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -20,18 +21,26 @@ type consumeFlags struct {
 	tenants            []string
 	max                int
 	idleExit           time.Duration
+	key                string        // --key: accept this message group
+	wait               time.Duration // --wait: for --key and --next-group
+	nextGroup          bool          // --next-group: accept the next free group with a ready message
+	ungrouped          bool          // --ungrouped: only messages without a partition key
 }
 
 func (a *app) consumeCmd() *cobra.Command {
 	var f consumeFlags
 	cmd := &cobra.Command{
-		Use:   "consume --topic X --group G [--tenant T ...] [--max N] [--idle-exit D] [--name S]",
+		Use:   "consume --topic X --group G [--tenant T ...] [--key K [--wait D] | --next-group [--wait D] | --ungrouped] [--max N] [--idle-exit D] [--name S]",
 		Short: "Consume a topic as a member of a consumer group, printing one JSON line per message",
 		Long: "Joins consumer group G on topic X for the tenants given by --tenant (repeatable) or MQ_TENANTS\n" +
 			"(comma-separated). Each message is printed as one JSON line and flushed before it is acked:\n" +
 			`{"tenant","topic","partition_key","offset","id","attempt","headers","payload"}` + "\n" +
 			"(payload as text when it is valid UTF-8, otherwise base64 in \"payload_base64\").\n" +
-			"Exits 0 after --max messages or after --idle-exit without one; SIGINT/SIGTERM stop it gracefully.",
+			"Exits 0 after --max messages or after --idle-exit without one; SIGINT/SIGTERM stop it gracefully.\n" +
+			"By default it takes a fair share of every partition (and ungrouped messages). --key K attaches to the one\n" +
+			"message group K of the single --tenant (waiting up to --wait while another consumer holds it);\n" +
+			"--next-group takes the free group whose next message is oldest (waiting up to --wait for one);\n" +
+			"--ungrouped takes only messages without a partition key, competing with the group's other members.",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error { return a.consume(cmd, f) }),
 	}
@@ -42,6 +51,10 @@ func (a *app) consumeCmd() *cobra.Command {
 	fl.IntVar(&f.max, "max", 0, "exit after this many messages (0: no limit)")
 	fl.DurationVar(&f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
 	fl.StringVar(&f.name, "name", "", "subscriber name (default host-pid-random)")
+	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
+	fl.DurationVar(&f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
+	fl.BoolVar(&f.nextGroup, "next-group", false, "accept the next free message group that has a message ready")
+	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
 	cmd.MarkFlagRequired("topic")
 	cmd.MarkFlagRequired("group")
 	return cmd
@@ -59,6 +72,18 @@ type consumeLine struct {
 	PayloadBase64 []byte            `json:"payload_base64,omitempty"`
 }
 
+func newConsumeLine(d *shardq.Delivery) consumeLine {
+	line := consumeLine{Tenant: d.Tenant, Topic: d.Topic, PartitionKey: d.PartitionKey, Offset: d.Offset, ID: d.ID,
+		Attempt: d.Attempt, Headers: d.Headers}
+	if utf8.Valid(d.Payload) {
+		p := string(d.Payload)
+		line.Payload = &p
+	} else {
+		line.PayloadBase64 = d.Payload
+	}
+	return line
+}
+
 func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	tenants := f.tenants
 	if len(tenants) == 0 {
@@ -71,11 +96,30 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	if f.max < 0 {
 		return usagef("--max must not be negative")
 	}
+	modes := 0
+	for _, on := range []bool{f.key != "", f.nextGroup, f.ungrouped} {
+		if on {
+			modes++
+		}
+	}
+	switch {
+	case modes > 1:
+		return usagef("--key, --next-group and --ungrouped exclude each other")
+	case f.wait < 0:
+		return usagef("--wait must not be negative")
+	case f.wait > 0 && f.key == "" && !f.nextGroup:
+		return usagef("--wait applies to --key and --next-group only")
+	case f.key != "" && len(tenants) != 1:
+		return usagef("--key needs exactly one tenant, got %d", len(tenants))
+	}
 	c, done, err := a.client()
 	if err != nil {
 		return err
 	}
 	defer done()
+	if f.key != "" || f.nextGroup {
+		return a.receive(cmd.Context(), c, f, tenants)
+	}
 
 	out := bufio.NewWriter(a.env.Stdout)
 	var mu sync.Mutex
@@ -90,15 +134,7 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 			<-ctx.Done() // not printed, not acked: the stop cancels it
 			return ctx.Err()
 		}
-		line := consumeLine{Tenant: d.Tenant, Topic: d.Topic, PartitionKey: d.PartitionKey, Offset: d.Offset, ID: d.ID,
-			Attempt: d.Attempt, Headers: d.Headers}
-		if utf8.Valid(d.Payload) {
-			p := string(d.Payload)
-			line.Payload = &p
-		} else {
-			line.PayloadBase64 = d.Payload
-		}
-		err := enc.Encode(line)
+		err := enc.Encode(newConsumeLine(d))
 		if err == nil {
 			err = out.Flush()
 		}
@@ -118,8 +154,12 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		}
 		return nil
 	}
+	take := shardq.TakeAll
+	if f.ungrouped {
+		take = shardq.TakeUngrouped
+	}
 	sub, err := c.Subscribe(cmd.Context(), shardq.SubscriberConfig{
-		ConsumerGroup: f.group, Topic: f.topic, Tenants: tenants, Name: f.name, Handler: handler,
+		ConsumerGroup: f.group, Topic: f.topic, Tenants: tenants, Name: f.name, Handler: handler, Take: take,
 	})
 	if err != nil {
 		return err
@@ -162,4 +202,56 @@ wait:
 		defer cancel()
 	}
 	return sub.Stop(stopCtx)
+}
+
+// receive consumes one message group through a GroupReceiver: print each
+// message, then ack it.
+func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, tenants []string) error {
+	opts := &shardq.ReceiverOptions{Name: f.name, Wait: f.wait}
+	var r *shardq.GroupReceiver
+	var err error
+	if f.key != "" {
+		r, err = c.AcceptGroup(ctx, tenants[0], f.topic, f.group, f.key, opts)
+	} else {
+		r, err = c.AcceptNextGroup(ctx, tenants, f.topic, f.group, opts)
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if cerr := r.Close(cctx); cerr != nil {
+			fmt.Fprintln(a.env.Stderr, "error:", cerr)
+		}
+	}()
+	fmt.Fprintf(a.env.Stderr, "accepted message group %q of tenant %q\n", r.PartitionKey(), r.Tenant())
+	out := bufio.NewWriter(a.env.Stdout)
+	enc := json.NewEncoder(out)
+	for n := 0; f.max == 0 || n < f.max; n++ {
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if f.idleExit > 0 {
+			rctx, cancel = context.WithTimeout(ctx, f.idleExit)
+		}
+		d, err := r.Receive(rctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil // SIGINT/SIGTERM
+		case errors.Is(err, context.DeadlineExceeded):
+			return nil // --idle-exit
+		case err != nil:
+			return err
+		}
+		if err := enc.Encode(newConsumeLine(d)); err != nil {
+			return err
+		}
+		if err := out.Flush(); err != nil {
+			return fmt.Errorf("write stdout: %w", err) // not acked: delivered again to the next owner
+		}
+		if err := r.Ack(ctx, d); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package sqlcommon
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -61,13 +62,22 @@ func (d *Store) partitions(ctx context.Context, query, topic string, nTenants in
 }
 
 // ResetOffset upserts a group's cursor without a lease (an operator's act).
+// For the ungrouped partition it also drops the group's claims above the
+// new cursor, so that those messages are claimed (delivered) again.
 func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error {
-	_, err := d.Write.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
-		"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
-		"committed_offset = "+d.Excluded("committed_offset")+", updated_at = "+d.Excluded("updated_at")),
-		tenant, topic, partitionKey, group, offset, d.EncodeTime(time.Now()))
-	if err != nil {
-		return d.Wrap(fmt.Sprintf("reset offset tenant %q topic %q partition %q group %q", tenant, topic, partitionKey, group), err)
-	}
-	return nil
+	op := fmt.Sprintf("reset offset tenant %q topic %q partition %q group %q", tenant, topic, partitionKey, group)
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
+			"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
+			"committed_offset = "+d.Excluded("committed_offset")+", updated_at = "+d.Excluded("updated_at")),
+			tenant, topic, partitionKey, group, offset, d.EncodeTime(time.Now())); err != nil {
+			return struct{}{}, d.Wrap(op, err)
+		}
+		if partitionKey != "" {
+			return struct{}{}, nil
+		}
+		_, err := tx.ExecContext(ctx, "DELETE FROM queue_message_claims WHERE "+claimKey+" AND message_offset > ?", tenant, group, topic, offset)
+		return struct{}{}, d.wrapNil(op, err)
+	})
+	return err
 }

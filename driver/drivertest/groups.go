@@ -1,0 +1,656 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var groupTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"AcceptGroupIsExclusiveAndContinuesInOrder", testAcceptGroupIsExclusive},
+	{"AcceptGroupWaits", testAcceptGroupWaits},
+	{"ReceiverAndSubscriberNeverShareAGroup", testReceiverAndSubscriberNeverShare},
+	{"AcceptNextGroupTakesOldestReadyFreeGroup", testAcceptNextGroup},
+	{"ReceiverIdleRelease", testReceiverIdleRelease},
+	{"GroupStateAcrossOwnersAndFenced", testGroupState},
+	{"ReceiverNackRetriesThenDeadLetters", testReceiverNackRetriesThenDeadLetters},
+	{"UngroupedCompetingConsumers", testUngroupedCompetingConsumers},
+	{"UngroupedRedeliveredOnlyAfterVisibilityTimeout", testUngroupedVisibility},
+	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
+	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
+	{"MixedSubscribers", testMixedSubscribers},
+}
+
+// receiverOpts are test-sized receiver options.
+func receiverOpts(name string) *shardq.ReceiverOptions {
+	return &shardq.ReceiverOptions{Name: name, PollInterval: 10 * time.Millisecond, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}
+}
+
+func publishGroup(t *testing.T, c *shardq.Client, key string, ids ...string) {
+	t.Helper()
+	msgs := make([]shardq.Message, len(ids))
+	for i, id := range ids {
+		msgs[i] = shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, ID: id}
+	}
+	mustPublish(t, c, msgs...)
+}
+
+// receiveAck receives n messages, acks each, and returns their ids.
+func receiveAck(t *testing.T, r *shardq.GroupReceiver, n int) []string {
+	t.Helper()
+	var ids []string
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		d, err := r.Receive(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("receive after %v: %v", ids, err)
+		}
+		if err := r.Ack(context.Background(), d); err != nil {
+			t.Fatalf("ack %s: %v", d.ID, err)
+		}
+		ids = append(ids, d.ID)
+	}
+	return ids
+}
+
+func closeReceiver(t *testing.T, r *shardq.GroupReceiver) {
+	t.Helper()
+	if err := r.Close(context.Background()); err != nil {
+		t.Errorf("close: %v", err)
+	}
+}
+
+// N receivers race for one group: exactly one wins, the others are told
+// who holds it; the next owner continues from the committed cursor.
+func testAcceptGroupIsExclusive(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	publishGroup(t, c, "k", "m1", "m2", "m3", "m4", "m5", "m6")
+	const racers = 6
+	var wg sync.WaitGroup
+	won := make(chan *shardq.GroupReceiver, racers)
+	owned := make(chan *shardq.GroupOwnedError, racers)
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", receiverOpts(fmt.Sprintf("r%d", i)))
+			var goe *shardq.GroupOwnedError
+			switch {
+			case err == nil:
+				won <- r
+			case errors.As(err, &goe) && errors.Is(err, shardq.ErrGroupOwned):
+				owned <- goe
+			default:
+				t.Errorf("racer %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(won)
+	close(owned)
+	if len(won) != 1 || len(owned) != racers-1 {
+		t.Fatalf("%d receivers won and %d were refused; want 1 and %d", len(won), len(owned), racers-1)
+	}
+	r := <-won
+	for e := range owned {
+		if e.Owner != r.Name() || e.PartitionKey != "k" {
+			t.Fatalf("refusal names %q on %q; the holder is %q", e.Owner, e.PartitionKey, r.Name())
+		}
+	}
+	if got := receiveAck(t, r, 3); fmt.Sprint(got) != "[m1 m2 m3]" {
+		t.Fatalf("first owner received %v", got)
+	}
+	d, err := r.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Receive(context.Background()); !errors.Is(err, shardq.ErrUnsettled) {
+		t.Fatalf("receive with %s unsettled: %v, want ErrUnsettled", d.ID, err)
+	}
+	closeReceiver(t, r) // m4 unsettled: the next owner gets it again
+	next, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", receiverOpts("next"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeReceiver(t, next)
+	if got := receiveAck(t, next, 3); fmt.Sprint(got) != "[m4 m5 m6]" {
+		t.Fatalf("next owner received %v, want [m4 m5 m6]", got)
+	}
+}
+
+func testAcceptGroupWaits(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	publishGroup(t, c, "k", "m1")
+	holder, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", receiverOpts("holder"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := receiverOpts("waiter")
+	o.Wait = 300 * time.Millisecond
+	start := time.Now()
+	_, err = c.AcceptGroup(context.Background(), "t", "x", "g", "k", o)
+	if !errors.Is(err, shardq.ErrAcceptTimeout) || !errors.Is(err, shardq.ErrGroupOwned) {
+		t.Fatalf("accept of a held group with a wait: %v, want ErrAcceptTimeout wrapping ErrGroupOwned", err)
+	}
+	if waited := time.Since(start); waited < o.Wait {
+		t.Fatalf("gave up after %s, before the %s wait", waited, o.Wait)
+	}
+	// The holder lets go while the waiter waits: the waiter gets the group.
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		closeReceiver(t, holder)
+	}()
+	o.Wait = 30 * time.Second
+	waiter, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", o)
+	if err != nil {
+		t.Fatalf("accept with a wait while the holder closes: %v", err)
+	}
+	if got := receiveAck(t, waiter, 1); got[0] != "m1" {
+		t.Fatalf("received %v", got)
+	}
+	closeReceiver(t, waiter)
+
+	// RequireReady: nothing is ready in k now; the lease is not kept.
+	o = receiverOpts("picky")
+	o.RequireReady = true
+	if _, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", o); !errors.Is(err, shardq.ErrNoReadyGroup) {
+		t.Fatalf("RequireReady on a drained group: %v, want ErrNoReadyGroup", err)
+	}
+	for _, l := range leaseRows(t, d) {
+		if l.Owner != "" {
+			t.Fatalf("lease left held by %q", l.Owner)
+		}
+	}
+	if _, err := c.AcceptGroup(context.Background(), "t", "x", "g", "", o); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("accepting the ungrouped partition: %v, want ErrInvalid", err)
+	}
+}
+
+func leaseRows(t *testing.T, d driver.Driver) []driver.Lease {
+	t.Helper()
+	ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+// A receiver's lease is never swept by subscribers (it has no heartbeat
+// row) and its group is never delivered by them while it is open; a
+// subscriber's group is refused to a receiver.
+func testReceiverAndSubscriberNeverShare(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	r, err := c.AcceptGroup(context.Background(), "t", "x", "g", "mine", receiverOpts("receiver"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishGroup(t, c, "mine", "r1", "r2")
+	publishGroup(t, c, "theirs", "s1")
+	var mu sync.Mutex
+	got := map[string]bool{}
+	block := make(chan struct{})
+	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		got[dl.ID] = true
+		mu.Unlock()
+		if dl.ID == "s1" {
+			select { // hold "theirs" while the receiver asks for it
+			case <-block:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "s1 delivered", 20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return got["s1"] })
+	_, err = c.AcceptGroup(context.Background(), "t", "x", "g", "theirs", receiverOpts("late"))
+	var goe *shardq.GroupOwnedError
+	if !errors.As(err, &goe) || goe.Owner != s.Name() {
+		t.Fatalf("accepting a subscriber's group: %v, want GroupOwnedError naming %q", err, s.Name())
+	}
+	close(block)
+	time.Sleep(500 * time.Millisecond) // ten discovery ticks
+	mu.Lock()
+	if got["r1"] || got["r2"] {
+		t.Fatalf("the subscriber delivered the receiver's group: %v", got)
+	}
+	mu.Unlock()
+	for _, l := range leaseRows(t, d) {
+		if l.PartitionKey == "mine" && l.Owner != "receiver" {
+			t.Fatalf("the receiver's lease is now %q's", l.Owner)
+		}
+	}
+	if ids := receiveAck(t, r, 1); ids[0] != "r1" {
+		t.Fatalf("receiver got %v", ids)
+	}
+	closeReceiver(t, r) // the subscriber takes the group over from the cursor
+	waitFor(t, "r2 delivered by the subscriber", 20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return got["r2"] })
+	mu.Lock()
+	defer mu.Unlock()
+	if got["r1"] {
+		t.Fatal("r1, acked by the receiver, was delivered again")
+	}
+}
+
+func testAcceptNextGroup(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "owned", "o1")
+	publishGroup(t, c, "retrying", "x1")
+	publishGroup(t, c, "drained", "d1")
+	publishGroup(t, c, "old", "a1", "a2")
+	publishGroup(t, c, "new", "b1")
+	owner, err := c.AcceptGroup(ctx, "t", "x", "g", "owned", receiverOpts("owner"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeReceiver(t, owner)
+	r, err := c.AcceptGroup(ctx, "t", "x", "g", "retrying", receiverOpts("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := r.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Nack(ctx, dl, shardq.RetryAfter(time.Hour, errors.New("later"))); err != nil {
+		t.Fatal(err)
+	}
+	closeReceiver(t, r)
+	r, err = c.AcceptGroup(ctx, "t", "x", "g", "drained", receiverOpts("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiveAck(t, r, 1)
+	closeReceiver(t, r)
+
+	for _, want := range []string{"old", "new"} {
+		next, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", receiverOpts("next-"+want))
+		if err != nil {
+			t.Fatalf("accept next (want %q): %v", want, err)
+		}
+		if next.PartitionKey() != want {
+			t.Fatalf("accepted %q, want %q (oldest ready free group)", next.PartitionKey(), want)
+		}
+		defer closeReceiver(t, next)
+	}
+	if _, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", receiverOpts("none")); !errors.Is(err, shardq.ErrNoReadyGroup) {
+		t.Fatalf("accept next with only owned, retrying and drained groups: %v, want ErrNoReadyGroup", err)
+	}
+	o := receiverOpts("patient")
+	o.Wait = 200 * time.Millisecond
+	if _, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", o); !errors.Is(err, shardq.ErrAcceptTimeout) {
+		t.Fatalf("accept next with a wait and nothing ready: %v, want ErrAcceptTimeout", err)
+	}
+	// A message arriving during the wait is picked up.
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "fresh", ID: "f1"}); err != nil {
+			t.Error(err)
+		}
+	}()
+	o.Wait = 30 * time.Second
+	fresh, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", o)
+	if err != nil || fresh.PartitionKey() != "fresh" {
+		t.Fatalf("accept next while a message arrives: %v", err)
+	}
+	closeReceiver(t, fresh)
+}
+
+func testReceiverIdleRelease(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	publishGroup(t, c, "k", "m1")
+	o := receiverOpts("idler")
+	o.IdleTimeout = 300 * time.Millisecond
+	r, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiveAck(t, r, 1)
+	waitFor(t, "the idle group's lease released", 20*time.Second, func() bool {
+		ls := leaseRows(t, d)
+		return len(ls) == 1 && ls[0].Owner == ""
+	})
+	if _, err := r.Receive(context.Background()); !errors.Is(err, shardq.ErrReceiverClosed) {
+		t.Fatalf("receive after idle release: %v, want ErrReceiverClosed", err)
+	}
+	closeReceiver(t, r)
+}
+
+func testGroupState(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "k", "m1")
+	a, err := c.AcceptGroup(ctx, "t", "x", "g", "k", receiverOpts("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.State(ctx); err != nil || st != nil {
+		t.Fatalf("fresh group state %q, %v; want nil", st, err)
+	}
+	if err := a.SetState(ctx, []byte("step-1")); err != nil {
+		t.Fatal(err)
+	}
+	closeReceiver(t, a)
+	b, err := c.AcceptGroup(ctx, "t", "x", "g", "k", receiverOpts("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.State(ctx); err != nil || string(st) != "step-1" {
+		t.Fatalf("next owner reads %q, %v; want step-1", st, err)
+	}
+	if err := b.SetState(ctx, []byte{}); err != nil {
+		t.Fatal(err)
+	}
+	closeReceiver(t, b)
+
+	// A stale owner: its lease expired (by its successor's clock) and the
+	// group was taken over; every fenced call refuses it.
+	clock := func(at time.Time) func() time.Time { return func() time.Time { return at } }
+	so := receiverOpts("stale")
+	so.Clock, so.LeaseTTL = clock(t0), time.Minute
+	stale, err := c.AcceptGroup(ctx, "t", "x", "g", "k", so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := stale.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	no := receiverOpts("new")
+	no.Clock = clock(t0.Add(2 * time.Minute))
+	fresh, err := c.AcceptGroup(ctx, "t", "x", "g", "k", no)
+	if err != nil {
+		t.Fatalf("taking over an expired group: %v", err)
+	}
+	defer closeReceiver(t, fresh)
+	if err := stale.SetState(ctx, []byte("stale write")); !errors.Is(err, shardq.ErrLeaseLost) {
+		t.Fatalf("stale SetState: %v, want ErrLeaseLost", err)
+	}
+	if _, err := stale.State(ctx); !errors.Is(err, shardq.ErrLeaseLost) || !errors.Is(err, shardq.ErrReceiverClosed) {
+		t.Fatalf("stale State: %v, want ErrLeaseLost", err)
+	}
+	if err := stale.Ack(ctx, dl); !errors.Is(err, shardq.ErrLeaseLost) {
+		t.Fatalf("stale Ack: %v, want ErrLeaseLost", err)
+	}
+	closeReceiver(t, stale)
+	if st, err := fresh.State(ctx); err != nil || string(st) != "" || st == nil {
+		t.Fatalf("state after the stale write %q, %v; want the empty state b set", st, err)
+	}
+	if ids := receiveAck(t, fresh, 1); ids[0] != "m1" {
+		t.Fatalf("new owner received %v; the stale ack must not have moved the cursor", ids)
+	}
+}
+
+func testReceiverNackRetriesThenDeadLetters(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "k", "poison", "next")
+	o := receiverOpts("r")
+	o.MaxAttempts = 3
+	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeReceiver(t, r)
+	for attempt := 1; attempt <= 3; attempt++ {
+		dl, err := r.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dl.ID != "poison" || dl.Attempt != attempt {
+			t.Fatalf("received %s attempt %d, want poison attempt %d", dl.ID, dl.Attempt, attempt)
+		}
+		if err := r.Nack(ctx, dl, errors.New("bad input")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids := receiveAck(t, r, 1); ids[0] != "next" {
+		t.Fatalf("after the poison message: %v", ids)
+	}
+	dlq, err := d.FetchAfter(ctx, "t", "x.dlq", "k", 0, 10)
+	if err != nil || len(dlq) != 1 || dlq[0].ID != "poison" || dlq[0].Headers[shardq.HeaderDLQAttempts] != "3" ||
+		dlq[0].Headers[shardq.HeaderDLQLastError] != "bad input" {
+		t.Fatalf("dead-letter topic: %+v, %v", dlq, err)
+	}
+}
+
+// ungroupedConfig is a competing consumer of ungrouped messages.
+func ungroupedConfig(name string, h shardq.Handler) shardq.SubscriberConfig {
+	cfg := fastConfig("g", "x", []string{"t"}, h)
+	cfg.Name, cfg.Take = name, shardq.TakeUngrouped
+	return cfg
+}
+
+func testUngroupedCompetingConsumers(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	const total, consumers = 10_000, 8
+	var batch []shardq.Message
+	for i := range total {
+		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("u%05d", i)})
+		if len(batch) == 500 {
+			mustPublish(t, c, batch...)
+			batch = batch[:0]
+		}
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	perConsumer := make([]atomic.Int64, consumers)
+	var distinct atomic.Int64
+	var subs []*shardq.Subscriber
+	for i := range consumers {
+		s, err := c.Subscribe(context.Background(), ungroupedConfig(fmt.Sprintf("u%d", i), func(_ context.Context, dl *shardq.Delivery) error {
+			mu.Lock()
+			seen[dl.ID]++
+			if seen[dl.ID] == 1 {
+				distinct.Add(1)
+			}
+			mu.Unlock()
+			perConsumer[i].Add(1)
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	defer func() { stopAll(t, subs...) }() // when a wait below fails
+	waitFor(t, "every ungrouped message delivered", 120*time.Second, func() bool { return distinct.Load() == total })
+	// The cursor passes everything once it is all done, and the claims go.
+	waitFor(t, "the ungrouped cursor at the head", 20*time.Second, func() bool {
+		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		return err == nil && len(ps) == 0
+	})
+	stopAll(t, subs...)
+	subs = nil
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s delivered %d times; no claim expired, so once is right", id, n)
+		}
+	}
+	busy := 0
+	for i := range perConsumer {
+		if perConsumer[i].Load() > 0 {
+			busy++
+		}
+	}
+	if busy < 2 {
+		t.Errorf("only %d of %d consumers handled messages", busy, consumers)
+	}
+	t.Logf("per consumer: %v", func() []int64 {
+		out := make([]int64, consumers)
+		for i := range perConsumer {
+			out[i] = perConsumer[i].Load()
+		}
+		return out
+	}())
+}
+
+// A claim that outlives its visibility timeout is delivered again, never
+// before the timeout (by the members' clock, injected here); the late ack
+// is refused.
+func testUngroupedVisibility(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	const visibility = 500 * time.Millisecond
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "slow"})
+	var now atomic.Int64
+	now.Store(t0.UnixMicro())
+	clock := func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	attempts := make(chan int, 10)
+	release := make(chan struct{})
+	var subs []*shardq.Subscriber
+	for _, name := range []string{"a", "b"} {
+		cfg := ungroupedConfig(name, func(ctx context.Context, dl *shardq.Delivery) error {
+			attempts <- dl.Attempt
+			if dl.Attempt == 1 {
+				<-release // outlive the claim
+			}
+			return nil
+		})
+		cfg.VisibilityTimeout, cfg.Clock = visibility, clock
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	defer func() { stopAll(t, subs...) }()
+	if a := <-attempts; a != 1 {
+		t.Fatalf("first delivery is attempt %d", a)
+	}
+	now.Store(t0.Add(visibility - time.Microsecond).UnixMicro())
+	select {
+	case a := <-attempts:
+		t.Fatalf("delivered again (attempt %d) before the claim expired", a)
+	case <-time.After(300 * time.Millisecond): // thirty polls of both members
+	}
+	now.Store(t0.Add(visibility).UnixMicro())
+	select {
+	case a := <-attempts:
+		if a != 2 {
+			t.Fatalf("redelivered as attempt %d, want 2", a)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the expired claim was not delivered again")
+	}
+	close(release)
+}
+
+func testUngroupedDeadLetters(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "poison"})
+	var attempts atomic.Int32
+	cfg := ungroupedConfig("u", func(_ context.Context, dl *shardq.Delivery) error {
+		attempts.Add(1)
+		return errors.New("cannot")
+	})
+	cfg.MaxAttempts = 3
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "the poison message dead-lettered", 20*time.Second, func() bool {
+		dlq, err := d.FetchAfter(context.Background(), "t", "x.dlq", "", 0, 10)
+		return err == nil && len(dlq) == 1 && dlq[0].ID == "poison" && dlq[0].Headers[shardq.HeaderDLQAttempts] == "3"
+	})
+	if n := attempts.Load(); n != 3 {
+		t.Fatalf("%d attempts, want 3", n)
+	}
+}
+
+// Grouped-only, ungrouped-only and both: each takes only its kind, grouped
+// messages stay in order, everything is delivered.
+func testMixedSubscribers(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	var batch []shardq.Message
+	for i := range 200 {
+		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("k%d", i%4), ID: fmt.Sprintf("g%03d", i)},
+			shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("u%03d", i)})
+	}
+	mustPublish(t, c, batch...)
+	rec := newRecorder()
+	var mu sync.Mutex
+	got := map[string]bool{}
+	var errs []string
+	handler := func(take shardq.Take) shardq.Handler {
+		return func(ctx context.Context, dl *shardq.Delivery) error {
+			grouped := dl.PartitionKey != ""
+			mu.Lock()
+			if (take == shardq.TakeGrouped && !grouped) || (take == shardq.TakeUngrouped && grouped) {
+				errs = append(errs, fmt.Sprintf("member taking %d got %s", take, dl.ID))
+			}
+			got[dl.ID] = true
+			mu.Unlock()
+			if grouped {
+				return rec.handle(ctx, dl)
+			}
+			return nil
+		}
+	}
+	var subs []*shardq.Subscriber
+	for i, take := range []shardq.Take{shardq.TakeGrouped, shardq.TakeUngrouped, shardq.TakeAll} {
+		cfg := fastConfig("g", "x", []string{"t"}, handler(take))
+		cfg.Name, cfg.Take = fmt.Sprintf("m%d", i), take
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	defer func() { stopAll(t, subs...) }() // when the wait fails
+	waitFor(t, "all 400 messages", 60*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 400 })
+	stopAll(t, subs...)
+	subs = nil
+	rec.check(t)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+}
+
+// Resetting the ungrouped cursor delivers the messages again: the claims
+// above the new cursor go with it.
+func testUngroupedReplay(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"})
+	consume := func() int64 {
+		var n atomic.Int64
+		s, err := c.Subscribe(ctx, ungroupedConfig("u", func(context.Context, *shardq.Delivery) error { n.Add(1); return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopAll(t, s)
+		waitFor(t, "both delivered and passed", 20*time.Second, func() bool {
+			ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+			return n.Load() >= 2 && err == nil && len(ps) == 0
+		})
+		return n.Load()
+	}
+	if n := consume(); n != 2 {
+		t.Fatalf("first pass delivered %d", n)
+	}
+	if err := d.ResetOffset(ctx, "t", "x", "", "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := consume(); n != 2 {
+		t.Fatalf("after the reset %d delivered, want both again", n)
+	}
+}

@@ -1,0 +1,586 @@
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/backoff"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// Errors of message-group receivers.
+var (
+	// ErrGroupOwned means another receiver or subscriber of the consumer
+	// group holds the group's lease; the error is a *GroupOwnedError naming
+	// the holder.
+	ErrGroupOwned = errors.New("message group owned by another consumer")
+	// ErrAcceptTimeout means an accept with a wait found no group to take
+	// before the wait ran out; it wraps the last reason (ErrGroupOwned or
+	// ErrNoReadyGroup).
+	ErrAcceptTimeout = errors.New("shardq: accept timed out")
+	// ErrNoReadyGroup means no free group had a message ready.
+	ErrNoReadyGroup = errors.New("no free message group with a ready message")
+	// ErrReceiverClosed is returned by a receiver that was closed, released
+	// its group after IdleTimeout, or lost its lease (then it also matches
+	// ErrLeaseLost).
+	ErrReceiverClosed = errors.New("shardq: group receiver closed")
+	// ErrUnsettled is returned by Receive while the message it returned
+	// last is neither acked, nacked nor dead-lettered: a group's message k+1
+	// is never handed out before k is settled.
+	ErrUnsettled = errors.New("shardq: the previous message of the group is not settled")
+)
+
+// GroupOwnedError names who holds a message group.
+type GroupOwnedError struct {
+	Tenant, Topic, ConsumerGroup, PartitionKey string
+	Owner                                      string
+	ExpiresAt                                  time.Time
+}
+
+func (e *GroupOwnedError) Error() string {
+	return fmt.Sprintf("tenant %q topic %q group %q message group %q: %v: held by %q until %s", e.Tenant, e.Topic,
+		e.ConsumerGroup, e.PartitionKey, ErrGroupOwned, e.Owner, e.ExpiresAt.Format(time.RFC3339Nano))
+}
+
+func (e *GroupOwnedError) Is(target error) bool { return target == ErrGroupOwned }
+
+// ReceiverOptions configure AcceptGroup and AcceptNextGroup. Zero values
+// take the defaults in brackets.
+type ReceiverOptions struct {
+	// Name is the receiver's name as lease owner [receiver-host-pid-random].
+	Name string
+	// Wait is how long an accept keeps trying while the group is owned (or,
+	// for AcceptNextGroup and RequireReady, while no message is ready) [0:
+	// fail at once].
+	Wait time.Duration
+	// RequireReady makes AcceptGroup hand the group over only when a
+	// message is ready (not waiting for a retry).
+	RequireReady bool
+	// LeaseTTL is how long the group's lease lasts unless renewed; the
+	// receiver renews it after a third of it [30s].
+	LeaseTTL time.Duration
+	// IdleTimeout releases the group after this long without a message
+	// received while none is unsettled [60s].
+	IdleTimeout time.Duration
+	// PollInterval is how often Receive looks for a new message, and an
+	// accept with a wait tries again [200ms].
+	PollInterval time.Duration
+	MaxAttempts  int           // after this many failed attempts a message is dead-lettered [10]
+	BackoffMin   time.Duration // first retry delay, doubling per attempt, with jitter [1s]
+	BackoffMax   time.Duration // [5m]
+	DLQSuffix    string        // dead-letter topic = topic + DLQSuffix [".dlq"]
+	Clock        func() time.Time
+	Logger       *slog.Logger
+}
+
+func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOptions, error) {
+	var r ReceiverOptions
+	if o != nil {
+		r = *o
+	}
+	d := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	d(&r.LeaseTTL, 30*time.Second)
+	d(&r.IdleTimeout, time.Minute)
+	d(&r.PollInterval, 200*time.Millisecond)
+	d(&r.BackoffMin, time.Second)
+	d(&r.BackoffMax, 5*time.Minute)
+	c.settleDefaults(&r.MaxAttempts, &r.DLQSuffix, &r.Clock, &r.Logger, &r.Name, "receiver")
+	if r.Wait < 0 {
+		return r, &ident.Error{Field: "wait", Rule: "must not be negative"}
+	}
+	if err := ident.SubscriberName(r.Name); err != nil {
+		return r, err
+	}
+	return r, dlqTopic(topic, r.DLQSuffix)
+}
+
+// AcceptGroup takes the message group partitionKey of (tenant, topic) for
+// consumerGroup exclusively, through the same fenced lease a subscriber
+// would hold: a subscriber and a receiver never own a group at once. When
+// another consumer holds it, AcceptGroup fails with a *GroupOwnedError, or
+// with opts.Wait keeps trying until the holder releases it or its lease
+// expires, and then fails with ErrAcceptTimeout.
+func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, partitionKey string, opts *ReceiverOptions) (*GroupReceiver, error) {
+	o, err := c.receiverDefaults(opts, topic)
+	if err == nil {
+		err = validateGroupRef(tenant, topic, consumerGroup)
+	}
+	if err == nil {
+		if partitionKey == "" {
+			err = &ident.Error{Field: "partition key", Rule: "must not be empty: ungrouped messages go to competing consumers (SubscriberConfig.Take), not to a receiver"}
+		} else {
+			err = ident.PartitionKey(partitionKey)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardq: accept group: %w", err)
+	}
+	ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: consumerGroup, Topic: topic, PartitionKey: partitionKey}
+	deadline := time.Now().Add(o.Wait)
+	for {
+		r, err := c.tryAccept(ctx, ref, o, -1)
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, ErrGroupOwned) && !errors.Is(err, ErrNoReadyGroup) {
+			return nil, err
+		}
+		if o.Wait == 0 {
+			return nil, err
+		}
+		if !sleepUntilNext(ctx, deadline, o.PollInterval) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w after %s: %w", ErrAcceptTimeout, o.Wait, err)
+		}
+	}
+}
+
+// AcceptNextGroup takes a free message group of topic in tenants (or
+// MQ_TENANTS when tenants is empty) that has a message ready, the one whose
+// next message is oldest first. It never hands out an owned group. With no
+// group ready it fails with ErrNoReadyGroup, or with opts.Wait keeps
+// looking and then fails with ErrAcceptTimeout.
+func (c *Client) AcceptNextGroup(ctx context.Context, tenants []string, topic, consumerGroup string, opts *ReceiverOptions) (*GroupReceiver, error) {
+	o, err := c.receiverDefaults(opts, topic)
+	if err == nil {
+		tenants, err = tenantList(tenants)
+	}
+	if err == nil {
+		err = validateGroupRef(tenants[0], topic, consumerGroup)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardq: accept next group: %w", err)
+	}
+	deadline := time.Now().Add(o.Wait)
+	for {
+		groups, err := c.drv.ReadyGroups(ctx, tenants, topic, consumerGroup, o.Clock(), 20)
+		if err != nil {
+			return nil, fmt.Errorf("shardq: accept next group: %w", err)
+		}
+		for _, g := range groups {
+			ref := driver.PartitionRef{Tenant: g.Tenant, ConsumerGroup: consumerGroup, Topic: topic, PartitionKey: g.PartitionKey}
+			r, err := c.tryAccept(ctx, ref, o, g.NextOffset)
+			if err == nil {
+				return r, nil
+			}
+			if !errors.Is(err, ErrGroupOwned) && !errors.Is(err, ErrNoReadyGroup) {
+				return nil, err
+			}
+		}
+		err = fmt.Errorf("tenants %v topic %q group %q: %w", tenants, topic, consumerGroup, ErrNoReadyGroup)
+		if o.Wait == 0 {
+			return nil, err
+		}
+		if !sleepUntilNext(ctx, deadline, o.PollInterval) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w after %s: %w", ErrAcceptTimeout, o.Wait, err)
+		}
+	}
+}
+
+func validateGroupRef(tenant, topic, group string) error {
+	if err := ident.Tenant(tenant); err != nil {
+		return err
+	}
+	if err := ident.Topic(topic); err != nil {
+		return err
+	}
+	return ident.ConsumerGroup(group)
+}
+
+// tenantList is tenants, or MQ_TENANTS when tenants is empty, validated.
+func tenantList(tenants []string) ([]string, error) {
+	if len(tenants) == 0 {
+		ts, err := ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
+		if err != nil {
+			return nil, fmt.Errorf("%w (pass tenants or set MQ_TENANTS)", err)
+		}
+		return ts, nil
+	}
+	return tenants, ident.Tenants("tenants", tenants)
+}
+
+// sleepUntilNext waits poll, but not past deadline; false when the
+// deadline has passed or ctx ended.
+func sleepUntilNext(ctx context.Context, deadline time.Time, poll time.Duration) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	t := time.NewTimer(min(poll, left))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// tryAccept acquires ref's lease and, when the receiver must start with a
+// ready message (AcceptNextGroup always, AcceptGroup with RequireReady),
+// checks that one is; otherwise it releases the lease again. nextOffset is
+// the next message as the caller saw it, or -1.
+func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o ReceiverOptions, nextOffset int64) (*GroupReceiver, error) {
+	now := o.Clock()
+	l, err := c.drv.AcquireLease(ctx, ref, o.Name, now, o.LeaseTTL)
+	var held *driver.LeaseHeldError
+	if errors.As(err, &held) {
+		return nil, &GroupOwnedError{Tenant: ref.Tenant, Topic: ref.Topic, ConsumerGroup: ref.ConsumerGroup, PartitionKey: ref.PartitionKey,
+			Owner: held.Owner, ExpiresAt: held.ExpiresAt}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardq: accept %s: %w", ref, err)
+	}
+	r := &GroupReceiver{c: c, o: o, log: o.Logger.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
+		"partition", ref.PartitionKey, "receiver", o.Name), ref: ref, lease: l, cursor: l.Committed, lastActive: now,
+		closing: make(chan struct{}), done: make(chan struct{})}
+	if nextOffset >= 0 || o.RequireReady {
+		ready, err := r.ready(ctx)
+		if err == nil && !ready {
+			err = fmt.Errorf("%s: %w", ref, ErrNoReadyGroup)
+		}
+		if err != nil {
+			if rerr := c.drv.ReleaseLease(context.WithoutCancel(ctx), l, o.Clock()); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
+			}
+			return nil, err
+		}
+	}
+	go r.keepAlive()
+	return r, nil
+}
+
+// GroupReceiver holds one message group exclusively and hands out its
+// messages in order, one at a time: Receive returns the next message once
+// the previous one is settled by Ack, Nack or DeadLetter. Its lease renews
+// itself while it is open. Use it from one goroutine at a time.
+type GroupReceiver struct {
+	c   *Client
+	o   ReceiverOptions
+	ref driver.PartitionRef
+	log *slog.Logger
+
+	cursor int64                          // last settled offset
+	buf    []driver.Message               // fetched after the cursor, not handed out
+	states map[int64]driver.DeliveryState // retry bookkeeping of buf
+	held   *driver.Message                // handed out, not settled
+
+	mu         sync.Mutex
+	lease      driver.Lease // ExpiresAt renewed by keepAlive
+	lastActive time.Time
+	closedErr  error // why the receiver is closed, once it is
+	closing    chan struct{}
+	closeOnce  sync.Once
+	done       chan struct{} // keepAlive returned
+}
+
+// Tenant, Topic, ConsumerGroup and PartitionKey name the accepted group.
+func (r *GroupReceiver) Tenant() string        { return r.ref.Tenant }
+func (r *GroupReceiver) Topic() string         { return r.ref.Topic }
+func (r *GroupReceiver) ConsumerGroup() string { return r.ref.ConsumerGroup }
+func (r *GroupReceiver) PartitionKey() string  { return r.ref.PartitionKey }
+
+// Name is the receiver's name: the owner its lease shows.
+func (r *GroupReceiver) Name() string { return r.o.Name }
+
+func (r *GroupReceiver) current() (driver.Lease, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lease, r.closedErr
+}
+
+// shut closes the receiver for reason; the first reason wins.
+func (r *GroupReceiver) shut(reason error) {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closedErr = reason
+		r.mu.Unlock()
+		close(r.closing)
+	})
+}
+
+// fail records a write's error; a lost lease closes the receiver.
+func (r *GroupReceiver) fail(op string, err error) error {
+	if errors.Is(err, driver.ErrLeaseLost) {
+		r.shut(fmt.Errorf("%w: %w", ErrReceiverClosed, err))
+		r.log.Warn("shardq: group lease lost; the next owner redelivers from the committed cursor", "op", op)
+	}
+	return fmt.Errorf("shardq: %s %s: %w", op, r.ref, err)
+}
+
+// keepAlive renews the lease and releases the group when it idles.
+func (r *GroupReceiver) keepAlive() {
+	defer close(r.done)
+	period := min(r.o.LeaseTTL/3, max(r.o.IdleTimeout/10, time.Millisecond))
+	t := time.NewTicker(period)
+	defer t.Stop()
+	renewed := r.o.Clock()
+	for {
+		select {
+		case <-r.closing:
+			return
+		case <-t.C:
+		}
+		now := r.o.Clock()
+		r.mu.Lock()
+		idle := r.held == nil && now.Sub(r.lastActive) >= r.o.IdleTimeout
+		l := r.lease
+		r.mu.Unlock()
+		if idle {
+			r.shut(fmt.Errorf("%w: idle for %s", ErrReceiverClosed, r.o.IdleTimeout))
+			r.release(l)
+			return
+		}
+		if now.Sub(renewed) < r.o.LeaseTTL/3 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+		nl, err := r.c.drv.RenewLease(ctx, l, now, r.o.LeaseTTL)
+		cancel()
+		switch {
+		case errors.Is(err, driver.ErrLeaseLost):
+			r.fail("renew", err)
+			return
+		case err != nil:
+			r.log.Warn("shardq: renewing the group lease failed; retrying", "err", err)
+		default:
+			renewed = now
+			r.mu.Lock()
+			r.lease = nl
+			r.mu.Unlock()
+		}
+	}
+}
+
+func (r *GroupReceiver) release(l driver.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	if err := r.c.drv.ReleaseLease(ctx, l, r.o.Clock()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		r.log.Warn("shardq: releasing the group lease failed; it expires by itself", "err", err)
+	}
+}
+
+// ready reports whether the group's next message may be delivered now.
+func (r *GroupReceiver) ready(ctx context.Context) (bool, error) {
+	if err := r.fill(ctx); err != nil {
+		return false, err
+	}
+	return len(r.buf) > 0 && !r.states[r.buf[0].Offset].NextAttemptAt.After(r.o.Clock()), nil
+}
+
+// fill fetches the next messages after the cursor when none are buffered.
+func (r *GroupReceiver) fill(ctx context.Context) error {
+	if len(r.buf) > 0 {
+		return nil
+	}
+	msgs, err := r.c.drv.FetchAfter(ctx, r.ref.Tenant, r.ref.Topic, r.ref.PartitionKey, r.cursor, 100)
+	if err != nil || len(msgs) == 0 {
+		return err
+	}
+	states, err := r.c.drv.DeliveryStates(ctx, r.ref, r.cursor, msgs[len(msgs)-1].Offset)
+	if err != nil {
+		return err
+	}
+	r.buf, r.states = msgs, states
+	return nil
+}
+
+// Receive returns the group's next message, waiting until one arrives (or
+// its retry is due) or ctx ends. It fails with ErrUnsettled while the last
+// message is unsettled, and with ErrReceiverClosed once the receiver is
+// closed, idle-released or has lost its lease.
+func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
+	for {
+		if _, err := r.current(); err != nil {
+			return nil, err
+		}
+		if r.held != nil {
+			return nil, ErrUnsettled
+		}
+		if err := r.fill(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("shardq: receive %s: %w", r.ref, err)
+		}
+		wait := r.o.PollInterval
+		if len(r.buf) > 0 {
+			m := r.buf[0]
+			st := r.states[m.Offset]
+			if wait = st.NextAttemptAt.Sub(r.o.Clock()); wait <= 0 {
+				r.buf = r.buf[1:]
+				r.mu.Lock()
+				r.held = &m
+				r.lastActive = r.o.Clock()
+				r.mu.Unlock()
+				return newDelivery(m, st.Attempts+1), nil
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-r.closing:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// settling checks that d is the message in hand.
+func (r *GroupReceiver) settling(d *Delivery) (driver.Lease, error) {
+	l, err := r.current()
+	if err != nil {
+		return l, err
+	}
+	if r.held == nil || d == nil || d.Offset != r.held.Offset {
+		return l, fmt.Errorf("shardq: settle %s: %w", r.ref, &ident.Error{Field: "delivery",
+			Rule: "must be the message this receiver returned last and has not settled"})
+	}
+	return l, nil
+}
+
+func (r *GroupReceiver) settled(cursor int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cursor = cursor
+	r.held = nil
+	r.lastActive = r.o.Clock()
+}
+
+// Ack settles d: the group's cursor passes it, under the lease's fence.
+func (r *GroupReceiver) Ack(ctx context.Context, d *Delivery) error {
+	l, err := r.settling(d)
+	if err != nil {
+		return err
+	}
+	if err := r.c.drv.CommitOffset(ctx, l, d.Offset, r.o.Clock()); err != nil {
+		return r.fail("ack", err)
+	}
+	r.settled(d.Offset)
+	return nil
+}
+
+// Nack settles d as failed: it is delivered again after a backoff
+// (BackoffMin doubling to BackoffMax, or the delay of a RetryAfter cause),
+// and dead-lettered once it failed MaxAttempts times (at once for a
+// DeadLetter cause), as in the subscriber runtime.
+func (r *GroupReceiver) Nack(ctx context.Context, d *Delivery, cause error) error {
+	l, err := r.settling(d)
+	if err != nil {
+		return err
+	}
+	if cause == nil {
+		cause = errors.New("nacked")
+	}
+	var dl *deadLetter
+	if errors.As(cause, &dl) || d.Attempt >= r.o.MaxAttempts {
+		if dl != nil {
+			cause = dl.err
+		}
+		return r.deadLetter(ctx, l, d, cause)
+	}
+	delay := backoff.Delay(d.Attempt, r.o.BackoffMin, r.o.BackoffMax)
+	var ra *retryAfter
+	if errors.As(cause, &ra) {
+		delay = ra.after
+	}
+	now := r.o.Clock()
+	st := driver.DeliveryState{Attempts: d.Attempt, NextAttemptAt: now.Add(delay), LastError: errText(cause)}
+	if err := r.c.drv.RecordAttempt(ctx, l, d.Offset, st, now); err != nil {
+		return r.fail("nack", err)
+	}
+	r.mu.Lock()
+	r.buf = append([]driver.Message{*r.held}, r.buf...)
+	if r.states == nil {
+		r.states = map[int64]driver.DeliveryState{}
+	}
+	r.states[d.Offset] = st
+	r.held = nil
+	r.lastActive = now
+	r.mu.Unlock()
+	return nil
+}
+
+// DeadLetter settles d by moving it to the dead-letter topic now.
+func (r *GroupReceiver) DeadLetter(ctx context.Context, d *Delivery, reason error) error {
+	l, err := r.settling(d)
+	if err != nil {
+		return err
+	}
+	if reason == nil {
+		reason = errors.New("dead-lettered by the receiver")
+	}
+	return r.deadLetter(ctx, l, d, reason)
+}
+
+func (r *GroupReceiver) deadLetter(ctx context.Context, l driver.Lease, d *Delivery, cause error) error {
+	if err := r.c.drv.DeadLetter(ctx, l, dlqMessage(*r.held, r.o.DLQSuffix, d.Attempt, cause), d.Offset, r.o.Clock()); err != nil {
+		return r.fail("dead-letter", err)
+	}
+	r.log.Warn("shardq: message dead-lettered", "offset", d.Offset, "id", d.ID, "attempts", d.Attempt, "err", cause)
+	r.settled(d.Offset)
+	return nil
+}
+
+// State reads the group's state (nil when never set), under the lease's
+// fence: a receiver that lost the group gets ErrLeaseLost.
+func (r *GroupReceiver) State(ctx context.Context) ([]byte, error) {
+	l, err := r.current()
+	if err != nil {
+		return nil, err
+	}
+	st, err := r.c.drv.GroupState(ctx, l)
+	if err != nil {
+		return nil, r.fail("read state of", err)
+	}
+	return st, nil
+}
+
+// SetState stores the group's state under the lease's fence; it stays
+// with the group across owners.
+func (r *GroupReceiver) SetState(ctx context.Context, state []byte) error {
+	l, err := r.current()
+	if err != nil {
+		return err
+	}
+	if err := r.c.drv.SetGroupState(ctx, l, state, r.o.Clock()); err != nil {
+		return r.fail("set state of", err)
+	}
+	r.mu.Lock()
+	r.lastActive = r.o.Clock()
+	r.mu.Unlock()
+	return nil
+}
+
+// Close releases the group. An unsettled message is delivered again to
+// the group's next owner. Close is safe to call more than once.
+func (r *GroupReceiver) Close(ctx context.Context) error {
+	_, err := r.current()
+	r.shut(ErrReceiverClosed)
+	<-r.done
+	if err != nil {
+		return nil // idle-released or lost: nothing left to release
+	}
+	l, _ := r.current() // keepAlive has returned: the lease is final
+	if err := r.c.drv.ReleaseLease(ctx, l, r.o.Clock()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		return fmt.Errorf("shardq: close %s: %w", r.ref, err)
+	}
+	return nil
+}

@@ -1,0 +1,179 @@
+package shardq
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/backoff"
+)
+
+// ungrouped is the competing-consumer loop for messages with an empty
+// partition key: UngroupedConcurrency handler goroutines take claimed
+// messages from a queue as long; this loop keeps the queue filled, claiming
+// in batches once it is at most half full, so that one claim transaction
+// serves many messages even while every handler is busy; and every
+// DiscoveryInterval it moves the group's ungrouped cursor past what is
+// done. Acks are coalesced into shared transactions the way publishes are.
+func (s *Subscriber) ungrouped() {
+	n := s.cfg.UngroupedConcurrency
+	queue := make(chan driver.Claim, n)
+	took := make(chan struct{}, 1) // a handler took a claim off the queue
+	for range n {
+		s.life.Go(func() { s.handleClaims(queue, took) })
+	}
+	defer func() {
+		close(queue)
+		for c := range queue { // claimed, never started: others may take them now
+			s.giveBack(c)
+		}
+	}()
+	var advanced time.Time
+	for {
+		if s.life.Context().Err() != nil {
+			return
+		}
+		claimed := 0
+		for _, tenant := range s.cfg.Tenants {
+			room := cap(queue) - len(queue)
+			if room < max(1, n/2) {
+				break
+			}
+			claimed += s.claimInto(tenant, room, queue)
+		}
+		if now := s.cfg.Clock(); now.Sub(advanced) >= s.cfg.DiscoveryInterval {
+			s.advanceUngrouped(now)
+			advanced = now
+		}
+		if claimed > 0 && cap(queue)-len(queue) >= max(1, n/2) {
+			continue // there may be more right away
+		}
+		wait := time.NewTimer(s.cfg.PollInterval)
+		select {
+		case <-wait.C:
+		case <-s.ungroupedWake:
+		case <-took: // the queue shrank: maybe room for a batch
+		case <-s.life.Context().Done():
+		}
+		wait.Stop()
+	}
+}
+
+// handleClaims is one handler goroutine. On stop, it gives back what it
+// takes instead of running it.
+func (s *Subscriber) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
+	for c := range queue {
+		select {
+		case took <- struct{}{}:
+		default:
+		}
+		if s.life.Context().Err() != nil {
+			s.giveBack(c)
+			continue
+		}
+		s.handleClaim(c)
+	}
+}
+
+func (s *Subscriber) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
+	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.Name, s.cfg.Clock(), s.cfg.VisibilityTimeout, room)
+	cancel()
+	if err != nil {
+		if s.life.Context().Err() == nil {
+			s.log.Warn("shardq: claiming ungrouped messages failed; retrying", "tenant", tenant, "err", err)
+		}
+		return 0
+	}
+	for _, c := range claims {
+		queue <- c // room was reserved: only this loop adds
+	}
+	return len(claims)
+}
+
+func (s *Subscriber) advanceUngrouped(now time.Time) {
+	for _, tenant := range s.cfg.Tenants {
+		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+		_, err := s.drv.AdvanceUngrouped(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, now)
+		cancel()
+		if err != nil && s.life.Context().Err() == nil {
+			s.log.Warn("shardq: advancing the ungrouped cursor failed; retrying next interval", "tenant", tenant, "err", err)
+		}
+	}
+}
+
+// handleClaim delivers one claimed message and settles it: ack, retry after
+// a backoff, or dead-letter, each fenced by the claim's token.
+func (s *Subscriber) handleClaim(c driver.Claim) {
+	m := c.Message
+	err := s.callHandler(s.life.HardContext(), []*Delivery{newDelivery(m, c.Attempts)})
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	now := s.cfg.Clock()
+	var dl *deadLetter
+	// The ack coalescer stamps its own time: acks of one flush share it.
+	var ra *retryAfter
+	var op string
+	switch {
+	case err == nil:
+		op, err = "ack", s.acks.Submit(ctx, m.Tenant, []driver.Claim{c})
+	case errors.As(err, &dl) || c.Attempts >= s.cfg.MaxAttempts:
+		cause := err
+		if dl != nil {
+			cause = dl.err
+		}
+		op, err = "dead-letter", s.retrying(ctx, func() error {
+			return s.drv.DeadLetterClaim(ctx, c, dlqMessage(m, s.cfg.DLQSuffix, c.Attempts, cause), now)
+		})
+		if err == nil {
+			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", cause)
+		}
+	default:
+		delay := backoff.Delay(c.Attempts, s.cfg.BackoffMin, s.cfg.BackoffMax)
+		if errors.As(err, &ra) {
+			delay = ra.after
+		}
+		lastErr := errText(err)
+		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(delay), lastErr, now) })
+	}
+	switch {
+	case errors.Is(err, driver.ErrLeaseLost):
+		s.log.Warn("shardq: ungrouped message claimed again before it was settled (visibility timeout); the other claim settles it",
+			"tenant", m.Tenant, "offset", m.Offset, "op", op)
+	case err != nil:
+		s.log.Warn("shardq: settling an ungrouped message failed; it is delivered again after its visibility timeout",
+			"tenant", m.Tenant, "offset", m.Offset, "op", op, "err", err)
+	}
+}
+
+// giveBack makes a claim visible again at once.
+func (s *Subscriber) giveBack(c driver.Claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	now := s.cfg.Clock()
+	if err := s.drv.RetryClaim(ctx, c, now, c.LastError, now); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		s.log.Warn("shardq: giving back an ungrouped claim failed; it is delivered again after its visibility timeout",
+			"tenant", c.Message.Tenant, "offset", c.Message.Offset, "err", err)
+	}
+}
+
+// retrying runs a settling write again while it fails with a retryable
+// error (a deadlock, a busy SQLite file): giving up would leave the message
+// to be delivered again after its visibility timeout.
+func (s *Subscriber) retrying(ctx context.Context, write func() error) error {
+	var err error
+	for attempt := range 5 {
+		if attempt > 0 {
+			select {
+			case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			}
+		}
+		if err = write(); err == nil || !s.drv.Retryable(err) {
+			return err
+		}
+	}
+	return err
+}
