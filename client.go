@@ -37,10 +37,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/ident"
 )
 
 // Config tunes a Client. The zero value (or nil) gives the defaults.
@@ -73,6 +76,14 @@ type Config struct {
 	// with a retryable error (a deadlock, a busy SQLite file) is run again.
 	// Default 5.
 	PublishRetries int
+
+	// Tenants, when set, are the only tenants this client publishes to:
+	// Publish, PublishTx and transactional sends to any other tenant fail
+	// with a ValidationError before any SQL runs. When nil, the
+	// comma-separated MQ_TENANTS environment variable is read once at
+	// NewClient; when that is unset too, any tenant is accepted. On
+	// Vitess, this keeps a process on the shards it was deployed for.
+	Tenants []string
 
 	// Clock stamps CreatedAt on messages without one. Default time.Now.
 	Clock func() time.Time
@@ -113,6 +124,9 @@ type Client struct {
 	cfg     Config
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
 	local   localSubscribers
+	// served is the served tenant list as a set; nil when any tenant goes.
+	served     map[string]bool
+	servedList string
 }
 
 // NewClient returns a client over drv. Closing the client does not close
@@ -126,8 +140,43 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
+	if err := cl.serveTenants(); err != nil {
+		return nil, fmt.Errorf("shardq: new client: %w", err)
+	}
 	cl.batcher = coalesce.New[string](cl.writeBatch, cl.cfg.PublishMaxBatch, cl.cfg.PublishMaxInflight, cl.cfg.PublishLinger, cl.cfg.PublishTimeout)
 	return cl, nil
+}
+
+// serveTenants settles the served tenant list: Config.Tenants, else
+// MQ_TENANTS when set, else none (any tenant).
+func (c *Client) serveTenants() error {
+	ts := c.cfg.Tenants
+	if ts == nil {
+		env, ok := os.LookupEnv("MQ_TENANTS")
+		if !ok {
+			return nil
+		}
+		var err error
+		if ts, err = ident.TenantList("MQ_TENANTS", env); err != nil {
+			return err
+		}
+	} else if err := ident.Tenants("tenants", ts); err != nil {
+		return err
+	}
+	c.served = make(map[string]bool, len(ts))
+	for _, t := range ts {
+		c.served[t] = true
+	}
+	c.servedList = strings.Join(ts, ", ")
+	return nil
+}
+
+// checkServed rejects a tenant outside the served list.
+func (c *Client) checkServed(tenant string) error {
+	if c.served != nil && !c.served[tenant] {
+		return &ident.Error{Field: "tenant", Rule: fmt.Sprintf("%q is not served by this client (served: %s; Config.Tenants or MQ_TENANTS)", tenant, c.servedList)}
+	}
+	return nil
 }
 
 // Driver returns the client's driver.

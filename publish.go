@@ -135,6 +135,9 @@ func (c *Client) prepareOne(m *Message, now time.Time) (*driver.InsertMessage, e
 	if err := ident.Tenant(m.Tenant); err != nil {
 		return nil, err
 	}
+	if err := c.checkServed(m.Tenant); err != nil {
+		return nil, err
+	}
 	if err := ident.Topic(m.Topic); err != nil {
 		return nil, err
 	}

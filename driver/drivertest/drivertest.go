@@ -43,6 +43,7 @@ func Run(t *testing.T, open Open) {
 		{"IdentifiersCompareExactly", testIdentifiersCompareExactly},
 		{"PublishTxCommitAndRollback", testPublishTxCommitAndRollback},
 		{"InvalidInputStoresNothing", testInvalidInputStoresNothing},
+		{"ServedTenantsOnly", testServedTenantsOnly},
 		{"Selectors", testSelectors},
 		{"FetchAfterCursorAndLimit", testFetchAfterCursorAndLimit},
 		{"PartitionsWithWorkScoped", testPartitionsWithWorkScoped},
@@ -731,5 +732,62 @@ func testNoSkipWithSlowConcurrentCommits(t *testing.T, open Open) {
 	}
 	if !slices.IsSorted(order) {
 		t.Fatal("reader got messages out of offset order")
+	}
+}
+
+// A client with a served tenant list (Config.Tenants or MQ_TENANTS)
+// refuses to publish elsewhere, naming the tenant and the list, and
+// stores nothing.
+func testServedTenantsOnly(t *testing.T, open Open) {
+	ctx := context.Background()
+	d, c := setup(t, open, &shardq.Config{Tenants: []string{"a", "b"}})
+	check := func(what string, err error) {
+		t.Helper()
+		var ve *shardq.ValidationError
+		if !errors.As(err, &ve) || ve.Field != "tenant" || !strings.Contains(err.Error(), `"z" is not served`) || !strings.Contains(err.Error(), "a, b") {
+			t.Fatalf("%s to an unserved tenant: %v", what, err)
+		}
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "a", Topic: "x", PartitionKey: "k"})
+	_, err := c.Publish(ctx, shardq.Message{Tenant: "z", Topic: "x", PartitionKey: "k"})
+	check("Publish", err)
+	tx, err := d.BeginWrite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.PublishTx(ctx, tx, shardq.Message{Tenant: "z", Topic: "x"})
+	check("PublishTx", err)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{ProducerGroup: "pg", Tenants: []string{"a"},
+		Checker: func(context.Context, *shardq.HalfMessage) (shardq.TxState, error) { return shardq.TxCommit, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.SendInTransaction(ctx, shardq.Message{Tenant: "z", Topic: "x"}, nil, nil, func(context.Context, *shardq.HalfMessage) (shardq.TxState, error) {
+		t.Error("the local transaction ran for a refused message")
+		return shardq.TxCommit, nil
+	})
+	check("SendInTransaction", err)
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if heads, err := d.PartitionHeads(ctx, []string{"z"}, "x"); err != nil || len(heads) != 0 {
+		t.Fatalf("tenant z has partitions %v, %v; nothing may be stored", heads, err)
+	}
+
+	t.Setenv("MQ_TENANTS", "a")
+	fromEnv, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fromEnv.Close()
+	if _, err := fromEnv.Publish(ctx, shardq.Message{Tenant: "b", Topic: "x"}); err == nil || !strings.Contains(err.Error(), "MQ_TENANTS") {
+		t.Fatalf("publish outside MQ_TENANTS: %v", err)
+	}
+	t.Setenv("MQ_TENANTS", "a,,b")
+	if _, err := shardq.NewClient(d, nil); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("NewClient with a malformed MQ_TENANTS: %v", err)
 	}
 }

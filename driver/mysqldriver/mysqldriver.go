@@ -31,6 +31,14 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
+// VSchema is the Vitess VSchema of the queue's keyspace: every queue table
+// sharded by an xxhash vindex on tenant (a partition, and everything about
+// it, lives on its tenant's shard), and the migrations table by version.
+// Apply it with `vtctldclient ApplyVSchema --vschema-file vschema.json KEYSPACE`.
+//
+//go:embed vschema.json
+var VSchema []byte
+
 // Driver is a MariaDB/MySQL database holding the queue's tables.
 type Driver struct {
 	sqlcommon.Store // leases, bookkeeping, reads: the SQL shared with SQLite

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/internal/dsn"
+	"github.com/shardq/shardq/internal/ident"
 )
 
 // DefaultDSN is the database used when neither --dsn nor SHARDQ_DSN is set.
@@ -115,7 +116,17 @@ func (a *app) client() (*shardq.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := shardq.NewClient(drv, &shardq.Config{Logger: a.logger()})
+	cfg := &shardq.Config{Logger: a.logger()}
+	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
+		// The served tenants: publishing elsewhere is refused before SQL.
+		ts, err := ident.TenantList("MQ_TENANTS", v)
+		if err != nil {
+			drv.Close()
+			return nil, nil, usageError{err}
+		}
+		cfg.Tenants = ts
+	}
+	c, err := shardq.NewClient(drv, cfg)
 	if err != nil {
 		drv.Close()
 		return nil, nil, err

@@ -377,3 +377,22 @@ func TestAdminCommands(t *testing.T) {
 		t.Fatalf("globex: %+v", r)
 	}
 }
+
+// MQ_TENANTS is the served tenant list: publishing elsewhere is refused
+// before any SQL (exit 2), and nothing is stored.
+func TestPublishOutsideServedTenants(t *testing.T) {
+	env := map[string]string{"SHARDQ_DSN": "sqlite://" + filepath.Join(t.TempDir(), "q.db"), "MQ_TENANTS": "acme"}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	r := runCLI(t, env, "", "publish", "--tenant", "globex", "--topic", "orders", "hello")
+	if r.code != 2 || !strings.Contains(r.stderr, `"globex" is not served`) {
+		t.Fatalf("publish outside MQ_TENANTS: %+v", r)
+	}
+	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "hello"); r.code != 0 {
+		t.Fatalf("publish to a served tenant: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "topics", "--tenant", "globex"); r.code != 0 || strings.Contains(r.stdout, "orders") {
+		t.Fatalf("globex after the refused publish: %+v", r)
+	}
+}
