@@ -337,8 +337,27 @@ func (s *Subscriber) Stop(ctx context.Context) error {
 	return s.stopResult
 }
 
+// heartbeat upserts the member's rows in every tenant; when that fails
+// (one shard down), tenant by tenant, so that it stays alive where the
+// database answers. It fails only when no tenant's row was written.
 func (s *Subscriber) heartbeat(ctx context.Context, now time.Time) error {
-	return s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name, now)
+	err := s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name, now)
+	if err == nil || len(s.cfg.Tenants) == 1 {
+		return err
+	}
+	var errs []error
+	for _, t := range s.cfg.Tenants {
+		if terr := s.drv.Heartbeat(ctx, []string{t}, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name, now); terr != nil {
+			errs = append(errs, fmt.Errorf("tenant %q: %w", t, terr))
+		}
+	}
+	if len(errs) == len(s.cfg.Tenants) {
+		return errors.Join(errs...)
+	}
+	if len(errs) > 0 && s.life != nil && s.life.Context().Err() == nil {
+		s.log.Warn("shardq: heartbeat failed for some tenants; retrying", "err", errors.Join(errs...))
+	}
+	return nil
 }
 
 // errorsIsLost reports a lost lease.

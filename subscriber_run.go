@@ -68,22 +68,24 @@ func (s *Subscriber) tick() (contended bool) {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
-	tenants := s.cfg.Tenants
-
-	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	subs, leases, work, err := s.tickInputs(ctx, s.cfg.Tenants)
 	if err != nil {
-		s.tickFailed("listing subscribers failed", err)
-		return false
-	}
-	leases, err := s.drv.ListLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
-	if err != nil {
-		s.tickFailed("listing leases failed", err)
-		return false
-	}
-	work, err := s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
-	if err != nil {
-		s.tickFailed("discovery failed", err)
-		return false
+		// One tenant list failed (a shard down, say): list tenant by
+		// tenant, and plan for those that answer.
+		var failed []string
+		subs, leases, work, failed = nil, nil, nil, nil
+		for _, t := range s.cfg.Tenants {
+			ts, tl, tw, terr := s.tickInputs(ctx, []string{t})
+			if terr != nil {
+				failed = append(failed, t)
+				s.tickFailed(fmt.Sprintf("tenant %q: listing members, leases or partitions failed", t), terr)
+				continue
+			}
+			subs, leases, work = append(subs, ts...), append(leases, tl...), append(work, tw...)
+		}
+		if len(failed) == len(s.cfg.Tenants) {
+			return false
+		}
 	}
 
 	live := map[string][]string{}
@@ -150,6 +152,24 @@ func (s *Subscriber) tick() (contended bool) {
 	return contended
 }
 
+// tickInputs lists, for tenants, the group's members, its lease rows and
+// the partitions with work.
+func (s *Subscriber) tickInputs(ctx context.Context, tenants []string) ([]driver.Subscriber, []driver.Lease, []driver.Partition, error) {
+	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listing subscribers: %w", err)
+	}
+	leases, err := s.drv.ListLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listing leases: %w", err)
+	}
+	work, err := s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("discovery: %w", err)
+	}
+	return subs, leases, work, nil
+}
+
 // tickFailed logs a failed step of a tick, unless the tick failed because
 // the subscriber is stopping.
 func (s *Subscriber) tickFailed(what string, err error) {
@@ -171,12 +191,29 @@ func (s *Subscriber) renew(ctx context.Context, now time.Time) {
 		}
 	}
 	s.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
 	renewed, lost, err := s.drv.RenewLeases(ctx, due, now, s.cfg.LeaseTTL)
 	if err != nil {
-		if s.life.Context().Err() == nil {
-			s.log.Warn("shardq: lease renewal failed; retrying", "tenants", s.cfg.Tenants, "leases", len(due), "err", err)
+		// One transaction over every tenant fails as a whole when one
+		// shard is down: renew tenant by tenant, so that the leases on the
+		// shards that answer do not lapse.
+		renewed, lost = nil, nil
+		byTenant := map[string][]driver.Lease{}
+		for _, l := range due {
+			byTenant[l.Tenant] = append(byTenant[l.Tenant], l)
 		}
-		return
+		for tenant, ls := range byTenant {
+			r, l, terr := s.drv.RenewLeases(ctx, ls, now, s.cfg.LeaseTTL)
+			if terr != nil {
+				if s.life.Context().Err() == nil {
+					s.log.Warn("shardq: lease renewal failed; retrying", "tenant", tenant, "leases", len(ls), "err", terr)
+				}
+				continue
+			}
+			renewed, lost = append(renewed, r...), append(lost, l...)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -165,7 +165,10 @@ var dialect = sqlcommon.Dialect{
 	Excluded:        func(col string) string { return "VALUES(" + col + ")" },
 	Upsert: func(conflictCols, set string) string {
 		if set == "" { // a no-op update: the row is locked, nothing changes
-			col, _, _ := strings.Cut(conflictCols, ",")
+			// The last key column, not tenant: Vitess refuses an update
+			// of the vindex column, even to itself.
+			cols := strings.Split(conflictCols, ",")
+			col := strings.TrimSpace(cols[len(cols)-1])
 			set = col + " = " + col
 		}
 		return " ON DUPLICATE KEY UPDATE " + set

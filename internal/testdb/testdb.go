@@ -121,3 +121,53 @@ func MySQLURL(t testing.TB, dsn string) string {
 	}
 	return u.String()
 }
+
+// VitessDSN is the go-sql-driver DSN of the test vtgate's keyspace
+// (SHARDQ_TEST_VITESS_DSN; default the one scripts/vitess starts).
+func VitessDSN() string {
+	if v := os.Getenv("SHARDQ_TEST_VITESS_DSN"); v != "" {
+		return v
+	}
+	return "root@tcp(127.0.0.1:15003)/shardq"
+}
+
+// Vitess opens a driver on the test vtgate with every queue table dropped:
+// Vitess cannot create a database per test, so tests of this target share
+// the keyspace and run one after another. An unreachable vtgate fails the
+// test; outside CI, SHARDQ_TEST_VITESS=skip skips (CI never skips).
+func Vitess(t testing.TB) *mysqldriver.Driver {
+	t.Helper()
+	if os.Getenv("CI") != "true" && os.Getenv("SHARDQ_TEST_VITESS") == "skip" {
+		t.Skip("SHARDQ_TEST_VITESS=skip: Vitess tests skipped (never in CI)")
+	}
+	d, err := mysqldriver.Open(VitessDSN())
+	if err != nil {
+		t.Fatalf("open vitess driver: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := d.DB().PingContext(ctx); err != nil {
+		t.Fatalf("vtgate %s unreachable: %v (scripts/test starts it with scripts/vitess up; "+
+			"outside CI, SHARDQ_TEST_VITESS=skip skips these tests)", VitessDSN(), err)
+	}
+	rows, err := d.DB().QueryContext(ctx, "SHOW TABLES")
+	if err != nil {
+		t.Fatalf("list tables: %v", err)
+	}
+	var tables []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, name)
+	}
+	rows.Close()
+	for _, name := range tables {
+		if _, err := d.DB().ExecContext(ctx, "DROP TABLE IF EXISTS "+name); err != nil {
+			t.Fatalf("drop %s: %v", name, err)
+		}
+	}
+	return d
+}

@@ -1,0 +1,425 @@
+package mysqldriver_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
+	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/internal/sqlrecord"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// statementLog collects the distinct statement texts sent through vtgate.
+type statementLog struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (l *statementLog) record(q string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[string]bool{}
+	}
+	l.seen[strings.Join(strings.Fields(q), " ")] = true
+}
+
+func (l *statementLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.seen))
+	for q := range l.seen {
+		out = append(out, q)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// openRecorded is testdb.Vitess with every statement the driver sends
+// recorded.
+func openRecorded(t *testing.T, log *statementLog) driver.Driver {
+	testdb.Vitess(t) // a clean keyspace (or a skip/fail with the reason)
+	cfg, err := mysql.ParseDSN(testdb.VitessDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(sqlrecord.Connector(inner, log.record))
+	t.Cleanup(func() { db.Close() })
+	d, err := mysqldriver.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestVitess runs the whole conformance suite (publish, leases,
+// subscribers, message groups, transactions, admin) through vtgate: one
+// keyspace of two shards, sharded by tenant (vschema.json). It records
+// every statement the driver sends meanwhile, and then proves the routing.
+func TestVitess(t *testing.T) {
+	var log statementLog
+	t.Run("Conformance", func(t *testing.T) {
+		drivertest.Run(t, func(t *testing.T) driver.Driver { return openRecorded(t, &log) })
+	})
+	t.Run("RoutingProof", func(t *testing.T) { testRoutingProof(t, log.all()) })
+}
+
+var (
+	queueTable = regexp.MustCompile(`\bqueue_[a-z_]+\b`)
+	ddl        = regexp.MustCompile(`(?i)^(CREATE|DROP|ALTER) `)
+	limitParam = regexp.MustCompile(`(?i)\bLIMIT \?`)
+	// The migrations table is sharded by version: Migrate's statements on
+	// it are operator-run DDL bookkeeping, not the hot path.
+	migrationsTable = regexp.MustCompile(`\bshardq_schema_migrations\b`)
+)
+
+// allTenantReads are the only statements that may scatter: admin reads an
+// operator asked for with --all-tenants (driver.Scope.AllTenants renders
+// "1 = 1" for the tenant condition), each named by its driver method.
+var allTenantReads = map[string]string{
+	"Topics":         "SELECT tenant, topic, COUNT(*), MAX(head_offset) FROM queue_partitions WHERE 1 = 1",
+	"OffsetReport":   "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group,",
+	"AllLeases":      "FROM queue_partition_leases WHERE 1 = 1",
+	"AllSubscribers": "FROM queue_subscriber_heartbeats WHERE 1 = 1",
+	"TopicMessages":  "FROM queue_messages WHERE 1 = 1",
+	"ListHalves":     "FROM queue_half_messages",
+}
+
+func exemptAllTenantRead(q string) (string, bool) {
+	if !strings.Contains(q, "1 = 1") || !strings.HasPrefix(q, "SELECT") {
+		return "", false
+	}
+	for name, fragment := range allTenantReads {
+		if strings.Contains(q, fragment) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// testRoutingProof asks vtgate for the plan of every recorded statement on
+// a queue table (VEXPLAIN PLAN, placeholders replaced by literals) and
+// requires every route in it to reach one shard by the tenant vindex, or
+// the shards of an explicit tenant list. A new unscoped statement fails
+// here.
+func testRoutingProof(t *testing.T, statements []string) {
+	db, err := sql.Open("mysql", testdb.VitessDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// The checker itself: statements without a tenant condition must be
+	// caught, as reads and as writes.
+	for _, q := range []string{
+		"SELECT tenant, partition_key FROM queue_partitions WHERE topic = ?",
+		"UPDATE queue_partition_leases SET owner = '' WHERE consumer_group = ?",
+		"DELETE FROM queue_message_claims WHERE topic = ?",
+		"SELECT p.tenant FROM queue_partitions p JOIN queue_offsets o ON o.topic = p.topic WHERE p.tenant = ?",
+	} {
+		statements = append(statements, "CHECKER "+q)
+	}
+	checked, exempt, caught := 0, map[string]int{}, 0
+	for _, q := range statements {
+		probe := strings.HasPrefix(q, "CHECKER ")
+		q = strings.TrimPrefix(q, "CHECKER ")
+		if !queueTable.MatchString(q) || ddl.MatchString(q) || migrationsTable.MatchString(q) {
+			continue
+		}
+		if name, ok := exemptAllTenantRead(q); ok {
+			exempt[name]++
+			continue
+		}
+		literal := strings.ReplaceAll(limitParam.ReplaceAllString(q, "LIMIT 10"), "?", "'v'")
+		var plan string
+		if err := db.QueryRowContext(context.Background(), "VEXPLAIN PLAN "+literal).Scan(&plan); err != nil {
+			t.Errorf("VEXPLAIN PLAN failed: %v\n%s", err, q)
+			continue
+		}
+		var root map[string]any
+		if err := json.Unmarshal([]byte(plan), &root); err != nil {
+			t.Fatalf("plan is not JSON: %v\n%s", err, plan)
+		}
+		bad := scattered(root)
+		switch {
+		case probe && bad == "":
+			t.Errorf("the checker let an unscoped statement pass:\n%s\nplan: %s", q, plan)
+		case probe:
+			caught++
+		case bad != "":
+			t.Errorf("statement is not routed by tenant (%s):\n%s\nplan: %s", bad, q, plan)
+		default:
+			checked++
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d statements checked; the conformance run did not record its SQL", checked)
+	}
+	t.Logf("the checker caught %d unscoped probes; %d statements route to one shard by tenant (or the shards of a tenant list); all-tenant admin reads exempt: %v", caught, checked, exempt)
+}
+
+// scattered walks a plan and describes the first primitive that does not
+// route by the tenant vindex ("" when every one does).
+func scattered(node map[string]any) string {
+	op, _ := node["OperatorType"].(string)
+	variant, _ := node["Variant"].(string)
+	switch op {
+	case "Route", "Update", "Delete":
+		switch variant {
+		case "EqualUnique", "Equal", "IN", "MultiEqual":
+			if v, _ := node["Vindex"].(string); v != "tenant_xxhash" {
+				return op + " by vindex " + v
+			}
+		default:
+			return op + " " + variant
+		}
+	case "Insert", "Upsert":
+		if variant != "Sharded" && variant != "" {
+			return op + " " + variant
+		}
+	}
+	for _, key := range []string{"Inputs", "Sources"} {
+		children, _ := node[key].([]any)
+		for _, c := range children {
+			if m, ok := c.(map[string]any); ok {
+				if bad := scattered(m); bad != "" {
+					return bad
+				}
+			}
+		}
+	}
+	return ""
+}
+
+var shards = []string{"-80", "80-"}
+
+// vitessShardDSN reaches the shards' MySQL directly (vttestserver's one
+// mysqld; SHARDQ_TEST_VITESS_SHARD_DSN), to break a shard.
+func vitessShardDSN() string {
+	if v := os.Getenv("SHARDQ_TEST_VITESS_SHARD_DSN"); v != "" {
+		return v
+	}
+	return "vt_dba@unix(/tmp/shardq-vitess/data/vt_0000000001/mysql.sock)/"
+}
+
+// onShard opens vtgate targeted at one shard of the keyspace.
+func onShard(t *testing.T, shard string) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testdb.VitessDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName += ":" + shard
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// tenantsByShard publishes one message to each of n tenants and reads
+// back, shard by shard, which tenants each one holds.
+func tenantsByShard(t *testing.T, c *shardq.Client, n int) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: fmt.Sprintf("t%02d", i), Topic: "x", PartitionKey: "k", ID: "probe"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := map[string][]string{}
+	for _, shard := range shards {
+		rows, err := onShard(t, shard).QueryContext(ctx, "SELECT DISTINCT tenant FROM queue_messages ORDER BY tenant")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var tenant string
+			if err := rows.Scan(&tenant); err != nil {
+				t.Fatal(err)
+			}
+			out[shard] = append(out[shard], tenant)
+		}
+		rows.Close()
+	}
+	return out
+}
+
+// Tenants spread over both shards, each on one; a partition's offsets
+// come from its shard alone; a dead-lettered message stays on its
+// tenant's shard.
+func TestVitessPlacement(t *testing.T) {
+	d := testdb.Vitess(t)
+	ctx := context.Background()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 16
+	placed := tenantsByShard(t, c, n)
+	where := map[string]string{}
+	for shard, tenants := range placed {
+		for _, tenant := range tenants {
+			if other, dup := where[tenant]; dup {
+				t.Fatalf("tenant %s on shards %s and %s", tenant, other, shard)
+			}
+			where[tenant] = shard
+		}
+	}
+	if len(where) != n || len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
+		t.Fatalf("placement %v: want all %d tenants, each on one shard, both shards used", placed, n)
+	}
+	// Each shard numbers its own messages: its highest offset is its own
+	// count, not the keyspace's.
+	for _, shard := range shards {
+		var count, highest int
+		if err := onShard(t, shard).QueryRowContext(ctx, "SELECT COUNT(*), MAX(`offset`) FROM queue_messages").Scan(&count, &highest); err != nil {
+			t.Fatal(err)
+		}
+		if highest != count || count == n {
+			t.Fatalf("shard %s: %d messages, highest offset %d; offsets must be the shard's own", shard, count, highest)
+		}
+	}
+	// A dead-lettered message stays on its tenant's shard.
+	tenant := placed["80-"][0]
+	cfg := shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{tenant}, DiscoveryInterval: 50 * time.Millisecond,
+		PollInterval: 10 * time.Millisecond, Handler: func(context.Context, *shardq.Delivery) error { return shardq.DeadLetter(errors.New("poison")) }}
+	s, err := c.Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var here, there int
+		onShard(t, "80-").QueryRowContext(ctx, "SELECT COUNT(*) FROM queue_messages WHERE tenant = ? AND topic = 'x.dlq'", tenant).Scan(&here)
+		onShard(t, "-80").QueryRowContext(ctx, "SELECT COUNT(*) FROM queue_messages WHERE tenant = ? AND topic = 'x.dlq'", tenant).Scan(&there)
+		if there != 0 {
+			t.Fatalf("the dead-letter copy of tenant %s landed on the other shard", tenant)
+		}
+		if here == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tenant %s: no dead-letter copy on its shard", tenant)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// One shard failing (its tables renamed away under vttestserver's
+// mysqld: every statement there errors, as it would with the shard down)
+// stops only its tenants: the subscriber keeps discovering and delivering
+// the other shard's, and picks the failed ones up on a later tick once the
+// shard is back.
+func TestVitessShardDown(t *testing.T) {
+	d := testdb.Vitess(t)
+	ctx := context.Background()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	placed := tenantsByShard(t, c, 8)
+	up, down := placed["-80"][0], placed["80-"][0]
+	var mu sync.Mutex
+	got := map[string]bool{}
+	delivered := func(tenant, id string) func() bool {
+		return func() bool { mu.Lock(); defer mu.Unlock(); return got[tenant+"/"+id] }
+	}
+	s, err := c.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{up, down},
+		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
+		StaleAfter: 20 * time.Second, Handler: func(_ context.Context, dl *shardq.Delivery) error {
+			mu.Lock()
+			got[dl.Tenant+"/"+dl.ID] = true
+			mu.Unlock()
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx)
+	waitUntil(t, "both probes delivered", delivered(up, "probe"), delivered(down, "probe"))
+
+	shardDB, err := sql.Open("mysql", vitessShardDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shardDB.Close()
+	tables := []string{"queue_messages", "queue_partitions", "queue_offsets", "queue_partition_leases", "queue_subscriber_heartbeats"}
+	rename := func(from, to string) {
+		t.Helper()
+		var pairs []string
+		for _, table := range tables {
+			pairs = append(pairs, fmt.Sprintf("`vt_shardq_80-`.%s%s TO `vt_shardq_80-`.%s%s", table, from, table, to))
+		}
+		if _, err := shardDB.ExecContext(ctx, "RENAME TABLE "+strings.Join(pairs, ", ")); err != nil {
+			t.Fatalf("rename on shard 80-: %v", err)
+		}
+	}
+	rename("", "_down")
+	restored := false
+	defer func() {
+		if !restored {
+			rename("_down", "")
+		}
+	}()
+	if _, err := c.Publish(ctx, shardq.Message{Tenant: down, Topic: "x", PartitionKey: "k2", ID: "while-down"}); err == nil {
+		t.Fatalf("publishing to tenant %s on the failed shard succeeded", down)
+	}
+	if _, err := c.Publish(ctx, shardq.Message{Tenant: up, Topic: "x", PartitionKey: "new", ID: "while-down"}); err != nil {
+		t.Fatalf("publishing to tenant %s on the healthy shard: %v", up, err)
+	}
+	waitUntil(t, "a new partition of the healthy shard discovered and delivered while the other is down", delivered(up, "while-down"))
+
+	rename("_down", "")
+	restored = true
+	if _, err := c.Publish(ctx, shardq.Message{Tenant: down, Topic: "x", PartitionKey: "k2", ID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the recovered shard's tenant delivered again", delivered(down, "after"))
+}
+
+func waitUntil(t *testing.T, what string, conds ...func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok := true
+		for _, c := range conds {
+			ok = ok && c()
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
