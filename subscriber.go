@@ -102,8 +102,11 @@ type SubscriberConfig struct {
 	// it to a partition: members that start together split the partitions
 	// at once instead of a discovery interval or two later (like Kafka's
 	// group.initial.rebalance.delay.ms) [DiscoveryInterval / 10].
-	JoinWindow   time.Duration
-	PollInterval time.Duration // how often an idle partition is polled [200ms]
+	JoinWindow time.Duration
+	// PollInterval is how often the heads of this member's idle partitions
+	// are checked for new messages, in one query per tenant [200ms]. (A
+	// Publish through the same Client wakes them at once.)
+	PollInterval time.Duration
 	IdleRelease  time.Duration // a lease without work this long is released [30s]
 	// CommitInterval bounds how long settled messages stay uncommitted
 	// while a batch is being delivered (a crash redelivers at most that
@@ -302,6 +305,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if cfg.Take != TakeUngrouped {
 		s.life.Go(s.beat)
 		s.life.Go(s.manage)
+		s.life.Go(s.watchHeads)
 	}
 	if cfg.Take != TakeGrouped {
 		s.ungroupedWake = make(chan struct{}, 1)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -38,6 +39,60 @@ func (s *Subscriber) beat() {
 		}
 		s.renew(ctx, now)
 		cancel()
+	}
+}
+
+// idleFallback × PollInterval is how long an idle worker waits when
+// neither the head watcher nor a local publish wakes it.
+const idleFallback = 5
+
+// watchHeads wakes idle workers whose partition head moved: every
+// PollInterval, one query per tenant reads the heads of all of this
+// member's idle partitions, instead of each idle partition polling on its
+// own.
+func (s *Subscriber) watchHeads() {
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.life.Context().Done():
+			return
+		case <-t.C:
+		}
+		idle := map[string]map[string]*worker{} // tenant → key → worker
+		s.mu.Lock()
+		for ref, w := range s.workers {
+			if w.idleAfter.Load() > 0 {
+				if idle[ref.Tenant] == nil {
+					idle[ref.Tenant] = map[string]*worker{}
+				}
+				idle[ref.Tenant][ref.PartitionKey] = w
+			}
+		}
+		s.mu.Unlock()
+		for tenant, ws := range idle {
+			keys := make([]string, 0, len(ws))
+			for k := range ws {
+				keys = append(keys, k)
+			}
+			ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+			heads, err := s.drv.HeadsOf(ctx, tenant, s.cfg.Topic, keys)
+			cancel()
+			if err != nil {
+				if s.life.Context().Err() == nil {
+					s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenant", tenant, "err", err)
+				}
+				continue
+			}
+			for k, w := range ws {
+				if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
+					select {
+					case w.wake <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
 	}
 }
 
@@ -270,7 +325,10 @@ type worker struct {
 	handbackOnce sync.Once
 	lost         chan struct{} // closed when the lease is lost
 	lostOnce     sync.Once
-	wake         chan struct{} // a local publish stored messages here
+	wake         chan struct{} // a local publish stored messages here, or the head watcher saw the head move
+	// idleAfter is cursor+1 while the worker waits idle (0 otherwise):
+	// the head watcher wakes it when the partition's head passes cursor.
+	idleAfter atomic.Int64
 }
 
 func (w *worker) handBack() { w.handbackOnce.Do(func() { close(w.handback) }) }
@@ -361,7 +419,12 @@ func (w *worker) run() {
 			if s.cfg.Clock().Sub(idleSince) >= s.cfg.IdleRelease {
 				return // idle release: finish() commits and releases
 			}
-			w.idle(s.cfg.PollInterval)
+			// The head watcher checks every PollInterval, for all idle
+			// partitions at once; a worker fetches on its own only as a
+			// fallback.
+			w.idleAfter.Store(w.cursor + 1)
+			w.idle(idleFallback * s.cfg.PollInterval)
+			w.idleAfter.Store(0)
 			continue
 		}
 		idleSince = s.cfg.Clock()

@@ -105,6 +105,9 @@ type Driver interface {
 	// PartitionHeads lists every partition of topic in the given tenants
 	// with its head offset (CommittedOffset is 0).
 	PartitionHeads(ctx context.Context, tenants []string, topic string) ([]Partition, error)
+	// HeadsOf reads the head offsets of the named partitions of one
+	// tenant's topic, keyed by partition key (absent: no such partition).
+	HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error)
 	// ResetOffset sets a consumer group's cursor for one partition without
 	// a lease: an operator's tool. Subscribers commit through their lease.
 	ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error

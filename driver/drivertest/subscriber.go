@@ -32,6 +32,7 @@ var subscriberTests = []struct {
 	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 	{"LocalPublishWakesIdleWorker", testLocalPublishWakesIdleWorker},
 	{"MembersStartingTogetherSplitAtOnce", testMembersStartingTogetherSplitAtOnce},
+	{"IdlePartitionsShareOneHeadQuery", testIdlePartitionsShareOneHeadQuery},
 }
 
 // fastConfig is a subscriber configuration with test-sized intervals. The
@@ -688,4 +689,58 @@ func testMembersStartingTogetherSplitAtOnce(t *testing.T, open Open) {
 			t.Fatalf("%s holds %d partitions, want %d: %v", name, n, parts/members, leaseCountsOf(t, d))
 		}
 	}
+}
+
+// countingDriver counts the reads a subscriber makes (the database behind
+// it is the real one).
+type countingDriver struct {
+	driver.Driver
+	fetches, heads atomic.Int64
+}
+
+func (d *countingDriver) FetchAfter(ctx context.Context, tenant, topic, key string, after int64, limit int) ([]driver.Message, error) {
+	d.fetches.Add(1)
+	return d.Driver.FetchAfter(ctx, tenant, topic, key, after, limit)
+}
+
+func (d *countingDriver) HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error) {
+	d.heads.Add(1)
+	return d.Driver.HeadsOf(ctx, tenant, topic, keys)
+}
+
+// Idle partitions are watched by one head query per poll, not polled one
+// by one; a message published by another client (no local wake-up) is
+// still delivered, found by the watcher.
+func testIdlePartitionsShareOneHeadQuery(t *testing.T, open Open) {
+	d, publisher := setup(t, open, nil)
+	const parts = 8
+	publishSpread(t, publisher, "t", "x", parts, parts)
+	cd := &countingDriver{Driver: d}
+	c, err := shardq.NewClient(cd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var got atomic.Int64
+	cfg := fastConfig("g", "x", []string{"t"}, func(context.Context, *shardq.Delivery) error { got.Add(1); return nil })
+	cfg.PollInterval, cfg.Take = 20*time.Millisecond, shardq.TakeGrouped
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "the first messages", 20*time.Second, func() bool { return got.Load() == parts })
+	f0, h0, start := cd.fetches.Load(), cd.heads.Load(), time.Now()
+	time.Sleep(50 * cfg.PollInterval)
+	polls := int64(time.Since(start) / cfg.PollInterval)
+	fetches, heads := cd.fetches.Load()-f0, cd.heads.Load()-h0
+	// Polling each partition would fetch parts×polls times; idle workers
+	// fetch only every fifth poll on their own.
+	if fetches > parts*polls/2 || heads == 0 {
+		t.Fatalf("%d idle partitions over %d polls: %d fetches, %d head queries; want well under %d fetches and some head queries",
+			parts, polls, fetches, heads, parts*polls/2)
+	}
+	mustPublish(t, publisher, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "p03", ID: "from-elsewhere"})
+	waitFor(t, "a message published by another client", 20*time.Second, func() bool { return got.Load() == parts+1 })
+	t.Logf("%d idle partitions, %d polls: %d fetches, %d head queries", parts, polls, fetches, heads)
 }

@@ -110,6 +110,20 @@ const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WH
 // A few rounds absorb such collisions.
 func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit int) ([]driver.Claim, error) {
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
+	// Most polls find nothing: ask the read pool first, and open a write
+	// transaction only when there is something to claim.
+	var something bool
+	if err := d.Read.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+
+		" AND done = 0 AND visible_at <= ? AND message_offset > "+ungroupedCursor+") OR EXISTS (SELECT 1 FROM queue_messages"+d.PartitionOrder+
+		" WHERE tenant = ? AND topic = ? AND partition_key = '' AND "+d.Offset+" > "+d.Greatest+"("+ungroupedCursor+
+		", COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE "+claimKey+"), 0)))",
+		tenant, group, topic, d.EncodeTime(now), tenant, topic, group,
+		tenant, topic, tenant, topic, group, tenant, group, topic).Scan(&something); err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	if !something {
+		return nil, nil
+	}
 	for round := 0; ; round++ {
 		claims, contended, err := d.claimRound(ctx, tenant, topic, group, owner, now, visibility, limit, op)
 		if err != nil || len(claims) > 0 || !contended || round == 2 {

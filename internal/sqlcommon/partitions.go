@@ -37,6 +37,40 @@ func (d *Store) PartitionHeads(ctx context.Context, tenants []string, topic stri
 		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND topic = ? ORDER BY tenant, partition_key", topic, len(tenants), args)
 }
 
+// HeadsOf reads the heads of the named partitions, 500 keys a statement.
+func (d *Store) HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error) {
+	op := fmt.Sprintf("read partition heads of tenant %q topic %q", tenant, topic)
+	out := make(map[string]int64, len(keys))
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), 500)]
+		keys = keys[len(chunk):]
+		args := []any{tenant, topic}
+		for _, k := range chunk {
+			args = append(args, k)
+		}
+		rows, err := d.Read.QueryContext(ctx, "SELECT partition_key, head_offset FROM queue_partitions WHERE tenant = ? AND topic = ? "+
+			"AND partition_key IN ("+Placeholders(len(chunk))+")", args...)
+		if err != nil {
+			return nil, d.Wrap(op, err)
+		}
+		for rows.Next() {
+			var k string
+			var h int64
+			if err := rows.Scan(&k, &h); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+			out[k] = h
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	return out, nil
+}
+
 func (d *Store) partitions(ctx context.Context, query, topic string, nTenants int, args []any) ([]driver.Partition, error) {
 	if nTenants == 0 {
 		return nil, nil
