@@ -294,7 +294,12 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	// ungrouped messages holds no lease and stays out of the fair share,
 	// so it only advances the ungrouped cursor.
 	if cfg.Take == TakeUngrouped {
-		_, err = c.drv.AdvanceUngrouped(ctx, cfg.Tenants[0], cfg.Topic, cfg.ConsumerGroup, cfg.Clock())
+		// Members starting together advance together: a deadlock between
+		// them is retried, not a failed start.
+		err = s.retrying(ctx, func() error {
+			_, err := c.drv.AdvanceUngrouped(ctx, cfg.Tenants[0], cfg.Topic, cfg.ConsumerGroup, cfg.Clock())
+			return err
+		})
 	} else {
 		err = s.heartbeat(ctx, cfg.Clock())
 	}

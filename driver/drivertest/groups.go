@@ -28,6 +28,7 @@ var groupTests = []struct {
 	{"UngroupedRedeliveredOnlyAfterVisibilityTimeout", testUngroupedVisibility},
 	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
+	{"UngroupedGapIsRepaired", testUngroupedGapIsRepaired},
 	{"MixedSubscribers", testMixedSubscribers},
 }
 
@@ -652,5 +653,41 @@ func testUngroupedReplay(t *testing.T, open Open) {
 	}
 	if n := consume(); n != 2 {
 		t.Fatalf("after the reset %d delivered, want both again", n)
+	}
+}
+
+// A claim transaction that locked messages and failed leaves them without
+// claim rows below another member's claim. The cursor must not pass them,
+// and they must become claimable again.
+func testUngroupedGapIsRepaired(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
+		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"})
+	claims, err := d.ClaimMessages(ctx, "t", "x", "g", "a", t0, time.Hour, 3)
+	if err != nil || len(claims) != 3 {
+		t.Fatalf("claimed %d, %v", len(claims), err)
+	}
+	// Make u1 and u2 a gap: as if their claimer had rolled back.
+	if _, err := d.DB().ExecContext(ctx, "DELETE FROM queue_message_claims WHERE tenant = ? AND message_offset IN (?, ?)",
+		"t", res[0].Offset, res[1].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AckClaims(ctx, claims[2:], t0); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", t0)
+	if err != nil || cur >= res[0].Offset {
+		t.Fatalf("cursor %d (%v) passed the gap at offset %d", cur, err, res[0].Offset)
+	}
+	again, err := d.ClaimMessages(ctx, "t", "x", "g", "b", t0.Add(time.Second), time.Hour, 10)
+	if err != nil || len(again) != 2 || again[0].Message.ID != "u1" || again[1].Message.ID != "u2" || again[0].Attempts != 1 {
+		t.Fatalf("claims after the repair: %+v, %v; want u1 and u2 at attempt 1", again, err)
+	}
+	if err := d.AckClaims(ctx, again, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", t0.Add(time.Second)); err != nil || cur != res[2].Offset {
+		t.Fatalf("cursor %d (%v), want %d once all three are done", cur, err, res[2].Offset)
 	}
 }

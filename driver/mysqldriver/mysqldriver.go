@@ -158,6 +158,7 @@ var dialect = sqlcommon.Dialect{
 	DecodeTime:      decodeTime,
 	LockClause:      " FOR UPDATE",
 	ShareLockClause: " LOCK IN SHARE MODE",
+	SkipLocked:      " FOR UPDATE SKIP LOCKED",
 	DeleteLimit:     true,
 	UseIndex:        func(index string) string { return " FORCE INDEX (" + index + ")" },
 	PartitionOrder:  " FORCE INDEX (PRIMARY)",

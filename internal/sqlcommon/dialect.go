@@ -30,6 +30,10 @@ type Dialect struct {
 	// row, not the transaction's snapshot, and keep it from changing until
 	// commit (" LOCK IN SHARE MODE"; "" on SQLite).
 	ShareLockClause string
+	// SkipLocked ends a SELECT that locks the rows it returns and skips
+	// rows other transactions hold (" FOR UPDATE SKIP LOCKED"; "" on
+	// SQLite, whose writers never overlap).
+	SkipLocked string
 	// Greatest is the two-argument maximum function.
 	Greatest string
 	// Excluded names the value an upsert tried to insert into col.

@@ -166,7 +166,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			return nil, err
 		}
 		fresh, err := offsets("SELECT "+d.Offset+" FROM queue_messages"+d.PartitionOrder+" WHERE tenant = ? AND topic = ? AND partition_key = '' AND "+
-			d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?", tenant, topic, max(cursor, highest), limit-len(again))
+			d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?"+d.SkipLocked, tenant, topic, max(cursor, highest), limit-len(again))
 		if err != nil {
 			return nil, err
 		}
@@ -235,6 +235,31 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		return out, rows.Err()
 	})
 	return claims, contended, err
+}
+
+// ungroupedGaps lists (up to 500) messages in (after, upTo] of the
+// ungrouped partition that have no claim row.
+func (d *Store) ungroupedGaps(ctx context.Context, tx *sql.Tx, tenant, topic, group string, after, upTo int64) ([]int64, error) {
+	if upTo <= after {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT m."+d.Offset+" FROM queue_messages m"+d.PartitionOrder+
+		" LEFT JOIN queue_message_claims c ON c.tenant = m.tenant AND c.consumer_group = ? AND c.topic = m.topic AND c.message_offset = m."+d.Offset+
+		" WHERE m.tenant = ? AND m.topic = ? AND m.partition_key = '' AND m."+d.Offset+" > ? AND m."+d.Offset+" <= ? AND c.message_offset IS NULL"+
+		" ORDER BY m."+d.Offset+" LIMIT 500", group, tenant, topic, after, upTo)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var o int64
+		if err := rows.Scan(&o); err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, rows.Err()
 }
 
 func repeatRows(row string, n int) string {
@@ -353,17 +378,43 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group strin
 		// message above the highest claim (below it, every message has a
 		// claim row; see ClaimMessages).
 		var open, unclaimed sql.NullInt64
+		var highest int64
 		if err := tx.QueryRowContext(ctx, "SELECT (SELECT MIN(message_offset) FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+
-			" AND done = 0 AND message_offset > ?), (SELECT MIN("+d.Offset+") FROM queue_messages"+d.PartitionOrder+" WHERE tenant = ? AND topic = ? AND partition_key = '' "+
-			"AND "+d.Offset+" <= ? AND "+d.Offset+" > "+d.Greatest+"(?, COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE "+claimKey+"), 0)))",
-			tenant, group, topic, cur, tenant, topic, head, cur, tenant, group, topic).Scan(&open, &unclaimed); err != nil {
+			" AND done = 0 AND message_offset > ?), COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE "+claimKey+"), 0)",
+			tenant, group, topic, cur, tenant, group, topic).Scan(&open, &highest); err != nil {
 			return 0, d.Wrap(op, err)
+		}
+		if err := tx.QueryRowContext(ctx, "SELECT MIN("+d.Offset+") FROM queue_messages"+d.PartitionOrder+" WHERE tenant = ? AND topic = ? "+
+			"AND partition_key = '' AND "+d.Offset+" <= ? AND "+d.Offset+" > ?", tenant, topic, head, max(cur, highest)).Scan(&unclaimed); err != nil {
+			return 0, d.Wrap(op, err)
+		}
+		// Gaps: messages below the highest claim without a claim row,
+		// left by a claim transaction that locked them (SKIP LOCKED kept
+		// the others away) and then failed. They count as open, and get
+		// claimable rows so that the next claim takes them.
+		gaps, err := d.ungroupedGaps(ctx, tx, tenant, topic, group, cur, min(highest, head))
+		if err != nil {
+			return 0, d.Wrap(op, err)
+		}
+		if len(gaps) > 0 {
+			vals := make([]any, 0, 6*len(gaps))
+			for _, o := range gaps {
+				vals = append(vals, tenant, group, topic, o, d.EncodeTime(now), d.EncodeTime(now))
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, "+
+				"visible_at, done, updated_at) VALUES "+repeatRows("(?, ?, ?, ?, '', 0, 0, ?, 0, ?)", len(gaps))+
+				d.Upsert("tenant, consumer_group, topic, message_offset", ""), vals...); err != nil {
+				return 0, d.Wrap(op, err)
+			}
 		}
 		next := head
 		for _, first := range []sql.NullInt64{open, unclaimed} {
 			if first.Valid {
 				next = min(next, first.Int64-1)
 			}
+		}
+		if len(gaps) > 0 {
+			next = min(next, gaps[0]-1)
 		}
 		if next <= cur {
 			return cur, nil
