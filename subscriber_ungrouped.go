@@ -10,12 +10,13 @@ import (
 )
 
 // ungrouped is the competing-consumer loop for messages with an empty
-// partition key: UngroupedConcurrency handler goroutines take claimed
-// messages from a queue as long; this loop keeps the queue filled, claiming
-// in batches once it is at most half full, so that one claim transaction
-// serves many messages even while every handler is busy; and every
-// DiscoveryInterval it moves the group's ungrouped cursor past what is
-// done. Acks are coalesced into shared transactions the way publishes are.
+// partition key. UngroupedConcurrency handler goroutines take claimed
+// messages from a local queue that holds as many; this loop refills it in
+// batches whenever it is at most half full, so that one
+// claim transaction serves many messages even while every handler is
+// busy, and every DiscoveryInterval it moves the group's ungrouped cursor
+// past what is done. Acks are coalesced into shared transactions the way
+// publishes are.
 func (s *Subscriber) ungrouped() {
 	n := s.cfg.UngroupedConcurrency
 	queue := make(chan driver.Claim, n)
