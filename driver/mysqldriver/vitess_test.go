@@ -264,20 +264,27 @@ func tenantsByShard(t *testing.T, c *shardq.Client, n int) map[string][]string {
 	return out
 }
 
-// Tenants spread over both shards, each on one; a partition's offsets
-// come from its shard alone; a dead-lettered message stays on its
-// tenant's shard.
-func TestVitessPlacement(t *testing.T) {
+// vitessClient migrates a clean keyspace and opens a client on it.
+func vitessClient(t *testing.T) *shardq.Client {
+	t.Helper()
 	d := testdb.Vitess(t)
-	ctx := context.Background()
-	if _, err := d.Migrate(ctx); err != nil {
+	if _, err := d.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	c, err := shardq.NewClient(d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Tenants spread over both shards, each on one; a partition's offsets
+// come from its shard alone; a dead-lettered message stays on its
+// tenant's shard.
+func TestVitessPlacement(t *testing.T) {
+	c := vitessClient(t)
+	ctx := context.Background()
 	const n = 16
 	placed := tenantsByShard(t, c, n)
 	where := map[string]string{}
@@ -336,16 +343,8 @@ func TestVitessPlacement(t *testing.T) {
 // the other shard's, and picks the failed ones up on a later tick once the
 // shard is back.
 func TestVitessShardDown(t *testing.T) {
-	d := testdb.Vitess(t)
+	c := vitessClient(t)
 	ctx := context.Background()
-	if _, err := d.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	placed := tenantsByShard(t, c, 8)
 	up, down := placed["-80"][0], placed["80-"][0]
 	var mu sync.Mutex

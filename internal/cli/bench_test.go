@@ -12,13 +12,7 @@ import (
 // bench consume with subscribers in separate processes, as JSON lines.
 func TestBenchConsumeInProcesses(t *testing.T) {
 	t.Setenv("SHARDQ_TEST_RUN_AS_CLI", "1")
-	for _, db := range []struct {
-		name string
-		dsn  func(t *testing.T) string
-	}{
-		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
-		{"mysql", mysqlURL},
-	} {
+	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
 			res := runCLI(t, nil, "", "--dsn", db.dsn(t), "bench", "consume", "--messages", "400", "--partitions", "8",
 				"--subscribers", "2", "--processes", "--reps", "1", "--poll", "20ms", "--json")

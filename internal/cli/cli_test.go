@@ -58,14 +58,18 @@ func decodeLines(t *testing.T, s string) []publishLine {
 
 func mysqlURL(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }
 
+// databases are the targets of the CLI tests that run on both drivers:
+// each dsn gives a fresh database.
+var databases = []struct {
+	name string
+	dsn  func(t *testing.T) string
+}{
+	{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
+	{"mysql", mysqlURL},
+}
+
 func TestPublishFlow(t *testing.T) {
-	for _, db := range []struct {
-		name string
-		dsn  func(t *testing.T) string
-	}{
-		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
-		{"mysql", mysqlURL},
-	} {
+	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
 			env := map[string]string{"SHARDQ_DSN": db.dsn(t)} // the env var, not --dsn
 			r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "x")
@@ -154,13 +158,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestConsume(t *testing.T) {
-	for _, db := range []struct {
-		name string
-		dsn  func(t *testing.T) string
-	}{
-		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
-		{"mysql", mysqlURL},
-	} {
+	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
 			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
 			if r := runCLI(t, env, "", "migrate"); r.code != 0 {

@@ -3,20 +3,13 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 )
 
 // consume --key, --next-group and --ungrouped.
 func TestConsumeMessageGroups(t *testing.T) {
-	for _, db := range []struct {
-		name string
-		dsn  func(t *testing.T) string
-	}{
-		{"sqlite", func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "q.db") }},
-		{"mysql", mysqlURL},
-	} {
+	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
 			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
 			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
