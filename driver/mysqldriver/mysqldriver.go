@@ -116,6 +116,16 @@ func (d *Driver) Close() error {
 // READ cannot close a cycle; asking for another level would cost a round
 // trip per transaction.
 func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+	// The auto_increment step, needed for offsets, is read once, before
+	// any transaction: through vtgate, a system-variable read inside a
+	// transaction was seen to hang until its context ended while holding
+	// head-row locks, and a read on a second connection from inside the
+	// transaction could exhaust the pool when many start cold.
+	if d.autoIncStep.Load() == 0 {
+		if _, err := d.autoIncrementStep(ctx, d.db); err != nil {
+			return nil, wrap("begin", err)
+		}
+	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)

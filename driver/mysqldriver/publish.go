@@ -139,10 +139,10 @@ func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 	if n, err := res.RowsAffected(); err != nil || n != int64(len(msgs)) {
 		return fmt.Errorf("insert messages: %d rows affected, want %d (%v)", n, len(msgs), err)
 	}
-	// Read outside the transaction, on the pool: through vtgate, a system
-	// variable read inside a transaction was seen to hang until the
-	// context ended, holding the head-row locks the whole time.
-	step, err := d.autoIncrementStep(ctx, d.db)
+	// Cached, and normally read by BeginWrite before its transaction
+	// starts (see there); only a caller's own transaction (PublishTx) on a
+	// cold driver reads it here.
+	step, err := d.autoIncrementStep(ctx, tx)
 	if err != nil {
 		return err
 	}
