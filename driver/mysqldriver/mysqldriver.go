@@ -51,9 +51,20 @@ type Driver struct {
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New uses an existing pool. shardq works with any go-sql-driver/mysql DSN;
-// Open adds the settings it prefers (interpolateParams, UTC).
+// New uses an existing pool, after checking (one query, bounded by 10 s)
+// that its connections use utf8mb4: parameters may be interpolated on the
+// client, which only utf8mb4 keeps safe (ErrUnsafeCharset). Open adds the
+// settings shardq prefers (interpolateParams, UTC, bounded lock waits and
+// idle transactions); a caller's own pool should bound them in its DSN
+// (README, "Connections").
 func New(db *sql.DB) (*Driver, error) {
+	if err := checkPool(db); err != nil {
+		return nil, err
+	}
+	return newDriver(db)
+}
+
+func newDriver(db *sql.DB) (*Driver, error) {
 	ms, err := migrate.Load(migrationFS, "migrations")
 	if err != nil {
 		return nil, err
@@ -67,11 +78,22 @@ func New(db *sql.DB) (*Driver, error) {
 // ("user:pass@tcp(host:3306)/db?param=value"), with client-side parameter
 // interpolation (one round trip per statement), UTC times, and at most 32
 // connections (DB().SetMaxOpenConns changes that). The driver owns the pool.
+//
+// Every connection is checked before use: its character set must be
+// utf8mb4 (a DSN naming another charset or collation is refused here, with
+// ErrUnsafeCharset), and on MariaDB/MySQL its lock waits (5 s) and idle
+// transactions (10 s) are bounded unless the DSN sets
+// innodb_lock_wait_timeout, idle_transaction_timeout or wait_timeout
+// itself. go-sql-driver's own log lines go to slog at debug level.
 func Open(dsn string) (*Driver, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
+	if err := checkDSNCharset(dsn, cfg); err != nil {
+		return nil, err
+	}
+	cfg.Logger = slogLogger{}
 	cfg.InterpolateParams = true
 	cfg.Loc = time.UTC
 	if cfg.Params == nil {
@@ -84,7 +106,12 @@ func Open(dsn string) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
-	db := sql.OpenDB(conn)
+	_, skipLockWait := cfg.Params["innodb_lock_wait_timeout"]
+	_, skipIdle := cfg.Params["idle_transaction_timeout"]
+	if _, ok := cfg.Params["wait_timeout"]; ok {
+		skipIdle = true
+	}
+	db := sql.OpenDB(&sessionConnector{base: conn, skipLockWait: skipLockWait, skipIdle: skipIdle})
 	// Bounded: one connection per busy partition worker would exhaust the
 	// server's max_connections and thrash a small one (measured: consuming
 	// 64 partitions ran 40% faster capped at 16 than unbounded on 2 cores).
@@ -92,7 +119,9 @@ func Open(dsn string) (*Driver, error) {
 	db.SetMaxOpenConns(32)
 	db.SetMaxIdleConns(32)
 	db.SetConnMaxLifetime(10 * time.Minute)
-	d, err := New(db)
+	// Below the idle bound: on MySQL, wait_timeout closes idle sessions.
+	db.SetConnMaxIdleTime(idleTxTimeoutSeconds * time.Second / 2)
+	d, err := newDriver(db)
 	if err != nil {
 		db.Close()
 		return nil, err

@@ -1,0 +1,190 @@
+package mysqldriver
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Session bounds applied to every connection Open makes (unless the DSN
+// sets the variable itself). A transaction left idle (a frozen or stopped
+// process holding row locks) is killed by the server, and a statement
+// waiting for a row lock gives up, so that a lease held by a frozen member
+// passes to its heir once it expires. See docs/leases.md, "Bounded waits".
+const (
+	lockWaitTimeoutSeconds = 5  // innodb_lock_wait_timeout
+	idleTxTimeoutSeconds   = 10 // MariaDB idle_transaction_timeout; MySQL wait_timeout
+)
+
+// ErrUnsafeCharset is returned when a connection's character set is not
+// utf8mb4. Parameters are interpolated into statements on the client (one
+// round trip per statement); with a multibyte character set such as gbk,
+// big5, sjis or cp932, whose second byte can be a backslash, escaping no
+// longer keeps a value a value. Any other character set would also garble
+// utf8mb4 keys and ids, so shardq accepts utf8mb4 only.
+var ErrUnsafeCharset = errors.New("connection character set must be utf8mb4")
+
+// checkDSNCharset refuses a DSN whose charset or collation parameter names
+// anything but utf8mb4, before any connection is made.
+func checkDSNCharset(dsn string, cfg *mysql.Config) error {
+	// go-sql-driver keeps charset out of Params: read it from the DSN.
+	var params url.Values
+	if i := strings.LastIndex(dsn, "/"); i >= 0 {
+		if _, query, ok := strings.Cut(dsn[i:], "?"); ok {
+			params, _ = url.ParseQuery(query) // ParseDSN accepted it already
+		}
+	}
+	if cs, ok := params["charset"]; ok {
+		cs := strings.Join(cs, ",")
+		for _, c := range strings.Split(cs, ",") {
+			if !strings.EqualFold(strings.TrimSpace(c), "utf8mb4") {
+				return fmt.Errorf("mysql dsn: charset=%s: %w (remove the parameter or set charset=utf8mb4)", cs, ErrUnsafeCharset)
+			}
+		}
+	}
+	if cfg.Collation != "" && !strings.HasPrefix(strings.ToLower(cfg.Collation), "utf8mb4_") {
+		return fmt.Errorf("mysql dsn: collation=%s: %w (use a utf8mb4_ collation)", cfg.Collation, ErrUnsafeCharset)
+	}
+	for k := range cfg.Params {
+		switch strings.ToLower(k) {
+		case "character_set_client", "character_set_connection", "character_set_results", "names":
+			return fmt.Errorf("mysql dsn: %s: %w (shardq sets the character set itself; remove the parameter)", k, ErrUnsafeCharset)
+		}
+	}
+	return nil
+}
+
+// sessionConnector checks every new connection before the pool hands it
+// out: its character set must be utf8mb4 (a later SET in the DSN, a server
+// default or init_connect could have changed it), and on MariaDB and MySQL
+// it gets the session bounds above. Through vtgate (Vitess) the bounds are
+// vttablet's (its transaction and query timeouts), so none are set.
+type sessionConnector struct {
+	base sqldriver.Connector
+	// The DSN sets these bounds itself.
+	skipLockWait, skipIdle bool
+}
+
+func (c *sessionConnector) Driver() sqldriver.Driver { return c.base.Driver() }
+
+func (c *sessionConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.base.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.prepare(ctx, conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) error {
+	q, ok := conn.(sqldriver.QueryerContext)
+	e, ok2 := conn.(sqldriver.ExecerContext)
+	if !ok || !ok2 {
+		return fmt.Errorf("mysql: connection %T cannot run statements", conn)
+	}
+	vals, err := queryRow(ctx, q, "SELECT @@version, @@character_set_client, @@character_set_connection, @@character_set_results")
+	if err != nil {
+		return fmt.Errorf("mysql: read session settings: %w", err)
+	}
+	if err := checkSessionCharset(vals[1], vals[2], vals[3]); err != nil {
+		return err
+	}
+	var set []string
+	version := strings.ToLower(vals[0])
+	switch {
+	case strings.Contains(version, "vitess"):
+		return nil
+	case strings.Contains(version, "mariadb"):
+		if !c.skipIdle {
+			set = append(set, fmt.Sprintf("idle_transaction_timeout = %d", idleTxTimeoutSeconds))
+		}
+	default: // MySQL has no idle-transaction timeout; an idle session is closed instead
+		if !c.skipIdle {
+			set = append(set, fmt.Sprintf("wait_timeout = %d", idleTxTimeoutSeconds))
+		}
+	}
+	if !c.skipLockWait {
+		set = append(set, fmt.Sprintf("innodb_lock_wait_timeout = %d", lockWaitTimeoutSeconds))
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	if _, err := e.ExecContext(ctx, "SET SESSION "+strings.Join(set, ", "), nil); err != nil {
+		return fmt.Errorf("mysql: set session bounds: %w", err)
+	}
+	return nil
+}
+
+// checkSessionCharset accepts a session whose client, connection and
+// results character sets are all utf8mb4.
+func checkSessionCharset(client, connection, results string) error {
+	for _, v := range [][2]string{{"character_set_client", client}, {"character_set_connection", connection}, {"character_set_results", results}} {
+		if !strings.EqualFold(v[1], "utf8mb4") {
+			return fmt.Errorf("mysql: session %s is %s: %w", v[0], v[1], ErrUnsafeCharset)
+		}
+	}
+	return nil
+}
+
+// queryRow reads the one row of query as text.
+func queryRow(ctx context.Context, q sqldriver.QueryerContext, query string) ([]string, error) {
+	rows, err := q.QueryContext(ctx, query, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	dest := make([]sqldriver.Value, len(rows.Columns()))
+	if err := rows.Next(dest); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("no row")
+		}
+		return nil, err
+	}
+	out := make([]string, len(dest))
+	for i, v := range dest {
+		switch v := v.(type) {
+		case []byte:
+			out[i] = string(v)
+		case string:
+			out[i] = v
+		case nil:
+		default:
+			out[i] = fmt.Sprint(v)
+		}
+	}
+	return out, nil
+}
+
+// checkPool checks a caller's pool (New) once: its connections' character
+// set must be utf8mb4, like those Open makes.
+func checkPool(db *sql.DB) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var client, connection, results string
+	if err := db.QueryRowContext(ctx, "SELECT @@character_set_client, @@character_set_connection, @@character_set_results").
+		Scan(&client, &connection, &results); err != nil {
+		return fmt.Errorf("mysql: read session character set: %w", err)
+	}
+	return checkSessionCharset(client, connection, results)
+}
+
+// slogLogger routes go-sql-driver's own messages (a broken connection it
+// retries, say) to slog at debug level: the error that matters reaches the
+// caller through database/sql, once.
+type slogLogger struct{}
+
+func (slogLogger) Print(v ...any) {
+	slog.Debug("mysql driver: " + strings.TrimSpace(fmt.Sprint(v...)))
+}
