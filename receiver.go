@@ -53,7 +53,8 @@ func (e *GroupOwnedError) Is(target error) bool { return target == ErrGroupOwned
 // ReceiverOptions configure AcceptGroup and AcceptNextGroup. Zero values
 // take the defaults in brackets.
 type ReceiverOptions struct {
-	// Name is the receiver's name as lease owner [receiver-host-pid-random].
+	// Name names the receiver for people [host-pid]; each accepted group's
+	// lease is owned by Name#random, new per receiver.
 	Name string
 	// Wait is how long an accept keeps trying while the group is owned (or,
 	// for AcceptNextGroup and RequireReady, while no message is ready) [0:
@@ -237,7 +238,8 @@ func sleepUntilNext(ctx context.Context, deadline time.Time, poll time.Duration)
 // the next message as the caller saw it, or -1.
 func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o ReceiverOptions, nextOffset int64) (*GroupReceiver, error) {
 	now := o.Clock()
-	l, err := c.drv.AcquireLease(ctx, ref, o.Name, now, o.LeaseTTL)
+	id := ident.MemberID(o.Name) // each receiver is its own owner, even from one ReceiverOptions
+	l, err := c.drv.AcquireLease(ctx, ref, id, now, o.LeaseTTL)
 	var held *driver.LeaseHeldError
 	if errors.As(err, &held) {
 		return nil, &GroupOwnedError{Tenant: ref.Tenant, Topic: ref.Topic, ConsumerGroup: ref.ConsumerGroup, PartitionKey: ref.PartitionKey,
@@ -247,7 +249,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 		return nil, fmt.Errorf("shardq: accept %s: %w", ref, err)
 	}
 	r := &GroupReceiver{c: c, o: o, log: o.Logger.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
-		"partition", ref.PartitionKey, "receiver", o.Name), ref: ref, lease: l, cursor: l.Committed, lastActive: now,
+		"partition", ref.PartitionKey, "receiver", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
 		closing: make(chan struct{}), done: make(chan struct{})}
 	if nextOffset >= 0 || o.RequireReady {
 		ready, err := r.ready(ctx)
@@ -272,6 +274,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 type GroupReceiver struct {
 	c   *Client
 	o   ReceiverOptions
+	id  string // lease owner: ident.MemberID(o.Name)
 	ref driver.PartitionRef
 	log *slog.Logger
 
@@ -295,8 +298,11 @@ func (r *GroupReceiver) Topic() string         { return r.ref.Topic }
 func (r *GroupReceiver) ConsumerGroup() string { return r.ref.ConsumerGroup }
 func (r *GroupReceiver) PartitionKey() string  { return r.ref.PartitionKey }
 
-// Name is the receiver's name: the owner its lease shows.
+// Name is the receiver's name, as configured.
 func (r *GroupReceiver) Name() string { return r.o.Name }
+
+// ID is this receiver's identity (Name#suffix): the owner its lease shows.
+func (r *GroupReceiver) ID() string { return r.id }
 
 func (r *GroupReceiver) current() (driver.Lease, error) {
 	r.mu.Lock()
@@ -423,6 +429,14 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 			m := r.buf[0]
 			st := r.states[m.Offset]
 			if wait = st.NextAttemptAt.Sub(r.o.Clock()); wait <= 0 {
+				// Never hand out a message once the lease may have
+				// expired by this receiver's clock.
+				if l, _ := r.current(); !r.o.Clock().Before(l.ExpiresAt) {
+					err := fmt.Errorf("%w: %w (token %d expired at %s)", ErrReceiverClosed, driver.ErrLeaseLost, l.Token, l.ExpiresAt.Format(time.RFC3339Nano))
+					r.shut(err)
+					r.log.Warn("shardq: group lease expired before delivery; the next owner redelivers from the committed cursor")
+					return nil, err
+				}
 				r.buf = r.buf[1:]
 				r.mu.Lock()
 				r.held = &m

@@ -39,7 +39,7 @@ type RetentionConfig struct {
 	DLQSuffix   string                     // [".dlq"]
 	BatchSize   int                        // rows per DELETE statement [1000]
 	ClaimTTL    time.Duration              // [1m]
-	Name        string                     // the claim's owner [host-pid-random]
+	Name        string                     // names the cleaner for people; claims are owned by Name#random, new per pass [host-pid]
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -92,13 +92,17 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 		return rep, fmt.Errorf("shardq: retention: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
+		return rep, fmt.Errorf("shardq: retention: %w", err)
+	}
+	owner := ident.MemberID(cfg.Name)
 	topics, err := a.c.drv.Topics(ctx, s)
 	if err != nil {
 		return rep, err
 	}
 	var errs []error
 	for _, t := range topics {
-		n, skipped, err := a.retainTopic(ctx, t.Tenant, t.Topic, cfg)
+		n, skipped, err := a.retainTopic(ctx, t.Tenant, t.Topic, owner, cfg)
 		rep.Deleted += n
 		switch {
 		case skipped:
@@ -113,9 +117,9 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 }
 
 // retainTopic cleans one tenant's topic under its retention claim.
-func (a *Admin) retainTopic(ctx context.Context, tenant, topic string, cfg RetentionConfig) (deleted int64, skipped bool, err error) {
+func (a *Admin) retainTopic(ctx context.Context, tenant, topic, owner string, cfg RetentionConfig) (deleted int64, skipped bool, err error) {
 	drv, clock := a.c.drv, a.c.cfg.Clock
-	claim, err := drv.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: RetentionGroup, Topic: topic}, cfg.Name, clock(), cfg.ClaimTTL)
+	claim, err := drv.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: RetentionGroup, Topic: topic}, owner, clock(), cfg.ClaimTTL)
 	if errors.Is(err, driver.ErrLeaseHeld) {
 		return 0, true, nil
 	}

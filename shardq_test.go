@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv(killHelperEnv); dsn != "" {
 		os.Exit(runKillHelper(dsn))
 	}
+	if dsn := os.Getenv(memberHelperEnv); dsn != "" {
+		os.Exit(runMemberHelper(dsn))
+	}
 	if dsn := os.Getenv(txKillHelperEnv); dsn != "" {
 		os.Exit(runTxKillHelper(dsn))
 	}

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
@@ -84,7 +82,11 @@ type SubscriberConfig struct {
 	// comma-separated MQ_TENANTS environment variable is read once at
 	// Subscribe; an empty list is an error.
 	Tenants []string
-	// Name identifies this member (default host-pid-random).
+	// Name names this member for people (default host-pid; at most 246
+	// bytes). Its identity in the group, the owner its leases and
+	// heartbeat rows show, is Name + "#" + 8 random hex digits, new for
+	// every Subscribe: two running instances given one name are two
+	// members, never one (see ID).
 	Name string
 
 	Handler      Handler      // one of Handler and BatchHandler
@@ -228,13 +230,14 @@ func dlqTopic(topic, suffix string) error {
 	return nil
 }
 
-// defaultName names a member of a group: host-pid-random, or kind-pid-random
-// where the host name is not a valid ASCII identifier.
+// defaultName names a member for people: host-pid, or kind-pid where the
+// host name is not a valid member name. Its identity (lease owner,
+// heartbeat row) adds a random suffix: ident.MemberID.
 func defaultName(kind string) string {
 	host, _ := os.Hostname()
-	name := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
-	if ident.ASCII("name", name) != nil {
-		name = fmt.Sprintf("%s-%d-%s", kind, os.Getpid(), uuid.NewString()[:8])
+	name := fmt.Sprintf("%s-%d", host, os.Getpid())
+	if ident.MemberName("name", name) != nil {
+		name = fmt.Sprintf("%s-%d", kind, os.Getpid())
 	}
 	return name
 }
@@ -259,6 +262,7 @@ type Subscriber struct {
 	drv   driver.Driver
 	local *localSubscribers // the client's, for wake-ups on publish
 	cfg   SubscriberConfig
+	id    string // this instance's identity: ident.MemberID(cfg.Name)
 	log   *slog.Logger
 
 	// life runs the loops and workers: its Context ends at Stop (no more
@@ -283,10 +287,12 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
+	id := ident.MemberID(cfg.Name)
 	s := &Subscriber{
 		drv:     c.drv,
 		cfg:     cfg,
-		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", cfg.Name),
+		id:      id,
+		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", id),
 		workers: map[driver.PartitionRef]*worker{},
 	}
 	// A member that takes grouped messages heartbeats (its first beat also
@@ -324,8 +330,12 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	return s, nil
 }
 
-// Name is the subscriber's name in its group.
+// Name is the subscriber's name, as configured.
 func (s *Subscriber) Name() string { return s.cfg.Name }
+
+// ID is this running instance's identity in its group (Name#suffix): the
+// owner its leases and heartbeat rows show.
+func (s *Subscriber) ID() string { return s.id }
 
 // Stop stops fetching, lets in-flight handlers finish until ctx ends (then
 // cancels them), commits what was acked, releases the leases and deletes
@@ -339,7 +349,7 @@ func (s *Subscriber) Stop(ctx context.Context) error {
 		}
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name); err != nil {
+		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.id); err != nil {
 			s.stopResult = fmt.Errorf("shardq: stop: %w", err)
 		}
 	})
@@ -350,13 +360,13 @@ func (s *Subscriber) Stop(ctx context.Context) error {
 // (one shard down), tenant by tenant, so that it stays alive where the
 // database answers. It fails only when no tenant's row was written.
 func (s *Subscriber) heartbeat(ctx context.Context, now time.Time) error {
-	err := s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name, now)
+	err := s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.id, now)
 	if err == nil || len(s.cfg.Tenants) == 1 {
 		return err
 	}
 	var errs []error
 	for _, t := range s.cfg.Tenants {
-		if terr := s.drv.Heartbeat(ctx, []string{t}, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.Name, now); terr != nil {
+		if terr := s.drv.Heartbeat(ctx, []string{t}, s.cfg.ConsumerGroup, s.cfg.Topic, s.id, now); terr != nil {
 			errs = append(errs, fmt.Errorf("tenant %q: %w", t, terr))
 		}
 	}

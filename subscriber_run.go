@@ -148,7 +148,7 @@ func (s *Subscriber) tick() (contended bool) {
 	member := map[string]bool{}
 	for _, sub := range subs {
 		member[sub.Name] = true
-		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.cfg.Name {
+		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.id {
 			live[sub.Tenant] = append(live[sub.Tenant], sub.Name)
 			alive[sub.Name] = true
 		}
@@ -161,7 +161,7 @@ func (s *Subscriber) tick() (contended bool) {
 	// of holding it unused forever.
 	s.mu.Lock()
 	for i, l := range leases {
-		if l.Owner == s.cfg.Name && s.workers[l.PartitionRef] == nil {
+		if l.Owner == s.id && s.workers[l.PartitionRef] == nil {
 			leases[i].Owner = ""
 		}
 	}
@@ -174,7 +174,7 @@ func (s *Subscriber) tick() (contended bool) {
 		}
 		refs = append(refs, driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey})
 	}
-	plan := balance.Compute(balance.Input{Me: s.cfg.Name, Live: live, Work: refs, Leases: leases, Now: now})
+	plan := balance.Compute(balance.Input{Me: s.id, Live: live, Work: refs, Leases: leases, Now: now})
 	for _, p := range plan.Release {
 		s.mu.Lock()
 		if w := s.workers[p]; w != nil {
@@ -193,7 +193,7 @@ func (s *Subscriber) tick() (contended bool) {
 		if full || s.life.Context().Err() != nil {
 			break
 		}
-		l, err := s.drv.AcquireLease(ctx, p, s.cfg.Name, now, s.cfg.LeaseTTL)
+		l, err := s.drv.AcquireLease(ctx, p, s.id, now, s.cfg.LeaseTTL)
 		if errors.Is(err, driver.ErrLeaseHeld) {
 			contended = true // a peer was quicker; replan soon
 			continue
@@ -397,6 +397,21 @@ func (w *worker) leaseNow() driver.Lease {
 	return w.lease
 }
 
+// leaseLive reports whether the lease is unexpired by this member's clock;
+// when it is not, the worker stops: a message is never handed out after
+// the lease may have expired (a frozen process, a renewal that kept
+// failing), even if nobody has taken it yet. The partition is acquired
+// again, with a new token, by the next tick that plans it.
+func (w *worker) leaseLive() bool {
+	l := w.leaseNow()
+	if w.s.cfg.Clock().Before(l.ExpiresAt) {
+		return true
+	}
+	w.s.log.Warn("shardq: lease expired before delivery; stopping the partition", w.logArgs("token", l.Token, "expired_at", l.ExpiresAt)...)
+	w.lose()
+	return false
+}
+
 func (w *worker) logArgs(args ...any) []any {
 	return append([]any{"tenant", w.lease.Tenant, "partition", w.lease.PartitionKey}, args...)
 }
@@ -533,6 +548,9 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		}
 	}
 	for {
+		if !w.leaseLive() {
+			return false
+		}
 		err := w.call(msgs, attempt)
 		if err == nil {
 			w.cursor = last

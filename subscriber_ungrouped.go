@@ -79,7 +79,7 @@ func (s *Subscriber) handleClaims(queue <-chan driver.Claim, took chan<- struct{
 
 func (s *Subscriber) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.Name, s.cfg.Clock(), s.cfg.VisibilityTimeout, room)
+	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.id, s.cfg.Clock(), s.cfg.VisibilityTimeout, room)
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {

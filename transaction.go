@@ -84,7 +84,7 @@ type TransactionProducerConfig struct {
 	// Tenants the producer sends to and checks (default MQ_TENANTS).
 	Tenants []string
 	Checker TransactionChecker // required
-	Name    string             // default host-pid-random
+	Name    string             // for people; half-message claims are owned by Name#random, new per producer [host-pid]
 
 	TransactionTimeout time.Duration   // a half message is first checked this long after it was written [6s]
 	CheckInterval      time.Duration   // between checks that answered unknown [30s]
@@ -117,6 +117,7 @@ type TxStats struct {
 type TransactionProducer struct {
 	c    *Client
 	cfg  TransactionProducerConfig
+	id   string // half-message claim owner: ident.MemberID(cfg.Name)
 	log  *slog.Logger
 	life *lifecycle.Group
 
@@ -153,7 +154,7 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 	}
 	err := ident.ASCII("producer group", cfg.ProducerGroup)
 	if err == nil {
-		err = ident.ASCII("producer name", cfg.Name)
+		err = ident.MemberName("producer name", cfg.Name)
 	}
 	if err == nil && cfg.Checker == nil {
 		err = &ident.Error{Field: "checker", Rule: "must not be nil"}
@@ -168,8 +169,9 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 	if err != nil {
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
 	}
-	p := &TransactionProducer{c: c, cfg: cfg, life: lifecycle.New(ctx),
-		log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", cfg.Name)}
+	id := ident.MemberID(cfg.Name)
+	p := &TransactionProducer{c: c, cfg: cfg, id: id, life: lifecycle.New(ctx),
+		log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", id)}
 	p.life.Go(p.checkLoop)
 	return p, nil
 }
@@ -282,7 +284,7 @@ func (p *TransactionProducer) checkDue() {
 	ctx, cancel := context.WithTimeout(p.life.Context(), dbTimeout)
 	defer cancel()
 	now := p.cfg.Clock()
-	due, err := p.c.drv.ClaimDueHalves(ctx, p.cfg.Tenants, p.cfg.ProducerGroup, p.cfg.Name, now, p.cfg.ClaimTTL, 100)
+	due, err := p.c.drv.ClaimDueHalves(ctx, p.cfg.Tenants, p.cfg.ProducerGroup, p.id, now, p.cfg.ClaimTTL, 100)
 	if err != nil {
 		if p.life.Context().Err() == nil {
 			p.log.Warn("shardq: claiming half messages to check failed; retrying", "tenants", p.cfg.Tenants, "err", err)

@@ -108,8 +108,10 @@ type Driver interface {
 	// HeadsOf reads the head offsets of the named partitions of one
 	// tenant's topic, keyed by partition key (absent: no such partition).
 	HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error)
-	// ResetOffset sets a consumer group's cursor for one partition without
-	// a lease: an operator's tool. Subscribers commit through their lease.
+	// ResetOffset sets a consumer group's cursor for one partition: an
+	// operator's tool. In the same transaction it fences the partition's
+	// lease (frees it with the next token), so a live holder's next write
+	// fails with ErrLeaseLost instead of committing over the reset.
 	ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error
 
 	Leases

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ var adminTests = []struct {
 	{"AdminInspectAndDeleteOneRow", testAdminInspectAndDeleteOneRow},
 	{"AdminRequeueDeadLetter", testAdminRequeueDeadLetter},
 	{"AdminResetOffsets", testAdminResetOffsets},
+	{"AdminForcedResetFencesHolder", testAdminForcedResetFencesHolder},
 	{"Retention", testRetention},
 }
 
@@ -140,7 +142,7 @@ func testAdminRequeueDeadLetter(t *testing.T, open Open) {
 	}
 	// m1 fails for good and is dead-lettered; the others are consumed.
 	var requeued atomic.Bool // until requeued, m1 is poison
-	cfg := fastConfig("g", "x", []string{"t"}, func(_ context.Context, dl *shardq.Delivery) error {
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
 		if dl.ID == "m1" && !requeued.Load() {
 			return shardq.DeadLetter(errors.New("bad"))
 		}
@@ -294,5 +296,86 @@ func testRetention(t *testing.T, open Open) {
 	}
 	if _, err := admin.RunRetention(ctx, shardq.Scope{}, shardq.RetentionConfig{}); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("unscoped retention = %v, want ErrInvalid", err)
+	}
+}
+
+// A forced reset under a live subscriber fences it: the holder, in the
+// middle of a batch, would otherwise commit its own cursor over the reset
+// (commits keep the maximum). Its next write fails with ErrLeaseLost
+// instead, and every message after the new position is delivered again.
+func testAdminForcedResetFencesHolder(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	var msgs []shardq.Message
+	for i := range 20 {
+		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("m%02d", i)})
+	}
+	res := mustPublish(t, c, msgs...)
+	var mu sync.Mutex
+	count := map[string]int{}
+	reached, resume := make(chan struct{}), make(chan struct{})
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		count[dl.ID]++
+		first := dl.ID == "m05" && count[dl.ID] == 1
+		mu.Unlock()
+		if first { // hold the batch here while the operator resets
+			close(reached)
+			select {
+			case <-resume:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	cfg.IdleRelease = time.Hour
+	s, err := c.Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	defer func() {
+		select {
+		case <-resume:
+		default:
+			close(resume)
+		}
+	}()
+	select {
+	case <-reached:
+	case <-time.After(20 * time.Second):
+		t.Fatal("m05 not delivered")
+	}
+	ls, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+	if err != nil || len(ls) != 1 || ls[0].Owner != s.ID() {
+		t.Fatalf("leases = %+v, %v; want the subscriber's", ls, err)
+	}
+	held := ls[0]
+	if _, err := c.Admin().ResetOffsets(ctx, shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g",
+		To: shardq.ResetToOffset, Key: "k", Offset: res[2].Offset, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	// The pre-reset handle is fenced at once.
+	if err := d.CommitOffset(ctx, held, res[19].Offset, time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("commit under the pre-reset lease = %v, want ErrLeaseLost", err)
+	}
+	waitFor(t, "every message after the new position delivered again", 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := 3; i < 20; i++ {
+			if count[msgs[i].ID] < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range 3 {
+		if count[msgs[i].ID] != 1 {
+			t.Fatalf("%s, before the new position, delivered %d times", msgs[i].ID, count[msgs[i].ID])
+		}
 	}
 }

@@ -23,6 +23,7 @@ var groupTests = []struct {
 	{"AcceptNextGroupTakesOldestReadyFreeGroup", testAcceptNextGroup},
 	{"ReceiverIdleRelease", testReceiverIdleRelease},
 	{"GroupStateAcrossOwnersAndFenced", testGroupState},
+	{"ReceiverNoDeliveryAfterExpiry", testReceiverNoDeliveryAfterExpiry},
 	{"ReceiverNackRetriesThenDeadLetters", testReceiverNackRetriesThenDeadLetters},
 	{"UngroupedCompetingConsumers", testUngroupedCompetingConsumers},
 	{"UngroupedRedeliveredOnlyAfterVisibilityTimeout", testUngroupedVisibility},
@@ -105,8 +106,8 @@ func testAcceptGroupIsExclusive(t *testing.T, open Open) {
 	}
 	r := <-won
 	for e := range owned {
-		if e.Owner != r.Name() || e.PartitionKey != "k" {
-			t.Fatalf("refusal names %q on %q; the holder is %q", e.Owner, e.PartitionKey, r.Name())
+		if e.Owner != r.ID() || e.PartitionKey != "k" {
+			t.Fatalf("refusal names %q on %q; the holder is %q", e.Owner, e.PartitionKey, r.ID())
 		}
 	}
 	if got := receiveAck(t, r, 3); fmt.Sprint(got) != "[m1 m2 m3]" {
@@ -221,8 +222,8 @@ func testReceiverAndSubscriberNeverShare(t *testing.T, open Open) {
 	waitFor(t, "s1 delivered", 20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return got["s1"] })
 	_, err = c.AcceptGroup(context.Background(), "t", "x", "g", "theirs", receiverOpts("late"))
 	var goe *shardq.GroupOwnedError
-	if !errors.As(err, &goe) || goe.Owner != s.Name() {
-		t.Fatalf("accepting a subscriber's group: %v, want GroupOwnedError naming %q", err, s.Name())
+	if !errors.As(err, &goe) || goe.Owner != s.ID() {
+		t.Fatalf("accepting a subscriber's group: %v, want GroupOwnedError naming %q", err, s.ID())
 	}
 	close(block)
 	time.Sleep(500 * time.Millisecond) // ten discovery ticks
@@ -232,7 +233,7 @@ func testReceiverAndSubscriberNeverShare(t *testing.T, open Open) {
 	}
 	mu.Unlock()
 	for _, l := range leaseRows(t, d) {
-		if l.PartitionKey == "mine" && l.Owner != "receiver" {
+		if l.PartitionKey == "mine" && l.Owner != r.ID() {
 			t.Fatalf("the receiver's lease is now %q's", l.Owner)
 		}
 	}
@@ -689,5 +690,47 @@ func testUngroupedGapIsRepaired(t *testing.T, open Open) {
 	}
 	if cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", t0.Add(time.Second)); err != nil || cur != res[2].Offset {
 		t.Fatalf("cursor %d (%v), want %d once all three are done", cur, err, res[2].Offset)
+	}
+}
+
+// A receiver never hands out a message once its lease may have expired by
+// its own clock: after a pause past the lease's expiry (renewal never ran),
+// the message in hand can still be acked under its untaken token, but the
+// next Receive fails with ErrLeaseLost, and the group's next owner gets
+// the rest.
+func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "k", "m0", "m1")
+	var now atomic.Int64
+	now.Store(time.Now().UnixMicro())
+	o := receiverOpts("frozen")
+	o.Clock = func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	o.LeaseTTL, o.IdleTimeout = 30*time.Second, time.Hour // keepAlive's ticker (10 s) never fires here
+	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx)
+	d0, err := r.Receive(ctx)
+	if err != nil || d0.ID != "m0" {
+		t.Fatalf("receive = %+v, %v", d0, err)
+	}
+	now.Add((2 * o.LeaseTTL).Microseconds())
+	if err := r.Ack(ctx, d0); err != nil {
+		t.Fatalf("ack under the expired, untaken lease: %v", err)
+	}
+	if d1, err := r.Receive(ctx); !errors.Is(err, shardq.ErrLeaseLost) || !errors.Is(err, shardq.ErrReceiverClosed) {
+		t.Fatalf("receive after expiry = %+v, %v; want ErrReceiverClosed and ErrLeaseLost", d1, err)
+	}
+	ho := receiverOpts("heir")
+	ho.Clock = o.Clock // the clock both share says the lease has expired
+	heir, err := c.AcceptGroup(ctx, "t", "x", "g", "k", ho)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer heir.Close(ctx)
+	if d1, err := heir.Receive(ctx); err != nil || d1.ID != "m1" {
+		t.Fatalf("heir receives %+v, %v; want m1", d1, err)
 	}
 }

@@ -143,10 +143,18 @@ func testLeaseRenewAndReacquire(t *testing.T, open Open) {
 	if _, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(40*time.Second), ttl); !errors.Is(err, driver.ErrLeaseHeld) {
 		t.Fatalf("acquire within the renewed lease = %v, want ErrLeaseHeld", err)
 	}
-	// An expired lease nobody took is still its owner's: it can renew.
-	a, err = d.RenewLease(ctx, a, t0.Add(time.Hour), ttl)
-	if err != nil {
-		t.Fatalf("renew of an expired, untaken lease: %v", err)
+	// An expired lease is lost to its holder even when nobody took it:
+	// renewal is refused (the holder must acquire again, with a new
+	// token), and so is a batch renewal; a commit under the still-current
+	// token is accepted (nobody else can have delivered).
+	if _, err := d.RenewLease(ctx, a, t0.Add(time.Hour), ttl); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("renew of an expired, untaken lease = %v, want ErrLeaseLost", err)
+	}
+	if renewed, lost, err := d.RenewLeases(ctx, []driver.Lease{a}, t0.Add(time.Hour), ttl); err != nil || len(renewed) != 0 || len(lost) != 1 {
+		t.Fatalf("batch renew of an expired lease = %v renewed, %v lost, %v", renewed, lost, err)
+	}
+	if err := d.CommitOffset(ctx, a, 0, t0.Add(time.Hour)); err != nil {
+		t.Fatalf("commit under the expired, untaken lease: %v", err)
 	}
 	// Acquiring again as the same owner starts a new epoch and fences
 	// the old handle.
@@ -397,7 +405,11 @@ func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
 	ctx := context.Background()
 	var mine []driver.Lease
 	for _, tk := range [][2]string{{"t1", "a"}, {"t1", "b"}, {"t2", "a"}} {
-		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tk[0], ConsumerGroup: "g", Topic: "x", PartitionKey: tk[1]}, "me", t0, ttl)
+		lttl := 3 * ttl // t1/a and t2/a are still live at the renewal
+		if tk[1] == "b" {
+			lttl = ttl
+		}
+		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tk[0], ConsumerGroup: "g", Topic: "x", PartitionKey: tk[1]}, "me", t0, lttl)
 		if err != nil {
 			t.Fatal(err)
 		}

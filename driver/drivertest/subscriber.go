@@ -29,6 +29,8 @@ var subscriberTests = []struct {
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
+	{"OneNameTwoInstances", testOneNameTwoInstances},
+	{"NoDeliveryAfterLeaseExpiry", testNoDeliveryAfterLeaseExpiry},
 	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 	{"LocalPublishWakesIdleWorker", testLocalPublishWakesIdleWorker},
 	{"MembersStartingTogetherSplitAtOnce", testMembersStartingTogetherSplitAtOnce},
@@ -201,7 +203,7 @@ func testSubscribersJoinAndLeave(t *testing.T, open Open) {
 	// Fair share with 4 live subscribers and 16 busy partitions: 4 each.
 	waitFor(t, "fair share across 4", 30*time.Second, func() bool {
 		publishSpreadFrom(t, c, "t", "x", 16, 3200+int(rec.total.Load()), 16) // keep every partition busy
-		return leaseCountsOf(t, d)["a"] == 4 && leaseCountsOf(t, d)["d"] == 4
+		return leaseCountsOf(t, d)[a.ID()] == 4 && leaseCountsOf(t, d)[dd.ID()] == 4
 	})
 	stopAll(t, b, cc)
 	publishSpreadFrom(t, c, "t", "x", 16, 100_000, 800)
@@ -509,23 +511,23 @@ func testHardStopCancelsHandlers(t *testing.T, open Open) {
 // testOwnLeaseWithoutWorkerIsTakenUp: an acquisition can commit while its
 // caller sees an error (a connection cut after COMMIT). The lease then
 // names the subscriber but no worker runs; the subscriber must take it up.
+// Acquiring in the subscriber's identity from outside makes that state
+// (a worker that already ran loses its lease to the new token).
 func testOwnLeaseWithoutWorkerIsTakenUp(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	publishSpread(t, c, "t", "x", 2, 10)
-	for _, k := range []string{"p00", "p01"} {
-		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
-		if _, err := d.AcquireLease(context.Background(), p, "me", time.Now(), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
 	rec := newRecorder()
-	cfg := fastConfig("g", "x", []string{"t"}, rec.handle)
-	cfg.Name = "me"
-	s, err := c.Subscribe(context.Background(), cfg)
+	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", []string{"t"}, rec.handle))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stopAll(t, s)
+	for _, k := range []string{"p00", "p01"} {
+		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
+		if _, err := d.AcquireLease(context.Background(), p, s.ID(), time.Now(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
 	waitFor(t, "messages of partitions leased in our name before start", 30*time.Second, func() bool { return rec.total.Load() == 10 })
 	rec.check(t)
 }
@@ -743,4 +745,133 @@ func testIdlePartitionsShareOneHeadQuery(t *testing.T, open Open) {
 	mustPublish(t, publisher, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "p03", ID: "from-elsewhere"})
 	waitFor(t, "a message published by another client", 20*time.Second, func() bool { return got.Load() == parts+1 })
 	t.Logf("%d idle partitions, %d polls: %d fetches, %d head queries", parts, polls, fetches, heads)
+}
+
+// Two running subscribers given one name are two members: they split the
+// partitions and never deliver one partition at the same time (with one
+// identity, each took the other's leases as its own and both delivered
+// every partition).
+func testOneNameTwoInstances(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	const parts, total = 8, 800
+	var mu sync.Mutex
+	active := map[string]string{} // partition → instance delivering it now
+	count := map[string]int{}
+	var overlap atomic.Int64
+	handler := func(id *string) shardq.Handler {
+		return func(_ context.Context, dl *shardq.Delivery) error {
+			mu.Lock()
+			if other, busy := active[dl.PartitionKey]; busy && other != *id {
+				overlap.Add(1)
+			}
+			active[dl.PartitionKey] = *id
+			count[dl.ID]++
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			mu.Lock()
+			delete(active, dl.PartitionKey)
+			mu.Unlock()
+			return nil
+		}
+	}
+	var ids [2]string
+	var subs []*shardq.Subscriber
+	for i := range ids {
+		cfg := fastConfig("g", "x", []string{"t"}, handler(&ids[i]))
+		cfg.Name = "worker"
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		ids[i] = s.ID()
+		mu.Unlock()
+		subs = append(subs, s)
+	}
+	defer stopAll(t, subs...)
+	if ids[0] == ids[1] || subs[0].Name() != "worker" {
+		t.Fatalf("identities %q and %q for the name %q", ids[0], ids[1], subs[0].Name())
+	}
+	publishSpread(t, c, "t", "x", parts, total)
+	waitFor(t, "every message", time.Minute, func() bool { mu.Lock(); defer mu.Unlock(); return len(count) == total })
+	if n := overlap.Load(); n > 0 {
+		t.Fatalf("%d deliveries overlapped another instance's on the same partition", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range count {
+		if n != 1 {
+			t.Fatalf("%s delivered %d times without any failure", id, n)
+		}
+	}
+}
+
+// A member never hands out a message once its lease may have expired by
+// its own clock (a frozen process, renewals that kept failing), even when
+// nobody took the lease: it stops, acquires the partition again with a
+// new token, and redelivers from the committed cursor. The clock is
+// injected and renewal never runs (hour-long heartbeat interval).
+func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	var now atomic.Int64
+	now.Store(time.Now().UnixMicro())
+	clock := func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	publishGroup(t, c, "k", "m0", "m1")
+	type delivery struct {
+		id    string
+		token int64
+	}
+	var mu sync.Mutex
+	var got []delivery
+	blocked, release := make(chan struct{}), make(chan struct{})
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+		if err != nil || len(ls) != 1 {
+			return fmt.Errorf("leases %+v: %v", ls, err)
+		}
+		mu.Lock()
+		got = append(got, delivery{dl.ID, ls[0].Token})
+		first := len(got) == 1
+		mu.Unlock()
+		if first {
+			close(blocked)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	cfg.Clock, cfg.HeartbeatInterval, cfg.StaleAfter, cfg.IdleRelease = clock, time.Hour, 3*time.Hour, time.Hour
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	select {
+	case <-blocked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("m0 not delivered")
+	}
+	now.Add((2 * cfg.LeaseTTL).Microseconds()) // the member "was frozen" past its lease
+	close(release)
+	waitFor(t, "m1 delivered", 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, g := range got {
+			if g.id == "m1" {
+				return true
+			}
+		}
+		return false
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	first := got[0].token
+	for _, g := range got[1:] {
+		if g.token <= first {
+			t.Fatalf("%s delivered under token %d, the lease that expired (deliveries %+v)", g.id, g.token, got)
+		}
+	}
 }

@@ -13,6 +13,8 @@
 package ident
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -85,7 +87,36 @@ func ConsumerGroup(v string) error {
 	}
 	return nil
 }
-func SubscriberName(v string) error { return ASCII("subscriber name", v) }
+func SubscriberName(v string) error { return MemberName("subscriber name", v) }
+
+// memberSuffix is what MemberID appends to a name: "#" and 8 hex digits.
+const memberSuffix = 9
+
+// MaxMemberNameBytes bounds a member's name (subscriber, receiver,
+// producer, cleaner), so that its identity (MemberID) fits 255 bytes.
+const MaxMemberNameBytes = MaxIdentBytes - memberSuffix
+
+// MemberName checks a member's name: an ASCII identifier of at most
+// MaxMemberNameBytes.
+func MemberName(field, v string) error {
+	if err := ASCII(field, v); err != nil {
+		return err
+	}
+	if len(v) > MaxMemberNameBytes {
+		return fail(field, "%d bytes, limit %d (the instance suffix takes the rest)", len(v), MaxMemberNameBytes)
+	}
+	return nil
+}
+
+// MemberID is the identity of one running instance named name: name, "#"
+// and 8 random hex digits. Names are for people and may repeat; two
+// instances given one name never share an identity, so they never both
+// hold one lease (a lease's owner is an identity).
+func MemberID(name string) string {
+	var b [4]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return name + "#" + hex.EncodeToString(b[:])
+}
 
 // utf8Text checks valid UTF-8 of at most maxChars code points with no NUL.
 func utf8Text(field, v string, maxChars int) error {

@@ -107,12 +107,16 @@ func (d Dialect) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op strin
 	return nil
 }
 
-// RenewLease extends l.
+// RenewLease extends l, which must not have expired by now: an expired
+// lease is lost to its holder even when nobody took it (docs/leases.md).
 func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "renew lease on " + l.PartitionRef.String()
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return driver.Lease{}, err
+		}
+		if !l.ExpiresAt.After(now) {
+			return driver.Lease{}, fmt.Errorf("%s: %w (token %d expired at %s)", op, driver.ErrLeaseLost, l.Token, l.ExpiresAt.Format(time.RFC3339Nano))
 		}
 		l.ExpiresAt = now.Add(ttl)
 		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET expires_at = ? WHERE "+leaseKey+" AND token = ?",
@@ -126,7 +130,8 @@ func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, t
 // RenewLeases extends many leases of one owner (one group and topic) in
 // one transaction: an UPDATE whose WHERE names every lease's token, then a
 // read of the owner's rows. A lease whose row still carries its token was
-// matched and is locked by the UPDATE until commit; the others are lost.
+// matched and is locked by the UPDATE until commit; the others are lost,
+// and so is every lease that expired by now (RenewLease).
 func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Time, ttl time.Duration) ([]driver.Lease, []driver.Lease, error) {
 	if len(ls) == 0 {
 		return nil, nil, nil
@@ -144,6 +149,19 @@ func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Tim
 		}
 	}
 	type result struct{ renewed, lost []driver.Lease }
+	var expired []driver.Lease
+	live := ls[:0:0]
+	for _, l := range ls {
+		if l.ExpiresAt.After(now) {
+			live = append(live, l)
+		} else {
+			expired = append(expired, l)
+		}
+	}
+	if len(live) == 0 {
+		return nil, expired, nil
+	}
+	ls = live
 	res, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (result, error) {
 		op := fmt.Sprintf("renew %d leases of %q in group %q topic %q", len(ls), owner, group, topic)
 		expires := now.Add(ttl)
@@ -192,7 +210,7 @@ func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Tim
 		}
 		return r, nil
 	})
-	return res.renewed, res.lost, err
+	return res.renewed, append(res.lost, expired...), err
 }
 
 // ReleaseLease frees l; its token stays, so the next owner's is higher.

@@ -101,6 +101,15 @@ func (d *Store) partitions(ctx context.Context, query, topic string, nTenants in
 func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error {
 	op := fmt.Sprintf("reset offset tenant %q topic %q partition %q group %q", tenant, topic, partitionKey, group)
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
+		// Fence first: the partition's lease (if any) is freed with the
+		// next token, so its holder's next write fails with ErrLeaseLost
+		// instead of committing its own cursor over the reset (commits keep
+		// the maximum), and whoever acquires it next reads the new cursor.
+		// The row lock also waits out a fenced write in flight.
+		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = ? WHERE "+leaseKey,
+			d.EncodeTime(time.Now()), tenant, group, topic, partitionKey); err != nil {
+			return struct{}{}, d.Wrap(op, err)
+		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
 			"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
 			"committed_offset = "+d.Excluded("committed_offset")+", updated_at = "+d.Excluded("updated_at")),
