@@ -171,12 +171,14 @@ func (c *Client) prepareOne(m *Message, now time.Time) (*driver.InsertMessage, e
 		return nil, &ident.Error{Field: `header "queue_name"`,
 			Rule: fmt.Sprintf("%q differs from tenant %q; it mirrors the tenant and may be omitted", v, m.Tenant)}
 	}
+	// The limits apply to the caller's headers; queue_name, which shardq
+	// adds, does not count against them.
+	if err := ident.Headers(m.Headers); err != nil {
+		return nil, err
+	}
 	headers := make(map[string]string, len(m.Headers)+1)
 	maps.Copy(headers, m.Headers)
 	headers[HeaderQueueName] = m.Tenant
-	if err := ident.Headers(headers); err != nil {
-		return nil, err
-	}
 	created := now
 	if !m.CreatedAt.IsZero() {
 		created = m.CreatedAt.UTC().Truncate(time.Microsecond)

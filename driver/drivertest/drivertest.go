@@ -35,6 +35,7 @@ func Run(t *testing.T, open Open) {
 		{"MigrateIsIdempotent", testMigrateIsIdempotent},
 		{"NotMigratedSaysSo", testNotMigratedSaysSo},
 		{"PublishRoundTrip", testPublishRoundTrip},
+		{"PublishLargestLegalBatch", testPublishLargestLegalBatch},
 		{"OffsetsIncreasePerPartition", testOffsetsIncreasePerPartition},
 		{"IdempotentAcrossCalls", testIdempotentAcrossCalls},
 		{"IdempotentInsideOneBatch", testIdempotentInsideOneBatch},
@@ -789,5 +790,38 @@ func testServedTenantsOnly(t *testing.T, open Open) {
 	t.Setenv("MQ_TENANTS", "a,,b")
 	if _, err := shardq.NewClient(d, nil); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("NewClient with a malformed MQ_TENANTS: %v", err)
+	}
+}
+
+// The largest legal messages publish in one call: 64 caller headers (the
+// queue_name header shardq adds does not count) of 8 KiB values, 40 at
+// once, about 20 MiB of headers that MariaDB's 16 MiB max_allowed_packet
+// must not refuse: statements are sized by their encoded length.
+func testPublishLargestLegalBatch(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	value := strings.Repeat("v'\\", 8<<10/3)
+	var msgs []shardq.Message
+	for i := range 40 {
+		h := map[string]string{}
+		for j := range 64 {
+			h[fmt.Sprintf("h%02d", j)] = value
+		}
+		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("m%02d", i), Headers: h, Payload: []byte("p")})
+	}
+	res := mustPublish(t, c, msgs...)
+	if len(res) != 40 {
+		t.Fatalf("%d results", len(res))
+	}
+	got, err := d.FetchAfter(context.Background(), "t", "x", "k", 0, 100)
+	if err != nil || len(got) != 40 {
+		t.Fatalf("fetched %d, %v", len(got), err)
+	}
+	if len(got[39].Headers) != 65 || got[39].Headers["h63"] != value {
+		t.Fatalf("headers of the last message: %d entries", len(got[39].Headers))
+	}
+	// 65 caller headers are one too many, named as the caller's.
+	msgs[0].Headers["h64"] = "x"
+	if _, err := c.Publish(context.Background(), msgs[0]); err == nil || !strings.Contains(err.Error(), "65 entries, limit 64") {
+		t.Fatalf("65 caller headers: %v", err)
 	}
 }

@@ -47,6 +47,7 @@ type Driver struct {
 	owned       bool
 	migrations  []migrate.Migration
 	autoIncStep atomic.Int64 // auto_increment_increment, read on first insert
+	maxPacket   atomic.Int64 // max_allowed_packet, read with it
 }
 
 var _ driver.Driver = (*Driver)(nil)

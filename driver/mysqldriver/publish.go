@@ -9,11 +9,14 @@ import (
 	"github.com/shardq/shardq/internal/sqlcommon"
 )
 
-// Statement size bounds: well under the default max_allowed_packet (16 MiB
-// on MariaDB, 64 MiB on MySQL 8).
+// Statement size bounds: at most maxInsertRows rows, and at most
+// maxInsertBytes of statement text (sqlcommon.StatementBytes, an upper
+// bound) or the server's max_allowed_packet less packetHeadroom, whichever
+// is smaller.
 const (
 	maxInsertRows  = 500
 	maxInsertBytes = 4 << 20
+	packetHeadroom = 64 << 10
 )
 
 // InsertMessages appends msgs in tx. Per tenant (one shard on Vitess):
@@ -80,7 +83,11 @@ func lockHeads(ctx context.Context, tx driver.DBTX, tenant string, groups []*sql
 }
 
 func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
-	for _, chunk := range sqlcommon.Chunks(g.Msgs, maxInsertRows, maxInsertBytes) {
+	limit := maxInsertBytes
+	if p := int(d.maxPacket.Load()); p > 0 {
+		limit = min(limit, max(p-packetHeadroom, p/2))
+	}
+	for _, chunk := range sqlcommon.Chunks(g.Msgs, maxInsertRows, limit) {
 		err := d.insertChunk(ctx, tx, g, chunk)
 		if isDuplicateKey(err) {
 			err = d.insertNew(ctx, tx, g, chunk)
@@ -154,18 +161,20 @@ func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 
 // autoIncrementStep reads auto_increment_increment once: the spacing of the
 // AUTO_INCREMENT values one multi-row INSERT receives (1 unless the server
-// is set up for multi-primary replication).
+// is set up for multi-primary replication). max_allowed_packet, which
+// bounds a statement's size, comes with it.
 func (d *Driver) autoIncrementStep(ctx context.Context, q driver.DBTX) (int64, error) {
 	if v := d.autoIncStep.Load(); v > 0 {
 		return v, nil
 	}
-	var v int64
-	if err := q.QueryRowContext(ctx, "SELECT @@auto_increment_increment").Scan(&v); err != nil {
-		return 0, fmt.Errorf("read auto_increment_increment: %w", err)
+	var v, packet int64
+	if err := q.QueryRowContext(ctx, "SELECT @@auto_increment_increment, @@max_allowed_packet").Scan(&v, &packet); err != nil {
+		return 0, fmt.Errorf("read auto_increment_increment and max_allowed_packet: %w", err)
 	}
 	if v < 1 {
 		return 0, fmt.Errorf("auto_increment_increment is %d", v)
 	}
+	d.maxPacket.Store(packet)
 	d.autoIncStep.Store(v)
 	return v, nil
 }

@@ -93,14 +93,15 @@ func (b *Batch) ByTenant(yield func(tenant string, groups []*Group) error) error
 	return nil
 }
 
-// Chunks splits msgs into runs of at most maxRows messages and about
-// maxBytes of payload and headers, so that one statement stays well under
-// the server's packet limit. A single larger message gets a run of its own.
+// Chunks splits msgs into runs of at most maxRows messages and at most
+// maxBytes of statement text (StatementBytes), so that one statement stays
+// under the server's packet limit. A single larger message gets a run of
+// its own.
 func Chunks(msgs []*driver.InsertMessage, maxRows, maxBytes int) [][]*driver.InsertMessage {
 	var out [][]*driver.InsertMessage
 	start, size := 0, 0
 	for i, m := range msgs {
-		n := len(m.Payload) + len(m.ID) + len(m.PartitionKey) + 64*len(m.Headers)
+		n := StatementBytes(m)
 		if i > start && (i-start >= maxRows || size+n > maxBytes) {
 			out = append(out, msgs[start:i])
 			start, size = i, 0
@@ -111,6 +112,39 @@ func Chunks(msgs []*driver.InsertMessage, maxRows, maxBytes int) [][]*driver.Ins
 		out = append(out, msgs[start:])
 	}
 	return out
+}
+
+// StatementBytes bounds what m adds to an INSERT statement's text when the
+// client interpolates it: every value at its encoded length (headers as
+// their JSON object), doubled for escaping (each escaped byte gains one
+// backslash), plus the row's fixed parts.
+func StatementBytes(m *driver.InsertMessage) int {
+	n := len(m.Payload) + len(m.ID) + len(m.PartitionKey) + len(m.Tenant) + len(m.Topic) + 2 // {}
+	for k, v := range m.Headers {
+		n += jsonStringBytes(k) + jsonStringBytes(v) + 2 // : and ,
+	}
+	return 2*n + 128
+}
+
+// jsonStringBytes is s's length as a JSON string, quotes included, as
+// encoding/json writes it (HTML-safe escapes of <, > and &; \u escapes
+// of control bytes and of U+2028/U+2029).
+func jsonStringBytes(s string) int {
+	n := 2
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+			n += 2
+		case c < 0x20 || c == '<' || c == '>' || c == '&':
+			n += 6
+		case c == 0xE2 && i+2 < len(s) && s[i+1] == 0x80 && (s[i+2] == 0xA8 || s[i+2] == 0xA9):
+			n += 6
+			i += 2
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // Placeholders returns "?, ?, ..." with n marks.

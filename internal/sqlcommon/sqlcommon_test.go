@@ -3,6 +3,7 @@ package sqlcommon
 import (
 	"maps"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/shardq/shardq/driver"
 )
@@ -54,4 +55,25 @@ func TestPlanDeduplicatesAndSorts(t *testing.T) {
 	if !msgs[4].Duplicate || msgs[4].Offset != 7 || msgs[2].Duplicate {
 		t.Fatalf("repeat not resolved: %+v / %+v", msgs[4], msgs[2])
 	}
+}
+
+// StatementBytes never undercounts: the headers' JSON, the other values,
+// each doubled by escaping, fit in its bound.
+func FuzzStatementBytes(f *testing.F) {
+	f.Add("k", "v", []byte("payload"))
+	f.Add("<&>\u2028", "\x00\x1f\"\\\n", []byte("'\\\x00"))
+	f.Fuzz(func(t *testing.T, k, v string, payload []byte) {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return // refused by validation before any driver sees it
+		}
+		m := &driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: k, ID: v, Payload: payload, Headers: map[string]string{k: v, "queue_name": "t"}}
+		enc, err := EncodeHeaders(m.Headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		worst := 2*(len(enc)+len(payload)+len(k)+len(v)+len("t")+len("x")) + 128
+		if got := StatementBytes(m); got < worst {
+			t.Fatalf("StatementBytes = %d, below the encoded worst case %d (headers %q)", got, worst, enc)
+		}
+	})
 }
