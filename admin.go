@@ -172,7 +172,7 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 		return nil, err
 	}
 	if m == nil {
-		return nil, fmt.Errorf("shardq: admin: requeue %+v: %w", dl, ErrNoMessage)
+		return nil, fmt.Errorf("shardq: admin: requeue tenant %q topic %q partition %q id %q: %w", dl.Tenant, dl.Topic, dl.PartitionKey, dl.ID, ErrNoMessage)
 	}
 	headers := maps.Clone(m.Headers)
 	maps.DeleteFunc(headers, func(k, _ string) bool { return strings.HasPrefix(k, "dlq_") })
@@ -243,6 +243,9 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 	if r.To < ResetToEarliest || r.To > ResetToTime {
 		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "target", Rule: "choose earliest, latest, an offset or a time"})
 	}
+	if r.To == ResetToOffset && r.Offset < 0 {
+		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset", Rule: fmt.Sprintf("%d: must not be negative", r.Offset)})
+	}
 	scope := Scope{Tenants: []string{r.Tenant}}
 	heads, err := a.c.drv.PartitionHeads(ctx, scope.Tenants, r.Topic)
 	if err != nil {
@@ -255,6 +258,12 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 		heads = filterKey(heads, r.Key)
 		if len(heads) == 0 {
 			return nil, fmt.Errorf("shardq: admin: reset offsets: tenant %q topic %q has no partition %q", r.Tenant, r.Topic, r.Key)
+		}
+		// Past the head, the group would skip every message published
+		// until the head caught up: refuse, like a negative offset.
+		if r.Offset < 0 || r.Offset > heads[0].HeadOffset {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset",
+				Rule: fmt.Sprintf("%d is outside partition %q: want 0 (before the first message) up to its head %d", r.Offset, r.Key, heads[0].HeadOffset)})
 		}
 	}
 	affected := map[string]bool{}

@@ -16,6 +16,11 @@ import (
 	"time"
 )
 
+// ErrSchemaNewer is returned when the database was migrated by a newer
+// shardq than this one: its schema version is above the latest this
+// binary embeds.
+var ErrSchemaNewer = errors.New("database schema is newer than this shardq")
+
 // ErrNotMigrated is returned when the queue's tables are missing.
 var ErrNotMigrated = errors.New("database schema is not migrated: run `shardq migrate` (or Client.Migrate)")
 

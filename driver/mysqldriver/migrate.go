@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/migrate"
 )
 
@@ -39,6 +40,9 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	}
 	current, err := d.currentVersion(ctx, conn)
 	if err != nil {
+		return nil, err
+	}
+	if err := migrate.NotNewer(current, migrate.Latest(d.migrations), driver.ErrSchemaNewer); err != nil {
 		return nil, err
 	}
 	var applied []int

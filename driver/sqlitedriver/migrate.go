@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/migrate"
 )
 
@@ -27,6 +28,9 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	var current int
 	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+migrate.Table).Scan(&current); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if err := migrate.NotNewer(current, migrate.Latest(d.migrations), driver.ErrSchemaNewer); err != nil {
+		return nil, err
 	}
 	var applied []int
 	for _, m := range d.migrations {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
 )
 
 // scopeFlags are --tenant (repeatable) and --all-tenants: exactly one.
@@ -28,6 +29,11 @@ func (f *scopeFlags) add(cmd *cobra.Command) {
 func (f scopeFlags) scope() (shardq.Scope, error) {
 	if (len(f.tenants) > 0) == f.all {
 		return shardq.Scope{}, usagef("give exactly one of --tenant T (repeatable) or --all-tenants")
+	}
+	if !f.all {
+		if err := ident.Tenants("--tenant", f.tenants); err != nil {
+			return shardq.Scope{}, err
+		}
 	}
 	return shardq.Scope{Tenants: f.tenants, AllTenants: f.all}, nil
 }
@@ -58,7 +64,11 @@ func (a *app) table(asJSON bool, header []string, rows [][]string, objs []any) e
 	w := tabwriter.NewWriter(a.env.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, strings.Join(header, "\t"))
 	for _, r := range rows {
-		fmt.Fprintln(w, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = display(c) // a tab or newline in an identifier would forge a cell or a row
+		}
+		fmt.Fprintln(w, strings.Join(cells, "\t"))
 	}
 	return w.Flush()
 }
@@ -82,10 +92,10 @@ func (a *app) adminRetention() *cobra.Command {
 	var cfg shardq.RetentionConfig
 	run := a.listing("run", "Run one retention pass and report the rows deleted", func(cmd *cobra.Command) {
 		fl := cmd.Flags()
-		fl.DurationVar(&cfg.Default.MinRetention, "min", time.Hour, "keep messages every group has passed this long")
-		fl.DurationVar(&cfg.Default.MaxRetention, "max", 7*24*time.Hour, "delete any message older than this")
-		fl.DurationVar(&cfg.DeadLetters.MaxRetention, "dlq-max", 14*24*time.Hour, "delete any dead letter older than this")
-		fl.IntVar(&cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
+		durationFlag(fl, &cfg.Default.MinRetention, "min", time.Hour, "keep messages every group has passed this long")
+		durationFlag(fl, &cfg.Default.MaxRetention, "max", 7*24*time.Hour, "delete any message older than this")
+		durationFlag(fl, &cfg.DeadLetters.MaxRetention, "dlq-max", 14*24*time.Hour, "delete any dead letter older than this")
+		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 		rep, err := admin.RunRetention(cmd.Context(), s, cfg)
 		if asJSON {
@@ -144,7 +154,15 @@ func (a *app) adminTopics() *cobra.Command {
 func (a *app) adminOffsets() *cobra.Command {
 	var group string
 	return a.listing("offsets", "Per partition and consumer group: head, committed cursor, lag, oldest unconsumed message's age",
-		func(cmd *cobra.Command) { cmd.Flags().StringVar(&group, "group", "", "only this consumer group") },
+		func(cmd *cobra.Command) {
+			cmd.Flags().StringVar(&group, "group", "", "only this consumer group")
+			cmd.PreRunE = func(*cobra.Command, []string) error {
+				if group == "" {
+					return nil
+				}
+				return ident.ConsumerGroup(group)
+			}
+		},
 		func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 			offsets, err := admin.Offsets(cmd.Context(), s, group)
 			if err != nil {
@@ -175,7 +193,7 @@ func (a *app) adminLeases(staleOnly bool) *cobra.Command {
 	if staleOnly {
 		use, short = "stale-leases", "Leases past expiry or whose holder's heartbeat is stale"
 		extra = func(cmd *cobra.Command) {
-			cmd.Flags().DurationVar(&staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is stale")
+			durationFlag(cmd.Flags(), &staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is stale")
 		}
 	}
 	return a.listing(use, short, extra, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
@@ -226,6 +244,9 @@ func (a *app) adminInspect() *cobra.Command {
 	var ref shardq.MessageRef
 	cmd := &cobra.Command{Use: "inspect --tenant T --topic X --key K --id ID", Short: "Print one message and its delivery state per consumer group",
 		Args: cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := refErr(ref); err != nil {
+				return err
+			}
 			c, done, err := a.client()
 			if err != nil {
 				return err
@@ -254,6 +275,9 @@ func (a *app) adminDelete() *cobra.Command {
 	var ref shardq.MessageRef
 	cmd := &cobra.Command{Use: "delete --tenant T --topic X --key K --id ID", Short: "Delete exactly one message, named by its full identity",
 		Args: cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := refErr(ref); err != nil {
+				return err
+			}
 			c, done, err := a.client()
 			if err != nil {
 				return err
@@ -281,8 +305,9 @@ func (a *app) adminDLQ() *cobra.Command {
 	list := a.listing("list", "List the dead letters of a topic", func(cmd *cobra.Command) {
 		cmd.Flags().StringVar(&topic, "topic", "", "original topic (required)")
 		cmd.Flags().StringVar(&suffix, "suffix", ".dlq", "dead-letter topic suffix")
-		cmd.Flags().IntVar(&limit, "limit", 1000, "most dead letters to list")
+		countFlag(cmd.Flags(), &limit, "limit", 1000, "most dead letters to list")
 		cmd.MarkFlagRequired("topic")
+		cmd.PreRunE = func(*cobra.Command, []string) error { return firstErr(ident.Topic(topic), ident.Topic(topic+suffix)) }
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 		ms, err := admin.DeadLetters(cmd.Context(), s, topic, suffix, limit)
 		if err != nil {
@@ -307,6 +332,13 @@ func (a *app) adminDLQ() *cobra.Command {
 			if all == keyed {
 				return usagef("give either --key and --id, or --all")
 			}
+			check := refErr(ref)
+			if all {
+				check = firstErr(ident.Tenant(ref.Tenant), ident.Topic(ref.Topic))
+			}
+			if err := firstErr(check, ident.Topic(ref.Topic+suffix)); err != nil {
+				return err
+			}
 			c, done, err := a.client()
 			if err != nil {
 				return err
@@ -321,7 +353,7 @@ func (a *app) adminDLQ() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.env.Stdout, "requeued offset=%d tenant=%s topic=%s key=%q id=%s\n", res.Offset, res.Tenant, res.Topic, res.PartitionKey, res.ID)
+			fmt.Fprintf(a.env.Stdout, "requeued offset=%d tenant=%s topic=%s key=%q id=%s\n", res.Offset, display(res.Tenant), display(res.Topic), res.PartitionKey, display(res.ID))
 			return nil
 		})}
 	fl := requeue.Flags()
@@ -371,7 +403,17 @@ func (a *app) adminReset() *cobra.Command {
 				if !cmd.Flags().Changed("key") {
 					return usagef("--to-offset needs --key: an offset means something in one partition only")
 				}
+				if toOffset < 0 {
+					return usagef("--to-offset %d: must not be negative (0 is before the first message)", toOffset)
+				}
 				r.To, r.Offset = shardq.ResetToOffset, toOffset
+			}
+			keyErr := error(nil)
+			if r.To == shardq.ResetToOffset {
+				keyErr = ident.PartitionKey(r.Key)
+			}
+			if err := firstErr(ident.Tenant(r.Tenant), ident.Topic(r.Topic), ident.ConsumerGroup(r.ConsumerGroup), keyErr); err != nil {
+				return err
 			}
 			c, done, err := a.client()
 			if err != nil {
@@ -385,7 +427,7 @@ func (a *app) adminReset() *cobra.Command {
 			for _, ch := range changes {
 				fmt.Fprintf(a.env.Stdout, "partition %q: %d -> %d\n", ch.PartitionKey, ch.From, ch.To)
 			}
-			fmt.Fprintf(a.env.Stdout, "reset %d partitions of tenant %s topic %s for group %s\n", len(changes), r.Tenant, r.Topic, r.ConsumerGroup)
+			fmt.Fprintf(a.env.Stdout, "reset %d partitions of tenant %s topic %s for group %s\n", len(changes), display(r.Tenant), display(r.Topic), display(r.ConsumerGroup))
 			return nil
 		}),
 	}

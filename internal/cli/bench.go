@@ -61,18 +61,18 @@ func (a *app) benchCmd() *cobra.Command {
 	fl.IntVar(&p.Subscribers, "subscribers", p.Subscribers, "subscribers in one consumer group (raw consume workers)")
 	fl.BoolVar(&p.Processes, "processes", false, "run each subscriber as a separate process")
 	fl.IntVar(&p.Rate, "rate", p.Rate, "latency: messages per second")
-	fl.DurationVar(&p.Duration, "duration", p.Duration, "latency: how long to publish")
+	durationFlag(fl, &p.Duration, "duration", p.Duration, "latency: how long to publish")
 	fl.IntVar(&p.Reps, "reps", p.Reps, "repetitions; medians are reported")
-	fl.DurationVar(&p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
+	durationFlag(fl, &p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
 	cmd.AddCommand(a.benchWorkerCmd())
 	return cmd
 }
 
 func (a *app) bench(ctx context.Context, scenario string, p bench.Params, asJSON bool) error {
-	spec, err := dsn.Parse(a.dsn)
+	spec, err := a.spec(false)
 	if err != nil {
-		return usageError{fmt.Errorf("--dsn: %w", err)}
+		return err
 	}
 	r := &bench.Runner{
 		Open:   func() (driver.Driver, error) { return dsn.Open(spec) },
@@ -129,7 +129,10 @@ func (a *app) startWorker(ctx context.Context, args []string) (io.Reader, io.Clo
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, append([]string{"--dsn", a.dsn, "bench", "worker"}, args...)...)
+	// The DSN goes through the environment: a command line, which any
+	// local user can read, would show its password.
+	cmd := exec.CommandContext(ctx, self, append([]string{"bench", "worker"}, args...)...)
+	cmd.Env = append(os.Environ(), "SHARDQ_DSN="+a.dsn())
 	cmd.Stderr = a.env.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -173,7 +176,7 @@ func (a *app) benchWorkerCmd() *cobra.Command {
 	fl.StringVar(&cfg.Name, "name", "", "subscriber name")
 	fl.StringVar(&cfg.Topic, "topic", "", "topic")
 	fl.StringArrayVar(&cfg.Tenants, "tenant", nil, "tenant (repeatable)")
-	fl.DurationVar(&cfg.PollInterval, "poll", 0, "idle poll interval")
+	durationFlag(fl, &cfg.PollInterval, "poll", 0, "idle poll interval")
 	fl.BoolVar(&cfg.Latency, "latency", false, "report due times")
 	return cmd
 }

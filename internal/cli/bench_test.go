@@ -14,7 +14,11 @@ func TestBenchConsumeInProcesses(t *testing.T) {
 	t.Setenv("SHARDQ_TEST_RUN_AS_CLI", "1")
 	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
-			res := runCLI(t, nil, "", "--dsn", db.dsn(t), "bench", "consume", "--messages", "400", "--partitions", "8",
+			url := db.dsn(t)
+			if r := runCLI(t, nil, "", "--dsn", url, "migrate"); r.code != 0 { // bench creates no database
+				t.Fatal(r)
+			}
+			res := runCLI(t, nil, "", "--dsn", url, "bench", "consume", "--messages", "400", "--partitions", "8",
 				"--subscribers", "2", "--processes", "--reps", "1", "--poll", "20ms", "--json")
 			if res.code != 0 {
 				t.Fatalf("exit %d: %s", res.code, res.stderr)

@@ -8,14 +8,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
 	"runtime/debug"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/migrate"
 )
 
 // DefaultDSN is the database used when neither --dsn nor SHARDQ_DSN is set.
@@ -56,7 +64,9 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(env.Stderr, "error:", err)
+	// One line, whatever the error carries (an identifier with control
+	// bytes, a driver message with a newline).
+	fmt.Fprintln(env.Stderr, "error:", display(err.Error()))
 	var re runError
 	var ue usageError
 	switch {
@@ -70,24 +80,32 @@ func Main(ctx context.Context, args []string, env Env) int {
 }
 
 type app struct {
-	env Env
-	dsn string
+	env     Env
+	dsnFlag string // --dsn as given; see dsn()
+}
+
+// dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
+// the flag's default: help would print a password it holds.
+func (a *app) dsn() string {
+	if a.dsnFlag != "" {
+		return a.dsnFlag
+	}
+	if v := a.env.Getenv("SHARDQ_DSN"); v != "" {
+		return v
+	}
+	return DefaultDSN
 }
 
 func newRoot(env Env) *cobra.Command {
 	a := &app{env: env}
-	defaultDSN := DefaultDSN
-	if v := env.Getenv("SHARDQ_DSN"); v != "" {
-		defaultDSN = v
-	}
 	root := &cobra.Command{
 		Use:           "shardq",
 		Short:         "An ordered, tenant-sharded message queue on MySQL or SQLite",
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	root.PersistentFlags().StringVar(&a.dsn, "dsn", defaultDSN,
-		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (env SHARDQ_DSN)")
+	root.PersistentFlags().StringVar(&a.dsnFlag, "dsn", "",
+		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (default $SHARDQ_DSN, else "+DefaultDSN+")")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.versionCmd())
 	return root
@@ -106,14 +124,40 @@ func run(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, 
 	}
 }
 
-// client opens the database named by --dsn.
-func (a *app) client() (*shardq.Client, func(), error) {
-	spec, err := dsn.Parse(a.dsn)
+// spec parses the DSN. Every command validates its other flags before it
+// calls spec (or client), so a refused command touches no database.
+func (a *app) spec(create bool) (dsn.Spec, error) {
+	spec, err := dsn.Parse(a.dsn())
 	if err != nil {
-		return nil, nil, usageError{fmt.Errorf("--dsn: %w", err)}
+		return spec, usageError{fmt.Errorf("--dsn: %w", err)}
+	}
+	if spec.Driver == "sqlite" && !create {
+		// Only migrate creates a database: a typo'd path is an error,
+		// not a new empty file.
+		if _, err := os.Stat(spec.Path); errors.Is(err, fs.ErrNotExist) {
+			return spec, usagef("--dsn: SQLite file %q does not exist (run `shardq migrate` to create it)", spec.Path)
+		}
+	}
+	return spec, nil
+}
+
+// client opens the database named by --dsn; it must exist and must not be
+// migrated past what this binary knows.
+func (a *app) client() (*shardq.Client, func(), error) {
+	return a.open(false)
+}
+
+func (a *app) open(create bool) (*shardq.Client, func(), error) {
+	spec, err := a.spec(create)
+	if err != nil {
+		return nil, nil, err
 	}
 	drv, err := dsn.Open(spec)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkSchema(drv); err != nil {
+		drv.Close()
 		return nil, nil, err
 	}
 	cfg := &shardq.Config{Logger: a.logger()}
@@ -134,6 +178,46 @@ func (a *app) client() (*shardq.Client, func(), error) {
 	return c, func() { c.Close(); drv.Close() }, nil
 }
 
+// firstErr returns the first failed check: flags are validated, in order,
+// before any command opens the database.
+func firstErr(checks ...error) error {
+	for _, err := range checks {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refErr checks a message's full identity.
+func refErr(ref shardq.MessageRef) error {
+	return firstErr(ident.Tenant(ref.Tenant), ident.Topic(ref.Topic), ident.PartitionKey(ref.PartitionKey), ident.MessageID(ref.ID))
+}
+
+// checkSchema refuses a database migrated by a newer shardq: its tables
+// may mean something this binary does not know.
+func checkSchema(drv driver.Driver) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	current, latest, err := drv.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	return migrate.NotNewer(current, latest, driver.ErrSchemaNewer)
+}
+
+// display is s for a terminal: as it is when every character is
+// printable, else quoted with Go escapes, so that control bytes in an
+// identifier cannot move the cursor, color the screen or forge a line.
+func display(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 // logger writes warnings and errors to stderr.
 func (a *app) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -145,7 +229,7 @@ func (a *app) migrateCmd() *cobra.Command {
 		Short: "Create or upgrade the queue's tables",
 		Args:  cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
-			c, done, err := a.client()
+			c, done, err := a.open(true)
 			if err != nil {
 				return err
 			}

@@ -48,11 +48,11 @@ func (a *app) consumeCmd() *cobra.Command {
 	fl.StringVar(&f.topic, "topic", "", "topic (required)")
 	fl.StringVar(&f.group, "group", "", "consumer group (required)")
 	fl.StringArrayVar(&f.tenants, "tenant", nil, "tenant to serve (repeatable; default MQ_TENANTS)")
-	fl.IntVar(&f.max, "max", 0, "exit after this many messages (0: no limit)")
-	fl.DurationVar(&f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
-	fl.StringVar(&f.name, "name", "", "subscriber name (default host-pid-random)")
+	countFlag(fl, &f.max, "max", 0, "exit after this many messages (0: no limit)")
+	durationFlag(fl, &f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
+	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
 	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
-	fl.DurationVar(&f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
+	durationFlag(fl, &f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
 	fl.BoolVar(&f.nextGroup, "next-group", false, "accept the next free message group that has a message ready")
 	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
 	cmd.MarkFlagRequired("topic")
@@ -111,6 +111,13 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		return usagef("--wait applies to --key and --next-group only")
 	case f.key != "" && len(tenants) != 1:
 		return usagef("--key needs exactly one tenant, got %d", len(tenants))
+	}
+	nameErr := error(nil)
+	if f.name != "" {
+		nameErr = ident.SubscriberName(f.name)
+	}
+	if err := firstErr(ident.Topic(f.topic), ident.ConsumerGroup(f.group), ident.Tenants("--tenant", tenants), ident.PartitionKey(f.key), nameErr); err != nil {
+		return err
 	}
 	c, done, err := a.client()
 	if err != nil {

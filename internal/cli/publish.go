@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/ident"
 )
 
 type publishFlags struct {
@@ -37,7 +38,7 @@ func (a *app) publishCmd() *cobra.Command {
 	fl.StringArrayVar(&f.headers, "header", nil, "header k=v (repeatable)")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object per message")
 	fl.BoolVar(&f.lines, "lines", false, "publish every line of stdin as one message")
-	fl.IntVar(&f.batch, "batch", 100, "with --lines, messages per transaction")
+	countFlag(fl, &f.batch, "batch", 100, "with --lines, messages per transaction")
 	cmd.MarkFlagRequired("tenant")
 	cmd.MarkFlagRequired("topic")
 	return cmd
@@ -61,6 +62,13 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 		return usagef("--batch must be at least 1")
 	case !f.lines && len(args) != 1:
 		return usagef("want exactly one PAYLOAD argument (or --lines), got %d", len(args))
+	}
+	idErr := error(nil)
+	if f.id != "" {
+		idErr = ident.MessageID(f.id)
+	}
+	if err := firstErr(ident.Tenant(f.tenant), ident.Topic(f.topic), ident.PartitionKey(f.key), idErr, ident.Headers(headers)); err != nil {
+		return err
 	}
 	base := shardq.Message{Tenant: f.tenant, Topic: f.topic, PartitionKey: f.key, ID: f.id, Headers: headers}
 	c, done, err := a.client()
@@ -139,7 +147,7 @@ func (a *app) printResults(f publishFlags, res []shardq.PublishResult) error {
 			status = "duplicate"
 		}
 		if _, err := fmt.Fprintf(a.env.Stdout, "%s offset=%d tenant=%s topic=%s key=%q id=%s\n",
-			status, r.Offset, r.Tenant, r.Topic, r.PartitionKey, r.ID); err != nil {
+			status, r.Offset, display(r.Tenant), display(r.Topic), r.PartitionKey, display(r.ID)); err != nil {
 			return err
 		}
 	}

@@ -82,13 +82,13 @@ func (a *app) txResolveCmd() *cobra.Command {
 			if args[0] == "rollback" {
 				err = c.Driver().RollbackHalf(cmd.Context(), ref, 0)
 				if err == nil {
-					fmt.Fprintf(a.env.Stdout, "rolled back tenant=%s topic=%s key=%q id=%s\n", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID)
+					fmt.Fprintf(a.env.Stdout, "rolled back tenant=%s topic=%s key=%q id=%s\n", display(ref.Tenant), display(ref.Topic), ref.PartitionKey, display(ref.ID))
 				}
 			} else {
 				var m *driver.InsertMessage
 				m, err = c.Driver().CommitHalf(cmd.Context(), ref, 0)
 				if err == nil {
-					fmt.Fprintf(a.env.Stdout, "committed offset=%d tenant=%s topic=%s key=%q id=%s\n", m.Offset, ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID)
+					fmt.Fprintf(a.env.Stdout, "committed offset=%d tenant=%s topic=%s key=%q id=%s\n", m.Offset, display(ref.Tenant), display(ref.Topic), ref.PartitionKey, display(ref.ID))
 				}
 			}
 			if errors.Is(err, driver.ErrHalfResolved) {

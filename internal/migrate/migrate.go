@@ -79,6 +79,16 @@ func split(body string) []string {
 }
 
 // Latest is the highest version in ms (0 when empty).
+// NotNewer refuses a database whose applied version is above latest (the
+// highest this binary embeds): it was migrated by a newer shardq. newer is
+// the error to wrap (driver.ErrSchemaNewer).
+func NotNewer(current, latest int, newer error) error {
+	if current > latest {
+		return fmt.Errorf("%w: the database is at schema version %d, this shardq knows versions up to %d: upgrade shardq", newer, current, latest)
+	}
+	return nil
+}
+
 func Latest(ms []Migration) int {
 	if len(ms) == 0 {
 		return 0

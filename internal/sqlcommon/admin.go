@@ -210,8 +210,10 @@ func (d *Store) DeleteMessage(ctx context.Context, ref driver.MessageRef) (bool,
 	if err != nil {
 		return false, d.Wrap(fmt.Sprintf("delete tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID), err)
 	}
+	// The identity is a unique key: at most one row matches. Report any
+	// deletion as one (n > 0), never as "nothing".
 	n, err := res.RowsAffected()
-	return n == 1, err
+	return n > 0, err
 }
 
 // TopicMessages lists a topic's messages in s, oldest first.
