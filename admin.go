@@ -14,7 +14,16 @@ import (
 
 // Scope selects tenants for an operator's listing: Tenants, or every tenant
 // with AllTenants. Exactly one must be given; nothing falls back to all.
+// Every listing is a page: at most Limit rows (DefaultPageLimit when 0,
+// at most MaxPageLimit), after the sort key After (each listing names its
+// sort key; pass the last row's values to read the next page).
 type Scope = driver.Scope
+
+// Page sizes of the operator's listings.
+const (
+	DefaultPageLimit = 1000
+	MaxPageLimit     = 10000
+)
 
 // MessageRef names a message by its full identity.
 type MessageRef = driver.MessageRef
@@ -53,53 +62,74 @@ func checkRef(ref MessageRef) error {
 	return nil
 }
 
-func scoped[T any](s Scope, fn func() (T, error)) (T, error) {
+// scoped checks s, bounds its page, and runs fn with it.
+func scoped[T any](s Scope, fn func(s Scope) (T, error)) (T, error) {
+	var zero T
 	if err := checkScope(s); err != nil {
-		var zero T
 		return zero, fmt.Errorf("shardq: admin: %w", err)
 	}
-	return fn()
+	switch {
+	case s.Limit < 0 || s.Limit > MaxPageLimit:
+		return zero, fmt.Errorf("shardq: admin: %w", &ident.Error{Field: "limit", Rule: fmt.Sprintf("%d: want 1 to %d (0: %d)", s.Limit, MaxPageLimit, DefaultPageLimit)})
+	case s.Limit == 0:
+		s.Limit = DefaultPageLimit
+	}
+	return fn(s)
 }
 
-// Topics lists topics with their partition counts and highest head.
+// Topics lists topics with their partition counts and highest head. Sort
+// key: (tenant, topic).
 func (a *Admin) Topics(ctx context.Context, s Scope) ([]driver.TopicSummary, error) {
-	return scoped(s, func() ([]driver.TopicSummary, error) { return a.c.drv.Topics(ctx, s) })
+	return scoped(s, func(s Scope) ([]driver.TopicSummary, error) { return a.c.drv.Topics(ctx, s) })
 }
 
 // Offsets lists every known group's cursor per partition with its lag
-// (messages after the cursor) and the age of the oldest of them; group
-// "" means all groups.
+// (messages after the cursor, counted up to driver.LagCountLimit) and the
+// time of the first of them; group "" means all groups. Sort key:
+// (tenant, topic, group, partition key).
 func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]driver.OffsetRow, error) {
 	if group != "" {
 		if err := ident.ConsumerGroup(group); err != nil {
 			return nil, fmt.Errorf("shardq: admin: %w", err)
 		}
 	}
-	return scoped(s, func() ([]driver.OffsetRow, error) { return a.c.drv.OffsetReport(ctx, s, group) })
+	return scoped(s, func(s Scope) ([]driver.OffsetRow, error) { return a.c.drv.OffsetReport(ctx, s, group) })
 }
 
-// Leases lists lease rows (free ones included).
+// Leases lists lease rows (free ones included). Sort key: (tenant, group,
+// topic, partition key).
 func (a *Admin) Leases(ctx context.Context, s Scope) ([]driver.Lease, error) {
-	return scoped(s, func() ([]driver.Lease, error) { return a.c.drv.AllLeases(ctx, s) })
+	return scoped(s, func(s Scope) ([]driver.Lease, error) { return a.c.drv.AllLeases(ctx, s) })
 }
 
-// StaleLeases lists held leases that are past expiry or whose holder's
-// heartbeat is older than staleAfter.
+// StaleLeases lists the held leases of one page of lease rows (the page
+// of Leases) that are past expiry or whose holder's heartbeat is older
+// than staleAfter.
 func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]driver.Lease, error) {
-	return scoped(s, func() ([]driver.Lease, error) {
+	return scoped(s, func(s Scope) ([]driver.Lease, error) {
 		leases, err := a.c.drv.AllLeases(ctx, s)
 		if err != nil {
 			return nil, err
 		}
-		subs, err := a.c.drv.AllSubscribers(ctx, s)
-		if err != nil {
-			return nil, err
-		}
+		// The members of the groups on this page, read group by group
+		// (each read names its tenant, group and topic).
 		now := a.c.cfg.Clock()
 		fresh := map[[4]string]bool{}
-		for _, sub := range subs {
-			if now.Sub(sub.HeartbeatAt) < staleAfter {
-				fresh[[4]string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name}] = true
+		read := map[[3]string]bool{}
+		for _, l := range leases {
+			g := [3]string{l.Tenant, l.ConsumerGroup, l.Topic}
+			if l.Owner == "" || read[g] {
+				continue
+			}
+			read[g] = true
+			subs, err := a.c.drv.Subscribers(ctx, []string{l.Tenant}, l.ConsumerGroup, l.Topic)
+			if err != nil {
+				return nil, err
+			}
+			for _, sub := range subs {
+				if now.Sub(sub.HeartbeatAt) < staleAfter {
+					fresh[[4]string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name}] = true
+				}
 			}
 		}
 		var out []driver.Lease
@@ -112,14 +142,16 @@ func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Durati
 	})
 }
 
-// Subscribers lists heartbeat rows.
+// Subscribers lists heartbeat rows. Sort key: (tenant, group, topic,
+// subscriber identity).
 func (a *Admin) Subscribers(ctx context.Context, s Scope) ([]driver.Subscriber, error) {
-	return scoped(s, func() ([]driver.Subscriber, error) { return a.c.drv.AllSubscribers(ctx, s) })
+	return scoped(s, func(s Scope) ([]driver.Subscriber, error) { return a.c.drv.AllSubscribers(ctx, s) })
 }
 
-// PendingHalves lists pending transactional half messages.
+// PendingHalves lists pending transactional half messages. Sort key:
+// (tenant, topic, partition key, id).
 func (a *Admin) PendingHalves(ctx context.Context, s Scope) ([]driver.HalfMessage, error) {
-	return scoped(s, func() ([]driver.HalfMessage, error) { return a.c.drv.ListHalves(ctx, s.Tenants, s.AllTenants) })
+	return scoped(s, func(s Scope) ([]driver.HalfMessage, error) { return a.c.drv.ListHalves(ctx, s) })
 }
 
 // Inspect reads one message and its retry bookkeeping per consumer group.
@@ -144,15 +176,15 @@ func (a *Admin) Delete(ctx context.Context, ref MessageRef) (bool, error) {
 }
 
 // DeadLetters lists the dead letters of topic (topic+suffix; suffix ""
-// means ".dlq").
-func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string, limit int) ([]driver.Message, error) {
+// means ".dlq"). Sort key: (tenant, offset).
+func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string) ([]driver.Message, error) {
 	if suffix == "" {
 		suffix = ".dlq"
 	}
 	if err := ident.Topic(topic + suffix); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
 	}
-	return scoped(s, func() ([]driver.Message, error) { return a.c.drv.TopicMessages(ctx, s, topic+suffix, max(limit, 1)) })
+	return scoped(s, func(s Scope) ([]driver.Message, error) { return a.c.drv.TopicMessages(ctx, s, topic+suffix) })
 }
 
 // Requeue moves one dead letter of ref.Topic (ref names the original
@@ -191,7 +223,7 @@ func (a *Admin) RequeueAll(ctx context.Context, tenant, topic, suffix string) (i
 	}
 	n := 0
 	for {
-		dls, err := a.DeadLetters(ctx, Scope{Tenants: []string{tenant}}, topic, suffix, 500)
+		dls, err := a.DeadLetters(ctx, Scope{Tenants: []string{tenant}, Limit: 500}, topic, suffix)
 		if err != nil || len(dls) == 0 {
 			return n, err
 		}
@@ -270,7 +302,7 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 	for _, h := range heads {
 		affected[h.PartitionKey] = true
 	}
-	leases, err := a.c.drv.AllLeases(ctx, scope)
+	leases, err := a.c.drv.ListLeases(ctx, scope.Tenants, r.ConsumerGroup, r.Topic)
 	if err != nil {
 		return nil, err
 	}
@@ -281,14 +313,14 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 				ErrPartitionLeased, l.PartitionRef, l.Owner, l.ExpiresAt.Format(time.RFC3339))
 		}
 	}
-	rows, err := a.c.drv.OffsetReport(ctx, scope, r.ConsumerGroup)
+	cursors, err := a.c.drv.TopicCursors(ctx, r.Tenant, r.Topic)
 	if err != nil {
 		return nil, err
 	}
 	current := map[string]int64{}
-	for _, row := range rows {
-		if row.Topic == r.Topic {
-			current[row.PartitionKey] = row.CommittedOffset
+	for _, c := range cursors {
+		if c.ConsumerGroup == r.ConsumerGroup {
+			current[c.PartitionKey] = c.Committed
 		}
 	}
 	var changes []OffsetChange

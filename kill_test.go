@@ -198,7 +198,7 @@ func TestTxProducerKilledAfterHalfMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.Wait()
-		if hs, err := drv.ListHalves(ctx, []string{"t"}, false); err != nil || len(hs) != 1 {
+		if hs, err := drv.ListHalves(ctx, driver.Scope{Tenants: []string{"t"}}); err != nil || len(hs) != 1 {
 			t.Fatalf("pending after the kill: %d, %v", len(hs), err)
 		}
 		checked := make(chan string, 10)
@@ -233,7 +233,7 @@ func TestTxProducerKilledAfterHalfMessage(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		if hs, _ := drv.ListHalves(ctx, []string{"t"}, false); len(hs) != 0 {
+		if hs, _ := drv.ListHalves(ctx, driver.Scope{Tenants: []string{"t"}}); len(hs) != 0 {
 			t.Fatalf("half message still pending after the check-back committed it")
 		}
 	})

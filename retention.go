@@ -96,9 +96,19 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 		return rep, fmt.Errorf("shardq: retention: %w", err)
 	}
 	owner := ident.MemberID(cfg.Name)
-	topics, err := a.c.drv.Topics(ctx, s)
-	if err != nil {
-		return rep, err
+	// Page through the topics, a bounded read at a time.
+	var topics []driver.TopicSummary
+	for page := (Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: DefaultPageLimit}); ; {
+		ts, err := a.c.drv.Topics(ctx, page)
+		if err != nil {
+			return rep, err
+		}
+		topics = append(topics, ts...)
+		if len(ts) < page.Limit {
+			break
+		}
+		last := ts[len(ts)-1]
+		page.After = []string{last.Tenant, last.Topic}
 	}
 	var errs []error
 	for _, t := range topics {
@@ -136,17 +146,17 @@ func (a *Admin) retainTopic(ctx context.Context, tenant, topic, owner string, cf
 	if err != nil {
 		return 0, false, err
 	}
-	rows, err := drv.OffsetReport(ctx, Scope{Tenants: []string{tenant}}, "")
+	// The topic's cursors only: a range of queue_offsets' key, with no
+	// message counted (the lag report would count every unconsumed one).
+	cursors, err := drv.TopicCursors(ctx, tenant, topic)
 	if err != nil {
 		return 0, false, err
 	}
 	groups := map[string]bool{}
 	cursor := map[[2]string]int64{} // (group, partition) -> committed
-	for _, r := range rows {
-		if r.Topic == topic {
-			groups[r.ConsumerGroup] = true
-			cursor[[2]string{r.ConsumerGroup, r.PartitionKey}] = r.CommittedOffset
-		}
+	for _, c := range cursors {
+		groups[c.ConsumerGroup] = true
+		cursor[[2]string{c.ConsumerGroup, c.PartitionKey}] = c.Committed
 	}
 	// batches deletes in bounded statements, renewing the claim between
 	// them; a lost claim stops the pass.

@@ -284,9 +284,10 @@ type HalfMessages interface {
 	RescheduleHalf(ctx context.Context, h HalfMessage, nextCheckAt time.Time) error
 	// DeadLetterHalf moves a claimed half message to queue_half_messages_dead.
 	DeadLetterHalf(ctx context.Context, h HalfMessage, now time.Time) error
-	// ListHalves lists pending half messages of tenants, or of every
-	// tenant when allTenants is set (an operator's explicit request).
-	ListHalves(ctx context.Context, tenants []string, allTenants bool) ([]HalfMessage, error)
+	// ListHalves lists a page of the pending half messages of s (every
+	// tenant only when an operator asked for all). Sort key: (tenant,
+	// topic, partition key, id).
+	ListHalves(ctx context.Context, s Scope) ([]HalfMessage, error)
 }
 
 // Scope selects tenants for an operator's listing: an explicit list, or
@@ -294,6 +295,11 @@ type HalfMessages interface {
 type Scope struct {
 	Tenants    []string
 	AllTenants bool
+	// Limit bounds one page of a listing (0: no bound). After, when set,
+	// starts the page after a sort key: the values of the listing's sort
+	// columns (its doc names them) in the last row of the previous page.
+	Limit int
+	After []string
 }
 
 // TopicSummary is one topic of one tenant.
@@ -308,25 +314,47 @@ type TopicSummary struct {
 type OffsetRow struct {
 	Tenant, Topic, PartitionKey, ConsumerGroup string
 	HeadOffset, CommittedOffset                int64
-	Lag                                        int64     // messages after the cursor
-	OldestUnconsumed                           time.Time // zero when Lag is 0
+	// Lag counts the messages after the cursor, up to LagCountLimit;
+	// LagCapped says there are more.
+	Lag              int64
+	LagCapped        bool
+	OldestUnconsumed time.Time // the first unconsumed message's; zero when Lag is 0
+}
+
+// LagCountLimit bounds the messages an offset report counts per cursor:
+// a report reads at most this many rows of each partition.
+const LagCountLimit = 10000
+
+// Cursor is one consumer group's committed offset in one partition.
+type Cursor struct {
+	ConsumerGroup, PartitionKey string
+	Committed                   int64
 }
 
 // Admin is what operators' tools read and change, each statement scoped
 // by tenant (or, for listings, explicitly by all tenants).
 type Admin interface {
+	// Listings are pages of s (Limit, After), each in the order of its
+	// sort key. Topics: (tenant, topic).
 	Topics(ctx context.Context, s Scope) ([]TopicSummary, error)
 	// OffsetReport lists cursors of every group known in queue_offsets
-	// (only group when it is not empty) with lag.
+	// (only group when it is not empty) with lag (counted up to
+	// LagCountLimit). Sort key: (tenant, topic, group, partition key).
 	OffsetReport(ctx context.Context, s Scope, group string) ([]OffsetRow, error)
+	// TopicCursors lists every group's cursor in one tenant's topic: what
+	// retention and offset resets need, without counting messages.
+	TopicCursors(ctx context.Context, tenant, topic string) ([]Cursor, error)
+	// AllLeases: sort key (tenant, group, topic, partition key).
 	AllLeases(ctx context.Context, s Scope) ([]Lease, error)
+	// AllSubscribers: sort key (tenant, group, topic, subscriber name).
 	AllSubscribers(ctx context.Context, s Scope) ([]Subscriber, error)
 	// GetMessage reads one message and its retry bookkeeping per group.
 	GetMessage(ctx context.Context, ref MessageRef) (*Message, map[string]DeliveryState, error)
 	// DeleteMessage deletes one message by full identity.
 	DeleteMessage(ctx context.Context, ref MessageRef) (bool, error)
-	// TopicMessages lists up to limit messages of topic in s, oldest first.
-	TopicMessages(ctx context.Context, s Scope, topic string, limit int) ([]Message, error)
+	// TopicMessages lists a page of topic's messages in s. Sort key:
+	// (tenant, offset).
+	TopicMessages(ctx context.Context, s Scope, topic string) ([]Message, error)
 	// Requeue moves the message ref (in a dead-letter topic) back to
 	// toTopic, same tenant and partition key, with a fresh offset, in one
 	// transaction; the original's retry bookkeeping is dropped.

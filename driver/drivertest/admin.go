@@ -23,6 +23,7 @@ var adminTests = []struct {
 	{"AdminRequeueDeadLetter", testAdminRequeueDeadLetter},
 	{"AdminResetOffsets", testAdminResetOffsets},
 	{"AdminForcedResetFencesHolder", testAdminForcedResetFencesHolder},
+	{"AdminListingsArePaged", testAdminListingsArePaged},
 	{"Retention", testRetention},
 }
 
@@ -158,7 +159,7 @@ func testAdminRequeueDeadLetter(t *testing.T, open Open) {
 	})
 	stopAll(t, s)
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m3"})
-	dls, err := c.Admin().DeadLetters(ctx, shardq.Scope{Tenants: []string{"t"}}, "x", "", 10)
+	dls, err := c.Admin().DeadLetters(ctx, shardq.Scope{Tenants: []string{"t"}, Limit: 10}, "x", "")
 	if err != nil || len(dls) != 1 || dls[0].ID != "m1" {
 		t.Fatalf("dead letters: %+v, %v", dls, err)
 	}
@@ -377,5 +378,134 @@ func testAdminForcedResetFencesHolder(t *testing.T, open Open) {
 		if count[msgs[i].ID] != 1 {
 			t.Fatalf("%s, before the new position, delivered %d times", msgs[i].ID, count[msgs[i].ID])
 		}
+	}
+}
+
+// Operator listings are pages: reading page after page (a small Limit,
+// After = the last row's sort key) gives exactly the one-page listing, in
+// order; the lag of an offset report is counted up to LagCountLimit.
+func testAdminListingsArePaged(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	for _, tenant := range []string{"a", "b"} { // one Publish call writes one tenant
+		var msgs []shardq.Message
+		for _, topic := range []string{"x", "y", "z"} {
+			for _, key := range []string{"k1", "k2"} {
+				msgs = append(msgs, shardq.Message{Tenant: tenant, Topic: topic, PartitionKey: key})
+			}
+		}
+		mustPublish(t, c, msgs...)
+	}
+	for _, tenant := range []string{"a", "b"} {
+		for _, key := range []string{"k1", "k2"} {
+			for _, g := range []string{"g1", "g2"} {
+				if err := d.ResetOffset(ctx, tenant, "x", key, g, 0); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: g, Topic: "x", PartitionKey: key}, "o", time.Now(), time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, name := range []string{"s1", "s2", "s3"} {
+			if err := d.Heartbeat(ctx, []string{tenant}, "g", "x", name, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	admin := c.Admin()
+	all := shardq.Scope{AllTenants: true}
+	// pages lists with Limit 2, page after page, and checks the result
+	// against one page of everything.
+	pages := func(what string, list func(s shardq.Scope) ([]string, []string, error)) {
+		t.Helper()
+		whole, _, err := list(all)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var got []string
+		s := shardq.Scope{AllTenants: true, Limit: 2}
+		for range 100 {
+			rows, last, err := list(s)
+			if err != nil {
+				t.Fatalf("%s page after %q: %v", what, s.After, err)
+			}
+			got = append(got, rows...)
+			if len(rows) < s.Limit {
+				break
+			}
+			s.After = last
+		}
+		if fmt.Sprint(got) != fmt.Sprint(whole) || len(whole) < 5 {
+			t.Fatalf("%s: pages %v, one listing %v", what, got, whole)
+		}
+	}
+	pages("topics", func(s shardq.Scope) ([]string, []string, error) {
+		ts, err := admin.Topics(ctx, s)
+		var rows []string
+		for _, x := range ts {
+			rows = append(rows, x.Tenant+"/"+x.Topic)
+		}
+		if len(ts) == 0 {
+			return rows, nil, err
+		}
+		l := ts[len(ts)-1]
+		return rows, []string{l.Tenant, l.Topic}, err
+	})
+	pages("offsets", func(s shardq.Scope) ([]string, []string, error) {
+		os, err := admin.Offsets(ctx, s, "")
+		var rows []string
+		for _, o := range os {
+			rows = append(rows, fmt.Sprintf("%s/%s/%s/%s lag %d", o.Tenant, o.Topic, o.ConsumerGroup, o.PartitionKey, o.Lag))
+		}
+		if len(os) == 0 {
+			return rows, nil, err
+		}
+		l := os[len(os)-1]
+		return rows, []string{l.Tenant, l.Topic, l.ConsumerGroup, l.PartitionKey}, err
+	})
+	pages("leases", func(s shardq.Scope) ([]string, []string, error) {
+		ls, err := admin.Leases(ctx, s)
+		var rows []string
+		for _, l := range ls {
+			rows = append(rows, l.PartitionRef.String())
+		}
+		if len(ls) == 0 {
+			return rows, nil, err
+		}
+		l := ls[len(ls)-1]
+		return rows, []string{l.Tenant, l.ConsumerGroup, l.Topic, l.PartitionKey}, err
+	})
+	pages("subscribers", func(s shardq.Scope) ([]string, []string, error) {
+		ss, err := admin.Subscribers(ctx, s)
+		var rows []string
+		for _, x := range ss {
+			rows = append(rows, x.Tenant+"/"+x.Name)
+		}
+		if len(ss) == 0 {
+			return rows, nil, err
+		}
+		l := ss[len(ss)-1]
+		return rows, []string{l.Tenant, l.ConsumerGroup, l.Topic, l.Name}, err
+	})
+	if _, err := admin.Topics(ctx, shardq.Scope{AllTenants: true, Limit: shardq.MaxPageLimit + 1}); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("a page over the limit: %v", err)
+	}
+	if _, err := admin.Topics(ctx, shardq.Scope{AllTenants: true, After: []string{"only one of two"}}); err == nil {
+		t.Fatal("a sort key of the wrong length was accepted")
+	}
+
+	// Lag is counted up to LagCountLimit.
+	big := make([]shardq.Message, driver.LagCountLimit+5)
+	for i := range big {
+		big[i] = shardq.Message{Tenant: "a", Topic: "lag", PartitionKey: "k"}
+	}
+	mustPublish(t, c, big...)
+	if err := d.ResetOffset(ctx, "a", "lag", "k", "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := admin.Offsets(ctx, shardq.Scope{Tenants: []string{"a"}}, "g")
+	if err != nil || len(rows) != 1 || rows[0].Lag != driver.LagCountLimit || !rows[0].LagCapped || rows[0].OldestUnconsumed.IsZero() {
+		t.Fatalf("capped lag: %+v, %v", rows, err)
 	}
 }

@@ -46,7 +46,7 @@ func never(context.Context, *shardq.HalfMessage) (shardq.TxState, error) {
 
 func pending(t *testing.T, d driver.Driver) int {
 	t.Helper()
-	hs, err := d.ListHalves(context.Background(), []string{"t"}, false)
+	hs, err := d.ListHalves(context.Background(), driver.Scope{Tenants: []string{"t"}})
 	if err != nil {
 		t.Fatal(err)
 	}

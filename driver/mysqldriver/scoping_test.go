@@ -188,7 +188,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.DeadLetterHalf(ctx, claimed[3], now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.ListHalves(ctx, []string{"a"}, false); err != nil { // --all-tenants is an operator's explicit fleet-wide read
+	if _, err := d.ListHalves(ctx, driver.Scope{Tenants: []string{"a"}}); err != nil { // --all-tenants is an operator's explicit fleet-wide read
 		t.Fatal(err)
 	}
 	if _, err := d.SweepLeases(ctx, []string{"a", "b"}, "g", "x", []string{"dead"}, now); err != nil {

@@ -15,15 +15,20 @@ import (
 	"github.com/shardq/shardq/internal/ident"
 )
 
-// scopeFlags are --tenant (repeatable) and --all-tenants: exactly one.
+// scopeFlags are --tenant (repeatable) and --all-tenants (exactly one),
+// and the page: --limit rows after the sort key --after.
 type scopeFlags struct {
 	tenants []string
 	all     bool
+	limit   int
+	after   string
 }
 
 func (f *scopeFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVar(&f.tenants, "tenant", nil, "tenant (repeatable)")
 	cmd.Flags().BoolVar(&f.all, "all-tenants", false, "every tenant (an explicit fleet-wide read)")
+	countFlag(cmd.Flags(), &f.limit, "limit", shardq.DefaultPageLimit, fmt.Sprintf("most rows to list (at most %d)", shardq.MaxPageLimit))
+	cmd.Flags().StringVar(&f.after, "after", "", `list after this sort key, a JSON array of strings (printed as "next page" when a page is full)`)
 }
 
 func (f scopeFlags) scope() (shardq.Scope, error) {
@@ -35,7 +40,48 @@ func (f scopeFlags) scope() (shardq.Scope, error) {
 			return shardq.Scope{}, err
 		}
 	}
-	return shardq.Scope{Tenants: f.tenants, AllTenants: f.all}, nil
+	if f.limit < 1 || f.limit > shardq.MaxPageLimit {
+		return shardq.Scope{}, usagef("--limit %d: want 1 to %d", f.limit, shardq.MaxPageLimit)
+	}
+	after, err := decodeAfter(f.after)
+	if err != nil {
+		return shardq.Scope{}, usageError{err}
+	}
+	return shardq.Scope{Tenants: f.tenants, AllTenants: f.all, Limit: f.limit, After: after}, nil
+}
+
+// maxAfterValues is the longest sort key of a listing.
+const maxAfterValues = 4
+
+// decodeAfter reads --after: a JSON array of at most four strings ("" for
+// none). The values reach SQL as bound parameters only.
+func decodeAfter(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var after []string
+	if err := json.Unmarshal([]byte(s), &after); err != nil {
+		return nil, fmt.Errorf("--after %s: want a JSON array of strings, like [\"acme\",\"orders\"]", display(s))
+	}
+	if len(after) == 0 || len(after) > maxAfterValues {
+		return nil, fmt.Errorf("--after: %d values, want 1 to %d", len(after), maxAfterValues)
+	}
+	for i, v := range after {
+		if !utf8.ValidString(v) || len(v) > 4*ident.MaxKeyChars {
+			return nil, fmt.Errorf("--after: value %d is not a valid identifier", i+1)
+		}
+	}
+	return after, nil
+}
+
+// nextPage tells, on stderr, how to read the page after a full one whose
+// last row has the sort key last.
+func (a *app) nextPage(s shardq.Scope, n int, last ...string) {
+	if n < s.Limit || n == 0 {
+		return
+	}
+	b, _ := json.Marshal(last) // strings: cannot fail
+	fmt.Fprintf(a.env.Stderr, "next page: --after %s\n", display(string(b)))
 }
 
 // refFlags are the four flags of a message's full identity.
@@ -147,6 +193,9 @@ func (a *app) adminTopics() *cobra.Command {
 				rows = append(rows, []string{t.Tenant, t.Topic, fmt.Sprint(t.Partitions), fmt.Sprint(t.HeadOffset)})
 				objs = append(objs, map[string]any{"tenant": t.Tenant, "topic": t.Topic, "partitions": t.Partitions, "head_offset": t.HeadOffset})
 			}
+			if n := len(topics); n > 0 {
+				a.nextPage(s, n, topics[n-1].Tenant, topics[n-1].Topic)
+			}
 			return a.table(asJSON, []string{"TENANT", "TOPIC", "PARTITIONS", "HEAD"}, rows, objs)
 		})
 }
@@ -177,10 +226,19 @@ func (a *app) adminOffsets() *cobra.Command {
 					ageSec = now.Sub(o.OldestUnconsumed).Seconds()
 					age = now.Sub(o.OldestUnconsumed).Round(time.Second).String()
 				}
+				lag := fmt.Sprint(o.Lag)
+				if o.LagCapped {
+					lag = ">" + lag // counted up to driver.LagCountLimit
+				}
 				rows = append(rows, []string{o.Tenant, o.Topic, fmt.Sprintf("%q", o.PartitionKey), o.ConsumerGroup,
-					fmt.Sprint(o.HeadOffset), fmt.Sprint(o.CommittedOffset), fmt.Sprint(o.Lag), age})
+					fmt.Sprint(o.HeadOffset), fmt.Sprint(o.CommittedOffset), lag, age})
 				objs = append(objs, map[string]any{"tenant": o.Tenant, "topic": o.Topic, "partition_key": o.PartitionKey, "group": o.ConsumerGroup,
-					"head_offset": o.HeadOffset, "committed_offset": o.CommittedOffset, "lag": o.Lag, "oldest_unconsumed_age_seconds": ageSec})
+					"head_offset": o.HeadOffset, "committed_offset": o.CommittedOffset, "lag": o.Lag, "lag_capped": o.LagCapped,
+					"oldest_unconsumed_age_seconds": ageSec})
+			}
+			if n := len(offsets); n > 0 {
+				o := offsets[n-1]
+				a.nextPage(s, n, o.Tenant, o.Topic, o.ConsumerGroup, o.PartitionKey)
 			}
 			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "GROUP", "HEAD", "COMMITTED", "LAG", "OLDEST UNCONSUMED"}, rows, objs)
 		})
@@ -207,6 +265,9 @@ func (a *app) adminLeases(staleOnly bool) *cobra.Command {
 		if err != nil {
 			return err
 		}
+		if n := len(ls); n > 0 && !staleOnly { // stale-leases filters a page: its count says nothing of fullness
+			a.nextPage(s, n, ls[n-1].Tenant, ls[n-1].ConsumerGroup, ls[n-1].Topic, ls[n-1].PartitionKey)
+		}
 		var rows [][]string
 		var objs []any
 		for _, l := range ls {
@@ -231,6 +292,10 @@ func (a *app) adminSubscribers() *cobra.Command {
 			}
 			var rows [][]string
 			var objs []any
+			if n := len(subs); n > 0 {
+				l := subs[n-1]
+				a.nextPage(s, n, l.Tenant, l.ConsumerGroup, l.Topic, l.Name)
+			}
 			for _, sub := range subs {
 				rows = append(rows, []string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name, ts(sub.StartedAt), ts(sub.HeartbeatAt)})
 				objs = append(objs, map[string]any{"tenant": sub.Tenant, "group": sub.ConsumerGroup, "topic": sub.Topic, "name": sub.Name,
@@ -301,17 +366,18 @@ func (a *app) adminDelete() *cobra.Command {
 func (a *app) adminDLQ() *cobra.Command {
 	cmd := &cobra.Command{Use: "dlq", Short: "Dead letters: list and requeue"}
 	var topic, suffix string
-	var limit int
-	list := a.listing("list", "List the dead letters of a topic", func(cmd *cobra.Command) {
+	list := a.listing("list", "List the dead letters of a topic (sort key: tenant, offset)", func(cmd *cobra.Command) {
 		cmd.Flags().StringVar(&topic, "topic", "", "original topic (required)")
 		cmd.Flags().StringVar(&suffix, "suffix", ".dlq", "dead-letter topic suffix")
-		countFlag(cmd.Flags(), &limit, "limit", 1000, "most dead letters to list")
 		cmd.MarkFlagRequired("topic")
 		cmd.PreRunE = func(*cobra.Command, []string) error { return firstErr(ident.Topic(topic), ident.Topic(topic+suffix)) }
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
-		ms, err := admin.DeadLetters(cmd.Context(), s, topic, suffix, limit)
+		ms, err := admin.DeadLetters(cmd.Context(), s, topic, suffix)
 		if err != nil {
 			return err
+		}
+		if n := len(ms); n > 0 {
+			a.nextPage(s, n, ms[n-1].Tenant, fmt.Sprint(ms[n-1].Offset))
 		}
 		var rows [][]string
 		var objs []any

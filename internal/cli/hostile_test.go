@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -211,4 +212,35 @@ func countMessages(t *testing.T, d driver.Driver) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// --after is decoded strictly: a JSON array of one to four valid strings,
+// or an error naming the flag; never a panic.
+func FuzzDecodeAfter(f *testing.F) {
+	for _, s := range []string{``, `[]`, `["acme"]`, `["a","b","c","d"]`, `["a","b","c","d","e"]`, `{"a":1}`, `[1]`, `["\ud800"]`, `null`, `"x"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		after, err := decodeAfter(s)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "--after") {
+				t.Fatalf("error %q does not name --after", err)
+			}
+			return
+		}
+		if s == "" {
+			if after != nil {
+				t.Fatalf("empty --after gave %q", after)
+			}
+			return
+		}
+		if len(after) < 1 || len(after) > maxAfterValues {
+			t.Fatalf("%q accepted with %d values", s, len(after))
+		}
+		b, _ := json.Marshal(after)
+		again, err := decodeAfter(string(b))
+		if err != nil || len(again) != len(after) {
+			t.Fatalf("round trip of %q: %q, %v", after, again, err)
+		}
+	})
 }

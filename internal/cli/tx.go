@@ -37,6 +37,10 @@ func (a *app) txListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if n := len(hs); n > 0 {
+				h := hs[n-1]
+				a.nextPage(s, n, h.Tenant, h.Topic, h.PartitionKey, h.ID)
+			}
 			now := time.Now()
 			var rows [][]string
 			var objs []any

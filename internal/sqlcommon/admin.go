@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -21,14 +23,35 @@ func scope(s driver.Scope, col string) (string, []any) {
 
 func emptyScope(s driver.Scope) bool { return !s.AllTenants && len(s.Tenants) == 0 }
 
+// page renders s's page over the sort columns cols: a condition that
+// the row's sort key comes after s.After (empty when it is not set), and
+// a LIMIT clause (empty when s.Limit is 0), each with its arguments.
+func page(s driver.Scope, cols ...string) (after string, afterArgs []any, limit string, limitArgs []any, err error) {
+	if len(s.After) > 0 {
+		if len(s.After) != len(cols) {
+			return "", nil, "", nil, fmt.Errorf("page after: %d values, this listing's sort key has %d", len(s.After), len(cols))
+		}
+		after = " AND (" + strings.Join(cols, ", ") + ") > (" + Placeholders(len(cols)) + ")"
+		afterArgs = tenantArgs(s.After)
+	}
+	if s.Limit > 0 {
+		limit, limitArgs = " LIMIT ?", []any{s.Limit}
+	}
+	return after, afterArgs, limit, limitArgs, nil
+}
+
 // Topics summarises the head rows per tenant and topic.
 func (d *Store) Topics(ctx context.Context, s driver.Scope) ([]driver.TopicSummary, error) {
 	if emptyScope(s) {
 		return nil, nil
 	}
 	where, args := scope(s, "tenant")
-	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, topic, COUNT(*), MAX(head_offset) FROM queue_partitions WHERE "+where+
-		" GROUP BY tenant, topic ORDER BY tenant, topic", args...)
+	after, aargs, limit, largs, err := page(s, "tenant", "topic")
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, topic, COUNT(*), MAX(head_offset) FROM queue_partitions WHERE "+where+after+
+		" GROUP BY tenant, topic ORDER BY tenant, topic"+limit, append(append(args, aargs...), largs...)...)
 	if err != nil {
 		return nil, d.Wrap("list topics", err)
 	}
@@ -44,8 +67,10 @@ func (d *Store) Topics(ctx context.Context, s driver.Scope) ([]driver.TopicSumma
 	return out, rows.Err()
 }
 
-// OffsetReport joins cursors with head rows, counting the messages after
-// each cursor (a range of the primary key).
+// OffsetReport joins a page of cursors with their head rows; then, per
+// cursor behind its head, one bounded read counts the messages after it
+// (at most LagCountLimit+1 rows of the primary key) and takes the first
+// one's time.
 func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) ([]driver.OffsetRow, error) {
 	if emptyScope(s) {
 		return nil, nil
@@ -55,29 +80,77 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 		where += " AND o.consumer_group = ?"
 		args = append(args, group)
 	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group, COALESCE(p.head_offset, 0), o.committed_offset, "+
-		"COUNT(m.id), MIN(m.created_at) FROM queue_offsets o "+
+	after, aargs, limit, largs, err := page(s, "o.tenant", "o.topic", "o.consumer_group", "o.partition_key")
+	if err != nil {
+		return nil, fmt.Errorf("report offsets: %w", err)
+	}
+	rows, err := d.Read.QueryContext(ctx, "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group, COALESCE(p.head_offset, 0), o.committed_offset "+
+		"FROM queue_offsets o "+
 		"LEFT JOIN queue_partitions p ON p.tenant = o.tenant AND p.topic = o.topic AND p.partition_key = o.partition_key "+
-		"LEFT JOIN queue_messages m ON m.tenant = o.tenant AND m.topic = o.topic AND m.partition_key = o.partition_key AND m."+d.Offset+" > o.committed_offset "+
-		"WHERE "+where+" GROUP BY o.tenant, o.topic, o.partition_key, o.consumer_group, p.head_offset, o.committed_offset "+
-		"ORDER BY o.tenant, o.topic, o.consumer_group, o.partition_key", args...)
+		"WHERE "+where+after+" ORDER BY o.tenant, o.topic, o.consumer_group, o.partition_key"+limit, append(append(args, aargs...), largs...)...)
 	if err != nil {
 		return nil, d.Wrap("report offsets", err)
 	}
-	defer rows.Close()
 	var out []driver.OffsetRow
 	for rows.Next() {
 		var r driver.OffsetRow
-		var oldest any
-		if err := rows.Scan(&r.Tenant, &r.Topic, &r.PartitionKey, &r.ConsumerGroup, &r.HeadOffset, &r.CommittedOffset, &r.Lag, &oldest); err != nil {
+		if err := rows.Scan(&r.Tenant, &r.Topic, &r.PartitionKey, &r.ConsumerGroup, &r.HeadOffset, &r.CommittedOffset); err != nil {
+			rows.Close()
 			return nil, fmt.Errorf("report offsets: %w", err)
 		}
-		if oldest != nil {
-			if r.OldestUnconsumed, err = d.DecodeTime(oldest); err != nil {
-				return nil, fmt.Errorf("report offsets: %w", err)
+		out = append(out, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("report offsets: %w", err)
+	}
+	for i := range out {
+		if out[i].HeadOffset > out[i].CommittedOffset {
+			if err := d.countLag(ctx, &out[i]); err != nil {
+				return nil, err
 			}
 		}
-		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
+	op := fmt.Sprintf("count lag of group %q in tenant %q topic %q partition %q", r.ConsumerGroup, r.Tenant, r.Topic, r.PartitionKey)
+	var oldest any
+	if err := d.Read.QueryRowContext(ctx, "SELECT COUNT(*), MIN(created_at) FROM (SELECT created_at FROM queue_messages "+
+		"WHERE tenant = ? AND topic = ? AND partition_key = ? AND "+d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?) unconsumed",
+		r.Tenant, r.Topic, r.PartitionKey, r.CommittedOffset, driver.LagCountLimit+1).Scan(&r.Lag, &oldest); err != nil {
+		return d.Wrap(op, err)
+	}
+	if r.Lag > driver.LagCountLimit {
+		r.Lag, r.LagCapped = driver.LagCountLimit, true
+	}
+	if oldest != nil {
+		t, err := d.DecodeTime(oldest)
+		if err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		r.OldestUnconsumed = t
+	}
+	return nil
+}
+
+// TopicCursors lists every group's cursor in one tenant's topic: a range
+// of queue_offsets' primary key.
+func (d *Store) TopicCursors(ctx context.Context, tenant, topic string) ([]driver.Cursor, error) {
+	op := fmt.Sprintf("list cursors of tenant %q topic %q", tenant, topic)
+	rows, err := d.Read.QueryContext(ctx, "SELECT consumer_group, partition_key, committed_offset FROM queue_offsets WHERE tenant = ? AND topic = ?", tenant, topic)
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []driver.Cursor
+	for rows.Next() {
+		var c driver.Cursor
+		if err := rows.Scan(&c.ConsumerGroup, &c.PartitionKey, &c.Committed); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, c)
 	}
 	return out, rows.Err()
 }
@@ -88,8 +161,12 @@ func (d *Store) AllLeases(ctx context.Context, s driver.Scope) ([]driver.Lease, 
 		return nil, nil
 	}
 	where, args := scope(s, "tenant")
+	after, aargs, limit, largs, err := page(s, "tenant", "consumer_group", "topic", "partition_key")
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
 	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, consumer_group, topic, partition_key, owner, token, expires_at FROM queue_partition_leases WHERE "+
-		where+" ORDER BY tenant, consumer_group, topic, partition_key", args...)
+		where+after+" ORDER BY tenant, consumer_group, topic, partition_key"+limit, append(append(args, aargs...), largs...)...)
 	if err != nil {
 		return nil, d.Wrap("list leases", err)
 	}
@@ -115,8 +192,12 @@ func (d *Store) AllSubscribers(ctx context.Context, s driver.Scope) ([]driver.Su
 		return nil, nil
 	}
 	where, args := scope(s, "tenant")
+	after, aargs, limit, largs, err := page(s, "tenant", "consumer_group", "topic", "subscriber_name")
+	if err != nil {
+		return nil, fmt.Errorf("list subscribers: %w", err)
+	}
 	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats WHERE "+
-		where+" ORDER BY tenant, consumer_group, topic, subscriber_name", args...)
+		where+after+" ORDER BY tenant, consumer_group, topic, subscriber_name"+limit, append(append(args, aargs...), largs...)...)
 	if err != nil {
 		return nil, d.Wrap("list subscribers", err)
 	}
@@ -217,13 +298,32 @@ func (d *Store) DeleteMessage(ctx context.Context, ref driver.MessageRef) (bool,
 }
 
 // TopicMessages lists a topic's messages in s, oldest first.
-func (d *Store) TopicMessages(ctx context.Context, s driver.Scope, topic string, limit int) ([]driver.Message, error) {
+func (d *Store) TopicMessages(ctx context.Context, s driver.Scope, topic string) ([]driver.Message, error) {
 	if emptyScope(s) {
 		return nil, nil
 	}
 	where, args := scope(s, "tenant")
+	args = append(args, topic)
+	var after string
+	if len(s.After) > 0 {
+		// The offset is a number: compared as one, not as text.
+		if len(s.After) != 2 {
+			return nil, fmt.Errorf("list messages of topic %q: page after: %d values, want (tenant, offset)", topic, len(s.After))
+		}
+		off, err := strconv.ParseInt(s.After[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("list messages of topic %q: page after: offset %q: %w", topic, s.After[1], err)
+		}
+		after = " AND (tenant > ? OR (tenant = ? AND " + d.Offset + " > ?))"
+		args = append(args, s.After[0], s.After[0], off)
+	}
+	limit := ""
+	if s.Limit > 0 {
+		limit = " LIMIT ?"
+		args = append(args, s.Limit)
+	}
 	rows, err := d.Read.QueryContext(ctx, "SELECT "+d.Offset+", "+messageColumns+" FROM queue_messages WHERE "+where+
-		" AND topic = ? ORDER BY tenant, "+d.Offset+" LIMIT ?", append(args, topic, limit)...)
+		" AND topic = ?"+after+" ORDER BY tenant, "+d.Offset+limit, args...)
 	if err != nil {
 		return nil, d.Wrap(fmt.Sprintf("list messages of topic %q", topic), err)
 	}

@@ -162,19 +162,18 @@ func (d *Store) DeadLetterHalf(ctx context.Context, h driver.HalfMessage, now ti
 }
 
 // ListHalves lists pending half messages.
-func (d *Store) ListHalves(ctx context.Context, tenants []string, allTenants bool) ([]driver.HalfMessage, error) {
+func (d *Store) ListHalves(ctx context.Context, s driver.Scope) ([]driver.HalfMessage, error) {
 	op := "list half messages"
-	var rows *sql.Rows
-	var err error
-	switch {
-	case allTenants:
-		rows, err = d.Read.QueryContext(ctx, "SELECT "+halfColumns+" FROM queue_half_messages ORDER BY tenant, created_at")
-	case len(tenants) == 0:
+	if emptyScope(s) {
 		return nil, nil
-	default:
-		rows, err = d.Read.QueryContext(ctx, "SELECT "+halfColumns+" FROM queue_half_messages WHERE tenant IN ("+Placeholders(len(tenants))+
-			") ORDER BY tenant, created_at", tenantArgs(tenants)...)
 	}
+	where, args := scope(s, "tenant")
+	after, aargs, limit, largs, err := page(s, "tenant", "topic", "partition_key", "id")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	rows, err := d.Read.QueryContext(ctx, "SELECT "+halfColumns+" FROM queue_half_messages WHERE "+where+after+
+		" ORDER BY tenant, topic, partition_key, id"+limit, append(append(args, aargs...), largs...)...)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
