@@ -528,7 +528,7 @@ func testOwnLeaseWithoutWorkerIsTakenUp(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "messages of partitions leased in our name before start", 30*time.Second, func() bool { return rec.total.Load() == 10 })
+	waitFor(t, "messages of partitions leased in our identity from outside", 30*time.Second, func() bool { return rec.total.Load() == 10 })
 	rec.check(t)
 }
 
