@@ -73,6 +73,13 @@ func (s *Subscriber) handleClaims(queue <-chan driver.Claim, took chan<- struct{
 			s.giveBack(c)
 			continue
 		}
+		// A claim that lapsed while it waited here (a frozen process, a
+		// long queue) may be another member's by now: never hand it out.
+		if !s.cfg.Clock().Before(c.VisibleUntil) {
+			s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
+				"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
+			continue
+		}
 		s.handleClaim(c)
 	}
 }

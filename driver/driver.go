@@ -393,6 +393,10 @@ type Claim struct {
 	Attempts  int
 	LastError string
 	Message   Message
+	// VisibleUntil is when the claim lapses by the claimer's clock (its
+	// now plus the visibility timeout): after it, another member may
+	// claim the message, so the claimer must not hand it out.
+	VisibleUntil time.Time
 }
 
 // Groups is the message-group part of a driver: explicit receivers of one

@@ -24,6 +24,7 @@ var groupTests = []struct {
 	{"ReceiverIdleRelease", testReceiverIdleRelease},
 	{"GroupStateAcrossOwnersAndFenced", testGroupState},
 	{"ReceiverNoDeliveryAfterExpiry", testReceiverNoDeliveryAfterExpiry},
+	{"LapsedClaimNotDelivered", testLapsedClaimNotDelivered},
 	{"ReceiverNackRetriesThenDeadLetters", testReceiverNackRetriesThenDeadLetters},
 	{"UngroupedCompetingConsumers", testUngroupedCompetingConsumers},
 	{"UngroupedRedeliveredOnlyAfterVisibilityTimeout", testUngroupedVisibility},
@@ -732,5 +733,64 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 	defer heir.Close(ctx)
 	if d1, err := heir.Receive(ctx); err != nil || d1.ID != "m1" {
 		t.Fatalf("heir receives %+v, %v; want m1", d1, err)
+	}
+}
+
+// A claim of an ungrouped message that lapsed while it waited in the
+// member's queue (its visibility timeout passed by the member's clock) is
+// never handed out: the message is delivered by its next claim, with the
+// attempt that claim counts.
+func testLapsedClaimNotDelivered(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	var now atomic.Int64
+	now.Store(time.Now().UnixMicro())
+	clock := func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u0"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
+	var mu sync.Mutex
+	var got []string
+	blocked, release := make(chan struct{}), make(chan struct{})
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		got = append(got, fmt.Sprintf("%s@%d", dl.ID, dl.Attempt))
+		first := len(got) == 1
+		mu.Unlock()
+		if first {
+			close(blocked)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	cfg.Take, cfg.UngroupedConcurrency, cfg.VisibilityTimeout, cfg.Clock = shardq.TakeUngrouped, 1, 30*time.Second, clock
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	select {
+	case <-blocked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("u0 not delivered")
+	}
+	// u1 is claimed into the queue behind the busy handler.
+	waitFor(t, "u1 claimed and queued", 20*time.Second, func() bool {
+		var n int
+		err := d.DB().QueryRow("SELECT COUNT(*) FROM queue_message_claims WHERE tenant = 't' AND done = 0").Scan(&n)
+		return err == nil && n == 2
+	})
+	now.Add((2 * cfg.VisibilityTimeout).Microseconds()) // the queued claim lapses
+	close(release)
+	waitFor(t, "u1 delivered", 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if got[1] != "u1@2" {
+		t.Fatalf("deliveries %v: u1 must come from its second claim, not the lapsed first", got)
 	}
 }

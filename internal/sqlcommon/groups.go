@@ -127,6 +127,9 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 	for round := 0; ; round++ {
 		claims, contended, err := d.claimRound(ctx, tenant, topic, group, owner, now, visibility, limit, op)
 		if err != nil || len(claims) > 0 || !contended || round == 2 {
+			for i := range claims {
+				claims[i].VisibleUntil = now.Add(visibility)
+			}
 			return claims, err
 		}
 	}
