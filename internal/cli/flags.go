@@ -17,8 +17,8 @@ var errNegative = errors.New("must not be negative")
 type durationValue struct{ d *time.Duration }
 
 func (v durationValue) String() string {
-	if v.d == nil {
-		return "0s"
+	if v.d == nil || *v.d == 0 {
+		return "0" // what pflag takes for "no default" in help
 	}
 	return v.d.String()
 }
