@@ -304,3 +304,46 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestOneNameTwoProcesses: two subscriber processes started with the same
+// --name are two members (their identities differ): they split the
+// partitions and no message is delivered by both.
+func TestOneNameTwoProcesses(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		const total = 200
+		var batch []shardq.Message
+		for i := range total {
+			batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%4), ID: fmt.Sprintf("m%03d", i)})
+		}
+		if _, err := c.Publish(ctx, batch...); err != nil {
+			t.Fatal(err)
+		}
+		env := []string{"SHARDQ_MEMBER_MODE=subscriber", "SHARDQ_MEMBER_NAME=worker"}
+		a, _ := readMemberLines(t, env, url)
+		b, _ := readMemberLines(t, env, url)
+		seen := func() map[string]int {
+			n := map[string]int{}
+			for _, ml := range []*memberLines{a, b} {
+				for _, l := range ml.after(time.Time{}) {
+					n[strings.Fields(l)[3]]++
+				}
+			}
+			return n
+		}
+		waitUntil(t, "every message", time.Minute, func() bool { return len(seen()) == total })
+		subs, err := drv.Subscribers(ctx, []string{"t"}, "g", "x")
+		if err != nil || len(subs) != 2 || subs[0].Name == subs[1].Name || !strings.HasPrefix(subs[0].Name, "worker#") {
+			t.Fatalf("members %+v, %v; want two identities of the name worker", subs, err)
+		}
+		time.Sleep(500 * time.Millisecond) // time for a double delivery to show
+		for id, n := range seen() {
+			if n > 1 {
+				t.Fatalf("%s delivered %d times by two processes of one name", id, n)
+			}
+		}
+		if a.count() == 0 || b.count() == 0 {
+			t.Logf("one process delivered everything (a %d, b %d): the other joined late", a.count(), b.count())
+		}
+	})
+}
