@@ -34,7 +34,9 @@ func (l *localSubscribers) remove(s *Subscriber) {
 	delete(l.byTopic[s.cfg.Topic], s)
 }
 
-// committed wakes the local workers of the partitions rows were stored in.
+// committed wakes the local workers of the partitions rows were stored in,
+// in every topic the rows name (one call, or one shared transaction, may
+// span several).
 func (l *localSubscribers) committed(rows []*driver.InsertMessage) {
 	l.mu.Lock()
 	if len(l.byTopic) == 0 {
@@ -42,8 +44,15 @@ func (l *localSubscribers) committed(rows []*driver.InsertMessage) {
 		return
 	}
 	var subs []*Subscriber
-	for s := range l.byTopic[rows[0].Topic] {
-		subs = append(subs, s)
+	seen := map[string]bool{}
+	for _, r := range rows {
+		if seen[r.Topic] {
+			continue
+		}
+		seen[r.Topic] = true
+		for s := range l.byTopic[r.Topic] {
+			subs = append(subs, s)
+		}
 	}
 	l.mu.Unlock()
 	for _, s := range subs {
@@ -56,7 +65,8 @@ func (s *Subscriber) wake(rows []*driver.InsertMessage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, r := range rows {
-		if r.Topic != s.cfg.Topic || (i > 0 && r.Tenant == rows[i-1].Tenant && r.PartitionKey == rows[i-1].PartitionKey) {
+		prev := rows[max(i-1, 0)]
+		if r.Topic != s.cfg.Topic || (i > 0 && r.Tenant == prev.Tenant && r.Topic == prev.Topic && r.PartitionKey == prev.PartitionKey) {
 			continue
 		}
 		if r.PartitionKey == "" && s.ungroupedWake != nil {

@@ -624,29 +624,36 @@ func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
 // deliver the second message.
 func testLocalPublishWakesIdleWorker(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
-	got := make(chan string, 10)
-	cfg := fastConfig("g", "x", []string{"t"}, func(_ context.Context, d *shardq.Delivery) error {
-		got <- d.ID
-		return nil
-	})
-	cfg.PollInterval = time.Hour
-	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "first"})
-	s, err := c.Subscribe(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
+	// One subscriber per topic; one Publish call later writes both topics
+	// and must wake both (not only the first row's topic).
+	got := map[string]chan string{"x": make(chan string, 10), "y": make(chan string, 10)}
+	for _, topic := range []string{"x", "y"} {
+		cfg := fastConfig("g", topic, []string{"t"}, func(_ context.Context, d *shardq.Delivery) error {
+			got[d.Topic] <- d.ID
+			return nil
+		})
+		cfg.PollInterval = time.Hour
+		mustPublish(t, c, shardq.Message{Tenant: "t", Topic: topic, PartitionKey: "k", ID: "first"})
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopAll(t, s)
 	}
-	defer stopAll(t, s)
 	for _, want := range []string{"first", "second"} {
 		if want == "second" {
-			mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "second"})
+			mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "second"},
+				shardq.Message{Tenant: "t", Topic: "y", PartitionKey: "k", ID: "second"})
 		}
-		select {
-		case id := <-got:
-			if id != want {
-				t.Fatalf("delivered %q, want %q", id, want)
+		for _, topic := range []string{"x", "y"} {
+			select {
+			case id := <-got[topic]:
+				if id != want {
+					t.Fatalf("topic %s delivered %q, want %q", topic, id, want)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("topic %s: %q not delivered: the publish did not wake the idle worker", topic, want)
 			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%q not delivered: the publish did not wake the idle worker", want)
 		}
 	}
 }
