@@ -122,6 +122,7 @@ func exemptAllTenantRead(q string) (string, bool) {
 // the shards of an explicit tenant list. A new unscoped statement fails
 // here.
 func testRoutingProof(t *testing.T, statements []string) {
+	testdb.SkipVitess(t)
 	db, err := sql.Open("mysql", testdb.VitessDSN())
 	if err != nil {
 		t.Fatal(err)

@@ -131,15 +131,22 @@ func VitessDSN() string {
 	return "root@tcp(127.0.0.1:15003)/shardq"
 }
 
+// SkipVitess skips t outside CI when SHARDQ_TEST_VITESS=skip; every test
+// that needs vtgate calls it (Vitess does).
+func SkipVitess(t testing.TB) {
+	t.Helper()
+	if os.Getenv("CI") != "true" && os.Getenv("SHARDQ_TEST_VITESS") == "skip" {
+		t.Skip("SHARDQ_TEST_VITESS=skip: Vitess tests skipped (never in CI)")
+	}
+}
+
 // Vitess opens a driver on the test vtgate with every queue table dropped:
 // Vitess cannot create a database per test, so tests of this target share
 // the keyspace and run one after another. An unreachable vtgate fails the
 // test; outside CI, SHARDQ_TEST_VITESS=skip skips (CI never skips).
 func Vitess(t testing.TB) *mysqldriver.Driver {
 	t.Helper()
-	if os.Getenv("CI") != "true" && os.Getenv("SHARDQ_TEST_VITESS") == "skip" {
-		t.Skip("SHARDQ_TEST_VITESS=skip: Vitess tests skipped (never in CI)")
-	}
+	SkipVitess(t)
 	d, err := mysqldriver.Open(VitessDSN())
 	if err != nil {
 		t.Fatalf("open vitess driver: %v", err)
