@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -46,8 +45,7 @@ type Driver struct {
 	db          *sql.DB
 	owned       bool
 	migrations  []migrate.Migration
-	autoIncStep atomic.Int64 // auto_increment_increment, read on first insert
-	maxPacket   atomic.Int64 // max_allowed_packet, read with it
+	server      *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -59,18 +57,19 @@ var _ driver.Driver = (*Driver)(nil)
 // idle transactions); a caller's own pool should bound them in its DSN
 // (README, "Connections").
 func New(db *sql.DB) (*Driver, error) {
-	if err := checkPool(db); err != nil {
+	limits := &serverLimits{}
+	if err := checkPool(db, limits); err != nil {
 		return nil, err
 	}
-	return newDriver(db)
+	return newDriver(db, limits)
 }
 
-func newDriver(db *sql.DB) (*Driver, error) {
+func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 	ms, err := migrate.Load(migrationFS, "migrations")
 	if err != nil {
 		return nil, err
 	}
-	d := &Driver{db: db, migrations: ms}
+	d := &Driver{db: db, migrations: ms, server: limits}
 	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages}
 	return d, nil
 }
@@ -112,7 +111,8 @@ func Open(dsn string) (*Driver, error) {
 	if _, ok := cfg.Params["wait_timeout"]; ok {
 		skipIdle = true
 	}
-	db := sql.OpenDB(&sessionConnector{base: conn, skipLockWait: skipLockWait, skipIdle: skipIdle})
+	limits := &serverLimits{}
+	db := sql.OpenDB(&sessionConnector{base: conn, limits: limits, skipLockWait: skipLockWait, skipIdle: skipIdle})
 	// Bounded: one connection per busy partition worker would exhaust the
 	// server's max_connections and thrash a small one (measured: consuming
 	// 64 partitions ran 40% faster capped at 16 than unbounded on 2 cores).
@@ -122,7 +122,7 @@ func Open(dsn string) (*Driver, error) {
 	db.SetConnMaxLifetime(10 * time.Minute)
 	// Below the idle bound: on MySQL, wait_timeout closes idle sessions.
 	db.SetConnMaxIdleTime(idleTxTimeoutSeconds * time.Second / 2)
-	d, err := newDriver(db)
+	d, err := newDriver(db, limits)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -151,7 +151,7 @@ func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
 	// transaction was seen to hang until its context ended while holding
 	// head-row locks, and a read on a second connection from inside the
 	// transaction could exhaust the pool when many start cold.
-	if d.autoIncStep.Load() == 0 {
+	if d.server.step.Load() == 0 {
 		if _, err := d.autoIncrementStep(ctx, d.db); err != nil {
 			return nil, wrap("begin", err)
 		}

@@ -84,7 +84,7 @@ func lockHeads(ctx context.Context, tx driver.DBTX, tenant string, groups []*sql
 
 func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
 	limit := maxInsertBytes
-	if p := int(d.maxPacket.Load()); p > 0 {
+	if p := int(d.server.packet.Load()); p > 0 {
 		limit = min(limit, max(p-packetHeadroom, p/2))
 	}
 	for _, chunk := range sqlcommon.Chunks(g.Msgs, maxInsertRows, limit) {
@@ -146,10 +146,11 @@ func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 	if n, err := res.RowsAffected(); err != nil || n != int64(len(msgs)) {
 		return fmt.Errorf("insert messages: %d rows affected, want %d (%v)", n, len(msgs), err)
 	}
-	// Cached, and normally read by BeginWrite before its transaction
-	// starts (see there); only a caller's own transaction (PublishTx) on a
-	// cold driver reads it here.
-	step, err := d.autoIncrementStep(ctx, tx)
+	// Read with every connection's session check; a caller's transaction
+	// on a pool of its own may find it cold, and then it is read on the
+	// driver's pool, never inside the caller's transaction (through
+	// vtgate, a system-variable read there was seen to hang).
+	step, err := d.autoIncrementStep(ctx, d.db)
 	if err != nil {
 		return err
 	}
@@ -164,18 +165,16 @@ func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 // is set up for multi-primary replication). max_allowed_packet, which
 // bounds a statement's size, comes with it.
 func (d *Driver) autoIncrementStep(ctx context.Context, q driver.DBTX) (int64, error) {
-	if v := d.autoIncStep.Load(); v > 0 {
+	if v := d.server.step.Load(); v > 0 {
 		return v, nil
 	}
 	var v, packet int64
 	if err := q.QueryRowContext(ctx, "SELECT @@auto_increment_increment, @@max_allowed_packet").Scan(&v, &packet); err != nil {
 		return 0, fmt.Errorf("read auto_increment_increment and max_allowed_packet: %w", err)
 	}
-	if v < 1 {
-		return 0, fmt.Errorf("auto_increment_increment is %d", v)
+	if err := d.server.store(v, packet); err != nil {
+		return 0, err
 	}
-	d.maxPacket.Store(packet)
-	d.autoIncStep.Store(v)
 	return v, nil
 }
 

@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -69,7 +71,8 @@ func checkDSNCharset(dsn string, cfg *mysql.Config) error {
 // it gets the session bounds above. Through vtgate (Vitess) the bounds are
 // vttablet's (its transaction and query timeouts), so none are set.
 type sessionConnector struct {
-	base sqldriver.Connector
+	base   sqldriver.Connector
+	limits *serverLimits // filled from the first connection
 	// The DSN sets these bounds itself.
 	skipLockWait, skipIdle bool
 }
@@ -94,12 +97,23 @@ func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) err
 	if !ok || !ok2 {
 		return fmt.Errorf("mysql: connection %T cannot run statements", conn)
 	}
-	vals, err := queryRow(ctx, q, "SELECT @@version, @@character_set_client, @@character_set_connection, @@character_set_results")
+	vals, err := queryRow(ctx, q, "SELECT @@version, @@character_set_client, @@character_set_connection, @@character_set_results, "+
+		"@@auto_increment_increment, @@max_allowed_packet")
 	if err != nil {
 		return fmt.Errorf("mysql: read session settings: %w", err)
 	}
 	if err := checkSessionCharset(vals[1], vals[2], vals[3]); err != nil {
 		return err
+	}
+	if c.limits.step.Load() == 0 {
+		step, err1 := strconv.ParseInt(vals[4], 10, 64)
+		packet, err2 := strconv.ParseInt(vals[5], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return fmt.Errorf("mysql: read session settings: %w", err)
+		}
+		if err := c.limits.store(step, packet); err != nil {
+			return err
+		}
 	}
 	var set []string
 	version := strings.ToLower(vals[0])
@@ -168,16 +182,37 @@ func queryRow(ctx context.Context, q sqldriver.QueryerContext, query string) ([]
 }
 
 // checkPool checks a caller's pool (New) once: its connections' character
-// set must be utf8mb4, like those Open makes.
-func checkPool(db *sql.DB) error {
+// set must be utf8mb4, like those Open makes. The server's limits come
+// with it.
+func checkPool(db *sql.DB, limits *serverLimits) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var client, connection, results string
-	if err := db.QueryRowContext(ctx, "SELECT @@character_set_client, @@character_set_connection, @@character_set_results").
-		Scan(&client, &connection, &results); err != nil {
-		return fmt.Errorf("mysql: read session character set: %w", err)
+	var step, packet int64
+	if err := db.QueryRowContext(ctx, "SELECT @@character_set_client, @@character_set_connection, @@character_set_results, "+
+		"@@auto_increment_increment, @@max_allowed_packet").Scan(&client, &connection, &results, &step, &packet); err != nil {
+		return fmt.Errorf("mysql: read session settings: %w", err)
 	}
-	return checkSessionCharset(client, connection, results)
+	if err := checkSessionCharset(client, connection, results); err != nil {
+		return err
+	}
+	return limits.store(step, packet)
+}
+
+// serverLimits are the server settings publishing needs, read once:
+// auto_increment_increment spaces the offsets one multi-row INSERT
+// receives, max_allowed_packet bounds a statement.
+type serverLimits struct {
+	step, packet atomic.Int64
+}
+
+func (l *serverLimits) store(step, packet int64) error {
+	if step < 1 {
+		return fmt.Errorf("mysql: auto_increment_increment is %d", step)
+	}
+	l.packet.Store(packet)
+	l.step.Store(step)
+	return nil
 }
 
 // slogLogger routes go-sql-driver's own messages (a broken connection it

@@ -1,0 +1,82 @@
+package mysqldriver_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/internal/sqlrecord"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// A PublishTx in the caller's own transaction on a driver that has not
+// connected yet reads the server's settings on the driver's pool, never
+// inside the caller's transaction (where, through vtgate, such a read was
+// seen to hang while holding head-row locks).
+func TestColdPublishTxReadsNoSettingInCallersTx(t *testing.T) {
+	dsn := testdb.MySQLDatabase(t)
+	ctx := context.Background()
+	migrated := testdb.Migrated(t, mustOpen(t, dsn))
+	migrated.Close()
+
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.InterpolateParams = true
+	inner, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var callers []string
+	own := sql.OpenDB(sqlrecord.Connector(inner, func(q string) { mu.Lock(); callers = append(callers, q); mu.Unlock() }))
+	defer own.Close()
+
+	cold := mustOpen(t, dsn) // no connection yet: nothing read
+	defer cold.Close()
+	c, err := shardq.NewClient(cold, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tx, err := own.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2 || res[1].Offset <= res[0].Offset {
+		t.Fatalf("offsets %+v", res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, q := range callers {
+		if strings.Contains(q, "@@") {
+			t.Fatalf("the caller's transaction ran %q", q)
+		}
+	}
+	if len(callers) == 0 {
+		t.Fatal("nothing recorded on the caller's pool")
+	}
+}
+
+func mustOpen(t *testing.T, dsn string) *mysqldriver.Driver {
+	t.Helper()
+	d, err := mysqldriver.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
