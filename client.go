@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package shardq is an ordered, tenant-sharded message queue on MySQL
 // (MariaDB, MySQL, Vitess) or an embedded SQLite file.
 //

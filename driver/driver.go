@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package driver is the contract between shardq and a database. It speaks in
 // the queue's terms (append messages, fetch after a cursor, list partitions
 // with work) so that the root package holds no SQL. Each database has its own

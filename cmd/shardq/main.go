@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command shardq publishes, migrates and administers a shardq queue.
 // Its commands live in internal/cli.
 package main

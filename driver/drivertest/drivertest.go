@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package drivertest is the conformance suite every shardq driver passes
 // unchanged. A driver's tests call Run with a function that opens the driver
 // on a fresh, empty (not migrated) database for each test.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package mysqldriver is shardq's driver for MariaDB 10.6+ and MySQL 8.0+,
 // on go-sql-driver/mysql. Every statement names its tenant by equality or by
 // an explicit IN list, so that Vitess can route it to one shard (or to the

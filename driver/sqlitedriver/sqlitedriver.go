@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sqlitedriver is shardq's driver for an embedded SQLite file, on
 // the pure-Go modernc.org/sqlite (no cgo). It is the default when there is
 // no server: local development, tests, small deployments.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package backoff computes retry delays: exponential in the attempt number,
 // between a minimum and a maximum, with jitter so that messages failing
 // together do not retry together.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package balance plans one subscriber's share of a consumer group's
 // partitions. Every subscriber runs the same plan on the same inputs (live
 // subscribers, partitions with work, current leases) and converges on a fair

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package bench measures shardq against the database's own ceiling in the
 // same run: the scenarios behind `shardq bench`.
 //

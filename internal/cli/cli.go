@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cli holds the shardq command's commands; cmd/shardq only calls
 // Main. Exit codes: 0 success, 1 failure, 2 usage error (bad flags or
 // arguments, invalid identifiers).
@@ -194,6 +196,39 @@ func refErr(ref shardq.MessageRef) error {
 	return firstErr(ident.Tenant(ref.Tenant), ident.Topic(ref.Topic), ident.PartitionKey(ref.PartitionKey), ident.MessageID(ref.ID))
 }
 
+// versionLine is "shardq VERSION GOVERSION": the module version when built
+// from a released module, else the VCS revision and commit time the build
+// stamped (with "+dirty" for uncommitted changes), else "(devel)".
+func versionLine(bi *debug.BuildInfo) string {
+	if bi == nil {
+		return "shardq (devel)"
+	}
+	version := bi.Main.Version
+	if version == "" || version == "(devel)" {
+		version = "(devel)"
+		var rev, at, dirty string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.time":
+				at = s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					dirty = "+dirty"
+				}
+			}
+		}
+		if rev != "" {
+			version = rev[:min(12, len(rev))] + dirty
+			if at != "" {
+				version += " (" + at + ")"
+			}
+		}
+	}
+	return "shardq " + version + " " + bi.GoVersion
+}
+
 // checkSchema refuses a database migrated by a newer shardq: its tables
 // may mean something this binary does not know.
 func checkSchema(drv driver.Driver) error {
@@ -258,14 +293,8 @@ func (a *app) versionCmd() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		RunE: run(func(*cobra.Command, []string) error {
-			version, goVersion := "(devel)", ""
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				if bi.Main.Version != "" {
-					version = bi.Main.Version
-				}
-				goVersion = bi.GoVersion
-			}
-			fmt.Fprintf(a.env.Stdout, "shardq %s %s\n", version, goVersion)
+			bi, _ := debug.ReadBuildInfo()
+			fmt.Fprintln(a.env.Stdout, versionLine(bi))
 			return nil
 		}),
 	}

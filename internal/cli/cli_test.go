@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package cli
 
 import (
@@ -7,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -158,6 +161,20 @@ func TestVersion(t *testing.T) {
 	r := runCLI(t, nil, "", "version")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "shardq ") || !strings.Contains(r.stdout, "go1.") {
 		t.Fatalf("version: %+v", r)
+	}
+	for _, tc := range []struct {
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{&debug.BuildInfo{GoVersion: "go1.24.0", Main: debug.Module{Version: "v0.3.0"}}, "shardq v0.3.0 go1.24.0"},
+		{&debug.BuildInfo{GoVersion: "go1.24.0", Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.time", Value: "2026-11-30T20:00:00Z"}, {Key: "vcs.modified", Value: "true"}}},
+			"shardq 0123456789ab+dirty (2026-11-30T20:00:00Z) go1.24.0"},
+		{&debug.BuildInfo{GoVersion: "go1.24.0", Main: debug.Module{Version: "(devel)"}}, "shardq (devel) go1.24.0"},
+	} {
+		if got := versionLine(tc.bi); got != tc.want {
+			t.Errorf("versionLine = %q, want %q", got, tc.want)
+		}
 	}
 }
 

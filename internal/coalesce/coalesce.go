@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package coalesce merges concurrent submissions into shared flushes: group
 // commit for publishers.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package dsn reads shardq's database URLs and opens the matching driver:
 //
 //	sqlite://relative/path.db

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ident validates the queue's identifiers, headers and payloads in
 // the process, before any SQL runs. Every error names the field and the rule
 // it broke, so a caller can fix the input without reading the schema.

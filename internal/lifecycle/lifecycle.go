@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package lifecycle is the start/stop primitive of shardq's background
 // work (the subscriber's loops and workers, the publish coalescer's
 // flushers). A Group runs goroutines under two contexts:

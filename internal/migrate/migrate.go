@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package migrate loads a driver's embedded, versioned migrations. Each file
 // is NNNN_name.sql; its statements end with a semicolon at the end of a line.
 // Which versions are applied is kept in the table shardq_schema_migrations;

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sqlcommon holds what the SQL drivers share: appending a batch
 // of messages: grouping by (tenant, topic), de-duplication inside the batch,
 // the statement fragments that look messages up by identity, and the header

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sqlrecord wraps a database/sql connector and reports every
 // statement text sent through it, before passing it on unchanged. Tests use
 // it to check properties of the SQL a driver really sends (tenant scoping);

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package testdb gives each test its own database: a fresh MariaDB/MySQL
 // schema (dropped when the test ends) or a SQLite file in the test's temp
 // directory.
