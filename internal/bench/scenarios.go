@@ -118,7 +118,6 @@ func (e *env) readBack(ctx context.Context, ns namespace) (rep, error) {
 				}
 				seen[s][seq], last[s] = true, seq
 				found++
-				after = m.Offset
 			}
 			if len(msgs) < 1000 {
 				break

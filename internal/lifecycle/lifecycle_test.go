@@ -46,10 +46,11 @@ func TestHardStopCancelsWorkInProgress(t *testing.T) {
 }
 
 func TestParentCancellationDoesNotStopTheGroup(t *testing.T) {
-	parent, cancel := context.WithCancel(context.WithValue(context.Background(), struct{}{}, "v"))
+	type key struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
 	g := New(parent)
 	cancel()
-	if g.Context().Err() != nil || g.Context().Value(struct{}{}) != "v" {
+	if g.Context().Err() != nil || g.Context().Value(key{}) != "v" {
 		t.Fatal("the group must keep the parent's values but not its cancellation")
 	}
 	g.Stop(context.Background())

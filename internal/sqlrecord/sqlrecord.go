@@ -74,7 +74,8 @@ func (c *conn_) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	if b, ok := c.Conn.(driver.ConnBeginTx); ok {
 		return b.BeginTx(ctx, opts)
 	}
-	return c.Conn.Begin() //nolint:staticcheck // fallback required by the interface
+	//lint:ignore SA1019 the fallback for a driver without BeginTx, as database/sql does
+	return c.Conn.Begin()
 }
 
 func (c *conn_) CheckNamedValue(nv *driver.NamedValue) error {
