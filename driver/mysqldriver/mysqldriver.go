@@ -44,10 +44,10 @@ var VSchema []byte
 type Driver struct {
 	sqlcommon.Store // leases, bookkeeping, reads: the SQL shared with SQLite
 
-	db          *sql.DB
-	owned       bool
-	migrations  []migrate.Migration
-	server      *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
+	db         *sql.DB
+	owned      bool
+	migrations []migrate.Migration
+	server     *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
 }
 
 var _ driver.Driver = (*Driver)(nil)
