@@ -67,7 +67,7 @@ func startHelper(t *testing.T, env, url string) (*exec.Cmd, io.Reader) {
 	return cmd, stdout
 }
 
-// TestSubscriberKilledMidRun is DESIGN invariant 4 for a killed process: a
+// TestSubscriberKilledMidRun is invariant 4 of docs/design.md for a killed process: a
 // subscriber process is SIGKILLed mid-run; another takes its partitions
 // over (its heartbeat goes stale, its leases are swept) and every message
 // is delivered, in order per partition, each consumer's share in order.

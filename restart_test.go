@@ -98,7 +98,7 @@ func (m *privateMariaDB) crash(t *testing.T) {
 	m.cmd = nil
 }
 
-// TestDatabaseCrashMidRun is DESIGN invariant 4 for the database: the
+// TestDatabaseCrashMidRun is invariant 4 of docs/design.md for the database: the
 // server is killed and restarted while a publisher and a subscriber run.
 // Every publish that returned success is delivered, and each message's
 // first delivery comes in offset order within its partition (a message

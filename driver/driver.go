@@ -97,7 +97,7 @@ type Driver interface {
 	// InsertMessages appends msgs inside tx, which the caller commits or
 	// rolls back. Within one partition, offsets become visible in increasing
 	// order: a message committed later never gets a lower offset than one
-	// committed earlier (DESIGN invariant 2).
+	// committed earlier (invariant 2 of docs/design.md).
 	InsertMessages(ctx context.Context, tx DBTX, msgs []*InsertMessage) error
 	// Retryable reports whether a failed write transaction may simply be run
 	// again (deadlock, busy database).

@@ -664,7 +664,7 @@ func testLaterCommitNeverHidesBehindOpenOne(t *testing.T, open Open) {
 	}
 }
 
-// testNoSkipWithSlowConcurrentCommits is DESIGN invariant 2 under load: 16
+// testNoSkipWithSlowConcurrentCommits is invariant 2 of docs/design.md under load: 16
 // publishers hold their transactions open 0–20 ms before commit while a
 // reader fetches after its cursor and advances it. The reader must end with
 // every message, in offset order.

@@ -10,7 +10,7 @@
 // increasing order, a publisher first locks the partition's head row in
 // queue_partitions and holds it until commit: the next publisher of that
 // partition inserts (and so draws its offsets) only after the previous one
-// committed. See DESIGN.md, "Offsets and the head row".
+// committed. See docs/publish.md.
 package mysqldriver
 
 import (

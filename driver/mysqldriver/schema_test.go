@@ -68,7 +68,7 @@ func TestNaiveAutoIncrementCursorSkips(t *testing.T) {
 }
 
 // TestSchemaMatchesDesign checks the keys, charsets and collations that
-// DESIGN.md fixes, as the server reports them.
+// docs/design.md fixes, as the server reports them.
 func TestSchemaMatchesDesign(t *testing.T) {
 	ctx := context.Background()
 	d := testdb.Migrated(t, testdb.MySQL(t))

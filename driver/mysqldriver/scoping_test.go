@@ -28,7 +28,7 @@ var (
 	tenantInsert = regexp.MustCompile(`(?i)^\s*INSERT INTO queue_[a-z_]+ \(tenant,`)
 )
 
-// TestHotPathNamesTenant is DESIGN invariant 7: every statement the driver
+// TestHotPathNamesTenant is invariant 7 of docs/design.md: every statement the driver
 // sends to a queue table names its tenant by equality or an explicit IN list
 // (or, for an INSERT, carries it as a column), so Vitess routes it to one
 // shard or to the shards of that list. It records the SQL really sent while
