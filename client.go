@@ -40,7 +40,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -120,8 +122,16 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Client publishes to one database. It is safe for concurrent use.
+// Client publishes to one database. It is safe for concurrent use. It
+// owns what it starts: Close stops every subscriber, group receiver,
+// transaction producer and cleaner still running.
 type Client struct {
+	// running holds the handles started through this client and not yet
+	// stopped, by kind; closed refuses new ones.
+	mu      sync.Mutex
+	closed  bool
+	running map[stopper]struct{}
+
 	drv     driver.Driver
 	cfg     Config
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
@@ -196,10 +206,76 @@ func (c *Client) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Close waits for queued publishes to finish and refuses new ones. Stop
-// the client's subscribers, transaction producers and cleaners first; the
-// driver stays open (close it after the client).
-func (c *Client) Close() error {
-	c.batcher.Close()
+// DefaultCloseTimeout bounds how long Close lets in-flight handlers and
+// checks finish before it cancels them.
+const DefaultCloseTimeout = 30 * time.Second
+
+// stopper is a handle the client started: a *Subscriber, *GroupReceiver,
+// *TransactionProducer or *Cleaner.
+type stopper interface {
+	stopOrder() int
+	stopForClose(ctx context.Context) error
+}
+
+// track registers h, unless the client is closed.
+func (c *Client) track(h stopper) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if c.running == nil {
+		c.running = map[stopper]struct{}{}
+	}
+	c.running[h] = struct{}{}
 	return nil
+}
+
+func (c *Client) untrack(h stopper) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.running, h)
+}
+
+// Close stops, in this order, and waits for: the subscribers and group
+// receivers still running (no more deliveries; in-flight handlers get up
+// to DefaultCloseTimeout; cursors are committed and leases released),
+// then the transaction producers (check-back), then the cleaners; last,
+// it lets queued publishes finish and refuses new calls (ErrClosed),
+// including new subscribers, receivers, producers and cleaners. The
+// driver stays open: close it after the client.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	var hs []stopper
+	for h := range c.running {
+		hs = append(hs, h)
+	}
+	c.mu.Unlock()
+	slices.SortStableFunc(hs, func(a, b stopper) int { return a.stopOrder() - b.stopOrder() })
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
+	defer cancel()
+	var errs []error
+	for order := 0; len(hs) > 0; order++ {
+		// Handles of one kind stop together.
+		n := 0
+		for n < len(hs) && hs[n].stopOrder() == order {
+			n++
+		}
+		var wg sync.WaitGroup
+		errc := make(chan error, n)
+		for _, h := range hs[:n] {
+			wg.Go(func() { errc <- h.stopForClose(ctx) })
+		}
+		wg.Wait()
+		close(errc)
+		for err := range errc {
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		hs = hs[n:]
+	}
+	c.batcher.Close()
+	return errors.Join(errs...)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/backoff"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
 )
 
 // Errors of message-group receivers.
@@ -252,7 +253,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 	}
 	r := &GroupReceiver{c: c, o: o, log: o.Logger.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
 		"partition", ref.PartitionKey, "receiver", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
-		closing: make(chan struct{}), done: make(chan struct{})}
+		closing: make(chan struct{}), life: lifecycle.New(context.Background())}
 	if nextOffset >= 0 || o.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {
@@ -265,7 +266,11 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 			return nil, err
 		}
 	}
-	go r.keepAlive()
+	if err := c.track(r); err != nil {
+		r.release(l)
+		return nil, err
+	}
+	r.life.Go(r.keepAlive)
 	return r, nil
 }
 
@@ -291,7 +296,7 @@ type GroupReceiver struct {
 	closedErr  error // why the receiver is closed, once it is
 	closing    chan struct{}
 	closeOnce  sync.Once
-	done       chan struct{} // keepAlive returned
+	life       *lifecycle.Group // runs keepAlive
 }
 
 // Tenant, Topic, ConsumerGroup and PartitionKey name the accepted group.
@@ -333,7 +338,6 @@ func (r *GroupReceiver) fail(op string, err error) error {
 
 // keepAlive renews the lease and releases the group when it idles.
 func (r *GroupReceiver) keepAlive() {
-	defer close(r.done)
 	period := min(r.o.LeaseTTL/3, max(r.o.IdleTimeout/10, time.Millisecond))
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -585,12 +589,16 @@ func (r *GroupReceiver) SetState(ctx context.Context, state []byte) error {
 	return nil
 }
 
+func (r *GroupReceiver) stopOrder() int                         { return 0 }
+func (r *GroupReceiver) stopForClose(ctx context.Context) error { return r.Close(ctx) }
+
 // Close releases the group. An unsettled message is delivered again to
 // the group's next owner. Close is safe to call more than once.
 func (r *GroupReceiver) Close(ctx context.Context) error {
+	defer r.c.untrack(r)
 	_, err := r.current()
 	r.shut(ErrReceiverClosed)
-	<-r.done
+	r.life.Stop(ctx) // keepAlive sees closing and returns
 	if err != nil {
 		return nil // idle-released or lost: nothing left to release
 	}

@@ -224,6 +224,9 @@ func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval ti
 	}
 	cl := &Cleaner{a: c.Admin(), tenants: tenants, cfg: cfg.withDefaults(), life: lifecycle.New(ctx)}
 	cl.log = c.cfg.Logger.With("cleaner", cl.cfg.Name)
+	if err := c.track(cl); err != nil {
+		return nil, fmt.Errorf("shardq: cleaner: %w", err)
+	}
 	cl.life.Go(func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
@@ -246,4 +249,10 @@ func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval ti
 }
 
 // Stop ends the cleaner, letting a running batch finish until ctx ends.
-func (cl *Cleaner) Stop(ctx context.Context) { cl.life.Stop(ctx) }
+func (cl *Cleaner) Stop(ctx context.Context) {
+	defer cl.a.c.untrack(cl)
+	cl.life.Stop(ctx)
+}
+
+func (cl *Cleaner) stopOrder() int                         { return 2 }
+func (cl *Cleaner) stopForClose(ctx context.Context) error { cl.Stop(ctx); return nil }

@@ -261,11 +261,12 @@ const (
 
 // Subscriber is a running member of a consumer group.
 type Subscriber struct {
-	drv   driver.Driver
-	local *localSubscribers // the client's, for wake-ups on publish
-	cfg   SubscriberConfig
-	id    string // this instance's identity: ident.MemberID(cfg.Name)
-	log   *slog.Logger
+	drv    driver.Driver
+	client *Client           // owns it: Client.Close stops it
+	local  *localSubscribers // the client's, for wake-ups on publish
+	cfg    SubscriberConfig
+	id     string // this instance's identity: ident.MemberID(cfg.Name)
+	log    *slog.Logger
 
 	// life runs the loops and workers: its Context ends at Stop (no more
 	// fetching or rebalancing), its HardContext at a hard stop (handlers
@@ -329,8 +330,16 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	}
 	c.local.add(s)
 	s.local = &c.local
+	s.client = c
+	if err := c.track(s); err != nil {
+		s.Stop(ctx)
+		return nil, fmt.Errorf("shardq: subscribe: %w", err)
+	}
 	return s, nil
 }
+
+func (s *Subscriber) stopOrder() int                         { return 0 }
+func (s *Subscriber) stopForClose(ctx context.Context) error { return s.Stop(ctx) }
 
 // Name is the subscriber's name, as configured.
 func (s *Subscriber) Name() string { return s.cfg.Name }
@@ -344,6 +353,7 @@ func (s *Subscriber) ID() string { return s.id }
 // the heartbeat. No goroutine of the subscriber outlives it.
 func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
+		defer s.client.untrack(s)
 		s.local.remove(s)
 		s.life.Stop(ctx)
 		if s.acks != nil {

@@ -174,6 +174,9 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 	id := ident.MemberID(cfg.Name)
 	p := &TransactionProducer{c: c, cfg: cfg, id: id, life: lifecycle.New(ctx),
 		log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", id)}
+	if err := c.track(p); err != nil {
+		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
+	}
 	p.life.Go(p.checkLoop)
 	return p, nil
 }
@@ -181,9 +184,13 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 // Stop ends the check-back loop, letting a running check finish until ctx
 // ends.
 func (p *TransactionProducer) Stop(ctx context.Context) error {
+	defer p.c.untrack(p)
 	p.life.Stop(ctx)
 	return nil
 }
+
+func (p *TransactionProducer) stopOrder() int                         { return 1 }
+func (p *TransactionProducer) stopForClose(ctx context.Context) error { return p.Stop(ctx) }
 
 // Stats reports how this producer resolved half messages so far.
 func (p *TransactionProducer) Stats() TxStats {
