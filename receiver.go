@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/backoff"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
 )
@@ -509,20 +508,12 @@ func (r *GroupReceiver) Nack(ctx context.Context, d *Delivery, cause error) erro
 	if cause == nil {
 		cause = errors.New("nacked")
 	}
-	var dl *deadLetter
-	if errors.As(cause, &dl) || d.Attempt >= r.o.MaxAttempts {
-		if dl != nil {
-			cause = dl.err
-		}
-		return r.deadLetter(ctx, l, d, cause)
-	}
-	delay := backoff.Delay(d.Attempt, r.o.BackoffMin, r.o.BackoffMax)
-	var ra *retryAfter
-	if errors.As(cause, &ra) {
-		delay = ra.after
+	v := retryPolicy{MaxAttempts: r.o.MaxAttempts, BackoffMin: r.o.BackoffMin, BackoffMax: r.o.BackoffMax}.decide(cause, d.Attempt)
+	if v.deadLetter {
+		return r.deadLetter(ctx, l, d, v.cause)
 	}
 	now := r.o.Clock()
-	st := driver.DeliveryState{Attempts: d.Attempt, NextAttemptAt: now.Add(delay), LastError: errText(cause)}
+	st := driver.DeliveryState{Attempts: d.Attempt, NextAttemptAt: now.Add(v.delay), LastError: errText(cause)}
 	if err := r.c.drv.RecordAttempt(ctx, l, d.Offset, st, now); err != nil {
 		return r.fail("nack", err)
 	}

@@ -391,5 +391,10 @@ func (s *Subscriber) heartbeat(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// policy is the subscriber's retry policy.
+func (s *Subscriber) policy() retryPolicy {
+	return retryPolicy{MaxAttempts: s.cfg.MaxAttempts, BackoffMin: s.cfg.BackoffMin, BackoffMax: s.cfg.BackoffMax}
+}
+
 // errorsIsLost reports a lost lease.
 func errorsIsLost(err error) bool { return errors.Is(err, driver.ErrLeaseLost) }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/backoff"
 	"github.com/shardq/shardq/internal/balance"
 	"github.com/shardq/shardq/internal/ident"
 )
@@ -561,23 +560,15 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		if w.ctx.Err() != nil {
 			return false // lease lost or hard stop: the next owner redelivers
 		}
-		var dl *deadLetter
-		var ra *retryAfter
-		if errors.As(err, &dl) || attempt >= s.cfg.MaxAttempts {
-			cause := err
-			if dl != nil {
-				cause = dl.err // the handler's reason, without the wrapper's prefix
-			}
-			if !w.deadLetter(msgs, attempt, cause) {
+		v := s.policy().decide(err, attempt)
+		if v.deadLetter {
+			if !w.deadLetter(msgs, attempt, v.cause) {
 				return false
 			}
 			w.cursor, w.commit = last, last
 			return true
 		}
-		delay := backoff.Delay(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)
-		if errors.As(err, &ra) {
-			delay = ra.after
-		}
+		delay := v.delay
 		now := s.cfg.Clock()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
 		rerr := s.drv.RecordAttempt(ctx, w.leaseNow(), first,

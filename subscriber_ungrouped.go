@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/backoff"
 )
 
 // ungrouped is the competing-consumer loop for messages with an empty
@@ -121,31 +120,21 @@ func (s *Subscriber) handleClaim(c driver.Claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
-	var dl *deadLetter
-	// The ack coalescer stamps its own time: acks of one flush share it.
-	var ra *retryAfter
 	var op string
-	switch {
-	case err == nil:
+	switch v := s.policy().decide(err, c.Attempts); {
+	case v.ack:
+		// The ack coalescer stamps its own time: acks of one flush share it.
 		op, err = "ack", s.acks.Submit(ctx, m.Tenant, []driver.Claim{c})
-	case errors.As(err, &dl) || c.Attempts >= s.cfg.MaxAttempts:
-		cause := err
-		if dl != nil {
-			cause = dl.err
-		}
+	case v.deadLetter:
 		op, err = "dead-letter", s.retrying(ctx, func() error {
-			return s.drv.DeadLetterClaim(ctx, c, dlqMessage(m, s.cfg.DLQSuffix, c.Attempts, cause), now)
+			return s.drv.DeadLetterClaim(ctx, c, dlqMessage(m, s.cfg.DLQSuffix, c.Attempts, v.cause), now)
 		})
 		if err == nil {
-			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", cause)
+			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", v.cause)
 		}
 	default:
-		delay := backoff.Delay(c.Attempts, s.cfg.BackoffMin, s.cfg.BackoffMax)
-		if errors.As(err, &ra) {
-			delay = ra.after
-		}
 		lastErr := errText(err)
-		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(delay), lastErr, now) })
+		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.delay), lastErr, now) })
 	}
 	switch {
 	case errors.Is(err, driver.ErrLeaseLost):

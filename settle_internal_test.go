@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// The one settle policy, as partition workers, ungrouped claims and
+// receivers apply it.
+func TestRetryPolicyDecide(t *testing.T) {
+	p := retryPolicy{MaxAttempts: 3, BackoffMin: time.Second, BackoffMax: time.Minute}
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name    string
+		err     error
+		attempt int
+		want    verdict
+	}{
+		{"nil acks", nil, 1, verdict{ack: true}},
+		{"dead-letter at once, with the handler's reason", DeadLetter(boom), 1, verdict{deadLetter: true, cause: boom}},
+		{"the last attempt dead-letters", boom, 3, verdict{deadLetter: true, cause: boom}},
+		{"RetryAfter chooses the delay", RetryAfter(7*time.Second, boom), 1, verdict{delay: 7 * time.Second}},
+		{"RetryAfter on the last attempt still dead-letters", RetryAfter(7*time.Second, boom), 3, verdict{deadLetter: true, cause: RetryAfter(7*time.Second, boom)}},
+	} {
+		got := p.decide(tc.err, tc.attempt)
+		if got.ack != tc.want.ack || got.deadLetter != tc.want.deadLetter || got.delay != tc.want.delay ||
+			(tc.want.cause != nil && (got.cause == nil || got.cause.Error() != tc.want.cause.Error())) {
+			t.Errorf("%s: decide(%v, %d) = %+v, want %+v", tc.name, tc.err, tc.attempt, got, tc.want)
+		}
+	}
+	// Any other error backs off, within [BackoffMin/2, BackoffMax].
+	for attempt := 1; attempt < 3; attempt++ {
+		v := p.decide(boom, attempt)
+		if v.ack || v.deadLetter || v.delay <= 0 || v.delay > p.BackoffMax {
+			t.Errorf("attempt %d: %+v", attempt, v)
+		}
+	}
+}
