@@ -181,7 +181,7 @@ func (a *Admin) Delete(ctx context.Context, ref MessageRef) (bool, error) {
 // means ".dlq"). Sort key: (tenant, offset).
 func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string) ([]driver.Message, error) {
 	if suffix == "" {
-		suffix = ".dlq"
+		suffix = DefaultDLQSuffix
 	}
 	if err := ident.Topic(topic + suffix); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
@@ -194,7 +194,7 @@ func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string) 
 // its attempts reset, atomically.
 func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*PublishResult, error) {
 	if suffix == "" {
-		suffix = ".dlq"
+		suffix = DefaultDLQSuffix
 	}
 	if err := checkRef(ref); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)

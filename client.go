@@ -39,7 +39,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -99,19 +98,19 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.MaxPayloadBytes <= 0 {
-		c.MaxPayloadBytes = 1 << 20
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if c.PublishMaxBatch <= 0 {
-		c.PublishMaxBatch = 500
+		c.PublishMaxBatch = DefaultPublishMaxBatch
 	}
 	if c.PublishMaxInflight <= 0 {
-		c.PublishMaxInflight = 2
+		c.PublishMaxInflight = DefaultPublishMaxInflight
 	}
 	if c.PublishTimeout <= 0 {
-		c.PublishTimeout = 30 * time.Second
+		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.PublishRetries <= 0 {
-		c.PublishRetries = 5
+		c.PublishRetries = DefaultPublishRetries
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -164,14 +163,11 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 func (c *Client) serveTenants() error {
 	ts := c.cfg.Tenants
 	if ts == nil {
-		env, ok := os.LookupEnv("MQ_TENANTS")
-		if !ok {
-			return nil
+		env, set, err := EnvTenants()
+		if err != nil || !set {
+			return err // unset: any tenant
 		}
-		var err error
-		if ts, err = ident.TenantList("MQ_TENANTS", env); err != nil {
-			return err
-		}
+		ts = env
 	} else if err := ident.Tenants("tenants", ts); err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -92,12 +91,14 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 			*v = def
 		}
 	}
-	d(&r.LeaseTTL, 30*time.Second)
-	d(&r.IdleTimeout, time.Minute)
-	d(&r.PollInterval, 200*time.Millisecond)
-	d(&r.BackoffMin, time.Second)
-	d(&r.BackoffMax, 5*time.Minute)
-	c.settleDefaults(&r.MaxAttempts, &r.DLQSuffix, &r.Clock, &r.Logger, &r.Name, "receiver")
+	d(&r.LeaseTTL, DefaultLeaseTTL)
+	d(&r.IdleTimeout, DefaultReceiverIdleTimeout)
+	d(&r.PollInterval, DefaultPollInterval)
+	d(&r.BackoffMin, DefaultBackoffMin)
+	d(&r.BackoffMax, DefaultBackoffMax)
+	if err := c.settleDefaults(&r.MaxAttempts, &r.DLQSuffix, &r.Clock, &r.Logger, &r.Name, "receiver"); err != nil {
+		return r, err
+	}
 	if r.Wait < 0 {
 		return r, &ident.Error{Field: "wait", Rule: "must not be negative"}
 	}
@@ -206,16 +207,7 @@ func validateGroupRef(tenant, topic, group string) error {
 }
 
 // tenantList is tenants, or MQ_TENANTS when tenants is empty, validated.
-func tenantList(tenants []string) ([]string, error) {
-	if len(tenants) == 0 {
-		ts, err := ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
-		if err != nil {
-			return nil, fmt.Errorf("%w (pass tenants or set MQ_TENANTS)", err)
-		}
-		return ts, nil
-	}
-	return tenants, ident.Tenants("tenants", tenants)
-}
+func tenantList(tenants []string) ([]string, error) { return consumerTenants("tenants", tenants) }
 
 // sleepUntilNext waits poll, but not past deadline; false when the
 // deadline has passed or ctx ended.

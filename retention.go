@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -53,16 +52,16 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 			p.MaxRetention = max
 		}
 	}
-	def(&c.Default, time.Hour, 7*24*time.Hour)
-	def(&c.DeadLetters, time.Hour, 14*24*time.Hour)
+	def(&c.Default, DefaultMinRetention, DefaultMaxRetention)
+	def(&c.DeadLetters, DefaultMinRetention, DefaultDeadLetterRetention)
 	if c.DLQSuffix == "" {
-		c.DLQSuffix = ".dlq"
+		c.DLQSuffix = DefaultDLQSuffix
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = 1000
+		c.BatchSize = DefaultRetentionBatch
 	}
 	if c.ClaimTTL <= 0 {
-		c.ClaimTTL = time.Minute
+		c.ClaimTTL = DefaultClaimTTL
 	}
 	if c.Name == "" {
 		c.Name = defaultName("cleaner")
@@ -210,17 +209,12 @@ type Cleaner struct {
 // every interval (default 5 m) until Stop. Several cleaners may run: the
 // per-topic claim keeps them from working one topic at once.
 func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval time.Duration, cfg RetentionConfig) (*Cleaner, error) {
-	var err error
-	if len(tenants) == 0 {
-		tenants, err = ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
-	} else {
-		err = ident.Tenants("tenants", tenants)
-	}
+	tenants, err := consumerTenants("tenants", tenants)
 	if err != nil {
 		return nil, fmt.Errorf("shardq: cleaner: %w", err)
 	}
 	if interval <= 0 {
-		interval = 5 * time.Minute
+		interval = DefaultCleanerInterval
 	}
 	cl := &Cleaner{a: c.Admin(), tenants: tenants, cfg: cfg.withDefaults(), life: lifecycle.New(ctx)}
 	cl.log = c.cfg.Logger.With("cleaner", cl.cfg.Name)

@@ -35,7 +35,7 @@ func (p retryPolicy) decide(err error, attempt int) verdict {
 	if errors.As(err, &dl) {
 		return verdict{deadLetter: true, cause: dl.err}
 	}
-	if attempt >= p.MaxAttempts {
+	if p.MaxAttempts != UnlimitedAttempts && attempt >= p.MaxAttempts {
 		return verdict{deadLetter: true, cause: err}
 	}
 	var ra *retryAfter

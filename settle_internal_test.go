@@ -4,6 +4,7 @@ package shardq
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -37,5 +38,38 @@ func TestRetryPolicyDecide(t *testing.T) {
 		if v.ack || v.deadLetter || v.delay <= 0 || v.delay > p.BackoffMax {
 			t.Errorf("attempt %d: %+v", attempt, v)
 		}
+	}
+}
+
+func TestUnlimitedAttemptsNeverDeadLetterByCount(t *testing.T) {
+	p := retryPolicy{MaxAttempts: UnlimitedAttempts, BackoffMin: time.Millisecond, BackoffMax: time.Second}
+	if v := p.decide(errors.New("boom"), 1_000_000); v.deadLetter || v.ack || v.delay <= 0 {
+		t.Fatalf("attempt 1e6 with UnlimitedAttempts: %+v", v)
+	}
+	if v := p.decide(DeadLetter(errors.New("bad")), 1); !v.deadLetter {
+		t.Fatalf("DeadLetter with UnlimitedAttempts: %+v", v)
+	}
+	if _, err := maxAttempts(-2); err == nil || !strings.Contains(err.Error(), "MaxAttempts") {
+		t.Fatalf("MaxAttempts -2: %v", err)
+	}
+}
+
+// Timing settings that cannot work together are refused with the field
+// and the rule, before anything runs.
+func TestLivenessRules(t *testing.T) {
+	for _, tc := range []struct {
+		ttl, hb, stale time.Duration
+		field          string
+	}{
+		{time.Second, time.Second, 3 * time.Second, "LeaseTTL"},
+		{30 * time.Second, 3 * time.Second, 5 * time.Second, "StaleAfter"},
+	} {
+		err := checkLiveness(tc.ttl, tc.hb, tc.stale)
+		if !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), tc.field+":") {
+			t.Errorf("ttl %s heartbeat %s stale %s: %v; want %s named", tc.ttl, tc.hb, tc.stale, err, tc.field)
+		}
+	}
+	if err := checkLiveness(DefaultLeaseTTL, DefaultHeartbeatInterval, 3*DefaultHeartbeatInterval); err != nil {
+		t.Fatalf("the defaults: %v", err)
 	}
 }

@@ -132,7 +132,7 @@ type SubscriberConfig struct {
 	// delivered again (and this member's settlement fails) [30s].
 	VisibilityTimeout time.Duration
 
-	MaxAttempts int           // after this many failed attempts a message is dead-lettered [10]
+	MaxAttempts int           // after this many failed attempts a message is dead-lettered [10]; UnlimitedAttempts never
 	BackoffMin  time.Duration // first retry delay, doubling per attempt, with jitter [1s]
 	BackoffMax  time.Duration // [5m]
 	DLQSuffix   string        // dead-letter topic = Topic + DLQSuffix [".dlq"]
@@ -154,24 +154,29 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 			*v = def
 		}
 	}
-	d(&cfg.LeaseTTL, 30*time.Second)
-	d(&cfg.HeartbeatInterval, 3*time.Second)
+	d(&cfg.LeaseTTL, DefaultLeaseTTL)
+	d(&cfg.HeartbeatInterval, DefaultHeartbeatInterval)
 	d(&cfg.StaleAfter, 3*cfg.HeartbeatInterval)
-	d(&cfg.DiscoveryInterval, time.Second)
+	d(&cfg.DiscoveryInterval, DefaultDiscoveryInterval)
 	d(&cfg.JoinWindow, cfg.DiscoveryInterval/10)
-	d(&cfg.PollInterval, 200*time.Millisecond)
-	d(&cfg.IdleRelease, 30*time.Second)
-	d(&cfg.CommitInterval, time.Second)
-	d(&cfg.BackoffMin, time.Second)
-	d(&cfg.BackoffMax, 5*time.Minute)
-	n(&cfg.BatchSize, 100)
-	n(&cfg.MaxPartitions, 64)
-	n(&cfg.UngroupedConcurrency, 16)
-	d(&cfg.VisibilityTimeout, 30*time.Second)
+	d(&cfg.PollInterval, DefaultPollInterval)
+	d(&cfg.IdleRelease, DefaultIdleRelease)
+	d(&cfg.CommitInterval, DefaultCommitInterval)
+	d(&cfg.BackoffMin, DefaultBackoffMin)
+	d(&cfg.BackoffMax, DefaultBackoffMax)
+	n(&cfg.BatchSize, DefaultBatchSize)
+	n(&cfg.MaxPartitions, DefaultMaxPartitions)
+	n(&cfg.UngroupedConcurrency, DefaultUngroupedConcurrency)
+	d(&cfg.VisibilityTimeout, DefaultVisibilityTimeout)
 	if cfg.Take < TakeAll || cfg.Take > TakeUngrouped {
 		return cfg, &ident.Error{Field: "take", Rule: fmt.Sprintf("%d is not TakeAll, TakeGrouped or TakeUngrouped", cfg.Take)}
 	}
-	c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber")
+	if err := checkLiveness(cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.StaleAfter); err != nil {
+		return cfg, err
+	}
+	if err := c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber"); err != nil {
+		return cfg, err
+	}
 	if err := ident.ConsumerGroup(cfg.ConsumerGroup); err != nil {
 		return cfg, err
 	}
@@ -187,27 +192,25 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	if (cfg.Handler == nil) == (cfg.BatchHandler == nil) {
 		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
 	}
-	if len(cfg.Tenants) == 0 {
-		ts, err := ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
-		if err != nil {
-			return cfg, fmt.Errorf("%w (set SubscriberConfig.Tenants or MQ_TENANTS)", err)
-		}
-		cfg.Tenants = ts
-	} else if err := ident.Tenants("tenants", cfg.Tenants); err != nil {
+	ts, err := consumerTenants("SubscriberConfig.Tenants", cfg.Tenants)
+	if err != nil {
 		return cfg, err
 	}
+	cfg.Tenants = ts
 	return cfg, nil
 }
 
 // settleDefaults fills the settings that subscribers and receivers share:
 // attempts before dead-lettering, the dead-letter suffix, clock, logger
 // and name.
-func (c *Client) settleDefaults(maxAttempts *int, dlqSuffix *string, clock *func() time.Time, logger **slog.Logger, name *string, kind string) {
-	if *maxAttempts <= 0 {
-		*maxAttempts = 10
+func (c *Client) settleDefaults(attempts *int, dlqSuffix *string, clock *func() time.Time, logger **slog.Logger, name *string, kind string) error {
+	n, err := maxAttempts(*attempts)
+	if err != nil {
+		return err
 	}
+	*attempts = n
 	if *dlqSuffix == "" {
-		*dlqSuffix = ".dlq"
+		*dlqSuffix = DefaultDLQSuffix
 	}
 	if *clock == nil {
 		*clock = c.cfg.Clock
@@ -218,6 +221,7 @@ func (c *Client) settleDefaults(maxAttempts *int, dlqSuffix *string, clock *func
 	if *name == "" {
 		*name = defaultName(kind)
 	}
+	return nil
 }
 
 // dlqTopic checks that topic's dead-letter topic is a valid topic name.

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -138,12 +137,12 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 			*v = def
 		}
 	}
-	d(&cfg.TransactionTimeout, 6*time.Second)
-	d(&cfg.CheckInterval, 30*time.Second)
-	d(&cfg.PollInterval, time.Second)
-	d(&cfg.ClaimTTL, time.Minute)
+	d(&cfg.TransactionTimeout, DefaultTransactionTimeout)
+	d(&cfg.CheckInterval, DefaultCheckInterval)
+	d(&cfg.PollInterval, DefaultProducerPoll)
+	d(&cfg.ClaimTTL, DefaultClaimTTL)
 	if cfg.MaxChecks <= 0 {
-		cfg.MaxChecks = 15
+		cfg.MaxChecks = DefaultMaxChecks
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = c.cfg.Clock
@@ -162,11 +161,7 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 		err = &ident.Error{Field: "checker", Rule: "must not be nil"}
 	}
 	if err == nil {
-		if len(cfg.Tenants) == 0 {
-			cfg.Tenants, err = ident.TenantList("MQ_TENANTS", os.Getenv("MQ_TENANTS"))
-		} else {
-			err = ident.Tenants("tenants", cfg.Tenants)
-		}
+		cfg.Tenants, err = consumerTenants("TransactionProducerConfig.Tenants", cfg.Tenants)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)

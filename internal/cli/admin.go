@@ -370,7 +370,7 @@ func (a *app) adminDLQ() *cobra.Command {
 	var topic, suffix string
 	list := a.listing("list", "List the dead letters of a topic (sort key: tenant, offset)", func(cmd *cobra.Command) {
 		cmd.Flags().StringVar(&topic, "topic", "", "original topic (required)")
-		cmd.Flags().StringVar(&suffix, "suffix", ".dlq", "dead-letter topic suffix")
+		cmd.Flags().StringVar(&suffix, "suffix", shardq.DefaultDLQSuffix, "dead-letter topic suffix")
 		cmd.MarkFlagRequired("topic")
 		cmd.PreRunE = func(*cobra.Command, []string) error { return firstErr(ident.Topic(topic), ident.Topic(topic+suffix)) }
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
@@ -430,7 +430,7 @@ func (a *app) adminDLQ() *cobra.Command {
 	fl.StringVar(&ref.PartitionKey, "key", "", "partition key")
 	fl.StringVar(&ref.ID, "id", "", "message id")
 	fl.BoolVar(&all, "all", false, "requeue every dead letter of the topic")
-	fl.StringVar(&suffix, "suffix", ".dlq", "dead-letter topic suffix")
+	fl.StringVar(&suffix, "suffix", shardq.DefaultDLQSuffix, "dead-letter topic suffix")
 	requeue.MarkFlagRequired("tenant")
 	requeue.MarkFlagRequired("topic")
 	cmd.AddCommand(list, requeue)

@@ -165,7 +165,7 @@ func (a *app) open(create bool) (*shardq.Client, func(), error) {
 	cfg := &shardq.Config{Logger: a.logger()}
 	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
 		// The served tenants: publishing elsewhere is refused before SQL.
-		ts, err := ident.TenantList("MQ_TENANTS", v)
+		ts, err := shardq.ParseTenants("MQ_TENANTS", v)
 		if err != nil {
 			drv.Close()
 			return nil, nil, usageError{err}

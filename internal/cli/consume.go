@@ -89,7 +89,7 @@ func newConsumeLine(d *shardq.Delivery) consumeLine {
 func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	tenants := f.tenants
 	if len(tenants) == 0 {
-		ts, err := ident.TenantList("MQ_TENANTS", a.env.Getenv("MQ_TENANTS"))
+		ts, err := shardq.ParseTenants("MQ_TENANTS", a.env.Getenv("MQ_TENANTS"))
 		if err != nil {
 			return usagef("no tenants: give --tenant or MQ_TENANTS (%v)", err)
 		}

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// Defaults: what a zero field of Config, SubscriberConfig,
+// ReceiverOptions, TransactionProducerConfig or RetentionConfig means.
+const (
+	DefaultMaxPayloadBytes    = 1 << 20
+	DefaultPublishMaxBatch    = 500
+	DefaultPublishMaxInflight = 2
+	DefaultPublishTimeout     = 30 * time.Second
+	DefaultPublishRetries     = 5
+
+	DefaultLeaseTTL             = 30 * time.Second
+	DefaultHeartbeatInterval    = 3 * time.Second
+	DefaultDiscoveryInterval    = time.Second
+	DefaultPollInterval         = 200 * time.Millisecond
+	DefaultIdleRelease          = 30 * time.Second
+	DefaultCommitInterval       = time.Second
+	DefaultBatchSize            = 100
+	DefaultMaxPartitions        = 64
+	DefaultUngroupedConcurrency = 16
+	DefaultVisibilityTimeout    = 30 * time.Second
+	DefaultMaxAttempts          = 10
+	DefaultBackoffMin           = time.Second
+	DefaultBackoffMax           = 5 * time.Minute
+	DefaultDLQSuffix            = ".dlq"
+
+	DefaultReceiverIdleTimeout = time.Minute
+
+	DefaultTransactionTimeout = 6 * time.Second
+	DefaultCheckInterval      = 30 * time.Second
+	DefaultMaxChecks          = 15
+	DefaultClaimTTL           = time.Minute
+	DefaultProducerPoll       = time.Second
+
+	DefaultMinRetention        = time.Hour
+	DefaultMaxRetention        = 7 * 24 * time.Hour
+	DefaultDeadLetterRetention = 14 * 24 * time.Hour
+	DefaultRetentionBatch      = 1000
+	DefaultCleanerInterval     = 5 * time.Minute
+)
+
+// UnlimitedAttempts as MaxAttempts retries a failing message forever: it
+// is never dead-lettered for its attempts (a DeadLetter result still
+// moves it at once).
+const UnlimitedAttempts = -1
+
+// EnvTenants is MQ_TENANTS, the process's comma-separated tenant list,
+// read in this one place: set reports whether the variable is set at all
+// (a Client serves any tenant when it is not; consumers need a list), and
+// a set but invalid or empty list is an error naming MQ_TENANTS.
+func EnvTenants() (tenants []string, set bool, err error) {
+	v, set := os.LookupEnv("MQ_TENANTS")
+	if !set {
+		return nil, false, nil
+	}
+	ts, err := ParseTenants("MQ_TENANTS", v)
+	return ts, true, err
+}
+
+// ParseTenants reads a comma-separated tenant list as MQ_TENANTS is read:
+// entries trimmed of spaces and tabs, each a valid tenant, no repeats, not
+// empty. field names the source in errors (the CLI passes its own).
+func ParseTenants(field, list string) ([]string, error) {
+	return ident.TenantList(field, list)
+}
+
+// consumerTenants is tenants when given, else MQ_TENANTS, which must then
+// be set and valid: a consumer without a tenant list does not start.
+func consumerTenants(field string, tenants []string) ([]string, error) {
+	if len(tenants) > 0 {
+		return tenants, ident.Tenants(field, tenants)
+	}
+	ts, set, err := EnvTenants()
+	if err == nil && !set {
+		err = &ident.Error{Field: "MQ_TENANTS", Rule: "empty tenant list"}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (set %s or MQ_TENANTS)", err, field)
+	}
+	return ts, nil
+}
+
+// maxAttempts settles a MaxAttempts setting: 0 is the default, and
+// UnlimitedAttempts the only negative allowed.
+func maxAttempts(v int) (int, error) {
+	switch {
+	case v == 0:
+		return DefaultMaxAttempts, nil
+	case v < 0 && v != UnlimitedAttempts:
+		return 0, &ident.Error{Field: "MaxAttempts", Rule: fmt.Sprintf("%d: want a positive count, 0 for the default (%d) or UnlimitedAttempts", v, DefaultMaxAttempts)}
+	}
+	return v, nil
+}
+
+// checkLiveness checks the cross-field rules of a member's timing: its
+// heartbeats must renew its leases in time, and a peer must not call it
+// dead between two of its heartbeats.
+func checkLiveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
+	if heartbeat*3 > leaseTTL {
+		return &ident.Error{Field: "LeaseTTL", Rule: fmt.Sprintf("%s is under 3 heartbeat intervals (%s): renewal (due after a third of the TTL, at heartbeats) could come too late", leaseTTL, heartbeat)}
+	}
+	if staleAfter < 2*heartbeat {
+		return &ident.Error{Field: "StaleAfter", Rule: fmt.Sprintf("%s is under 2 heartbeat intervals (%s): a live member would be swept", staleAfter, heartbeat)}
+	}
+	return nil
+}
