@@ -192,7 +192,7 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	if (cfg.Handler == nil) == (cfg.BatchHandler == nil) {
 		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
 	}
-	ts, err := consumerTenants("SubscriberConfig.Tenants", cfg.Tenants)
+	ts, err := consumerTenants("tenants", cfg.Tenants)
 	if err != nil {
 		return cfg, err
 	}

@@ -161,7 +161,7 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 		err = &ident.Error{Field: "checker", Rule: "must not be nil"}
 	}
 	if err == nil {
-		cfg.Tenants, err = consumerTenants("TransactionProducerConfig.Tenants", cfg.Tenants)
+		cfg.Tenants, err = consumerTenants("tenants", cfg.Tenants)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)

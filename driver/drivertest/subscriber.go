@@ -852,7 +852,8 @@ func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
 		}
 		return nil
 	})
-	cfg.Clock, cfg.HeartbeatInterval, cfg.StaleAfter, cfg.IdleRelease = clock, time.Hour, 3*time.Hour, time.Hour
+	// Renewal (at hour-long heartbeats, real time) never runs; the lease lives 4 h of the fake clock.
+	cfg.Clock, cfg.HeartbeatInterval, cfg.StaleAfter, cfg.LeaseTTL, cfg.IdleRelease = clock, time.Hour, 3*time.Hour, 4*time.Hour, 8*time.Hour
 	s, err := c.Subscribe(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
