@@ -14,21 +14,11 @@ import (
 	"github.com/shardq/shardq/internal/ident"
 )
 
-// Scope selects tenants for an operator's listing: Tenants, or every tenant
-// with AllTenants. Exactly one must be given; nothing falls back to all.
-// Every listing is a page: at most Limit rows (DefaultPageLimit when 0,
-// at most MaxPageLimit), after the sort key After (each listing names its
-// sort key; pass the last row's values to read the next page).
-type Scope = driver.Scope
-
 // Page sizes of the operator's listings.
 const (
 	DefaultPageLimit = 1000
 	MaxPageLimit     = 10000
 )
-
-// MessageRef names a message by its full identity.
-type MessageRef = driver.MessageRef
 
 // ErrNoMessage means no message has the given identity.
 var ErrNoMessage = driver.ErrNoMessage
@@ -81,35 +71,54 @@ func scoped[T any](s Scope, fn func(s Scope) (T, error)) (T, error) {
 
 // Topics lists topics with their partition counts and highest head. Sort
 // key: (tenant, topic).
-func (a *Admin) Topics(ctx context.Context, s Scope) ([]driver.TopicSummary, error) {
-	return scoped(s, func(s Scope) ([]driver.TopicSummary, error) { return a.c.drv.Topics(ctx, s) })
+func (a *Admin) Topics(ctx context.Context, s Scope) ([]TopicInfo, error) {
+	return scoped(s, func(s Scope) ([]TopicInfo, error) {
+		ts, err := a.c.drv.Topics(ctx, s.toDriver())
+		return mapSlice(ts, func(t driver.TopicSummary) TopicInfo {
+			return TopicInfo{Tenant: t.Tenant, Topic: t.Topic, Partitions: t.Partitions, HeadOffset: t.HeadOffset}
+		}), err
+	})
 }
 
 // Offsets lists every known group's cursor per partition with its lag
-// (messages after the cursor, counted up to driver.LagCountLimit) and the
+// (messages after the cursor, counted up to LagCountLimit) and the
 // time of the first of them; group "" means all groups. Sort key:
 // (tenant, topic, group, partition key).
-func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]driver.OffsetRow, error) {
+func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]GroupOffset, error) {
 	if group != "" {
 		if err := ident.ConsumerGroup(group); err != nil {
 			return nil, fmt.Errorf("shardq: admin: %w", err)
 		}
 	}
-	return scoped(s, func(s Scope) ([]driver.OffsetRow, error) { return a.c.drv.OffsetReport(ctx, s, group) })
+	return scoped(s, func(s Scope) ([]GroupOffset, error) {
+		rows, err := a.c.drv.OffsetReport(ctx, s.toDriver(), group)
+		return mapSlice(rows, func(o driver.OffsetRow) GroupOffset {
+			return GroupOffset{Tenant: o.Tenant, Topic: o.Topic, PartitionKey: o.PartitionKey, ConsumerGroup: o.ConsumerGroup,
+				HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset, Lag: o.Lag, LagCapped: o.LagCapped, OldestUnconsumed: o.OldestUnconsumed}
+		}), err
+	})
 }
 
 // Leases lists lease rows (free ones included). Sort key: (tenant, group,
 // topic, partition key).
-func (a *Admin) Leases(ctx context.Context, s Scope) ([]driver.Lease, error) {
-	return scoped(s, func(s Scope) ([]driver.Lease, error) { return a.c.drv.AllLeases(ctx, s) })
+func (a *Admin) Leases(ctx context.Context, s Scope) ([]Lease, error) {
+	return scoped(s, func(s Scope) ([]Lease, error) {
+		ls, err := a.c.drv.AllLeases(ctx, s.toDriver())
+		return mapSlice(ls, leaseOf), err
+	})
+}
+
+func leaseOf(l driver.Lease) Lease {
+	return Lease{Tenant: l.Tenant, ConsumerGroup: l.ConsumerGroup, Topic: l.Topic, PartitionKey: l.PartitionKey,
+		Owner: l.Owner, Token: l.Token, ExpiresAt: l.ExpiresAt}
 }
 
 // StaleLeases lists the held leases of one page of lease rows (the page
 // of Leases) that are past expiry or whose holder's heartbeat is older
 // than staleAfter.
-func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]driver.Lease, error) {
-	return scoped(s, func(s Scope) ([]driver.Lease, error) {
-		leases, err := a.c.drv.AllLeases(ctx, s)
+func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]Lease, error) {
+	return scoped(s, func(s Scope) ([]Lease, error) {
+		leases, err := a.c.drv.AllLeases(ctx, s.toDriver())
 		if err != nil {
 			return nil, err
 		}
@@ -134,10 +143,10 @@ func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Durati
 				}
 			}
 		}
-		var out []driver.Lease
+		var out []Lease
 		for _, l := range leases {
 			if l.Owner != "" && (!l.ExpiresAt.After(now) || !fresh[[4]string{l.Tenant, l.ConsumerGroup, l.Topic, l.Owner}]) {
-				out = append(out, l)
+				out = append(out, leaseOf(l))
 			}
 		}
 		return out, nil
@@ -146,26 +155,44 @@ func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Durati
 
 // Subscribers lists heartbeat rows. Sort key: (tenant, group, topic,
 // subscriber identity).
-func (a *Admin) Subscribers(ctx context.Context, s Scope) ([]driver.Subscriber, error) {
-	return scoped(s, func(s Scope) ([]driver.Subscriber, error) { return a.c.drv.AllSubscribers(ctx, s) })
+func (a *Admin) Subscribers(ctx context.Context, s Scope) ([]Member, error) {
+	return scoped(s, func(s Scope) ([]Member, error) {
+		subs, err := a.c.drv.AllSubscribers(ctx, s.toDriver())
+		return mapSlice(subs, func(m driver.Subscriber) Member {
+			return Member{Tenant: m.Tenant, ConsumerGroup: m.ConsumerGroup, Topic: m.Topic, ID: m.Name, StartedAt: m.StartedAt, HeartbeatAt: m.HeartbeatAt}
+		}), err
+	})
 }
 
 // PendingHalves lists pending transactional half messages. Sort key:
 // (tenant, topic, partition key, id).
-func (a *Admin) PendingHalves(ctx context.Context, s Scope) ([]driver.HalfMessage, error) {
-	return scoped(s, func(s Scope) ([]driver.HalfMessage, error) { return a.c.drv.ListHalves(ctx, s) })
+func (a *Admin) PendingHalves(ctx context.Context, s Scope) ([]PendingHalf, error) {
+	return scoped(s, func(s Scope) ([]PendingHalf, error) {
+		hs, err := a.c.drv.ListHalves(ctx, s.toDriver())
+		return mapSlice(hs, func(h driver.HalfMessage) PendingHalf {
+			return PendingHalf{HalfMessage: *toHalf(&h), NextCheckAt: h.NextCheckAt, ClaimOwner: h.ClaimOwner}
+		}), err
+	})
 }
 
 // Inspect reads one message and its retry bookkeeping per consumer group.
-func (a *Admin) Inspect(ctx context.Context, ref MessageRef) (*driver.Message, map[string]driver.DeliveryState, error) {
+func (a *Admin) Inspect(ctx context.Context, ref MessageRef) (*StoredMessage, map[string]DeliveryState, error) {
 	if err := checkRef(ref); err != nil {
 		return nil, nil, fmt.Errorf("shardq: admin: %w", err)
 	}
-	m, states, err := a.c.drv.GetMessage(ctx, ref)
-	if err == nil && m == nil {
-		err = ErrNoMessage
+	m, states, err := a.c.drv.GetMessage(ctx, ref.toDriver())
+	if err != nil {
+		return nil, nil, err
 	}
-	return m, states, err
+	if m == nil {
+		return nil, nil, ErrNoMessage
+	}
+	sm := storedMessage(*m)
+	out := make(map[string]DeliveryState, len(states))
+	for g, st := range states {
+		out[g] = DeliveryState{Attempts: st.Attempts, NextAttemptAt: st.NextAttemptAt, LastError: st.LastError}
+	}
+	return &sm, out, nil
 }
 
 // Delete removes exactly the message with ref's identity and reports
@@ -174,19 +201,22 @@ func (a *Admin) Delete(ctx context.Context, ref MessageRef) (bool, error) {
 	if err := checkRef(ref); err != nil {
 		return false, fmt.Errorf("shardq: admin: %w", err)
 	}
-	return a.c.drv.DeleteMessage(ctx, ref)
+	return a.c.drv.DeleteMessage(ctx, ref.toDriver())
 }
 
 // DeadLetters lists the dead letters of topic (topic+suffix; suffix ""
 // means ".dlq"). Sort key: (tenant, offset).
-func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string) ([]driver.Message, error) {
+func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string) ([]StoredMessage, error) {
 	if suffix == "" {
 		suffix = DefaultDLQSuffix
 	}
 	if err := ident.Topic(topic + suffix); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
 	}
-	return scoped(s, func(s Scope) ([]driver.Message, error) { return a.c.drv.TopicMessages(ctx, s, topic+suffix) })
+	return scoped(s, func(s Scope) ([]StoredMessage, error) {
+		ms, err := a.c.drv.TopicMessages(ctx, s.toDriver(), topic+suffix)
+		return mapSlice(ms, storedMessage), err
+	})
 }
 
 // Requeue moves one dead letter of ref.Topic (ref names the original
@@ -201,7 +231,7 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 	}
 	dl := ref
 	dl.Topic = ref.Topic + suffix
-	m, _, err := a.c.drv.GetMessage(ctx, dl)
+	m, _, err := a.c.drv.GetMessage(ctx, dl.toDriver())
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +240,7 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 	}
 	headers := maps.Clone(m.Headers)
 	maps.DeleteFunc(headers, func(k, _ string) bool { return strings.HasPrefix(k, "dlq_") })
-	im, err := a.c.drv.Requeue(ctx, dl, ref.Topic, headers)
+	im, err := a.c.drv.Requeue(ctx, dl.toDriver(), ref.Topic, headers)
 	if err != nil {
 		return nil, err
 	}
@@ -236,6 +266,29 @@ func (a *Admin) RequeueAll(ctx context.Context, tenant, topic, suffix string) (i
 			n++
 		}
 	}
+}
+
+// CommitHalf resolves a pending transactional half message by hand: it
+// enters its partition with a fresh offset. ErrTxResolved when it was
+// resolved already.
+func (a *Admin) CommitHalf(ctx context.Context, ref MessageRef) (*PublishResult, error) {
+	if err := checkRef(ref); err != nil {
+		return nil, fmt.Errorf("shardq: admin: %w", err)
+	}
+	m, err := a.c.drv.CommitHalf(ctx, ref.toDriver(), 0)
+	if err != nil {
+		return nil, err
+	}
+	return &PublishResult{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset}, nil
+}
+
+// RollbackHalf drops a pending transactional half message by hand.
+// ErrTxResolved when it was resolved already.
+func (a *Admin) RollbackHalf(ctx context.Context, ref MessageRef) error {
+	if err := checkRef(ref); err != nil {
+		return fmt.Errorf("shardq: admin: %w", err)
+	}
+	return a.c.drv.RollbackHalf(ctx, ref.toDriver(), 0)
 }
 
 // ResetTarget is where ResetOffsets moves cursors.

@@ -187,9 +187,6 @@ func (c *Client) checkServed(tenant string) error {
 	return nil
 }
 
-// Driver returns the client's driver.
-func (c *Client) Driver() driver.Driver { return c.drv }
-
 // Migrate applies the schema migrations that are not applied yet.
 func (c *Client) Migrate(ctx context.Context) error {
 	applied, err := c.drv.Migrate(ctx)

@@ -100,7 +100,7 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 	// Page through the topics, a bounded read at a time.
 	var topics []driver.TopicSummary
 	for page := (Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: DefaultPageLimit}); ; {
-		ts, err := a.c.drv.Topics(ctx, page)
+		ts, err := a.c.drv.Topics(ctx, page.toDriver())
 		if err != nil {
 			return rep, err
 		}

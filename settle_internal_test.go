@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardq/shardq/driver"
 )
 
 // The one settle policy, as partition workers, ungrouped claims and
@@ -71,5 +73,11 @@ func TestLivenessRules(t *testing.T) {
 	}
 	if err := checkLiveness(DefaultLeaseTTL, DefaultHeartbeatInterval, 3*DefaultHeartbeatInterval); err != nil {
 		t.Fatalf("the defaults: %v", err)
+	}
+}
+
+func TestLagCountLimit(t *testing.T) {
+	if LagCountLimit != driver.LagCountLimit {
+		t.Fatalf("LagCountLimit %d, the driver counts up to %d", LagCountLimit, driver.LagCountLimit)
 	}
 }

@@ -470,7 +470,7 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 		ls, err := admin.Leases(ctx, s)
 		var rows []string
 		for _, l := range ls {
-			rows = append(rows, l.PartitionRef.String())
+			rows = append(rows, fmt.Sprintf("%s/%s/%s/%s", l.Tenant, l.ConsumerGroup, l.Topic, l.PartitionKey))
 		}
 		if len(ls) == 0 {
 			return rows, nil, err
@@ -482,13 +482,13 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 		ss, err := admin.Subscribers(ctx, s)
 		var rows []string
 		for _, x := range ss {
-			rows = append(rows, x.Tenant+"/"+x.Name)
+			rows = append(rows, x.Tenant+"/"+x.ID)
 		}
 		if len(ss) == 0 {
 			return rows, nil, err
 		}
 		l := ss[len(ss)-1]
-		return rows, []string{l.Tenant, l.ConsumerGroup, l.Topic, l.Name}, err
+		return rows, []string{l.Tenant, l.ConsumerGroup, l.Topic, l.ID}, err
 	})
 	if _, err := admin.Topics(ctx, shardq.Scope{AllTenants: true, Limit: shardq.MaxPageLimit + 1}); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("a page over the limit: %v", err)

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shardq/shardq"
-	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 )
 
@@ -257,7 +256,7 @@ func (a *app) adminLeases(staleOnly bool) *cobra.Command {
 		}
 	}
 	return a.listing(use, short, extra, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
-		var ls []driver.Lease
+		var ls []shardq.Lease
 		var err error
 		if staleOnly {
 			ls, err = admin.StaleLeases(cmd.Context(), s, staleAfter)
@@ -296,11 +295,11 @@ func (a *app) adminSubscribers() *cobra.Command {
 			var objs []any
 			if n := len(subs); n > 0 {
 				l := subs[n-1]
-				a.nextPage(s, n, l.Tenant, l.ConsumerGroup, l.Topic, l.Name)
+				a.nextPage(s, n, l.Tenant, l.ConsumerGroup, l.Topic, l.ID)
 			}
 			for _, sub := range subs {
-				rows = append(rows, []string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name, ts(sub.StartedAt), ts(sub.HeartbeatAt)})
-				objs = append(objs, map[string]any{"tenant": sub.Tenant, "group": sub.ConsumerGroup, "topic": sub.Topic, "name": sub.Name,
+				rows = append(rows, []string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.ID, ts(sub.StartedAt), ts(sub.HeartbeatAt)})
+				objs = append(objs, map[string]any{"tenant": sub.Tenant, "group": sub.ConsumerGroup, "topic": sub.Topic, "name": sub.ID,
 					"started_at": sub.StartedAt, "heartbeat_at": sub.HeartbeatAt})
 			}
 			return a.table(asJSON, []string{"TENANT", "GROUP", "TOPIC", "SUBSCRIBER", "STARTED", "HEARTBEAT"}, rows, objs)

@@ -146,21 +146,23 @@ func (a *app) spec(create bool) (dsn.Spec, error) {
 // client opens the database named by --dsn; it must exist and must not be
 // migrated past what this binary knows.
 func (a *app) client() (*shardq.Client, func(), error) {
-	return a.open(false)
+	c, _, done, err := a.open(false)
+	return c, done, err
 }
 
-func (a *app) open(create bool) (*shardq.Client, func(), error) {
+// open opens the driver (which the CLI owns) and a client over it.
+func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 	spec, err := a.spec(create)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	drv, err := dsn.Open(spec)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := checkSchema(drv); err != nil {
 		drv.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cfg := &shardq.Config{Logger: a.logger()}
 	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
@@ -168,16 +170,16 @@ func (a *app) open(create bool) (*shardq.Client, func(), error) {
 		ts, err := shardq.ParseTenants("MQ_TENANTS", v)
 		if err != nil {
 			drv.Close()
-			return nil, nil, usageError{err}
+			return nil, nil, nil, usageError{err}
 		}
 		cfg.Tenants = ts
 	}
 	c, err := shardq.NewClient(drv, cfg)
 	if err != nil {
 		drv.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return c, func() { c.Close(); drv.Close() }, nil
+	return c, drv, func() { c.Close(); drv.Close() }, nil
 }
 
 // firstErr returns the first failed check: flags are validated, in order,
@@ -264,23 +266,23 @@ func (a *app) migrateCmd() *cobra.Command {
 		Short: "Create or upgrade the queue's tables",
 		Args:  cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
-			c, done, err := a.open(true)
+			_, drv, done, err := a.open(true)
 			if err != nil {
 				return err
 			}
 			defer done()
-			applied, err := c.Driver().Migrate(cmd.Context())
+			applied, err := drv.Migrate(cmd.Context())
 			if err != nil {
 				return err
 			}
-			current, _, err := c.Driver().SchemaVersion(cmd.Context())
+			current, _, err := drv.SchemaVersion(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if len(applied) == 0 {
-				fmt.Fprintf(a.env.Stdout, "schema up to date at version %d (%s)\n", current, c.Driver().Name())
+				fmt.Fprintf(a.env.Stdout, "schema up to date at version %d (%s)\n", current, drv.Name())
 			} else {
-				fmt.Fprintf(a.env.Stdout, "applied migrations %v; schema at version %d (%s)\n", applied, current, c.Driver().Name())
+				fmt.Fprintf(a.env.Stdout, "applied migrations %v; schema at version %d (%s)\n", applied, current, drv.Name())
 			}
 			return nil
 		}),

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shardq/shardq"
-	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 )
 
@@ -56,7 +55,7 @@ func (a *app) txListCmd() *cobra.Command {
 		})
 }
 
-func halfLineOf(h driver.HalfMessage, now time.Time) halfLine {
+func halfLineOf(h shardq.PendingHalf, now time.Time) halfLine {
 	state := "unknown"
 	if h.ClaimOwner != "" {
 		state = "checking by " + h.ClaimOwner
@@ -66,7 +65,7 @@ func halfLineOf(h driver.HalfMessage, now time.Time) halfLine {
 }
 
 func (a *app) txResolveCmd() *cobra.Command {
-	var ref driver.MessageRef
+	var ref shardq.MessageRef
 	cmd := &cobra.Command{
 		Use:   "resolve --tenant T --topic X --key K --id ID (commit|rollback)",
 		Short: "Commit or roll back one pending half message by hand",
@@ -86,18 +85,18 @@ func (a *app) txResolveCmd() *cobra.Command {
 			}
 			defer done()
 			if args[0] == "rollback" {
-				err = c.Driver().RollbackHalf(cmd.Context(), ref, 0)
+				err = c.Admin().RollbackHalf(cmd.Context(), ref)
 				if err == nil {
 					fmt.Fprintf(a.env.Stdout, "rolled back tenant=%s topic=%s key=%q id=%s\n", display(ref.Tenant), display(ref.Topic), ref.PartitionKey, display(ref.ID))
 				}
 			} else {
-				var m *driver.InsertMessage
-				m, err = c.Driver().CommitHalf(cmd.Context(), ref, 0)
+				var m *shardq.PublishResult
+				m, err = c.Admin().CommitHalf(cmd.Context(), ref)
 				if err == nil {
 					fmt.Fprintf(a.env.Stdout, "committed offset=%d tenant=%s topic=%s key=%q id=%s\n", m.Offset, display(ref.Tenant), display(ref.Topic), ref.PartitionKey, display(ref.ID))
 				}
 			}
-			if errors.Is(err, driver.ErrHalfResolved) {
+			if errors.Is(err, shardq.ErrTxResolved) {
 				return fmt.Errorf("no pending half message tenant %q topic %q key %q id %q: %w", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID, err)
 			}
 			return err
