@@ -148,14 +148,7 @@ func TestFrozenMemberIsReplaced(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
 				ctx := context.Background()
-				const total = 300
-				var batch []shardq.Message
-				for i := range total {
-					batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("m%03d", i)})
-				}
-				if _, err := c.Publish(ctx, batch...); err != nil {
-					t.Fatal(err)
-				}
+				batch := publishSpread(t, c, 0, 300)
 				frozen, proc := readMemberLines(t, []string{"SHARDQ_MEMBER_MODE=" + mode, "SHARDQ_MEMBER_NAME=frozen"}, frozenURL(url))
 				waitUntil(t, "the holder delivering", 30*time.Second, func() bool { return frozen.count() >= 5 })
 				if err := proc().Signal(syscall.SIGSTOP); err != nil {
@@ -314,13 +307,7 @@ func TestOneNameTwoProcesses(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
 		ctx := context.Background()
 		const total = 200
-		var batch []shardq.Message
-		for i := range total {
-			batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%4), ID: fmt.Sprintf("m%03d", i)})
-		}
-		if _, err := c.Publish(ctx, batch...); err != nil {
-			t.Fatal(err)
-		}
+		publishSpread(t, c, 4, total)
 		env := []string{"SHARDQ_MEMBER_MODE=subscriber", "SHARDQ_MEMBER_NAME=worker"}
 		a, _ := readMemberLines(t, env, url)
 		b, _ := readMemberLines(t, env, url)

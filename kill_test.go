@@ -75,13 +75,7 @@ func TestSubscriberKilledMidRun(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
 		ctx := context.Background()
 		const total = 1200
-		var batch []shardq.Message
-		for i := range total {
-			batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%04d", i)})
-		}
-		if _, err := c.Publish(ctx, batch...); err != nil {
-			t.Fatal(err)
-		}
+		publishSpread(t, c, 8, total)
 
 		cmd, stdout := startHelper(t, killHelperEnv, url)
 		type line struct {

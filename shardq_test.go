@@ -5,6 +5,7 @@ package shardq_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"os"
 	"path/filepath"
@@ -80,6 +81,25 @@ func TestClosedClientRefuses(t *testing.T) {
 	if _, err := shardq.NewClient(nil, nil); err == nil {
 		t.Fatal("NewClient(nil) accepted")
 	}
+}
+
+// publishSpread publishes total messages of tenant t, topic x, ids m0000
+// on, over parts partitions p0, p1, … (one partition "k" when parts is 0),
+// in one call, and returns them.
+func publishSpread(t *testing.T, c *shardq.Client, parts, total int) []shardq.Message {
+	t.Helper()
+	batch := make([]shardq.Message, total)
+	for i := range batch {
+		key := "k"
+		if parts > 0 {
+			key = "p" + strconv.Itoa(i%parts)
+		}
+		batch[i] = shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, ID: fmt.Sprintf("m%04d", i)}
+	}
+	if _, err := c.Publish(context.Background(), batch...); err != nil {
+		t.Fatal(err)
+	}
+	return batch
 }
 
 // openURL opens a migrated client on a shardq database URL; helper

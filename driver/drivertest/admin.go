@@ -316,19 +316,15 @@ func testAdminForcedResetFencesHolder(t *testing.T, open Open) {
 	res := mustPublish(t, c, msgs...)
 	var mu sync.Mutex
 	count := map[string]int{}
-	reached, resume := make(chan struct{}), make(chan struct{})
+	g := newGate()
+	defer g.open()
 	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
 		mu.Lock()
 		count[dl.ID]++
 		first := dl.ID == "m05" && count[dl.ID] == 1
 		mu.Unlock()
 		if first { // hold the batch here while the operator resets
-			close(reached)
-			select {
-			case <-resume:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return g.hold(ctx)
 		}
 		return nil
 	})
@@ -338,18 +334,7 @@ func testAdminForcedResetFencesHolder(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	defer stopAll(t, s)
-	defer func() {
-		select {
-		case <-resume:
-		default:
-			close(resume)
-		}
-	}()
-	select {
-	case <-reached:
-	case <-time.After(20 * time.Second):
-		t.Fatal("m05 not delivered")
-	}
+	g.waitHeld(t, "m05")
 	ls, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
 	if err != nil || len(ls) != 1 || ls[0].Owner != s.ID() {
 		t.Fatalf("leases = %+v, %v; want the subscriber's", ls, err)
@@ -359,7 +344,7 @@ func testAdminForcedResetFencesHolder(t *testing.T, open Open) {
 		To: shardq.ResetToOffset, Key: "k", Offset: res[2].Offset, Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	close(resume)
+	g.open()
 	// The pre-reset handle is fenced at once.
 	if err := d.CommitOffset(ctx, held, res[19].Offset, time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("commit under the pre-reset lease = %v, want ErrLeaseLost", err)

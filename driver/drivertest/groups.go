@@ -515,9 +515,8 @@ func testUngroupedVisibility(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
 	const visibility = 500 * time.Millisecond
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "slow"})
-	var now atomic.Int64
-	now.Store(t0.UnixMicro())
-	clock := func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	fake := newFakeClock(t0)
+	clock := fake.Now
 	attempts := make(chan int, 10)
 	release := make(chan struct{})
 	var subs []*shardq.Subscriber
@@ -540,13 +539,13 @@ func testUngroupedVisibility(t *testing.T, open Open) {
 	if a := <-attempts; a != 1 {
 		t.Fatalf("first delivery is attempt %d", a)
 	}
-	now.Store(t0.Add(visibility - time.Microsecond).UnixMicro())
+	fake.Advance(visibility - time.Microsecond)
 	select {
 	case a := <-attempts:
 		t.Fatalf("delivered again (attempt %d) before the claim expired", a)
 	case <-time.After(300 * time.Millisecond): // thirty polls of both members
 	}
-	now.Store(t0.Add(visibility).UnixMicro())
+	fake.Advance(time.Microsecond)
 	select {
 	case a := <-attempts:
 		if a != 2 {
@@ -705,10 +704,9 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
 	ctx := context.Background()
 	publishGroup(t, c, "k", "m0", "m1")
-	var now atomic.Int64
-	now.Store(time.Now().UnixMicro())
+	clock := newFakeClock(time.Now())
 	o := receiverOpts("frozen")
-	o.Clock = func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	o.Clock = clock.Now
 	o.LeaseTTL, o.IdleTimeout = 30*time.Second, time.Hour // keepAlive's ticker (10 s) never fires here
 	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", o)
 	if err != nil {
@@ -719,7 +717,7 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 	if err != nil || d0.ID != "m0" {
 		t.Fatalf("receive = %+v, %v", d0, err)
 	}
-	now.Add((2 * o.LeaseTTL).Microseconds())
+	clock.Advance(2 * o.LeaseTTL)
 	if err := r.Ack(ctx, d0); err != nil {
 		t.Fatalf("ack under the expired, untaken lease: %v", err)
 	}
@@ -744,47 +742,37 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 // attempt that claim counts.
 func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
-	var now atomic.Int64
-	now.Store(time.Now().UnixMicro())
-	clock := func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	clock := newFakeClock(time.Now())
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u0"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
 	var mu sync.Mutex
 	var got []string
-	blocked, release := make(chan struct{}), make(chan struct{})
+	g := newGate()
+	defer g.open()
 	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
 		mu.Lock()
 		got = append(got, fmt.Sprintf("%s@%d", dl.ID, dl.Attempt))
 		first := len(got) == 1
 		mu.Unlock()
 		if first {
-			close(blocked)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return g.hold(ctx)
 		}
 		return nil
 	})
-	cfg.Take, cfg.UngroupedConcurrency, cfg.VisibilityTimeout, cfg.Clock = shardq.TakeUngrouped, 1, 30*time.Second, clock
+	cfg.Take, cfg.UngroupedConcurrency, cfg.VisibilityTimeout, cfg.Clock = shardq.TakeUngrouped, 1, 30*time.Second, clock.Now
 	s, err := c.Subscribe(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stopAll(t, s)
-	select {
-	case <-blocked:
-	case <-time.After(20 * time.Second):
-		t.Fatal("u0 not delivered")
-	}
+	g.waitHeld(t, "u0")
 	// u1 is claimed into the queue behind the busy handler.
 	waitFor(t, "u1 claimed and queued", 20*time.Second, func() bool {
 		var n int
 		err := d.DB().QueryRow("SELECT COUNT(*) FROM queue_message_claims WHERE tenant = 't' AND done = 0").Scan(&n)
 		return err == nil && n == 2
 	})
-	now.Add((2 * cfg.VisibilityTimeout).Microseconds()) // the queued claim lapses
-	close(release)
+	clock.Advance(2 * cfg.VisibilityTimeout) // the queued claim lapses
+	g.open()
 	waitFor(t, "u1 delivered", 20*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()

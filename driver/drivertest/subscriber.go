@@ -822,9 +822,7 @@ func testOneNameTwoInstances(t *testing.T, open Open) {
 // injected and renewal never runs (hour-long heartbeat interval).
 func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
-	var now atomic.Int64
-	now.Store(time.Now().UnixMicro())
-	clock := func() time.Time { return time.UnixMicro(now.Load()).UTC() }
+	clock := newFakeClock(time.Now())
 	publishGroup(t, c, "k", "m0", "m1")
 	type delivery struct {
 		id    string
@@ -832,7 +830,8 @@ func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
 	}
 	var mu sync.Mutex
 	var got []delivery
-	blocked, release := make(chan struct{}), make(chan struct{})
+	g := newGate()
+	defer g.open()
 	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
 		ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
 		if err != nil || len(ls) != 1 {
@@ -843,29 +842,20 @@ func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
 		first := len(got) == 1
 		mu.Unlock()
 		if first {
-			close(blocked)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return g.hold(ctx)
 		}
 		return nil
 	})
 	// Renewal (at hour-long heartbeats, real time) never runs; the lease lives 4 h of the fake clock.
-	cfg.Clock, cfg.HeartbeatInterval, cfg.StaleAfter, cfg.LeaseTTL, cfg.IdleRelease = clock, time.Hour, 3*time.Hour, 4*time.Hour, 8*time.Hour
+	cfg.Clock, cfg.HeartbeatInterval, cfg.StaleAfter, cfg.LeaseTTL, cfg.IdleRelease = clock.Now, time.Hour, 3*time.Hour, 4*time.Hour, 8*time.Hour
 	s, err := c.Subscribe(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stopAll(t, s)
-	select {
-	case <-blocked:
-	case <-time.After(20 * time.Second):
-		t.Fatal("m0 not delivered")
-	}
-	now.Add((2 * cfg.LeaseTTL).Microseconds()) // the member "was frozen" past its lease
-	close(release)
+	g.waitHeld(t, "m0")
+	clock.Advance(2 * cfg.LeaseTTL) // the member "was frozen" past its lease
+	g.open()
 	waitFor(t, "m1 delivered", 20*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()

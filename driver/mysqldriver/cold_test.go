@@ -4,16 +4,12 @@ package mysqldriver_test
 
 import (
 	"context"
-	"database/sql"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver/mysqldriver"
-	"github.com/shardq/shardq/internal/sqlrecord"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -27,19 +23,9 @@ func TestColdPublishTxReadsNoSettingInCallersTx(t *testing.T) {
 	migrated := testdb.Migrated(t, mustOpen(t, dsn))
 	migrated.Close()
 
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.InterpolateParams = true
-	inner, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var callers []string
-	own := sql.OpenDB(sqlrecord.Connector(inner, func(q string) { mu.Lock(); callers = append(callers, q); mu.Unlock() }))
-	defer own.Close()
+	own := recordingPool(t, dsn, func(q string) { mu.Lock(); callers = append(callers, q); mu.Unlock() })
 
 	cold := mustOpen(t, dsn) // no connection yet: nothing read
 	defer cold.Close()

@@ -28,14 +28,12 @@ var (
 	tenantInsert = regexp.MustCompile(`(?i)^\s*INSERT INTO queue_[a-z_]+ \(tenant,`)
 )
 
-// TestHotPathNamesTenant is invariant 7 of docs/design.md: every statement the driver
-// sends to a queue table names its tenant by equality or an explicit IN list
-// (or, for an INSERT, carries it as a column), so Vitess routes it to one
-// shard or to the shards of that list. It records the SQL really sent while
-// a workload runs.
-func TestHotPathNamesTenant(t *testing.T) {
-	ctx := context.Background()
-	cfg, err := mysql.ParseDSN(testdb.MySQLDatabase(t))
+// recordingPool is a pool on dsn (with client-side interpolation, as Open
+// sets it) that reports every statement it sends to record; it is closed
+// when t ends.
+func recordingPool(t *testing.T, dsn string, record func(string)) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,17 +42,28 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	db := sql.OpenDB(sqlrecord.Connector(inner, record))
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// TestHotPathNamesTenant is invariant 7 of docs/design.md: every statement the driver
+// sends to a queue table names its tenant by equality or an explicit IN list
+// (or, for an INSERT, carries it as a column), so Vitess routes it to one
+// shard or to the shards of that list. It records the SQL really sent while
+// a workload runs.
+func TestHotPathNamesTenant(t *testing.T) {
+	ctx := context.Background()
 	var mu sync.Mutex
 	var recording bool
 	var statements []string
-	db := sql.OpenDB(sqlrecord.Connector(inner, func(q string) {
+	db := recordingPool(t, testdb.MySQLDatabase(t), func(q string) {
 		mu.Lock()
 		defer mu.Unlock()
 		if recording {
 			statements = append(statements, q)
 		}
-	}))
-	defer db.Close()
+	})
 	d, err := mysqldriver.New(db)
 	if err != nil {
 		t.Fatal(err)

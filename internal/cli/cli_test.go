@@ -59,6 +59,21 @@ func decodeLines(t *testing.T, s string) []publishLine {
 	return out
 }
 
+// openURL opens the driver of a shardq database URL, closed when t ends.
+func openURL(t *testing.T, url string) driver.Driver {
+	t.Helper()
+	spec, err := dsnpkg.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv, err := dsnpkg.Open(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drv.Close() })
+	return drv
+}
+
 func mysqlURL(t *testing.T) string { return testdb.MySQLURL(t, testdb.MySQLDatabase(t)) }
 
 // databases are the targets of the CLI tests that run on both drivers:
@@ -259,15 +274,7 @@ func TestTxCommands(t *testing.T) {
 	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
 		t.Fatal(r)
 	}
-	spec, err := dsnpkg.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drv, err := dsnpkg.Open(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drv.Close()
+	drv := openURL(t, dsn)
 	for _, h := range []driver.HalfMessage{
 		{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "a", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
 		{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "b", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},

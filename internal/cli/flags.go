@@ -16,56 +16,57 @@ import (
 
 var errNegative = errors.New("must not be negative")
 
-type durationValue struct{ d *time.Duration }
+// nonNegative is a flag value of type T that refuses negatives.
+type nonNegative[T int | time.Duration] struct {
+	p        *T
+	typeName string
+	parse    func(string) (T, error)
+}
 
-func (v durationValue) String() string {
-	if v.d == nil || *v.d == 0 {
+func (v nonNegative[T]) String() string {
+	if v.p == nil || *v.p == 0 {
 		return "0" // what pflag takes for "no default" in help
 	}
-	return v.d.String()
-}
-func (v durationValue) Type() string { return "duration" }
-func (v durationValue) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return errors.New("want a duration such as 1.5s or 2m")
+	if d, ok := any(*v.p).(time.Duration); ok {
+		return d.String()
 	}
-	if d < 0 {
+	return strconv.Itoa(int(*v.p))
+}
+
+func (v nonNegative[T]) Type() string { return v.typeName }
+
+func (v nonNegative[T]) Set(s string) error {
+	n, err := v.parse(s)
+	if err != nil {
+		return err
+	}
+	if n < 0 {
 		return errNegative
 	}
-	*v.d = d
+	*v.p = n
 	return nil
 }
 
 // durationFlag is DurationVar for a duration that may not be negative.
 func durationFlag(fl *pflag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fl.Var(durationValue{p}, name, usage)
-}
-
-type countValue struct{ n *int }
-
-func (v countValue) String() string {
-	if v.n == nil {
-		return "0"
-	}
-	return strconv.Itoa(*v.n)
-}
-func (v countValue) Type() string { return "int" }
-func (v countValue) Set(s string) error {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return errors.New("want a whole number")
-	}
-	if n < 0 {
-		return errNegative
-	}
-	*v.n = n
-	return nil
+	fl.Var(nonNegative[time.Duration]{p, "duration", func(s string) (time.Duration, error) {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, errors.New("want a duration such as 1.5s or 2m")
+		}
+		return d, nil
+	}}, name, usage)
 }
 
 // countFlag is IntVar for a count that may not be negative.
 func countFlag(fl *pflag.FlagSet, p *int, name string, def int, usage string) {
 	*p = def
-	fl.Var(countValue{p}, name, usage)
+	fl.Var(nonNegative[int]{p, "int", func(s string) (int, error) {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return 0, errors.New("want a whole number")
+		}
+		return n, nil
+	}}, name, usage)
 }

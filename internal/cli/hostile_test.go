@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/shardq/shardq/driver"
-	dsnpkg "github.com/shardq/shardq/internal/dsn"
 )
 
 // oneLine checks a refusal: exit 2, one stderr line that contains want.
@@ -170,15 +169,7 @@ func TestHostileInputMigrated(t *testing.T) {
 			}
 
 			// A newer shardq migrated this database.
-			spec, err := dsnpkg.Parse(url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			drv, err := dsnpkg.Open(spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer drv.Close()
+			drv := openURL(t, url)
 			ctx := context.Background()
 			current, latest, err := drv.SchemaVersion(ctx)
 			if err != nil || current != latest {
