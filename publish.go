@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
 )
@@ -195,21 +196,9 @@ func (c *Client) prepareOne(m *Message, now time.Time) (*driver.InsertMessage, e
 // a retryable error (deadlock, busy file). Running it again is safe because
 // publish is idempotent by id.
 func (c *Client) writeBatch(ctx context.Context, rows []*driver.InsertMessage) error {
-	var err error
-	for attempt := 0; attempt <= c.cfg.PublishRetries; attempt++ {
-		if attempt > 0 {
-			c.cfg.Logger.Warn("shardq: publish transaction retried", "tenant", rows[0].Tenant, "attempt", attempt, "err", err)
-			select {
-			case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
-			case <-ctx.Done():
-				return errors.Join(err, ctx.Err())
-			}
-		}
-		if err = c.writeOnce(ctx, rows); err == nil || !c.drv.Retryable(err) {
-			return err
-		}
-	}
-	return err
+	return retry.Do(ctx, c.cfg.PublishRetries, c.drv.Retryable, func(n int, err error) {
+		c.cfg.Logger.Warn("shardq: publish transaction retried", "tenant", rows[0].Tenant, "attempt", n, "err", err)
+	}, func() error { return c.writeOnce(ctx, rows) })
 }
 
 func (c *Client) writeOnce(ctx context.Context, rows []*driver.InsertMessage) error {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/retry"
 )
 
 // ungrouped is the competing-consumer loop for messages with an empty
@@ -104,7 +105,11 @@ func (s *Subscriber) claimInto(tenant string, room int, queue chan<- driver.Clai
 func (s *Subscriber) advanceUngrouped(now time.Time) {
 	for _, tenant := range s.cfg.Tenants {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-		_, err := s.drv.AdvanceUngrouped(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, now)
+		// Members advance together; a deadlock between them is rerun.
+		err := s.retrying(ctx, func() error {
+			_, err := s.drv.AdvanceUngrouped(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, now)
+			return err
+		})
 		cancel()
 		if err != nil && s.life.Context().Err() == nil {
 			s.log.Warn("shardq: advancing the ungrouped cursor failed; retrying next interval", "tenant", tenant, "err", err)
@@ -161,18 +166,8 @@ func (s *Subscriber) giveBack(c driver.Claim) {
 // error (a deadlock, a busy SQLite file): giving up would leave the message
 // to be delivered again after its visibility timeout.
 func (s *Subscriber) retrying(ctx context.Context, write func() error) error {
-	var err error
-	for attempt := range 5 {
-		if attempt > 0 {
-			select {
-			case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
-			case <-ctx.Done():
-				return errors.Join(err, ctx.Err())
-			}
-		}
-		if err = write(); err == nil || !s.drv.Retryable(err) {
-			return err
-		}
-	}
-	return err
+	return retry.Do(ctx, settleReruns, s.drv.Retryable, nil, write)
 }
+
+// settleReruns bounds the reruns of one settling write.
+const settleReruns = 4
