@@ -13,9 +13,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/retry"
 )
 
 // HeaderQueueName is the header that mirrors a message's tenant.
