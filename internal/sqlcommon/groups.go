@@ -94,11 +94,37 @@ func (d *Store) SetGroupState(ctx context.Context, l driver.Lease, state []byte,
 	return err
 }
 
-const claimKey = "tenant = ? AND consumer_group = ? AND topic = ?"
+// The claim statements name their parameters (Bind): queue_message_claims
+// is keyed (tenant, consumer_group, topic) and queue_offsets (tenant,
+// topic, ..., consumer_group), and positional arguments in two key orders
+// are easy to swap.
+
+// claimKey selects one group's claim rows (:tenant, :group, :topic).
+const claimKey = "tenant = :tenant AND consumer_group = :group AND topic = :topic"
 
 // ungroupedCursor is a scalar subquery: the group's cursor of the ungrouped
-// partition (args: tenant, topic, group).
-const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = ? AND topic = ? AND partition_key = '' AND consumer_group = ?), 0)"
+// partition.
+const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), 0)"
+
+// highestClaim is a scalar subquery: the group's highest claimed offset.
+const highestClaim = "COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE " + claimKey + "), 0)"
+
+// claimArgsOf names a group's claim key.
+func claimArgsOf(tenant, topic, group string) Args {
+	return Args{"tenant": tenant, "topic": topic, "group": group}
+}
+
+// with returns a copy of a plus more.
+func (a Args) with(more Args) Args {
+	out := make(Args, len(a)+len(more))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range more {
+		out[k] = v
+	}
+	return out
+}
 
 // ClaimMessages claims, in one transaction under a fresh random token,
 // first the messages whose claim is visible again (expired, or retry due),
@@ -115,12 +141,11 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 	// Most polls find nothing: ask the read pool first, and open a write
 	// transaction only when there is something to claim.
 	var something bool
-	if err := d.Read.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+
-		" AND done = 0 AND visible_at <= ? AND message_offset > "+ungroupedCursor+") OR EXISTS (SELECT 1 FROM queue_messages"+d.PartitionOrder+
-		" WHERE tenant = ? AND topic = ? AND partition_key = '' AND "+d.Offset+" > "+d.Greatest+"("+ungroupedCursor+
-		", COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE "+claimKey+"), 0)))",
-		tenant, group, topic, d.EncodeTime(now), tenant, topic, group,
-		tenant, topic, tenant, topic, group, tenant, group, topic).Scan(&something); err != nil {
+	q, args := Bind("SELECT EXISTS (SELECT 1 FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+
+		" AND done = 0 AND visible_at <= :now AND message_offset > "+ungroupedCursor+") OR EXISTS (SELECT 1 FROM queue_messages"+d.PartitionOrder+
+		" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "+d.Offset+" > "+d.Greatest+"("+ungroupedCursor+", "+highestClaim+"))",
+		claimArgsOf(tenant, topic, group).with(Args{"now": d.EncodeTime(now)}))
+	if err := d.Read.QueryRowContext(ctx, q, args...).Scan(&something); err != nil {
 		return nil, d.Wrap(op, err)
 	}
 	if !something {
@@ -142,9 +167,10 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration,
 	limit int, op string) (claims []driver.Claim, contended bool, err error) {
 	token := rand.Int64N(1<<62) + 1
-	key := []any{tenant, group, topic}
+	key := claimArgsOf(tenant, topic, group)
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
-		offsets := func(q string, args ...any) ([]any, error) {
+		offsets := func(stmt string, named Args) ([]any, error) {
+			q, args := Bind(stmt, named)
 			rows, err := tx.QueryContext(ctx, q, args...)
 			if err != nil {
 				return nil, d.Wrap(op, err)
@@ -161,17 +187,17 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			return out, rows.Err()
 		}
 		var cursor, highest int64
-		if err := tx.QueryRowContext(ctx, "SELECT "+ungroupedCursor+", COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE "+claimKey+"), 0)",
-			tenant, topic, group, tenant, group, topic).Scan(&cursor, &highest); err != nil {
+		q, args := Bind("SELECT "+ungroupedCursor+", "+highestClaim, key)
+		if err := tx.QueryRowContext(ctx, q, args...).Scan(&cursor, &highest); err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		again, err := offsets("SELECT message_offset FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+" AND done = 0 AND message_offset > ? "+
-			"AND visible_at <= ? ORDER BY message_offset LIMIT ?", tenant, group, topic, cursor, d.EncodeTime(now), limit)
+		again, err := offsets("SELECT message_offset FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+" AND done = 0 AND message_offset > :cursor "+
+			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit", key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit}))
 		if err != nil {
 			return nil, err
 		}
-		fresh, err := offsets("SELECT "+d.Offset+" FROM queue_messages"+d.PartitionOrder+" WHERE tenant = ? AND topic = ? AND partition_key = '' AND "+
-			d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?"+d.SkipLocked, tenant, topic, max(cursor, highest), limit-len(again))
+		fresh, err := offsets("SELECT "+d.Offset+" FROM queue_messages"+d.PartitionOrder+" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "+
+			d.Offset+" > :after ORDER BY "+d.Offset+" LIMIT :limit"+d.SkipLocked, key.with(Args{"after": max(cursor, highest), "limit": limit - len(again)}))
 		if err != nil {
 			return nil, err
 		}
@@ -180,9 +206,10 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		}
 		visibleAt := d.EncodeTime(now.Add(visibility))
 		if len(again) > 0 {
-			if _, err := tx.ExecContext(ctx, "UPDATE queue_message_claims SET owner = ?, token = ?, attempts = attempts + 1, visible_at = ?, updated_at = ? "+
-				"WHERE "+claimKey+" AND message_offset IN ("+Placeholders(len(again))+") AND done = 0 AND visible_at <= ?",
-				append(append([]any{owner, token, visibleAt, d.EncodeTime(now)}, key...), append(again, d.EncodeTime(now))...)...); err != nil {
+			q, args := Bind("UPDATE queue_message_claims SET owner = :owner, token = :token, attempts = attempts + 1, visible_at = :visible_at, updated_at = :now "+
+				"WHERE "+claimKey+" AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
+				key.with(Args{"owner": owner, "token": token, "visible_at": visibleAt, "now": d.EncodeTime(now), "offsets": List(again)}))
+			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 				return nil, d.Wrap(op, err)
 			}
 		}
@@ -204,19 +231,21 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		// cursor (locking: under REPEATABLE READ a plain one would read
 		// the transaction's first snapshot) sees it; the next advance
 		// deletes such rows.
-		if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(committed_offset), 0) FROM queue_offsets WHERE tenant = ? AND topic = ? "+
-			"AND partition_key = '' AND consumer_group = ?"+d.ShareLockClause, tenant, topic, group).Scan(&cursor); err != nil {
+		q, args = Bind("SELECT COALESCE(MAX(committed_offset), 0) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic "+
+			"AND partition_key = '' AND consumer_group = :group"+d.ShareLockClause, key)
+		if err := tx.QueryRowContext(ctx, q, args...).Scan(&cursor); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		// This caller's claims with their messages, joined on the
 		// messages' full primary key. A message deleted meanwhile
 		// (retention, an operator) has nothing to deliver.
 		all := append(again, fresh...)
-		rows, err := tx.QueryContext(ctx, "SELECT c.attempts, c.last_error, m."+d.Offset+", m.id, m.headers, m.payload, m.created_at "+
+		q, args = Bind("SELECT c.attempts, c.last_error, m."+d.Offset+", m.id, m.headers, m.payload, m.created_at "+
 			"FROM queue_message_claims c JOIN queue_messages m ON m.tenant = c.tenant AND m.topic = c.topic AND m.partition_key = '' "+
-			"AND m."+d.Offset+" = c.message_offset WHERE c.tenant = ? AND c.consumer_group = ? AND c.topic = ? "+
-			"AND c.message_offset IN ("+Placeholders(len(all))+") AND c.token = ? AND c.message_offset > ? ORDER BY c.message_offset",
-			append(append(append(key, all...), token), cursor)...)
+			"AND m."+d.Offset+" = c.message_offset WHERE c.tenant = :tenant AND c.consumer_group = :group AND c.topic = :topic "+
+			"AND c.message_offset IN (:offsets) AND c.token = :token AND c.message_offset > :cursor ORDER BY c.message_offset",
+			key.with(Args{"offsets": List(all), "token": token, "cursor": cursor}))
+		rows, err := tx.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -248,10 +277,11 @@ func (d *Store) ungroupedGaps(ctx context.Context, tx *sql.Tx, tenant, topic, gr
 	if upTo <= after {
 		return nil, nil
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT m."+d.Offset+" FROM queue_messages m"+d.PartitionOrder+
-		" LEFT JOIN queue_message_claims c ON c.tenant = m.tenant AND c.consumer_group = ? AND c.topic = m.topic AND c.message_offset = m."+d.Offset+
-		" WHERE m.tenant = ? AND m.topic = ? AND m.partition_key = '' AND m."+d.Offset+" > ? AND m."+d.Offset+" <= ? AND c.message_offset IS NULL"+
-		" ORDER BY m."+d.Offset+" LIMIT 500", group, tenant, topic, after, upTo)
+	q, args := Bind("SELECT m."+d.Offset+" FROM queue_messages m"+d.PartitionOrder+
+		" LEFT JOIN queue_message_claims c ON c.tenant = m.tenant AND c.consumer_group = :group AND c.topic = m.topic AND c.message_offset = m."+d.Offset+
+		" WHERE m.tenant = :tenant AND m.topic = :topic AND m.partition_key = '' AND m."+d.Offset+" > :after AND m."+d.Offset+" <= :up_to AND c.message_offset IS NULL"+
+		" ORDER BY m."+d.Offset+" LIMIT 500", claimArgsOf(tenant, topic, group).with(Args{"after": after, "up_to": upTo}))
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -278,16 +308,19 @@ func repeatRows(row string, n int) string {
 	return string(b)
 }
 
-func claimArgs(c driver.Claim) []any {
-	return []any{c.Message.Tenant, c.ConsumerGroup, c.Message.Topic, c.Message.Offset, c.Token}
+// claimFence selects c's claim row while c's token is current.
+const claimFence = claimKey + " AND message_offset = :offset AND token = :token AND done = 0"
+
+func claimFenceArgs(c driver.Claim) Args {
+	return claimArgsOf(c.Message.Tenant, c.Message.Topic, c.ConsumerGroup).with(Args{"offset": c.Message.Offset, "token": c.Token})
 }
 
-const claimFence = claimKey + " AND message_offset = ? AND token = ? AND done = 0"
-
-// claimWrite runs a write fenced by c's token: no row matched means the
-// message was claimed again (or settled) since.
-func (d *Store) claimWrite(ctx context.Context, q driver.DBTX, c driver.Claim, op, set string, setArgs ...any) error {
-	res, err := q.ExecContext(ctx, "UPDATE queue_message_claims SET "+set+" WHERE "+claimFence, append(setArgs, claimArgs(c)...)...)
+// claimWrite runs a write fenced by c's token (set names its own
+// parameters): no row matched means the message was claimed again (or
+// settled) since.
+func (d *Store) claimWrite(ctx context.Context, db driver.DBTX, c driver.Claim, op, set string, setArgs Args) error {
+	q, args := Bind("UPDATE queue_message_claims SET "+set+" WHERE "+claimFence, claimFenceArgs(c).with(setArgs))
+	res, err := db.ExecContext(ctx, q, args...)
 	if err != nil {
 		return d.Wrap(op, err)
 	}
@@ -315,12 +348,13 @@ func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time)
 	c0 := cs[0]
 	op := fmt.Sprintf("ack %d ungrouped messages of tenant %q topic %q group %q", len(cs), c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup)
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
-		args := []any{d.EncodeTime(now), c0.Message.Tenant, c0.ConsumerGroup, c0.Message.Topic}
+		// One (offset, token) pair per claim: positional, after the named key.
+		q, args := Bind("UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE "+claimKey+" AND done = 0 AND (",
+			claimArgsOf(c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup).with(Args{"now": d.EncodeTime(now)}))
 		for _, c := range cs {
 			args = append(args, c.Message.Offset, c.Token)
 		}
-		res, err := tx.ExecContext(ctx, "UPDATE queue_message_claims SET done = 1, updated_at = ? WHERE "+claimKey+" AND done = 0 AND ("+
-			strings.TrimSuffix(strings.Repeat("(message_offset = ? AND token = ?) OR ", len(cs)), " OR ")+")", args...)
+		res, err := tx.ExecContext(ctx, q+strings.TrimSuffix(strings.Repeat("(message_offset = ? AND token = ?) OR ", len(cs)), " OR ")+")", args...)
 		if err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
@@ -338,15 +372,15 @@ func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time)
 
 // RetryClaim makes c's message claimable again at retryAt.
 func (d *Store) RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Time, lastError string, now time.Time) error {
-	return d.claimWrite(ctx, d.Write, c, claimOp("retry", c), "visible_at = ?, last_error = ?, updated_at = ?",
-		d.EncodeTime(retryAt), lastError, d.EncodeTime(now))
+	return d.claimWrite(ctx, d.Write, c, claimOp("retry", c), "visible_at = :retry_at, last_error = :last_error, updated_at = :now",
+		Args{"retry_at": d.EncodeTime(retryAt), "last_error": lastError, "now": d.EncodeTime(now)})
 }
 
 // DeadLetterClaim marks c's message done and appends dlq, atomically.
 func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error {
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := claimOp("dead-letter", c) + " to topic " + dlq.Topic
-		if err := d.claimWrite(ctx, tx, c, op, "done = 1, updated_at = ?", d.EncodeTime(now)); err != nil {
+		if err := d.claimWrite(ctx, tx, c, op, "done = 1, updated_at = :now", Args{"now": d.EncodeTime(now)}); err != nil {
 			return struct{}{}, err
 		}
 		if err := d.Insert(ctx, tx, []*driver.InsertMessage{dlq}); err != nil {
@@ -376,7 +410,9 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group strin
 		if err != nil {
 			return 0, d.Wrap(op, err)
 		}
-		if err := tx.QueryRowContext(ctx, "SELECT "+ungroupedCursor, tenant, topic, group).Scan(&cur); err != nil {
+		key := claimArgsOf(tenant, topic, group)
+		q, args := Bind("SELECT "+ungroupedCursor, key)
+		if err := tx.QueryRowContext(ctx, q, args...).Scan(&cur); err != nil {
 			return 0, d.Wrap(op, err)
 		}
 		// The first message not done: the lowest open claim, or the first
@@ -384,9 +420,9 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group strin
 		// claim row; see ClaimMessages).
 		var open, unclaimed sql.NullInt64
 		var highest int64
-		if err := tx.QueryRowContext(ctx, "SELECT (SELECT MIN(message_offset) FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+
-			" AND done = 0 AND message_offset > ?), COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE "+claimKey+"), 0)",
-			tenant, group, topic, cur, tenant, group, topic).Scan(&open, &highest); err != nil {
+		q, args = Bind("SELECT (SELECT MIN(message_offset) FROM queue_message_claims"+d.UseIndex("idx_claims_open")+" WHERE "+claimKey+
+			" AND done = 0 AND message_offset > :cursor), "+highestClaim, key.with(Args{"cursor": cur}))
+		if err := tx.QueryRowContext(ctx, q, args...).Scan(&open, &highest); err != nil {
 			return 0, d.Wrap(op, err)
 		}
 		if err := tx.QueryRowContext(ctx, "SELECT MIN("+d.Offset+") FROM queue_messages"+d.PartitionOrder+" WHERE tenant = ? AND topic = ? "+
@@ -430,8 +466,8 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group strin
 			tenant, topic, group, next, d.EncodeTime(now)); err != nil {
 			return 0, d.Wrap(op, err)
 		}
-		if _, err := tx.ExecContext(ctx, "DELETE FROM queue_message_claims WHERE "+claimKey+" AND message_offset <= ?",
-			tenant, group, topic, next); err != nil {
+		q, args = Bind("DELETE FROM queue_message_claims WHERE "+claimKey+" AND message_offset <= :next", key.with(Args{"next": next}))
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return 0, d.Wrap(op, err)
 		}
 		return next, nil

@@ -121,7 +121,9 @@ func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, gr
 		if partitionKey != "" {
 			return struct{}{}, nil
 		}
-		_, err := tx.ExecContext(ctx, "DELETE FROM queue_message_claims WHERE "+claimKey+" AND message_offset > ?", tenant, group, topic, offset)
+		q, args := Bind("DELETE FROM queue_message_claims WHERE "+claimKey+" AND message_offset > :offset",
+			claimArgsOf(tenant, topic, group).with(Args{"offset": offset}))
+		_, err := tx.ExecContext(ctx, q, args...)
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
