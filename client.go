@@ -47,6 +47,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/wakeup"
 )
 
 // Config tunes a Client. The zero value (or nil) gives the defaults.
@@ -134,7 +135,7 @@ type Client struct {
 	drv     driver.Driver
 	cfg     Config
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
-	local   localSubscribers
+	local   wakeup.Registry // this process's subscribers, woken by its publishes
 	// served is the served tenant list as a set; nil when any tenant goes.
 	served     map[string]bool
 	servedList string

@@ -212,7 +212,7 @@ func (c *Client) writeOnce(ctx context.Context, rows []*driver.InsertMessage) er
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	c.local.committed(rows)
+	c.local.Committed(rows)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/wakeup"
 )
 
 // Delivery is a message handed to a subscriber's handler.
@@ -266,8 +267,8 @@ const (
 // Subscriber is a running member of a consumer group.
 type Subscriber struct {
 	drv    driver.Driver
-	client *Client           // owns it: Client.Close stops it
-	local  *localSubscribers // the client's, for wake-ups on publish
+	client *Client          // owns it: Client.Close stops it
+	local  *wakeup.Registry // the client's, for wake-ups on publish
 	cfg    SubscriberConfig
 	id     string // this instance's identity: ident.MemberID(cfg.Name)
 	log    *slog.Logger
@@ -332,7 +333,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		}, 500, 2, 0, dbTimeout)
 		s.life.Go(s.ungrouped)
 	}
-	c.local.add(s)
+	c.local.Add(cfg.Topic, s, s.wake)
 	s.local = &c.local
 	s.client = c
 	if err := c.track(s); err != nil {
@@ -358,7 +359,7 @@ func (s *Subscriber) ID() string { return s.id }
 func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		defer s.client.untrack(s)
-		s.local.remove(s)
+		s.local.Remove(s.cfg.Topic, s)
 		s.life.Stop(ctx)
 		if s.acks != nil {
 			s.acks.Close() // every handler has returned: no more acks
