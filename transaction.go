@@ -4,7 +4,6 @@ package shardq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,8 +11,8 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/checkback"
 	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/lifecycle"
 )
 
 // TxState is the outcome of a local transaction, as the sender or the
@@ -116,13 +115,13 @@ type TxStats struct {
 // TransactionProducer sends RocketMQ-style transactional messages with a
 // partition selector and runs the producer group's check-back.
 type TransactionProducer struct {
-	c    *Client
-	cfg  TransactionProducerConfig
-	id   string // half-message claim owner: ident.MemberID(cfg.Name)
-	log  *slog.Logger
-	life *lifecycle.Group
+	c   *Client
+	cfg TransactionProducerConfig
+	id  string // half-message claim owner: ident.MemberID(cfg.Name)
+	log *slog.Logger
+	svc *checkback.Service // the group's check-back, run by this member
 
-	committed, rolledBack, checkedCommitted, checkedRolledBack, exhausted atomic.Int64
+	committed, rolledBack atomic.Int64
 }
 
 // ErrTxResolved is returned by SendInTransaction when the half message was
@@ -167,12 +166,24 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
 	}
 	id := ident.MemberID(cfg.Name)
-	p := &TransactionProducer{c: c, cfg: cfg, id: id, life: lifecycle.New(ctx),
-		log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", id)}
+	p := &TransactionProducer{c: c, cfg: cfg, id: id, log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", id)}
+	p.svc = checkback.Start(ctx, c.drv, checkback.Config{Tenants: cfg.Tenants, Group: cfg.ProducerGroup, Owner: id,
+		Poll: cfg.PollInterval, ClaimTTL: cfg.ClaimTTL, CheckInterval: cfg.CheckInterval, MaxChecks: cfg.MaxChecks,
+		DeadLetterExhausted: cfg.WhenExhausted == DeadLetterWhenExhausted, Timeout: dbTimeout, Clock: cfg.Clock, Log: p.log,
+		Check: func(ctx context.Context, h driver.HalfMessage) (checkback.Outcome, error) {
+			state, err := runLocal(ctx, cfg.Checker, toHalf(&h))
+			switch state {
+			case TxCommit:
+				return checkback.Commit, err
+			case TxRollback:
+				return checkback.Rollback, err
+			}
+			return checkback.Unknown, err
+		}})
 	if err := c.track(p); err != nil {
+		p.svc.Stop(ctx)
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
 	}
-	p.life.Go(p.checkLoop)
 	return p, nil
 }
 
@@ -180,7 +191,7 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 // ends.
 func (p *TransactionProducer) Stop(ctx context.Context) error {
 	defer p.c.untrack(p)
-	p.life.Stop(ctx)
+	p.svc.Stop(ctx)
 	return nil
 }
 
@@ -189,8 +200,9 @@ func (p *TransactionProducer) stopForClose(ctx context.Context) error { return p
 
 // Stats reports how this producer resolved half messages so far.
 func (p *TransactionProducer) Stats() TxStats {
-	return TxStats{Committed: p.committed.Load(), RolledBack: p.rolledBack.Load(), CheckedCommitted: p.checkedCommitted.Load(),
-		CheckedRolledBack: p.checkedRolledBack.Load(), Exhausted: p.exhausted.Load()}
+	st := p.svc.Stats()
+	return TxStats{Committed: p.committed.Load(), RolledBack: p.rolledBack.Load(), CheckedCommitted: st.Committed,
+		CheckedRolledBack: st.RolledBack, Exhausted: st.Exhausted}
 }
 
 // SendInTransaction sends msg transactionally. The selector (when not nil)
@@ -268,78 +280,4 @@ func runLocal(ctx context.Context, fn func(context.Context, *HalfMessage) (TxSta
 func toHalf(h *driver.HalfMessage) *HalfMessage {
 	return &HalfMessage{Tenant: h.Tenant, Topic: h.Topic, PartitionKey: h.PartitionKey, ID: h.ID, ProducerGroup: h.ProducerGroup,
 		Payload: h.Payload, Headers: h.Headers, CreatedAt: h.CreatedAt, Checks: h.Checks}
-}
-
-// checkLoop claims due half messages of the group and checks them.
-func (p *TransactionProducer) checkLoop() {
-	t := time.NewTicker(p.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		p.checkDue()
-		select {
-		case <-p.life.Context().Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (p *TransactionProducer) checkDue() {
-	ctx, cancel := context.WithTimeout(p.life.Context(), dbTimeout)
-	defer cancel()
-	now := p.cfg.Clock()
-	due, err := p.c.drv.ClaimDueHalves(ctx, p.cfg.Tenants, p.cfg.ProducerGroup, p.id, now, p.cfg.ClaimTTL, 100)
-	if err != nil {
-		if p.life.Context().Err() == nil {
-			p.log.Warn("shardq: claiming half messages to check failed; retrying", "tenants", p.cfg.Tenants, "err", err)
-		}
-		return
-	}
-	for _, h := range due {
-		if p.life.Context().Err() != nil {
-			return // the claims expire; another producer checks them
-		}
-		p.check(h)
-	}
-}
-
-func (p *TransactionProducer) check(h driver.HalfMessage) {
-	ctx, cancel := context.WithTimeout(p.life.HardContext(), dbTimeout)
-	defer cancel()
-	args := []any{"tenant", h.Tenant, "topic", h.Topic, "partition", h.PartitionKey, "id", h.ID, "checks", h.Checks + 1}
-	state, err := runLocal(ctx, p.cfg.Checker, toHalf(&h))
-	if err != nil {
-		p.log.Warn("shardq: transaction check failed; counted as unknown", append(args, "err", err)...)
-	}
-	now := p.cfg.Clock()
-	switch {
-	case state == TxCommit:
-		_, err = p.c.drv.CommitHalf(ctx, h.Ref(), h.ClaimToken)
-		if err == nil {
-			p.checkedCommitted.Add(1)
-			p.log.Info("shardq: half message committed by check-back", args...)
-		}
-	case state == TxRollback:
-		err = p.c.drv.RollbackHalf(ctx, h.Ref(), h.ClaimToken)
-		if err == nil {
-			p.checkedRolledBack.Add(1)
-			p.log.Info("shardq: half message rolled back by check-back", args...)
-		}
-	case h.Checks+1 >= p.cfg.MaxChecks:
-		if p.cfg.WhenExhausted == DeadLetterWhenExhausted {
-			err = p.c.drv.DeadLetterHalf(ctx, h, now)
-		} else {
-			err = p.c.drv.RollbackHalf(ctx, h.Ref(), h.ClaimToken)
-		}
-		if err == nil {
-			p.exhausted.Add(1)
-			p.log.Warn("shardq: half message still unknown after the last check; resolved by policy",
-				append(args, "policy", p.cfg.WhenExhausted.String())...)
-		}
-	default:
-		err = p.c.drv.RescheduleHalf(ctx, h, now.Add(p.cfg.CheckInterval))
-	}
-	if err != nil && !errors.Is(err, driver.ErrHalfResolved) {
-		p.log.Warn("shardq: resolving a checked half message failed; it is checked again", append(args, "err", err)...)
-	}
 }
