@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/settle"
 )
 
 // Defaults: what a zero field of Config, SubscriberConfig,
@@ -52,7 +53,7 @@ const (
 // UnlimitedAttempts as MaxAttempts retries a failing message forever: it
 // is never dead-lettered for its attempts (a DeadLetter result still
 // moves it at once).
-const UnlimitedAttempts = -1
+const UnlimitedAttempts = settle.Unlimited
 
 // EnvTenants is MQ_TENANTS, the process's comma-separated tenant list,
 // read in this one place: set reports whether the variable is set at all

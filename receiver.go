@@ -13,6 +13,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/settle"
 )
 
 // Errors of message-group receivers.
@@ -500,12 +501,12 @@ func (r *GroupReceiver) Nack(ctx context.Context, d *Delivery, cause error) erro
 	if cause == nil {
 		cause = errors.New("nacked")
 	}
-	v := retryPolicy{MaxAttempts: r.o.MaxAttempts, BackoffMin: r.o.BackoffMin, BackoffMax: r.o.BackoffMax}.decide(cause, d.Attempt)
-	if v.deadLetter {
-		return r.deadLetter(ctx, l, d, v.cause)
+	v := settle.Policy{MaxAttempts: r.o.MaxAttempts, BackoffMin: r.o.BackoffMin, BackoffMax: r.o.BackoffMax}.Decide(cause, d.Attempt)
+	if v.DeadLetter {
+		return r.deadLetter(ctx, l, d, v.Cause)
 	}
 	now := r.o.Clock()
-	st := driver.DeliveryState{Attempts: d.Attempt, NextAttemptAt: now.Add(v.delay), LastError: errText(cause)}
+	st := driver.DeliveryState{Attempts: d.Attempt, NextAttemptAt: now.Add(v.Delay), LastError: settle.ErrText(cause)}
 	if err := r.c.drv.RecordAttempt(ctx, l, d.Offset, st, now); err != nil {
 		return r.fail("nack", err)
 	}
@@ -534,7 +535,7 @@ func (r *GroupReceiver) DeadLetter(ctx context.Context, d *Delivery, reason erro
 }
 
 func (r *GroupReceiver) deadLetter(ctx context.Context, l driver.Lease, d *Delivery, cause error) error {
-	if err := r.c.drv.DeadLetter(ctx, l, dlqMessage(*r.held, r.o.DLQSuffix, d.Attempt, cause), d.Offset, r.o.Clock()); err != nil {
+	if err := r.c.drv.DeadLetter(ctx, l, settle.DeadLetterCopy(*r.held, r.o.DLQSuffix, d.Attempt, cause), d.Offset, r.o.Clock()); err != nil {
 		return r.fail("dead-letter", err)
 	}
 	r.log.Warn("shardq: message dead-lettered", "offset", d.Offset, "id", d.ID, "attempts", d.Attempt, "err", cause)

@@ -15,6 +15,7 @@ import (
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/settle"
 	"github.com/shardq/shardq/internal/wakeup"
 )
 
@@ -44,25 +45,12 @@ type Handler func(ctx context.Context, d *Delivery) error
 // after the last attempt the whole batch is dead-lettered.
 type BatchHandler func(ctx context.Context, ds []*Delivery) error
 
-type retryAfter struct {
-	after time.Duration
-	err   error
-}
-
-func (e *retryAfter) Error() string { return fmt.Sprintf("retry after %s: %v", e.after, e.err) }
-func (e *retryAfter) Unwrap() error { return e.err }
-
 // RetryAfter is a handler result: retry the message after d.
-func RetryAfter(d time.Duration, err error) error { return &retryAfter{after: d, err: err} }
-
-type deadLetter struct{ err error }
-
-func (e *deadLetter) Error() string { return fmt.Sprintf("dead-letter: %v", e.err) }
-func (e *deadLetter) Unwrap() error { return e.err }
+func RetryAfter(d time.Duration, err error) error { return &settle.RetryAfterError{After: d, Err: err} }
 
 // DeadLetter is a handler result: move the message to the dead-letter
 // topic now, without further attempts.
-func DeadLetter(err error) error { return &deadLetter{err: err} }
+func DeadLetter(err error) error { return &settle.DeadLetterError{Err: err} }
 
 // ErrLeaseLost is returned (and logged) when a subscriber's partition lease
 // was taken over; the write that found it changed nothing.
@@ -70,10 +58,10 @@ var ErrLeaseLost = driver.ErrLeaseLost
 
 // Headers a dead-lettered message carries besides its own.
 const (
-	HeaderDLQOriginalTopic  = "dlq_original_topic"
-	HeaderDLQOriginalOffset = "dlq_original_offset"
-	HeaderDLQAttempts       = "dlq_attempts"
-	HeaderDLQLastError      = "dlq_last_error"
+	HeaderDLQOriginalTopic  = settle.HeaderOriginalTopic
+	HeaderDLQOriginalOffset = settle.HeaderOriginalOffset
+	HeaderDLQAttempts       = settle.HeaderAttempts
+	HeaderDLQLastError      = settle.HeaderLastError
 )
 
 // SubscriberConfig configures a member of a consumer group. Zero durations
@@ -397,8 +385,8 @@ func (s *Subscriber) heartbeat(ctx context.Context, now time.Time) error {
 }
 
 // policy is the subscriber's retry policy.
-func (s *Subscriber) policy() retryPolicy {
-	return retryPolicy{MaxAttempts: s.cfg.MaxAttempts, BackoffMin: s.cfg.BackoffMin, BackoffMax: s.cfg.BackoffMax}
+func (s *Subscriber) policy() settle.Policy {
+	return settle.Policy{MaxAttempts: s.cfg.MaxAttempts, BackoffMin: s.cfg.BackoffMin, BackoffMax: s.cfg.BackoffMax}
 }
 
 // errorsIsLost reports a lost lease.

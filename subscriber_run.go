@@ -7,15 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/balance"
-	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/settle"
 )
 
 // dbTimeout bounds one database call of the runtime, so that a hung
@@ -560,19 +558,19 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		if w.ctx.Err() != nil {
 			return false // lease lost or hard stop: the next owner redelivers
 		}
-		v := s.policy().decide(err, attempt)
-		if v.deadLetter {
-			if !w.deadLetter(msgs, attempt, v.cause) {
+		v := s.policy().Decide(err, attempt)
+		if v.DeadLetter {
+			if !w.deadLetter(msgs, attempt, v.Cause) {
 				return false
 			}
 			w.cursor, w.commit = last, last
 			return true
 		}
-		delay := v.delay
+		delay := v.Delay
 		now := s.cfg.Clock()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
 		rerr := s.drv.RecordAttempt(ctx, w.leaseNow(), first,
-			driver.DeliveryState{Attempts: attempt, NextAttemptAt: now.Add(delay), LastError: errText(err)}, now)
+			driver.DeliveryState{Attempts: attempt, NextAttemptAt: now.Add(delay), LastError: settle.ErrText(err)}, now)
 		cancel()
 		if errorsIsLost(rerr) {
 			w.lose()
@@ -623,7 +621,7 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bo
 	s := w.s
 	for _, m := range msgs {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
-		err := s.drv.DeadLetter(ctx, w.leaseNow(), dlqMessage(m, s.cfg.DLQSuffix, attempts, cause), m.Offset, s.cfg.Clock())
+		err := s.drv.DeadLetter(ctx, w.leaseNow(), settle.DeadLetterCopy(m, s.cfg.DLQSuffix, attempts, cause), m.Offset, s.cfg.Clock())
 		cancel()
 		if errorsIsLost(err) {
 			w.lose()
@@ -636,28 +634,4 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bo
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
 	}
 	return true
-}
-
-// dlqMessage is m's copy for the dead-letter topic: same tenant, partition
-// key and id, with headers saying where it came from and why.
-func dlqMessage(m driver.Message, suffix string, attempts int, cause error) *driver.InsertMessage {
-	headers := make(map[string]string, len(m.Headers)+4)
-	for k, v := range m.Headers {
-		headers[k] = v
-	}
-	headers[HeaderDLQOriginalTopic] = m.Topic
-	headers[HeaderDLQOriginalOffset] = strconv.FormatInt(m.Offset, 10)
-	headers[HeaderDLQAttempts] = strconv.Itoa(attempts)
-	headers[HeaderDLQLastError] = errText(cause)
-	return &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic + suffix, PartitionKey: m.PartitionKey,
-		ID: m.ID, Headers: headers, Payload: m.Payload, CreatedAt: m.CreatedAt}
-}
-
-// errText is an error as a header value: valid UTF-8, within the limit.
-func errText(err error) string {
-	t := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	if len(t) > ident.MaxHeaderValueBytes {
-		t = strings.ToValidUTF8(t[:ident.MaxHeaderValueBytes], "")
-	}
-	return t
 }

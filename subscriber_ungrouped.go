@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/retry"
+	"github.com/shardq/shardq/internal/settle"
 )
 
 // ungrouped is the competing-consumer loop for messages with an empty
@@ -126,20 +127,20 @@ func (s *Subscriber) handleClaim(c driver.Claim) {
 	defer cancel()
 	now := s.cfg.Clock()
 	var op string
-	switch v := s.policy().decide(err, c.Attempts); {
-	case v.ack:
+	switch v := s.policy().Decide(err, c.Attempts); {
+	case v.Ack:
 		// The ack coalescer stamps its own time: acks of one flush share it.
 		op, err = "ack", s.acks.Submit(ctx, m.Tenant, []driver.Claim{c})
-	case v.deadLetter:
+	case v.DeadLetter:
 		op, err = "dead-letter", s.retrying(ctx, func() error {
-			return s.drv.DeadLetterClaim(ctx, c, dlqMessage(m, s.cfg.DLQSuffix, c.Attempts, v.cause), now)
+			return s.drv.DeadLetterClaim(ctx, c, settle.DeadLetterCopy(m, s.cfg.DLQSuffix, c.Attempts, v.Cause), now)
 		})
 		if err == nil {
-			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", v.cause)
+			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", v.Cause)
 		}
 	default:
-		lastErr := errText(err)
-		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.delay), lastErr, now) })
+		lastErr := settle.ErrText(err)
+		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.Delay), lastErr, now) })
 	}
 	switch {
 	case errors.Is(err, driver.ErrLeaseLost):
