@@ -50,6 +50,10 @@ const (
 	DefaultCleanerInterval     = 5 * time.Minute
 )
 
+// dbTimeout bounds one database call of a handle's background work (a
+// receiver's renewal, a check-back), as the consumer runtime bounds its own.
+const dbTimeout = 15 * time.Second
+
 // UnlimitedAttempts as MaxAttempts retries a failing message forever: it
 // is never dead-lettered for its attempts (a DeadLetter result still
 // moves it at once).

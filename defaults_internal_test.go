@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/consumer"
 )
 
 // Timing settings that cannot work together are refused with the field
@@ -43,5 +44,12 @@ func TestMaxAttemptsSetting(t *testing.T) {
 func TestLagCountLimit(t *testing.T) {
 	if LagCountLimit != driver.LagCountLimit {
 		t.Fatalf("LagCountLimit %d, the driver counts up to %d", LagCountLimit, driver.LagCountLimit)
+	}
+}
+
+// The public Take values are the runtime's.
+func TestTakeValues(t *testing.T) {
+	if consumer.Take(TakeAll) != consumer.TakeAll || consumer.Take(TakeGrouped) != consumer.TakeGrouped || consumer.Take(TakeUngrouped) != consumer.TakeUngrouped {
+		t.Fatal("shardq.Take and consumer.Take disagree")
 	}
 }

@@ -12,11 +12,9 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/consumer"
 	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/settle"
-	"github.com/shardq/shardq/internal/wakeup"
 )
 
 // Delivery is a message handed to a subscriber's handler.
@@ -252,27 +250,15 @@ const (
 	TakeUngrouped
 )
 
-// Subscriber is a running member of a consumer group.
+// Subscriber is a running member of a consumer group: the handle of its
+// runtime (internal/consumer).
 type Subscriber struct {
-	drv    driver.Driver
-	client *Client          // owns it: Client.Close stops it
-	local  *wakeup.Registry // the client's, for wake-ups on publish
-	cfg    SubscriberConfig
-	id     string // this instance's identity: ident.MemberID(cfg.Name)
-	log    *slog.Logger
-
-	// life runs the loops and workers: its Context ends at Stop (no more
-	// fetching or rebalancing), its HardContext at a hard stop (handlers
-	// are cancelled).
-	life    *lifecycle.Group
-	mu      sync.Mutex
-	workers map[driver.PartitionRef]*worker
-	// ungroupedWake is nudged by a local publish of ungrouped messages.
-	ungroupedWake chan struct{}
-	// acks coalesces the acks of ungrouped messages per tenant.
-	acks       *coalesce.Batcher[string, driver.Claim]
-	stopOnce   sync.Once
-	stopResult error
+	client   *Client // owns it: Client.Close stops it
+	cfg      SubscriberConfig
+	id       string // this instance's identity: ident.MemberID(cfg.Name)
+	member   *consumer.Member
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // Subscribe starts a member of cfg.ConsumerGroup. It validates cfg,
@@ -283,52 +269,49 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	id := ident.MemberID(cfg.Name)
-	s := &Subscriber{
-		drv:     c.drv,
-		cfg:     cfg,
-		id:      id,
-		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", id),
-		workers: map[driver.PartitionRef]*worker{},
-	}
-	// A member that takes grouped messages heartbeats (its first beat also
-	// proves the database reachable and migrated); one that takes only
-	// ungrouped messages holds no lease and stays out of the fair share,
-	// so it only advances the ungrouped cursor.
-	if cfg.Take == TakeUngrouped {
-		// Members starting together advance together: a deadlock between
-		// them is retried, not a failed start.
-		err = s.retrying(ctx, func() error {
-			_, err := c.drv.AdvanceUngrouped(ctx, cfg.Tenants[0], cfg.Topic, cfg.ConsumerGroup, cfg.Clock())
-			return err
-		})
-	} else {
-		err = s.heartbeat(ctx, cfg.Clock())
-	}
+	s := &Subscriber{client: c, cfg: cfg, id: ident.MemberID(cfg.Name)}
+	s.member, err = consumer.Start(ctx, c.drv, consumer.Config{
+		ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants, ID: s.id,
+		Handle: s.handle, Batch: cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
+		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StaleAfter: cfg.StaleAfter,
+		DiscoveryInterval: cfg.DiscoveryInterval, JoinWindow: cfg.JoinWindow, PollInterval: cfg.PollInterval,
+		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
+		Take: consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
+		Policy:    settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
+		DLQSuffix: cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	s.life = lifecycle.New(ctx)
-	if cfg.Take != TakeUngrouped {
-		s.life.Go(s.beat)
-		s.life.Go(s.manage)
-		s.life.Go(s.watchHeads)
-	}
-	if cfg.Take != TakeGrouped {
-		s.ungroupedWake = make(chan struct{}, 1)
-		s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
-			return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
-		}, 500, 2, 0, dbTimeout)
-		s.life.Go(s.ungrouped)
-	}
-	c.local.Add(cfg.Topic, s, s.wake)
-	s.local = &c.local
-	s.client = c
+	c.local.Add(cfg.Topic, s, s.member.Wake)
 	if err := c.track(s); err != nil {
 		s.Stop(ctx)
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
 	return s, nil
+}
+
+// handle runs the handler (the batch handler with all of msgs, or the
+// handler with the one message), turning a panic into an error.
+func (s *Subscriber) handle(ctx context.Context, msgs []driver.Message, attempt int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	if s.cfg.BatchHandler != nil {
+		ds := make([]*Delivery, len(msgs))
+		for i, m := range msgs {
+			ds[i] = newDelivery(m, attempt)
+		}
+		return s.cfg.BatchHandler(ctx, ds)
+	}
+	return s.cfg.Handler(ctx, newDelivery(msgs[0], attempt))
+}
+
+func newDelivery(m driver.Message, attempt int) *Delivery {
+	return &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
+		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, Attempt: attempt}
 }
 
 func (s *Subscriber) stopOrder() int                         { return 0 }
@@ -347,47 +330,10 @@ func (s *Subscriber) ID() string { return s.id }
 func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		defer s.client.untrack(s)
-		s.local.Remove(s.cfg.Topic, s)
-		s.life.Stop(ctx)
-		if s.acks != nil {
-			s.acks.Close() // every handler has returned: no more acks
-		}
-		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.id); err != nil {
-			s.stopResult = fmt.Errorf("shardq: stop: %w", err)
+		s.client.local.Remove(s.cfg.Topic, s)
+		if err := s.member.Stop(ctx); err != nil {
+			s.stopErr = fmt.Errorf("shardq: %w", err)
 		}
 	})
-	return s.stopResult
+	return s.stopErr
 }
-
-// heartbeat upserts the member's rows in every tenant; when that fails
-// (one shard down), tenant by tenant, so that it stays alive where the
-// database answers. It fails only when no tenant's row was written.
-func (s *Subscriber) heartbeat(ctx context.Context, now time.Time) error {
-	err := s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.id, now)
-	if err == nil || len(s.cfg.Tenants) == 1 {
-		return err
-	}
-	var errs []error
-	for _, t := range s.cfg.Tenants {
-		if terr := s.drv.Heartbeat(ctx, []string{t}, s.cfg.ConsumerGroup, s.cfg.Topic, s.id, now); terr != nil {
-			errs = append(errs, fmt.Errorf("tenant %q: %w", t, terr))
-		}
-	}
-	if len(errs) == len(s.cfg.Tenants) {
-		return errors.Join(errs...)
-	}
-	if len(errs) > 0 && s.life != nil && s.life.Context().Err() == nil {
-		s.log.Warn("shardq: heartbeat failed for some tenants; retrying", "err", errors.Join(errs...))
-	}
-	return nil
-}
-
-// policy is the subscriber's retry policy.
-func (s *Subscriber) policy() settle.Policy {
-	return settle.Policy{MaxAttempts: s.cfg.MaxAttempts, BackoffMin: s.cfg.BackoffMin, BackoffMax: s.cfg.BackoffMax}
-}
-
-// errorsIsLost reports a lost lease.
-func errorsIsLost(err error) bool { return errors.Is(err, driver.ErrLeaseLost) }

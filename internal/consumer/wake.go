@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package shardq
+package consumer
 
 import (
 	"github.com/shardq/shardq/driver"
 )
 
-// wake is the subscriber's side of local wake-ups (internal/wakeup): it
+// Wake is the member's side of local wake-ups (internal/wakeup): it
 // nudges the idle workers of the rows' partitions.
-func (s *Subscriber) wake(rows []*driver.InsertMessage) {
+func (s *Member) Wake(rows []*driver.InsertMessage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, r := range rows {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package shardq
+package consumer
 
 import (
 	"context"
@@ -16,13 +16,9 @@ import (
 	"github.com/shardq/shardq/internal/settle"
 )
 
-// dbTimeout bounds one database call of the runtime, so that a hung
-// connection fails a tick instead of stalling the loop.
-const dbTimeout = 15 * time.Second
-
 // beat is the liveness loop: heartbeat and lease renewal. It runs apart
 // from manage so that a slow discovery tick never lets either go stale.
-func (s *Subscriber) beat() {
+func (s *Member) beat() {
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -49,7 +45,7 @@ const idleFallback = 5
 // PollInterval, one query per tenant reads the heads of all of this
 // member's idle partitions, instead of each idle partition polling on its
 // own.
-func (s *Subscriber) watchHeads() {
+func (s *Member) watchHeads() {
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -99,7 +95,7 @@ func (s *Subscriber) watchHeads() {
 // rebalancing, once per DiscoveryInterval; the first tick after the join
 // window, and the next one after the join window again when a peer took a
 // partition this one reached for.
-func (s *Subscriber) manage() {
+func (s *Member) manage() {
 	t := time.NewTimer(s.cfg.JoinWindow)
 	defer t.Stop()
 	for {
@@ -118,7 +114,7 @@ func (s *Subscriber) manage() {
 
 // tick runs one rebalance; it reports whether a peer took a partition this
 // subscriber planned to acquire (so that it replans soon).
-func (s *Subscriber) tick() (contended bool) {
+func (s *Member) tick() (contended bool) {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
@@ -147,7 +143,7 @@ func (s *Subscriber) tick() (contended bool) {
 	member := map[string]bool{}
 	for _, sub := range subs {
 		member[sub.Name] = true
-		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.id {
+		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.cfg.ID {
 			live[sub.Tenant] = append(live[sub.Tenant], sub.Name)
 			alive[sub.Name] = true
 		}
@@ -160,7 +156,7 @@ func (s *Subscriber) tick() (contended bool) {
 	// of holding it unused forever.
 	s.mu.Lock()
 	for i, l := range leases {
-		if l.Owner == s.id && s.workers[l.PartitionRef] == nil {
+		if l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil {
 			leases[i].Owner = ""
 		}
 	}
@@ -173,7 +169,7 @@ func (s *Subscriber) tick() (contended bool) {
 		}
 		refs = append(refs, driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey})
 	}
-	plan := balance.Compute(balance.Input{Me: s.id, Live: live, Work: refs, Leases: leases, Now: now})
+	plan := balance.Compute(balance.Input{Me: s.cfg.ID, Live: live, Work: refs, Leases: leases, Now: now})
 	for _, p := range plan.Release {
 		s.mu.Lock()
 		if w := s.workers[p]; w != nil {
@@ -192,7 +188,7 @@ func (s *Subscriber) tick() (contended bool) {
 		if full || s.life.Context().Err() != nil {
 			break
 		}
-		l, err := s.drv.AcquireLease(ctx, p, s.id, now, s.cfg.LeaseTTL)
+		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
 		if errors.Is(err, driver.ErrLeaseHeld) {
 			contended = true // a peer was quicker; replan soon
 			continue
@@ -208,7 +204,7 @@ func (s *Subscriber) tick() (contended bool) {
 
 // tickInputs lists, for tenants, the group's members, its lease rows and
 // the partitions with work.
-func (s *Subscriber) tickInputs(ctx context.Context, tenants []string) ([]driver.Subscriber, []driver.Lease, []driver.Partition, error) {
+func (s *Member) tickInputs(ctx context.Context, tenants []string) ([]driver.Subscriber, []driver.Lease, []driver.Partition, error) {
 	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listing subscribers: %w", err)
@@ -226,7 +222,7 @@ func (s *Subscriber) tickInputs(ctx context.Context, tenants []string) ([]driver
 
 // tickFailed logs a failed step of a tick, unless the tick failed because
 // the subscriber is stopping.
-func (s *Subscriber) tickFailed(what string, err error) {
+func (s *Member) tickFailed(what string, err error) {
 	if s.life.Context().Err() != nil {
 		return
 	}
@@ -236,7 +232,7 @@ func (s *Subscriber) tickFailed(what string, err error) {
 // renew extends, in one transaction, the leases that have used a third of
 // their time (so each gets several chances before it could lapse), and
 // stops the partitions whose lease was lost.
-func (s *Subscriber) renew(ctx context.Context, now time.Time) {
+func (s *Member) renew(ctx context.Context, now time.Time) {
 	s.mu.Lock()
 	var due []driver.Lease
 	for _, w := range s.workers {
@@ -285,7 +281,7 @@ func (s *Subscriber) renew(ctx context.Context, now time.Time) {
 }
 
 // sweep frees the leases of subscribers whose heartbeat went stale.
-func (s *Subscriber) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, now time.Time) {
+func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, now time.Time) {
 	deadSet := map[string]bool{}
 	for _, l := range leases {
 		// Only members whose heartbeat went stale are known dead. An owner
@@ -312,7 +308,7 @@ func (s *Subscriber) sweep(ctx context.Context, leases []driver.Lease, member, a
 
 // worker delivers one leased partition.
 type worker struct {
-	s            *Subscriber
+	s            *Member
 	lease        driver.Lease                   // ExpiresAt guarded by s.mu
 	cursor       int64                          // last settled offset
 	commit       int64                          // last committed offset
@@ -337,7 +333,7 @@ func (w *worker) lose() {
 	w.cancel()
 }
 
-func (s *Subscriber) startWorker(l driver.Lease) {
+func (s *Member) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
 	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: s.cfg.Clock(), ctx: ctx, cancel: cancel,
 		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1)}
@@ -519,7 +515,7 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 		w.states = states
 	}
 	states := w.states
-	if w.s.cfg.BatchHandler != nil {
+	if w.s.cfg.Batch {
 		return w.settle(msgs, states[msgs[0].Offset])
 	}
 	for i := range msgs {
@@ -558,7 +554,7 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		if w.ctx.Err() != nil {
 			return false // lease lost or hard stop: the next owner redelivers
 		}
-		v := s.policy().Decide(err, attempt)
+		v := s.cfg.Policy.Decide(err, attempt)
 		if v.DeadLetter {
 			if !w.deadLetter(msgs, attempt, v.Cause) {
 				return false
@@ -587,32 +583,9 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 	}
 }
 
-// call runs the handler, turning a panic into an error.
+// call hands msgs to the handler as their attempt-th delivery.
 func (w *worker) call(msgs []driver.Message, attempt int) error {
-	ds := make([]*Delivery, len(msgs))
-	for i, m := range msgs {
-		ds[i] = newDelivery(m, attempt)
-	}
-	return w.s.callHandler(w.ctx, ds)
-}
-
-// callHandler runs the handler (the batch handler with all of ds, or the
-// handler with the one message), turning a panic into an error.
-func (s *Subscriber) callHandler(ctx context.Context, ds []*Delivery) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
-	}()
-	if s.cfg.BatchHandler != nil {
-		return s.cfg.BatchHandler(ctx, ds)
-	}
-	return s.cfg.Handler(ctx, ds[0])
-}
-
-func newDelivery(m driver.Message, attempt int) *Delivery {
-	return &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
-		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, Attempt: attempt}
+	return w.s.cfg.Handle(w.ctx, msgs, attempt)
 }
 
 // deadLetter copies msgs to the dead-letter topic and passes the cursor

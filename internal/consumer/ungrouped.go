@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package shardq
+package consumer
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -20,7 +19,7 @@ import (
 // busy, and every DiscoveryInterval it moves the group's ungrouped cursor
 // past what is done. Acks are coalesced into shared transactions the way
 // publishes are.
-func (s *Subscriber) ungrouped() {
+func (s *Member) ungrouped() {
 	n := s.cfg.UngroupedConcurrency
 	queue := make(chan driver.Claim, n)
 	took := make(chan struct{}, 1) // a handler took a claim off the queue
@@ -66,7 +65,7 @@ func (s *Subscriber) ungrouped() {
 
 // handleClaims is one handler goroutine. On stop, it gives back what it
 // takes instead of running it.
-func (s *Subscriber) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
+func (s *Member) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
 	for c := range queue {
 		select {
 		case took <- struct{}{}:
@@ -87,9 +86,9 @@ func (s *Subscriber) handleClaims(queue <-chan driver.Claim, took chan<- struct{
 	}
 }
 
-func (s *Subscriber) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
+func (s *Member) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.id, s.cfg.Clock(), s.cfg.VisibilityTimeout, room)
+	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.VisibilityTimeout, room)
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {
@@ -103,7 +102,7 @@ func (s *Subscriber) claimInto(tenant string, room int, queue chan<- driver.Clai
 	return len(claims)
 }
 
-func (s *Subscriber) advanceUngrouped(now time.Time) {
+func (s *Member) advanceUngrouped(now time.Time) {
 	for _, tenant := range s.cfg.Tenants {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		// Members advance together; a deadlock between them is rerun.
@@ -120,14 +119,14 @@ func (s *Subscriber) advanceUngrouped(now time.Time) {
 
 // handleClaim delivers one claimed message and settles it: ack, retry after
 // a backoff, or dead-letter, each fenced by the claim's token.
-func (s *Subscriber) handleClaim(c driver.Claim) {
+func (s *Member) handleClaim(c driver.Claim) {
 	m := c.Message
-	err := s.callHandler(s.life.HardContext(), []*Delivery{newDelivery(m, c.Attempts)})
+	err := s.cfg.Handle(s.life.HardContext(), []driver.Message{m}, c.Attempts)
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
 	var op string
-	switch v := s.policy().Decide(err, c.Attempts); {
+	switch v := s.cfg.Policy.Decide(err, c.Attempts); {
 	case v.Ack:
 		// The ack coalescer stamps its own time: acks of one flush share it.
 		op, err = "ack", s.acks.Submit(ctx, m.Tenant, []driver.Claim{c})
@@ -153,7 +152,7 @@ func (s *Subscriber) handleClaim(c driver.Claim) {
 }
 
 // giveBack makes a claim visible again at once.
-func (s *Subscriber) giveBack(c driver.Claim) {
+func (s *Member) giveBack(c driver.Claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
@@ -162,13 +161,3 @@ func (s *Subscriber) giveBack(c driver.Claim) {
 			"tenant", c.Message.Tenant, "offset", c.Message.Offset, "err", err)
 	}
 }
-
-// retrying runs a settling write again while it fails with a retryable
-// error (a deadlock, a busy SQLite file): giving up would leave the message
-// to be delivered again after its visibility timeout.
-func (s *Subscriber) retrying(ctx context.Context, write func() error) error {
-	return retry.Do(ctx, settleReruns, s.drv.Retryable, nil, write)
-}
-
-// settleReruns bounds the reruns of one settling write.
-const settleReruns = 4

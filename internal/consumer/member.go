@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package consumer is the runtime of one member of a consumer group: its
+// liveness (heartbeat and lease renewal), its control loop (orphan sweep,
+// discovery, fair share), the head watcher that wakes idle partitions, a
+// worker per leased partition that delivers in order and settles under
+// the lease's fence, and the competing consumers of ungrouped messages.
+// docs/consumers.md describes it with its state machine; the root
+// package's Subscriber is its handle.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/retry"
+	"github.com/shardq/shardq/internal/settle"
+)
+
+// Take chooses which messages a member consumes.
+type Take int
+
+const (
+	TakeAll       Take = iota // grouped and ungrouped messages
+	TakeGrouped               // only messages with a partition key, through leases
+	TakeUngrouped             // only ungrouped messages, through per-message claims
+)
+
+// Config is a member's settings, validated and with defaults filled in by
+// the caller (shardq.Subscribe).
+type Config struct {
+	ConsumerGroup, Topic string
+	Tenants              []string
+	ID                   string // the member's identity: lease owner and heartbeat row
+
+	// Handle delivers msgs (one, or with Batch a run of consecutive
+	// messages of one partition) as their attempt-th delivery. It must not
+	// panic (the caller recovers).
+	Handle    func(ctx context.Context, msgs []driver.Message, attempt int) error
+	Batch     bool
+	BatchSize int
+
+	LeaseTTL, HeartbeatInterval, StaleAfter     time.Duration
+	DiscoveryInterval, JoinWindow, PollInterval time.Duration
+	IdleRelease, CommitInterval                 time.Duration
+	MaxPartitions                               int
+
+	Take                 Take
+	UngroupedConcurrency int
+	VisibilityTimeout    time.Duration
+
+	Policy    settle.Policy
+	DLQSuffix string
+
+	Clock  func() time.Time
+	Logger *slog.Logger
+}
+
+// dbTimeout bounds one database call of the runtime, so that a hung
+// connection fails a tick instead of stalling the loop.
+const dbTimeout = 15 * time.Second
+
+// Member is a running member of a consumer group.
+type Member struct {
+	drv driver.Driver
+	cfg Config
+	log *slog.Logger
+
+	// life runs the loops and workers: its Context ends at Stop (no more
+	// fetching or rebalancing), its HardContext at a hard stop (handlers
+	// are cancelled).
+	life    *lifecycle.Group
+	mu      sync.Mutex
+	workers map[driver.PartitionRef]*worker
+	// ungroupedWake is nudged by a local publish of ungrouped messages.
+	ungroupedWake chan struct{}
+	// acks coalesces the acks of ungrouped messages per tenant.
+	acks       *coalesce.Batcher[string, driver.Claim]
+	stopOnce   sync.Once
+	stopResult error
+}
+
+// Start starts a member: it heartbeats once (or, taking only ungrouped
+// messages, advances their cursor), so that a database that is
+// unreachable or not migrated fails here, and then runs until Stop.
+func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) {
+	s := &Member{
+		drv:     drv,
+		cfg:     cfg,
+		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", cfg.ID),
+		workers: map[driver.PartitionRef]*worker{},
+	}
+	// A member that takes grouped messages heartbeats (its first beat also
+	// proves the database reachable and migrated); one that takes only
+	// ungrouped messages holds no lease and stays out of the fair share,
+	// so it only advances the ungrouped cursor.
+	var err error
+	if cfg.Take == TakeUngrouped {
+		// Members starting together advance together: a deadlock between
+		// them is retried, not a failed start.
+		err = s.retrying(ctx, func() error {
+			_, err := drv.AdvanceUngrouped(ctx, cfg.Tenants[0], cfg.Topic, cfg.ConsumerGroup, cfg.Clock())
+			return err
+		})
+	} else {
+		err = s.heartbeat(ctx, cfg.Clock())
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.life = lifecycle.New(ctx)
+	if cfg.Take != TakeUngrouped {
+		s.life.Go(s.beat)
+		s.life.Go(s.manage)
+		s.life.Go(s.watchHeads)
+	}
+	if cfg.Take != TakeGrouped {
+		s.ungroupedWake = make(chan struct{}, 1)
+		s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
+			return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
+		}, 500, 2, 0, dbTimeout)
+		s.life.Go(s.ungrouped)
+	}
+	return s, nil
+}
+
+// Stop stops fetching, lets in-flight handlers finish until ctx ends (then
+// cancels them), commits what was acked, releases the leases and deletes
+// the heartbeat. No goroutine of the member outlives it.
+func (s *Member) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		s.life.Stop(ctx)
+		if s.acks != nil {
+			s.acks.Close() // every handler has returned: no more acks
+		}
+		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID); err != nil {
+			s.stopResult = fmt.Errorf("stop: %w", err)
+		}
+	})
+	return s.stopResult
+}
+
+// heartbeat upserts the member's rows in every tenant; when that fails
+// (one shard down), tenant by tenant, so that it stays alive where the
+// database answers. It fails only when no tenant's row was written.
+func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
+	err := s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID, now)
+	if err == nil || len(s.cfg.Tenants) == 1 {
+		return err
+	}
+	var errs []error
+	for _, t := range s.cfg.Tenants {
+		if terr := s.drv.Heartbeat(ctx, []string{t}, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID, now); terr != nil {
+			errs = append(errs, fmt.Errorf("tenant %q: %w", t, terr))
+		}
+	}
+	if len(errs) == len(s.cfg.Tenants) {
+		return errors.Join(errs...)
+	}
+	if len(errs) > 0 && s.life != nil && s.life.Context().Err() == nil {
+		s.log.Warn("shardq: heartbeat failed for some tenants; retrying", "err", errors.Join(errs...))
+	}
+	return nil
+}
+
+// retrying runs a settling write again while it fails with a retryable
+// error (a deadlock, a busy SQLite file): giving up would leave the message
+// to be delivered again after its visibility timeout.
+func (s *Member) retrying(ctx context.Context, write func() error) error {
+	return retry.Do(ctx, settleReruns, s.drv.Retryable, nil, write)
+}
+
+// settleReruns bounds the reruns of one settling write.
+const settleReruns = 4
+
+// errorsIsLost reports a lost lease.
+func errorsIsLost(err error) bool { return errors.Is(err, driver.ErrLeaseLost) }
