@@ -12,7 +12,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/keepalive"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -245,7 +245,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 	}
 	r := &GroupReceiver{c: c, o: o, log: o.Logger.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
 		"partition", ref.PartitionKey, "receiver", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
-		closing: make(chan struct{}), life: lifecycle.New(context.Background())}
+		closing: make(chan struct{})}
 	if nextOffset >= 0 || o.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {
@@ -258,11 +258,13 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 			return nil, err
 		}
 	}
+	r.alive = r.keepAlive()
 	if err := c.track(r); err != nil {
+		r.shut(err)
+		r.alive.Stop(ctx)
 		r.release(l)
 		return nil, err
 	}
-	r.life.Go(r.keepAlive)
 	return r, nil
 }
 
@@ -288,7 +290,7 @@ type GroupReceiver struct {
 	closedErr  error // why the receiver is closed, once it is
 	closing    chan struct{}
 	closeOnce  sync.Once
-	life       *lifecycle.Group // runs keepAlive
+	alive      *keepalive.Service // renews the lease while open
 }
 
 // Tenant, Topic, ConsumerGroup and PartitionKey name the accepted group.
@@ -328,47 +330,28 @@ func (r *GroupReceiver) fail(op string, err error) error {
 	return fmt.Errorf("shardq: %s %s: %w", op, r.ref, err)
 }
 
-// keepAlive renews the lease and releases the group when it idles.
-func (r *GroupReceiver) keepAlive() {
-	period := min(r.o.LeaseTTL/3, max(r.o.IdleTimeout/10, time.Millisecond))
-	t := time.NewTicker(period)
-	defer t.Stop()
-	renewed := r.o.Clock()
-	for {
-		select {
-		case <-r.closing:
-			return
-		case <-t.C:
-		}
-		now := r.o.Clock()
-		r.mu.Lock()
-		idle := r.held == nil && now.Sub(r.lastActive) >= r.o.IdleTimeout
-		l := r.lease
-		r.mu.Unlock()
-		if idle {
+// keepAlive starts the lease's keep-alive (internal/keepalive): renewal
+// after a third of the TTL, the idle release, a lost lease closing the
+// receiver.
+func (r *GroupReceiver) keepAlive() *keepalive.Service {
+	return keepalive.Start(r.c.drv, keepalive.Config{TTL: r.o.LeaseTTL, IdleTimeout: r.o.IdleTimeout, Timeout: dbTimeout,
+		Clock: r.o.Clock, Log: r.log, Done: r.closing,
+		State: func(now time.Time) (driver.Lease, bool) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.lease, r.held == nil && now.Sub(r.lastActive) >= r.o.IdleTimeout
+		},
+		Renewed: func(l driver.Lease) {
+			r.mu.Lock()
+			r.lease = l
+			r.mu.Unlock()
+		},
+		Idle: func(l driver.Lease) {
 			r.shut(fmt.Errorf("%w: idle for %s", ErrReceiverClosed, r.o.IdleTimeout))
 			r.release(l)
-			return
-		}
-		if now.Sub(renewed) < r.o.LeaseTTL/3 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-		nl, err := r.c.drv.RenewLease(ctx, l, now, r.o.LeaseTTL)
-		cancel()
-		switch {
-		case errors.Is(err, driver.ErrLeaseLost):
-			r.fail("renew", err)
-			return
-		case err != nil:
-			r.log.Warn("shardq: renewing the group lease failed; retrying", "err", err)
-		default:
-			renewed = now
-			r.mu.Lock()
-			r.lease = nl
-			r.mu.Unlock()
-		}
-	}
+		},
+		Lost: func(err error) { r.fail("renew", err) },
+	})
 }
 
 func (r *GroupReceiver) release(l driver.Lease) {
@@ -582,7 +565,7 @@ func (r *GroupReceiver) Close(ctx context.Context) error {
 	defer r.c.untrack(r)
 	_, err := r.current()
 	r.shut(ErrReceiverClosed)
-	r.life.Stop(ctx) // keepAlive sees closing and returns
+	r.alive.Stop(ctx) // it sees closing and returns
 	if err != nil {
 		return nil // idle-released or lost: nothing left to release
 	}
