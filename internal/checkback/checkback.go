@@ -73,18 +73,7 @@ func (s *Service) Stats() Stats {
 	return Stats{Committed: s.committed.Load(), RolledBack: s.rolledBack.Load(), Exhausted: s.exhausted.Load()}
 }
 
-func (s *Service) loop() {
-	t := time.NewTicker(s.cfg.Poll)
-	defer t.Stop()
-	for {
-		s.checkDue()
-		select {
-		case <-s.life.Context().Done():
-			return
-		case <-t.C:
-		}
-	}
-}
+func (s *Service) loop() { lifecycle.Every(s.life.Context(), s.cfg.Poll, true, s.checkDue) }
 
 func (s *Service) checkDue() {
 	ctx, cancel := context.WithTimeout(s.life.Context(), s.cfg.Timeout)

@@ -13,28 +13,22 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/balance"
+	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/settle"
 )
 
 // beat is the liveness loop: heartbeat and lease renewal. It runs apart
 // from manage so that a slow discovery tick never lets either go stale.
 func (s *Member) beat() {
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.life.Context().Done():
-			return
-		case <-t.C:
-		}
+	lifecycle.Every(s.life.Context(), s.cfg.HeartbeatInterval, false, func() {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+		defer cancel()
 		now := s.cfg.Clock()
 		if err := s.heartbeat(ctx, now); err != nil && s.life.Context().Err() == nil {
 			s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
 		}
 		s.renew(ctx, now)
-		cancel()
-	}
+	})
 }
 
 // idleFallback × PollInterval is how long an idle worker waits when
@@ -46,45 +40,41 @@ const idleFallback = 5
 // member's idle partitions, instead of each idle partition polling on its
 // own.
 func (s *Member) watchHeads() {
-	t := time.NewTicker(s.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.life.Context().Done():
-			return
-		case <-t.C:
+	lifecycle.Every(s.life.Context(), s.cfg.PollInterval, false, s.wakeMovedHeads)
+}
+
+// wakeMovedHeads is one round of the head watcher.
+func (s *Member) wakeMovedHeads() {
+	idle := map[string]map[string]*worker{} // tenant → key → worker
+	s.mu.Lock()
+	for ref, w := range s.workers {
+		if w.idleAfter.Load() > 0 {
+			if idle[ref.Tenant] == nil {
+				idle[ref.Tenant] = map[string]*worker{}
+			}
+			idle[ref.Tenant][ref.PartitionKey] = w
 		}
-		idle := map[string]map[string]*worker{} // tenant → key → worker
-		s.mu.Lock()
-		for ref, w := range s.workers {
-			if w.idleAfter.Load() > 0 {
-				if idle[ref.Tenant] == nil {
-					idle[ref.Tenant] = map[string]*worker{}
-				}
-				idle[ref.Tenant][ref.PartitionKey] = w
-			}
+	}
+	s.mu.Unlock()
+	for tenant, ws := range idle {
+		keys := make([]string, 0, len(ws))
+		for k := range ws {
+			keys = append(keys, k)
 		}
-		s.mu.Unlock()
-		for tenant, ws := range idle {
-			keys := make([]string, 0, len(ws))
-			for k := range ws {
-				keys = append(keys, k)
+		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+		heads, err := s.drv.HeadsOf(ctx, tenant, s.cfg.Topic, keys)
+		cancel()
+		if err != nil {
+			if s.life.Context().Err() == nil {
+				s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenant", tenant, "err", err)
 			}
-			ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-			heads, err := s.drv.HeadsOf(ctx, tenant, s.cfg.Topic, keys)
-			cancel()
-			if err != nil {
-				if s.life.Context().Err() == nil {
-					s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenant", tenant, "err", err)
-				}
-				continue
-			}
-			for k, w := range ws {
-				if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
-					select {
-					case w.wake <- struct{}{}:
-					default:
-					}
+			continue
+		}
+		for k, w := range ws {
+			if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
+				select {
+				case w.wake <- struct{}{}:
+				default:
 				}
 			}
 		}

@@ -15,6 +15,7 @@ package lifecycle
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Group is a set of goroutines stopped together.
@@ -77,4 +78,22 @@ func (g *Group) Stop(ctx context.Context) {
 		}
 		g.hardStop()
 	})
+}
+
+// Every runs fn every interval until ctx ends (a loop of a service's
+// group: pass its Context); with now, it runs fn once at once too.
+func Every(ctx context.Context, interval time.Duration, now bool, fn func()) {
+	if now {
+		fn()
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fn()
+	}
 }

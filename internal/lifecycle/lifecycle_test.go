@@ -55,3 +55,29 @@ func TestParentCancellationDoesNotStopTheGroup(t *testing.T) {
 	}
 	g.Stop(context.Background())
 }
+
+func TestEveryRunsUntilTheContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	runs := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Every(ctx, time.Millisecond, true, func() {
+			runs++
+			if runs == 3 {
+				cancel()
+			}
+		})
+	}()
+	<-done
+	if runs < 3 {
+		t.Fatalf("%d runs before the context ended", runs)
+	}
+	ran := false
+	cctx, ccancel := context.WithCancel(context.Background())
+	ccancel()
+	Every(cctx, time.Hour, false, func() { ran = true })
+	if ran {
+		t.Fatal("without now, fn ran before the first interval")
+	}
+}

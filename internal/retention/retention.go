@@ -169,9 +169,7 @@ type Cleaner struct {
 func Start(ctx context.Context, interval time.Duration, log *slog.Logger, tenants []string, pass func(ctx context.Context) (Report, error)) *Cleaner {
 	c := &Cleaner{life: lifecycle.New(ctx)}
 	c.life.Go(func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
+		lifecycle.Every(c.life.Context(), interval, true, func() {
 			rep, err := pass(c.life.Context())
 			if err != nil && c.life.Context().Err() == nil {
 				log.Warn("shardq: retention pass failed in part; retrying next pass", "tenants", tenants, "err", err)
@@ -179,12 +177,7 @@ func Start(ctx context.Context, interval time.Duration, log *slog.Logger, tenant
 			if rep.Deleted > 0 {
 				log.Info("shardq: retention pass", "tenants", tenants, "deleted", rep.Deleted, "topics", rep.Topics, "skipped", rep.Skipped)
 			}
-			select {
-			case <-c.life.Context().Done():
-				return
-			case <-t.C:
-			}
-		}
+		})
 	})
 	return c
 }
