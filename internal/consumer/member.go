@@ -4,7 +4,8 @@
 // liveness (heartbeat and lease renewal), its control loop (orphan sweep,
 // discovery, fair share), the head watcher that wakes idle partitions, a
 // worker per leased partition that delivers in order and settles under
-// the lease's fence, and the competing consumers of ungrouped messages.
+// the lease's fence; and it starts the competing consumers of ungrouped
+// messages (internal/ungrouped).
 // docs/consumers.md describes it with its state machine; the root
 // package's Subscriber is its handle.
 package consumer
@@ -18,10 +19,10 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/ungrouped"
 )
 
 // Take chooses which messages a member consumes.
@@ -79,10 +80,8 @@ type Member struct {
 	life    *lifecycle.Group
 	mu      sync.Mutex
 	workers map[driver.PartitionRef]*worker
-	// ungroupedWake is nudged by a local publish of ungrouped messages.
-	ungroupedWake chan struct{}
-	// acks coalesces the acks of ungrouped messages per tenant.
-	acks       *coalesce.Batcher[string, driver.Claim]
+	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).
+	ungrouped  *ungrouped.Service
 	stopOnce   sync.Once
 	stopResult error
 }
@@ -122,11 +121,10 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		s.life.Go(s.watchHeads)
 	}
 	if cfg.Take != TakeGrouped {
-		s.ungroupedWake = make(chan struct{}, 1)
-		s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
-			return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
-		}, 500, 2, 0, dbTimeout)
-		s.life.Go(s.ungrouped)
+		s.ungrouped = ungrouped.Start(ctx, drv, ungrouped.Config{ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants,
+			ID: cfg.ID, Handle: cfg.Handle, Concurrency: cfg.UngroupedConcurrency, Visibility: cfg.VisibilityTimeout,
+			PollInterval: cfg.PollInterval, DiscoveryInterval: cfg.DiscoveryInterval, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix,
+			Clock: cfg.Clock, Log: s.log})
 	}
 	return s, nil
 }
@@ -136,10 +134,13 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 // the heartbeat. No goroutine of the member outlives it.
 func (s *Member) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
-		s.life.Stop(ctx)
-		if s.acks != nil {
-			s.acks.Close() // every handler has returned: no more acks
+		// Grouped and ungrouped handlers share ctx's time: stop both at once.
+		var wg sync.WaitGroup
+		wg.Go(func() { s.life.Stop(ctx) })
+		if s.ungrouped != nil {
+			wg.Go(func() { s.ungrouped.Stop(ctx) })
 		}
+		wg.Wait()
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID); err != nil {
@@ -176,11 +177,8 @@ func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
 // error (a deadlock, a busy SQLite file): giving up would leave the message
 // to be delivered again after its visibility timeout.
 func (s *Member) retrying(ctx context.Context, write func() error) error {
-	return retry.Do(ctx, settleReruns, s.drv.Retryable, nil, write)
+	return retry.Do(ctx, retry.SettleReruns, s.drv.Retryable, nil, write)
 }
-
-// settleReruns bounds the reruns of one settling write.
-const settleReruns = 4
 
 // errorsIsLost reports a lost lease.
 func errorsIsLost(err error) bool { return errors.Is(err, driver.ErrLeaseLost) }

@@ -16,11 +16,8 @@ func (s *Member) Wake(rows []*driver.InsertMessage) {
 		if r.Topic != s.cfg.Topic || (i > 0 && r.Tenant == prev.Tenant && r.Topic == prev.Topic && r.PartitionKey == prev.PartitionKey) {
 			continue
 		}
-		if r.PartitionKey == "" && s.ungroupedWake != nil {
-			select {
-			case s.ungroupedWake <- struct{}{}:
-			default:
-			}
+		if r.PartitionKey == "" && s.ungrouped != nil {
+			s.ungrouped.Wake()
 			continue
 		}
 		ref := driver.PartitionRef{Tenant: r.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: r.Topic, PartitionKey: r.PartitionKey}

@@ -11,6 +11,9 @@ import (
 	"time"
 )
 
+// SettleReruns bounds the reruns of one settling write of a consumer.
+const SettleReruns = 4
+
 // Pause is the wait before the n-th rerun: n × Pause.
 const Pause = 5 * time.Millisecond
 

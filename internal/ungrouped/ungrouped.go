@@ -1,15 +1,91 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package consumer
+// Package ungrouped is the competing consumers of a group's ungrouped
+// messages (empty partition key): per-message claims with a visibility
+// timeout, taken in batches by any member, settled one by one under the
+// claim's token, acks coalesced, and the group's cursor of partition ""
+// advanced past what is done. docs/groups.md describes it; a consumer
+// member (internal/consumer) starts it.
+package ungrouped
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
 )
+
+// Config is the service's settings, validated and with defaults filled.
+type Config struct {
+	ConsumerGroup, Topic string
+	Tenants              []string
+	ID                   string // the member's identity: the claims' owner
+	// Handle delivers one message as its attempt-th delivery; it must not
+	// panic (the caller recovers).
+	Handle            func(ctx context.Context, msgs []driver.Message, attempt int) error
+	Concurrency       int           // messages handled at once
+	Visibility        time.Duration // how long a claim hides its message
+	PollInterval      time.Duration
+	DiscoveryInterval time.Duration // how often the cursor advances
+	Policy            settle.Policy
+	DLQSuffix         string
+	Clock             func() time.Time
+	Log               *slog.Logger
+}
+
+// dbTimeout bounds one database call, so that a hung connection fails a
+// round instead of stalling the loop.
+const dbTimeout = 15 * time.Second
+
+// Service claims, handles and settles a group's ungrouped messages.
+type Service struct {
+	drv  driver.Driver
+	cfg  Config
+	log  *slog.Logger
+	life *lifecycle.Group
+	wake chan struct{} // a local publish of ungrouped messages
+	// acks coalesces the acks of ungrouped messages per tenant.
+	acks *coalesce.Batcher[string, driver.Claim]
+}
+
+// Start runs the service until Stop.
+func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
+	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1)}
+	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
+		return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
+	}, 500, 2, 0, dbTimeout)
+	s.life.Go(s.ungrouped)
+	return s
+}
+
+// Stop stops claiming, lets in-flight handlers finish until ctx ends (then
+// cancels them), gives back what was claimed and not started, and flushes
+// the acks.
+func (s *Service) Stop(ctx context.Context) {
+	s.life.Stop(ctx)
+	s.acks.Close() // every handler has returned: no more acks
+}
+
+// Wake tells the service that ungrouped messages were published here.
+func (s *Service) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// retrying runs a settling write again while it fails with a retryable
+// error (a deadlock, a busy SQLite file): giving up would leave the message
+// to be delivered again after its visibility timeout.
+func (s *Service) retrying(ctx context.Context, write func() error) error {
+	return retry.Do(ctx, retry.SettleReruns, s.drv.Retryable, nil, write)
+}
 
 // ungrouped is the competing-consumer loop for messages with an empty
 // partition key. UngroupedConcurrency handler goroutines take claimed
@@ -19,8 +95,8 @@ import (
 // busy, and every DiscoveryInterval it moves the group's ungrouped cursor
 // past what is done. Acks are coalesced into shared transactions the way
 // publishes are.
-func (s *Member) ungrouped() {
-	n := s.cfg.UngroupedConcurrency
+func (s *Service) ungrouped() {
+	n := s.cfg.Concurrency
 	queue := make(chan driver.Claim, n)
 	took := make(chan struct{}, 1) // a handler took a claim off the queue
 	for range n {
@@ -55,7 +131,7 @@ func (s *Member) ungrouped() {
 		wait := time.NewTimer(s.cfg.PollInterval)
 		select {
 		case <-wait.C:
-		case <-s.ungroupedWake:
+		case <-s.wake:
 		case <-took: // the queue shrank: maybe room for a batch
 		case <-s.life.Context().Done():
 		}
@@ -65,7 +141,7 @@ func (s *Member) ungrouped() {
 
 // handleClaims is one handler goroutine. On stop, it gives back what it
 // takes instead of running it.
-func (s *Member) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
+func (s *Service) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
 	for c := range queue {
 		select {
 		case took <- struct{}{}:
@@ -86,9 +162,9 @@ func (s *Member) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
 	}
 }
 
-func (s *Member) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
+func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.VisibilityTimeout, room)
+	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, room)
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {
@@ -102,7 +178,7 @@ func (s *Member) claimInto(tenant string, room int, queue chan<- driver.Claim) i
 	return len(claims)
 }
 
-func (s *Member) advanceUngrouped(now time.Time) {
+func (s *Service) advanceUngrouped(now time.Time) {
 	for _, tenant := range s.cfg.Tenants {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		// Members advance together; a deadlock between them is rerun.
@@ -119,7 +195,7 @@ func (s *Member) advanceUngrouped(now time.Time) {
 
 // handleClaim delivers one claimed message and settles it: ack, retry after
 // a backoff, or dead-letter, each fenced by the claim's token.
-func (s *Member) handleClaim(c driver.Claim) {
+func (s *Service) handleClaim(c driver.Claim) {
 	m := c.Message
 	err := s.cfg.Handle(s.life.HardContext(), []driver.Message{m}, c.Attempts)
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
@@ -152,7 +228,7 @@ func (s *Member) handleClaim(c driver.Claim) {
 }
 
 // giveBack makes a claim visible again at once.
-func (s *Member) giveBack(c driver.Claim) {
+func (s *Service) giveBack(c driver.Claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/balance"
+)
+
+// manage is the subscriber's control loop: orphan sweep, discovery and
+// rebalancing, once per DiscoveryInterval; the first tick after the join
+// window, and the next one after the join window again when a peer took a
+// partition this one reached for.
+func (s *Member) manage() {
+	t := time.NewTimer(s.cfg.JoinWindow)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.life.Context().Done():
+			return
+		case <-t.C:
+		}
+		next := s.cfg.DiscoveryInterval
+		if s.tick() {
+			next = s.cfg.JoinWindow
+		}
+		t.Reset(next)
+	}
+}
+
+// tick runs one rebalance; it reports whether a peer took a partition this
+// subscriber planned to acquire (so that it replans soon).
+func (s *Member) tick() (contended bool) {
+	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+	defer cancel()
+	now := s.cfg.Clock()
+	subs, leases, work, err := s.tickInputs(ctx, s.cfg.Tenants)
+	if err != nil {
+		// One tenant list failed (a shard down, say): list tenant by
+		// tenant, and plan for those that answer.
+		var failed []string
+		subs, leases, work, failed = nil, nil, nil, nil
+		for _, t := range s.cfg.Tenants {
+			ts, tl, tw, terr := s.tickInputs(ctx, []string{t})
+			if terr != nil {
+				failed = append(failed, t)
+				s.tickFailed(fmt.Sprintf("tenant %q: listing members, leases or partitions failed", t), terr)
+				continue
+			}
+			subs, leases, work = append(subs, ts...), append(leases, tl...), append(work, tw...)
+		}
+		if len(failed) == len(s.cfg.Tenants) {
+			return false
+		}
+	}
+
+	live := map[string][]string{}
+	alive := map[string]bool{}
+	member := map[string]bool{}
+	for _, sub := range subs {
+		member[sub.Name] = true
+		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.cfg.ID {
+			live[sub.Tenant] = append(live[sub.Tenant], sub.Name)
+			alive[sub.Name] = true
+		}
+	}
+	s.sweep(ctx, leases, member, alive, now)
+
+	// A lease in our name without a worker here is an acquisition whose
+	// commit succeeded while we saw an error (a cut connection): offer it
+	// to the plan as free, so that we acquire it again (new token) instead
+	// of holding it unused forever.
+	s.mu.Lock()
+	for i, l := range leases {
+		if l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil {
+			leases[i].Owner = ""
+		}
+	}
+	s.mu.Unlock()
+
+	refs := make([]driver.PartitionRef, 0, len(work))
+	for _, p := range work {
+		if p.PartitionKey == "" {
+			continue // ungrouped messages go to per-message claims, never to a lease
+		}
+		refs = append(refs, driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey})
+	}
+	plan := balance.Compute(balance.Input{Me: s.cfg.ID, Live: live, Work: refs, Leases: leases, Now: now})
+	for _, p := range plan.Release {
+		s.mu.Lock()
+		if w := s.workers[p]; w != nil {
+			w.handBack()
+		}
+		s.mu.Unlock()
+	}
+	for _, p := range plan.Acquire {
+		s.mu.Lock()
+		_, running := s.workers[p]
+		full := len(s.workers) >= s.cfg.MaxPartitions
+		s.mu.Unlock()
+		if running {
+			continue
+		}
+		if full || s.life.Context().Err() != nil {
+			break
+		}
+		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
+		if errors.Is(err, driver.ErrLeaseHeld) {
+			contended = true // a peer was quicker; replan soon
+			continue
+		}
+		if err != nil {
+			s.tickFailed(fmt.Sprintf("acquiring the lease of tenant %q partition %q failed", p.Tenant, p.PartitionKey), err)
+			continue
+		}
+		s.startWorker(l)
+	}
+	return contended
+}
+
+// tickInputs lists, for tenants, the group's members, its lease rows and
+// the partitions with work.
+func (s *Member) tickInputs(ctx context.Context, tenants []string) ([]driver.Subscriber, []driver.Lease, []driver.Partition, error) {
+	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listing subscribers: %w", err)
+	}
+	leases, err := s.drv.ListLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listing leases: %w", err)
+	}
+	work, err := s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("discovery: %w", err)
+	}
+	return subs, leases, work, nil
+}
+
+// tickFailed logs a failed step of a tick, unless the tick failed because
+// the subscriber is stopping.
+func (s *Member) tickFailed(what string, err error) {
+	if s.life.Context().Err() != nil {
+		return
+	}
+	s.log.Warn("shardq: "+what+"; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
+}
+
+// sweep frees the leases of subscribers whose heartbeat went stale.
+func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, now time.Time) {
+	deadSet := map[string]bool{}
+	for _, l := range leases {
+		// Only members whose heartbeat went stale are known dead. An owner
+		// without heartbeat rows is a group receiver (AcceptGroup), which
+		// renews its lease instead: its lease expires by itself.
+		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] {
+			deadSet[l.Owner] = true
+		}
+	}
+	if len(deadSet) == 0 {
+		return
+	}
+	var dead []string
+	for o := range deadSet {
+		dead = append(dead, o)
+	}
+	n, err := s.drv.SweepLeases(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, dead, now)
+	if err != nil {
+		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
+		return
+	}
+	s.log.Info("shardq: swept leases of dead subscribers", "dead", dead, "leases", n)
+}

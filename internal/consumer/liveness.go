@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/lifecycle"
+)
+
+// beat is the liveness loop: heartbeat and lease renewal. It runs apart
+// from manage so that a slow discovery tick never lets either go stale.
+func (s *Member) beat() {
+	lifecycle.Every(s.life.Context(), s.cfg.HeartbeatInterval, false, func() {
+		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+		defer cancel()
+		now := s.cfg.Clock()
+		if err := s.heartbeat(ctx, now); err != nil && s.life.Context().Err() == nil {
+			s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
+		}
+		s.renew(ctx, now)
+	})
+}
+
+// renew extends, in one transaction, the leases that have used a third of
+// their time (so each gets several chances before it could lapse), and
+// stops the partitions whose lease was lost.
+func (s *Member) renew(ctx context.Context, now time.Time) {
+	s.mu.Lock()
+	var due []driver.Lease
+	for _, w := range s.workers {
+		if w.lease.ExpiresAt.Sub(now) < s.cfg.LeaseTTL*2/3 {
+			due = append(due, w.lease)
+		}
+	}
+	s.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	renewed, lost, err := s.drv.RenewLeases(ctx, due, now, s.cfg.LeaseTTL)
+	if err != nil {
+		// One transaction over every tenant fails as a whole when one
+		// shard is down: renew tenant by tenant, so that the leases on the
+		// shards that answer do not lapse.
+		renewed, lost = nil, nil
+		byTenant := map[string][]driver.Lease{}
+		for _, l := range due {
+			byTenant[l.Tenant] = append(byTenant[l.Tenant], l)
+		}
+		for tenant, ls := range byTenant {
+			r, l, terr := s.drv.RenewLeases(ctx, ls, now, s.cfg.LeaseTTL)
+			if terr != nil {
+				if s.life.Context().Err() == nil {
+					s.log.Warn("shardq: lease renewal failed; retrying", "tenant", tenant, "leases", len(ls), "err", terr)
+				}
+				continue
+			}
+			renewed, lost = append(renewed, r...), append(lost, l...)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range renewed {
+		if w := s.workers[l.PartitionRef]; w != nil && w.lease.Token == l.Token {
+			w.lease.ExpiresAt = l.ExpiresAt
+		}
+	}
+	for _, l := range lost {
+		if w := s.workers[l.PartitionRef]; w != nil && w.lease.Token == l.Token {
+			s.log.Warn("shardq: lease lost; stopping the partition", "tenant", l.Tenant, "partition", l.PartitionKey, "token", l.Token)
+			w.lose()
+		}
+	}
+}
