@@ -61,7 +61,7 @@ func (d *Store) GroupState(ctx context.Context, l driver.Lease) ([]byte, error) 
 			return nil, err
 		}
 		var state []byte
-		err := tx.QueryRowContext(ctx, "SELECT state FROM queue_group_state WHERE "+leaseKey, refArgs(l.PartitionRef)...).Scan(&state)
+		err := queryRow(ctx, tx, d.leases().readState, refNamed(l.PartitionRef)).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, nil
 		}
@@ -85,10 +85,7 @@ func (d *Store) SetGroupState(ctx context.Context, l driver.Lease, state []byte,
 		if state == nil {
 			state = []byte{}
 		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO queue_group_state (tenant, consumer_group, topic, partition_key, state, updated_at) "+
-			"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, consumer_group, topic, partition_key",
-			"state = "+d.Excluded("state")+", updated_at = "+d.Excluded("updated_at")),
-			append(refArgs(l.PartitionRef), state, d.EncodeTime(now))...)
+		_, err := exec(ctx, tx, d.leases().writeState, refNamed(l.PartitionRef).with(Args{"state": state, "now": d.EncodeTime(now)}))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -26,12 +27,26 @@ type Store struct {
 	// Insert appends messages inside a transaction (the driver's
 	// InsertMessages), for dead-lettering.
 	Insert func(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
+
+	leaseOnce  sync.Once
+	leaseStmts leaseSQL
 }
 
-const leaseKey = "tenant = ? AND consumer_group = ? AND topic = ? AND partition_key = ?"
+// leases is the lease protocol's statements, built on first use.
+func (d *Store) leases() *leaseSQL {
+	d.leaseOnce.Do(func() { d.leaseStmts = newLeaseSQL(d.Dialect) })
+	return &d.leaseStmts
+}
 
-func refArgs(p driver.PartitionRef) []any {
-	return []any{p.Tenant, p.ConsumerGroup, p.Topic, p.PartitionKey}
+// exec and queryRow run a named statement (Bind).
+func exec(ctx context.Context, db driver.DBTX, stmt string, args Args) (sql.Result, error) {
+	q, a := Bind(stmt, args)
+	return db.ExecContext(ctx, q, a...)
+}
+
+func queryRow(ctx context.Context, db driver.DBTX, stmt string, args Args) *sql.Row {
+	q, a := Bind(stmt, args)
+	return db.QueryRowContext(ctx, q, a...)
 }
 
 // inTx runs fn in a write transaction and commits it.
@@ -59,17 +74,14 @@ func inTx[T any](ctx context.Context, begin func(context.Context) (*sql.Tx, erro
 func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "acquire lease on " + p.String()
-		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_partition_leases "+
-			"(tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) VALUES (?, ?, ?, ?, '', 0, ?, ?)"+
-			d.Upsert("tenant, consumer_group, topic, partition_key", ""),
-			append(refArgs(p), d.EncodeTime(now), d.EncodeTime(now))...); err != nil {
+		st, key := d.leases(), refNamed(p)
+		if _, err := exec(ctx, tx, st.ensure, key.with(Args{"now": d.EncodeTime(now)})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		var holder string
 		var token int64
 		var expires any
-		if err := tx.QueryRowContext(ctx, "SELECT owner, token, expires_at FROM queue_partition_leases WHERE "+leaseKey+d.LockClause,
-			refArgs(p)...).Scan(&holder, &token, &expires); err != nil {
+		if err := queryRow(ctx, tx, st.lock, key).Scan(&holder, &token, &expires); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		exp, err := d.DecodeTime(expires)
@@ -80,13 +92,12 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 			return driver.Lease{}, &driver.LeaseHeldError{Partition: p, Owner: holder, ExpiresAt: exp}
 		}
 		l := driver.Lease{PartitionRef: p, Owner: owner, Token: token + 1, ExpiresAt: now.Add(ttl)}
-		err = tx.QueryRowContext(ctx, "SELECT committed_offset FROM queue_offsets WHERE tenant = ? AND topic = ? AND partition_key = ? AND consumer_group = ?",
-			p.Tenant, p.Topic, p.PartitionKey, p.ConsumerGroup).Scan(&l.Committed)
+		err = queryRow(ctx, tx, st.committed, key).Scan(&l.Committed)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = ?, token = ?, expires_at = ?, acquired_at = ? WHERE "+leaseKey,
-			append([]any{owner, l.Token, d.EncodeTime(l.ExpiresAt), d.EncodeTime(now)}, refArgs(p)...)...); err != nil {
+		if _, err := exec(ctx, tx, st.take, key.with(Args{"owner": owner, "token": l.Token, "expires_at": d.EncodeTime(l.ExpiresAt),
+			"now": d.EncodeTime(now)})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		return l, nil
@@ -96,10 +107,9 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 // fence locks l's row if, and only if, l's token and owner are current.
 // Every write under a lease runs in a transaction that starts with it, so
 // the row stays locked (a takeover waits) until that write commits.
-func (d Dialect) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op string) error {
+func (d *Store) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op string) error {
 	var one int
-	err := tx.QueryRowContext(ctx, "SELECT 1 FROM queue_partition_leases WHERE "+leaseKey+" AND token = ? AND owner = ?"+d.LockClause,
-		append(refArgs(l.PartitionRef), l.Token, l.Owner)...).Scan(&one)
+	err := queryRow(ctx, tx, d.leases().fence, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
 	}
@@ -121,8 +131,7 @@ func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, t
 			return driver.Lease{}, fmt.Errorf("%s: %w (token %d expired at %s)", op, driver.ErrLeaseLost, l.Token, l.ExpiresAt.Format(time.RFC3339Nano))
 		}
 		l.ExpiresAt = now.Add(ttl)
-		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET expires_at = ? WHERE "+leaseKey+" AND token = ?",
-			append(append([]any{d.EncodeTime(l.ExpiresAt)}, refArgs(l.PartitionRef)...), l.Token)...); err != nil {
+		if _, err := exec(ctx, tx, d.leases().renew, refNamed(l.PartitionRef).with(Args{"expires_at": d.EncodeTime(l.ExpiresAt), "token": l.Token})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		return l, nil
@@ -222,8 +231,7 @@ func (d *Store) ReleaseLease(ctx context.Context, l driver.Lease, now time.Time)
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', expires_at = ? WHERE "+leaseKey+" AND token = ?",
-			append(append([]any{d.EncodeTime(now)}, refArgs(l.PartitionRef)...), l.Token)...)
+		_, err := exec(ctx, tx, d.leases().release, refNamed(l.PartitionRef).with(Args{"now": d.EncodeTime(now), "token": l.Token}))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -242,15 +250,12 @@ func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, 
 	return err
 }
 
-func (d Dialect) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
-	if _, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
-		"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
-		"committed_offset = "+d.Greatest+"(committed_offset, "+d.Excluded("committed_offset")+"), updated_at = "+d.Excluded("updated_at")),
-		l.Tenant, l.Topic, l.PartitionKey, l.ConsumerGroup, offset, d.EncodeTime(now)); err != nil {
+func (d *Store) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
+	st, args := d.leases(), refNamed(l.PartitionRef).with(Args{"offset": offset, "now": d.EncodeTime(now)})
+	if _, err := exec(ctx, tx, st.commit, args); err != nil {
 		return d.Wrap(op, err)
 	}
-	if _, err := tx.ExecContext(ctx, "DELETE FROM queue_delivery_state WHERE "+leaseKey+" AND message_offset <= ?",
-		append(refArgs(l.PartitionRef), offset)...); err != nil {
+	if _, err := exec(ctx, tx, st.dropStates, args); err != nil {
 		return d.Wrap(op, err)
 	}
 	return nil
@@ -263,12 +268,8 @@ func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64,
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO queue_delivery_state (tenant, consumer_group, topic, partition_key, message_offset, "+
-			"attempts, next_attempt_at, last_error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"+
-			d.Upsert("tenant, consumer_group, topic, partition_key, message_offset",
-				"attempts = "+d.Excluded("attempts")+", next_attempt_at = "+d.Excluded("next_attempt_at")+
-					", last_error = "+d.Excluded("last_error")+", updated_at = "+d.Excluded("updated_at")),
-			append(refArgs(l.PartitionRef), offset, st.Attempts, d.EncodeTime(st.NextAttemptAt), st.LastError, d.EncodeTime(now))...)
+		_, err := exec(ctx, tx, d.leases().record, refNamed(l.PartitionRef).with(Args{"offset": offset, "attempts": st.Attempts,
+			"next_attempt_at": d.EncodeTime(st.NextAttemptAt), "last_error": st.LastError, "now": d.EncodeTime(now)}))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -277,8 +278,8 @@ func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64,
 // DeliveryStates reads the retry bookkeeping of offsets in (after, upTo].
 func (d *Store) DeliveryStates(ctx context.Context, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
 	op := fmt.Sprintf("read delivery state of offsets (%d, %d] on %s", after, upTo, p)
-	rows, err := d.Read.QueryContext(ctx, "SELECT message_offset, attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE "+
-		leaseKey+" AND message_offset > ? AND message_offset <= ?", append(refArgs(p), after, upTo)...)
+	q, args := Bind(d.leases().states, refNamed(p).with(Args{"after": after, "up_to": upTo}))
+	rows, err := d.Read.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -413,8 +414,8 @@ func (d *Store) RemoveHeartbeat(ctx context.Context, tenants []string, group, to
 	if len(tenants) == 0 {
 		return nil
 	}
-	if _, err := d.Write.ExecContext(ctx, "DELETE FROM queue_subscriber_heartbeats WHERE tenant IN ("+Placeholders(len(tenants))+
-		") AND consumer_group = ? AND topic = ? AND subscriber_name = ?", tenantArgs(tenants, group, topic, subscriber)...); err != nil {
+	if _, err := exec(ctx, d.Write, d.leases().removeBeats, Args{"tenants": List(tenantArgs(tenants)), "group": group, "topic": topic,
+		"member": subscriber}); err != nil {
 		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil

@@ -108,8 +108,8 @@ func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, gr
 		// instead of committing its own cursor over the reset (commits keep
 		// the maximum), and whoever acquires it next reads the new cursor.
 		// The row lock also waits out a fenced write in flight.
-		if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = ? WHERE "+leaseKey,
-			d.EncodeTime(time.Now()), tenant, group, topic, partitionKey); err != nil {
+		ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: group, Topic: topic, PartitionKey: partitionKey}
+		if _, err := exec(ctx, tx, d.leases().revoke, refNamed(ref).with(Args{"now": d.EncodeTime(time.Now())})); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
