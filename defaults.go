@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -50,9 +51,8 @@ const (
 	DefaultCleanerInterval     = 5 * time.Minute
 )
 
-// dbTimeout bounds one database call of a handle's background work (a
-// receiver's renewal, a check-back), as the consumer runtime bounds its own.
-const dbTimeout = 15 * time.Second
+// dbTimeout bounds one database call of a handle's background work.
+const dbTimeout = lifecycle.CallTimeout
 
 // UnlimitedAttempts as MaxAttempts retries a failing message forever: it
 // is never dead-lettered for its attempts (a DeadLetter result still

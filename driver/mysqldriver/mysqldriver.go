@@ -147,17 +147,13 @@ func (d *Driver) Close() error {
 // Publishers lock head rows in key order, so the gap locks of REPEATABLE
 // READ cannot close a cycle; asking for another level would cost a round
 // trip per transaction.
+//
+// The server's auto_increment step, needed for offsets, is already known
+// here: every connection's session check reads it before the pool hands
+// the connection out (New reads it from the caller's pool), never inside
+// a transaction, where through vtgate such a read can hang while holding
+// head-row locks.
 func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
-	// The auto_increment step, needed for offsets, is read once, before
-	// any transaction: through vtgate, a system-variable read inside a
-	// transaction was seen to hang until its context ended while holding
-	// head-row locks, and a read on a second connection from inside the
-	// transaction could exhaust the pool when many start cold.
-	if d.server.step.Load() == 0 {
-		if _, err := d.autoIncrementStep(ctx, d.db); err != nil {
-			return nil, wrap("begin", err)
-		}
-	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)

@@ -64,9 +64,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// dbTimeout bounds one database call of the runtime, so that a hung
-// connection fails a tick instead of stalling the loop.
-const dbTimeout = 15 * time.Second
+const dbTimeout = lifecycle.CallTimeout
 
 // Member is a running member of a consumer group.
 type Member struct {

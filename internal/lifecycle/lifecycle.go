@@ -80,6 +80,10 @@ func (g *Group) Stop(ctx context.Context) {
 	})
 }
 
+// CallTimeout bounds one database call of a background loop, so that a
+// hung connection fails a round instead of stalling the loop.
+const CallTimeout = 15 * time.Second
+
 // Every runs fn every interval until ctx ends (a loop of a service's
 // group: pass its Context); with now, it runs fn once at once too.
 func Every(ctx context.Context, interval time.Duration, now bool, fn func()) {

@@ -39,9 +39,7 @@ type Config struct {
 	Log               *slog.Logger
 }
 
-// dbTimeout bounds one database call, so that a hung connection fails a
-// round instead of stalling the loop.
-const dbTimeout = 15 * time.Second
+const dbTimeout = lifecycle.CallTimeout
 
 // Service claims, handles and settles a group's ungrouped messages.
 type Service struct {
