@@ -19,7 +19,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -190,28 +189,10 @@ func wrap(op string, err error) error {
 }
 
 var dialect = sqlcommon.Dialect{
-	Offset:          "`offset`",
-	Wrap:            wrap,
-	EncodeTime:      func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
-	DecodeTime:      decodeTime,
-	LockClause:      " FOR UPDATE",
-	ShareLockClause: " LOCK IN SHARE MODE",
-	SkipLocked:      " FOR UPDATE SKIP LOCKED",
-	DeleteLimit:     true,
-	UseIndex:        func(index string) string { return " FORCE INDEX (" + index + ")" },
-	PartitionOrder:  " FORCE INDEX (PRIMARY)",
-	Greatest:        "GREATEST",
-	Excluded:        func(col string) string { return "VALUES(" + col + ")" },
-	Upsert: func(conflictCols, set string) string {
-		if set == "" { // a no-op update: the row is locked, nothing changes
-			// The last key column, not tenant: Vitess refuses an update
-			// of the vindex column, even to itself.
-			cols := strings.Split(conflictCols, ",")
-			col := strings.TrimSpace(cols[len(cols)-1])
-			set = col + " = " + col
-		}
-		return " ON DUPLICATE KEY UPDATE " + set
-	},
+	Syntax:     sqlcommon.MySQL,
+	Wrap:       wrap,
+	EncodeTime: func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
+	DecodeTime: decodeTime,
 }
 
 // decodeTime reads a DATETIME whichever way the pool's DSN returns it

@@ -5,7 +5,6 @@ package mysqldriver
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/sqlcommon"
@@ -34,6 +33,9 @@ const (
 //     isolation level), mark them Duplicate, insert the others;
 //  4. advance the head rows.
 //
+// The statements are sqlcommon's (publishsql.go); the order and the
+// offsets' arithmetic are MySQL's.
+//
 // Because step 1 holds the head rows until commit, no other transaction
 // inserts into these partitions meanwhile: step 3 cannot race, and a later
 // commit never holds a lower offset than an earlier one, so a reader's
@@ -45,7 +47,7 @@ func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*dri
 	}
 	b := sqlcommon.Plan(msgs)
 	err := b.ByTenant(func(tenant string, groups []*sqlcommon.Group) error {
-		if err := lockHeads(ctx, tx, tenant, groups); err != nil {
+		if err := d.LockHeads(ctx, tx, tenant, groups); err != nil {
 			return err
 		}
 		for _, g := range groups {
@@ -59,28 +61,6 @@ func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*dri
 		return err
 	}
 	b.Finish()
-	return nil
-}
-
-func lockHeads(ctx context.Context, tx driver.DBTX, tenant string, groups []*sqlcommon.Group) error {
-	var sb strings.Builder
-	var args []any
-	sb.WriteString("INSERT INTO queue_partitions (tenant, topic, partition_key, head_offset, created_at, updated_at) VALUES ")
-	n := 0
-	for _, g := range groups {
-		for _, k := range g.Keys {
-			if n > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))")
-			args = append(args, tenant, g.Topic, k)
-			n++
-		}
-	}
-	sb.WriteString(" ON DUPLICATE KEY UPDATE head_offset = head_offset")
-	if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
-		return wrap(fmt.Sprintf("tenant %q: lock partition heads", tenant), err)
-	}
 	return nil
 }
 
@@ -98,22 +78,19 @@ func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 			return err
 		}
 	}
-	var stored []*driver.InsertMessage
+	heads := map[string]int64{}
 	for _, m := range g.Msgs {
 		if !m.Duplicate {
-			stored = append(stored, m)
+			heads[m.PartitionKey] = max(heads[m.PartitionKey], m.Offset)
 		}
 	}
-	if len(stored) == 0 {
-		return nil
-	}
-	return advanceHeads(ctx, tx, g, stored)
+	return d.AdvanceHeads(ctx, tx, g, heads)
 }
 
 // insertNew handles a chunk that hit the unique key: the statement was
 // rolled back, so look up which identities are stored and insert the rest.
 func (d *Driver) insertNew(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage) error {
-	if err := markStored(ctx, tx, g, chunk); err != nil {
+	if err := d.MarkStored(ctx, tx, g, chunk); err != nil {
 		return err
 	}
 	var fresh []*driver.InsertMessage
@@ -130,16 +107,9 @@ func (d *Driver) insertNew(ctx context.Context, tx driver.DBTX, g *sqlcommon.Gro
 
 // insertChunk inserts msgs in one statement and sets their offsets.
 func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, msgs []*driver.InsertMessage) error {
-	query, args, err := dialect.InsertMessages(g, msgs)
+	res, err := d.InsertRows(ctx, tx, g, msgs)
 	if err != nil {
-		return err
-	}
-	res, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
-		if isDuplicateKey(err) {
-			return err // the caller falls back to looking the ids up
-		}
-		return wrap("insert messages", err)
+		return err // on a duplicate key, the caller looks the ids up
 	}
 	first, err := res.LastInsertId()
 	if err != nil {
@@ -178,78 +148,4 @@ func (d *Driver) autoIncrementStep(ctx context.Context, q driver.DBTX) (int64, e
 		return 0, err
 	}
 	return v, nil
-}
-
-func advanceHeads(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, stored []*driver.InsertMessage) error {
-	heads := map[string]int64{}
-	for _, m := range stored {
-		heads[m.PartitionKey] = max(heads[m.PartitionKey], m.Offset)
-	}
-	var sb strings.Builder
-	args := make([]any, 0, 3*len(heads)+2)
-	sb.WriteString("UPDATE queue_partitions SET head_offset = GREATEST(head_offset, CASE partition_key")
-	keys := make([]any, 0, len(heads))
-	for _, k := range g.Keys { // sorted, matching the lock order
-		if h, ok := heads[k]; ok {
-			sb.WriteString(" WHEN ? THEN ?")
-			args = append(args, k, h)
-			keys = append(keys, k)
-		}
-	}
-	sb.WriteString(" END), updated_at = UTC_TIMESTAMP(6) WHERE tenant = ? AND topic = ? AND partition_key IN (" + sqlcommon.Placeholders(len(keys)) + ")")
-	args = append(args, g.Tenant, g.Topic)
-	args = append(args, keys...)
-	if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
-		return wrap("advance partition heads", err)
-	}
-	return nil
-}
-
-// markStored marks the messages of chunk that are stored already as
-// Duplicate, with their stored offsets. The locking read sees the latest
-// committed rows whatever the caller's isolation level and snapshot.
-func markStored(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group, chunk []*driver.InsertMessage) error {
-	idx := make(map[[2]string]*driver.InsertMessage, len(chunk))
-	for _, m := range chunk {
-		idx[[2]string{m.PartitionKey, m.ID}] = m
-	}
-	match, margs := identityMatch(chunk)
-	rows, err := tx.QueryContext(ctx, "SELECT partition_key, id, `offset` FROM queue_messages WHERE tenant = ? AND topic = ? AND "+
-		match+" LOCK IN SHARE MODE", append([]any{g.Tenant, g.Topic}, margs...)...)
-	if err != nil {
-		return wrap("look up message ids", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var key, id string
-		var off int64
-		if err := rows.Scan(&key, &id, &off); err != nil {
-			return fmt.Errorf("look up message ids: %w", err)
-		}
-		if m := idx[[2]string{key, id}]; m != nil {
-			m.Offset, m.Duplicate = off, true
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return wrap("look up message ids", err)
-	}
-	return nil
-}
-
-// identityMatch returns "((partition_key = ? AND id = ?) OR ...)" for msgs
-// and its arguments. The optimiser turns it into ranges on the unique key
-// (tenant, topic, partition_key, id).
-func identityMatch(msgs []*driver.InsertMessage) (string, []any) {
-	var sb strings.Builder
-	args := make([]any, 0, 2*len(msgs))
-	sb.WriteString("(")
-	for i, m := range msgs {
-		if i > 0 {
-			sb.WriteString(" OR ")
-		}
-		sb.WriteString("(partition_key = ? AND id = ?)")
-		args = append(args, m.PartitionKey, m.ID)
-	}
-	sb.WriteString(")")
-	return sb.String(), args
 }

@@ -157,7 +157,7 @@ func nowMicros() int64 { return time.Now().UnixMicro() }
 
 // Times are INTEGER microseconds since the Unix epoch, UTC.
 var dialect = sqlcommon.Dialect{
-	Offset:     `"offset"`,
+	Syntax:     sqlcommon.SQLite,
 	Wrap:       wrap,
 	EncodeTime: func(t time.Time) any { return t.UnixMicro() },
 	DecodeTime: func(v any) (time.Time, error) {
@@ -166,16 +166,5 @@ var dialect = sqlcommon.Dialect{
 			return time.Time{}, fmt.Errorf("created_at: unsupported %T", v)
 		}
 		return time.UnixMicro(us).UTC(), nil
-	},
-	LockClause:     "",
-	UseIndex:       func(index string) string { return " INDEXED BY " + index },
-	PartitionOrder: " INDEXED BY pk_queue_messages",
-	Greatest:       "max",
-	Excluded:       func(col string) string { return "excluded." + col },
-	Upsert: func(conflictCols, set string) string {
-		if set == "" {
-			return " ON CONFLICT (" + conflictCols + ") DO NOTHING"
-		}
-		return " ON CONFLICT (" + conflictCols + ") DO UPDATE SET " + set
 	},
 }

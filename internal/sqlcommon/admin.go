@@ -5,41 +5,24 @@ package sqlcommon
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
+	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 )
 
-// scope renders s as a condition on col ("" for all tenants) and its
-// arguments. The caller has checked that s names tenants or all of them.
-func scope(s driver.Scope, col string) (string, []any) {
-	if s.AllTenants {
-		return "1 = 1", nil
-	}
-	return col + " IN (" + Placeholders(len(s.Tenants)) + ")", tenantArgs(s.Tenants)
-}
-
 func emptyScope(s driver.Scope) bool { return !s.AllTenants && len(s.Tenants) == 0 }
 
-// page renders s's page over the sort columns cols: a condition that
-// the row's sort key comes after s.After (empty when it is not set), and
-// a LIMIT clause (empty when s.Limit is 0), each with its arguments.
-func page(s driver.Scope, cols ...string) (after string, afterArgs []any, limit string, limitArgs []any, err error) {
-	if len(s.After) > 0 {
-		if len(s.After) != len(cols) {
-			return "", nil, "", nil, fmt.Errorf("page after: %d values, this listing's sort key has %d", len(s.After), len(cols))
-		}
-		after = " AND (" + strings.Join(cols, ", ") + ") > (" + Placeholders(len(cols)) + ")"
-		afterArgs = tenantArgs(s.After)
+// listing binds a paged listing over s, whose sort key has n text columns.
+func listing(q scoped, s driver.Scope, n int, more Args) (string, Args, error) {
+	stmt, args := q.pick(s)
+	page, err := pageArgs(s, n)
+	if err != nil {
+		return "", nil, err
 	}
-	if s.Limit > 0 {
-		limit, limitArgs = " LIMIT ?", []any{s.Limit}
-	}
-	return after, afterArgs, limit, limitArgs, nil
+	return stmt, args.with(page).with(more), nil
 }
 
 // Topics summarises the head rows per tenant and topic.
@@ -47,13 +30,11 @@ func (d *Store) Topics(ctx context.Context, s driver.Scope) ([]driver.TopicSumma
 	if emptyScope(s) {
 		return nil, nil
 	}
-	where, args := scope(s, "tenant")
-	after, aargs, limit, largs, err := page(s, "tenant", "topic")
+	stmt, args, err := listing(d.sql().admin.topics, s, 2, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
 	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, topic, COUNT(*), MAX(head_offset) FROM queue_partitions WHERE "+where+after+
-		" GROUP BY tenant, topic ORDER BY tenant, topic"+limit, append(append(args, aargs...), largs...)...)
+	rows, err := query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("list topics", err)
 	}
@@ -77,19 +58,11 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 	if emptyScope(s) {
 		return nil, nil
 	}
-	where, args := scope(s, "o.tenant")
-	if group != "" {
-		where += " AND o.consumer_group = ?"
-		args = append(args, group)
-	}
-	after, aargs, limit, largs, err := page(s, "o.tenant", "o.topic", "o.consumer_group", "o.partition_key")
+	stmt, args, err := listing(d.sql().admin.offsetReport, s, 4, Args{"group": group})
 	if err != nil {
 		return nil, fmt.Errorf("report offsets: %w", err)
 	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group, COALESCE(p.head_offset, 0), o.committed_offset "+
-		"FROM queue_offsets o "+
-		"LEFT JOIN queue_partitions p ON p.tenant = o.tenant AND p.topic = o.topic AND p.partition_key = o.partition_key "+
-		"WHERE "+where+after+" ORDER BY o.tenant, o.topic, o.consumer_group, o.partition_key"+limit, append(append(args, aargs...), largs...)...)
+	rows, err := query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("report offsets", err)
 	}
@@ -119,9 +92,8 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
 	op := fmt.Sprintf("count lag of group %q in tenant %q topic %q partition %q", r.ConsumerGroup, r.Tenant, r.Topic, r.PartitionKey)
 	var oldest any
-	if err := d.Read.QueryRowContext(ctx, "SELECT COUNT(*), MIN(created_at) FROM (SELECT created_at FROM queue_messages "+
-		"WHERE tenant = ? AND topic = ? AND partition_key = ? AND "+d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?) unconsumed",
-		r.Tenant, r.Topic, r.PartitionKey, r.CommittedOffset, driver.LagCountLimit+1).Scan(&r.Lag, &oldest); err != nil {
+	if err := queryRow(ctx, d.Read, d.sql().admin.lag, Args{"tenant": r.Tenant, "topic": r.Topic, "key": r.PartitionKey,
+		"after": r.CommittedOffset, "limit": driver.LagCountLimit + 1}).Scan(&r.Lag, &oldest); err != nil {
 		return d.Wrap(op, err)
 	}
 	if r.Lag > driver.LagCountLimit {
@@ -141,7 +113,7 @@ func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
 // of queue_offsets' primary key.
 func (d *Store) TopicCursors(ctx context.Context, tenant, topic string) ([]driver.Cursor, error) {
 	op := fmt.Sprintf("list cursors of tenant %q topic %q", tenant, topic)
-	rows, err := d.Read.QueryContext(ctx, "SELECT consumer_group, partition_key, committed_offset FROM queue_offsets WHERE tenant = ? AND topic = ?", tenant, topic)
+	rows, err := query(ctx, d.Read, d.sql().admin.cursors, Args{"tenant": tenant, "topic": topic})
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -162,13 +134,11 @@ func (d *Store) AllLeases(ctx context.Context, s driver.Scope) ([]driver.Lease, 
 	if emptyScope(s) {
 		return nil, nil
 	}
-	where, args := scope(s, "tenant")
-	after, aargs, limit, largs, err := page(s, "tenant", "consumer_group", "topic", "partition_key")
+	stmt, args, err := listing(d.sql().admin.leases, s, 4, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, consumer_group, topic, partition_key, owner, token, expires_at FROM queue_partition_leases WHERE "+
-		where+after+" ORDER BY tenant, consumer_group, topic, partition_key"+limit, append(append(args, aargs...), largs...)...)
+	rows, err := query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("list leases", err)
 	}
@@ -193,13 +163,11 @@ func (d *Store) AllSubscribers(ctx context.Context, s driver.Scope) ([]driver.Su
 	if emptyScope(s) {
 		return nil, nil
 	}
-	where, args := scope(s, "tenant")
-	after, aargs, limit, largs, err := page(s, "tenant", "consumer_group", "topic", "subscriber_name")
+	stmt, args, err := listing(d.sql().admin.members, s, 4, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list subscribers: %w", err)
 	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats WHERE "+
-		where+after+" ORDER BY tenant, consumer_group, topic, subscriber_name"+limit, append(append(args, aargs...), largs...)...)
+	rows, err := query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("list subscribers", err)
 	}
@@ -221,8 +189,6 @@ func (d *Store) AllSubscribers(ctx context.Context, s driver.Scope) ([]driver.Su
 	}
 	return out, rows.Err()
 }
-
-const messageColumns = "tenant, topic, partition_key, id, headers, payload, created_at"
 
 func (d *Store) scanMessages(rows *sql.Rows, op string) ([]driver.Message, error) {
 	defer rows.Close()
@@ -252,7 +218,7 @@ func (d *Store) scanMessages(rows *sql.Rows, op string) ([]driver.Message, error
 // GetMessage reads a message by identity and its bookkeeping per group.
 func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error) {
 	op := fmt.Sprintf("inspect tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID)
-	rows, err := d.Read.QueryContext(ctx, "SELECT "+d.Offset+", "+messageColumns+" FROM queue_messages WHERE "+halfKey, halfArgs(ref)...)
+	rows, err := query(ctx, d.Read, d.sql().admin.message, messageNamed(ref))
 	if err != nil {
 		return nil, nil, d.Wrap(op, err)
 	}
@@ -261,8 +227,7 @@ func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.
 		return nil, nil, err
 	}
 	m := &ms[0]
-	rows, err = d.Read.QueryContext(ctx, "SELECT consumer_group, attempts, next_attempt_at, last_error FROM queue_delivery_state "+
-		"WHERE tenant = ? AND topic = ? AND partition_key = ? AND message_offset = ?", ref.Tenant, ref.Topic, ref.PartitionKey, m.Offset)
+	rows, err = query(ctx, d.Read, d.sql().admin.messageStates, messageNamed(ref).with(Args{"offset": m.Offset}))
 	if err != nil {
 		return nil, nil, d.Wrap(op, err)
 	}
@@ -289,7 +254,7 @@ func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.
 
 // DeleteMessage deletes exactly the row with ref's identity.
 func (d *Store) DeleteMessage(ctx context.Context, ref driver.MessageRef) (bool, error) {
-	res, err := d.Write.ExecContext(ctx, "DELETE FROM queue_messages WHERE "+halfKey, halfArgs(ref)...)
+	res, err := exec(ctx, d.Write, d.sql().admin.deleteMessage, messageNamed(ref))
 	if err != nil {
 		return false, d.Wrap(fmt.Sprintf("delete tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID), err)
 	}
@@ -304,9 +269,8 @@ func (d *Store) TopicMessages(ctx context.Context, s driver.Scope, topic string)
 	if emptyScope(s) {
 		return nil, nil
 	}
-	where, args := scope(s, "tenant")
-	args = append(args, topic)
-	var after string
+	stmt, args := d.sql().admin.topicMessages.pick(s)
+	args = args.with(Args{"topic": topic, "after_tenant": "", "after_offset": int64(0), "limit": limitOf(s)})
 	if len(s.After) > 0 {
 		// The offset is a number: compared as one, not as text.
 		if len(s.After) != 2 {
@@ -316,16 +280,9 @@ func (d *Store) TopicMessages(ctx context.Context, s driver.Scope, topic string)
 		if err != nil {
 			return nil, fmt.Errorf("list messages of topic %q: page after: offset %q: %w", topic, s.After[1], err)
 		}
-		after = " AND (tenant > ? OR (tenant = ? AND " + d.Offset + " > ?))"
-		args = append(args, s.After[0], s.After[0], off)
+		args["after_tenant"], args["after_offset"] = s.After[0], off
 	}
-	limit := ""
-	if s.Limit > 0 {
-		limit = " LIMIT ?"
-		args = append(args, s.Limit)
-	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT "+d.Offset+", "+messageColumns+" FROM queue_messages WHERE "+where+
-		" AND topic = ?"+after+" ORDER BY tenant, "+d.Offset+limit, args...)
+	rows, err := query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap(fmt.Sprintf("list messages of topic %q", topic), err)
 	}
@@ -338,7 +295,8 @@ func (d *Store) TopicMessages(ctx context.Context, s driver.Scope, topic string)
 func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic string, headers map[string]string) (*driver.InsertMessage, error) {
 	op := fmt.Sprintf("requeue tenant %q topic %q partition %q id %q to topic %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID, toTopic)
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (*driver.InsertMessage, error) {
-		rows, err := tx.QueryContext(ctx, "SELECT "+d.Offset+", "+messageColumns+" FROM queue_messages WHERE "+halfKey+d.LockClause, halfArgs(ref)...)
+		st := &d.sql().admin
+		rows, err := query(ctx, tx, st.lockMessage, messageNamed(ref))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -350,22 +308,23 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 			return nil, fmt.Errorf("%s: %w", op, driver.ErrNoMessage)
 		}
 		orig := driver.MessageRef{Tenant: ref.Tenant, Topic: toTopic, PartitionKey: ref.PartitionKey, ID: ref.ID}
-		var origOffset int64
-		err = tx.QueryRowContext(ctx, "SELECT "+d.Offset+" FROM queue_messages WHERE "+halfKey+d.LockClause, halfArgs(orig)...).Scan(&origOffset)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
+		rows, err = query(ctx, tx, st.lockMessage, messageNamed(orig))
+		if err != nil {
 			return nil, d.Wrap(op, err)
-		default:
-			if _, err := tx.ExecContext(ctx, "DELETE FROM queue_messages WHERE "+halfKey, halfArgs(orig)...); err != nil {
+		}
+		origs, err := d.scanMessages(rows, op)
+		if err != nil {
+			return nil, err
+		}
+		if len(origs) > 0 {
+			if _, err := exec(ctx, tx, st.deleteMessage, messageNamed(orig)); err != nil {
 				return nil, d.Wrap(op, err)
 			}
-			if _, err := tx.ExecContext(ctx, "DELETE FROM queue_delivery_state WHERE tenant = ? AND topic = ? AND partition_key = ? AND message_offset = ?",
-				orig.Tenant, orig.Topic, orig.PartitionKey, origOffset); err != nil {
+			if _, err := exec(ctx, tx, st.deleteStates, messageNamed(orig).with(Args{"offset": origs[0].Offset})); err != nil {
 				return nil, d.Wrap(op, err)
 			}
 		}
-		if _, err := tx.ExecContext(ctx, "DELETE FROM queue_messages WHERE "+halfKey, halfArgs(ref)...); err != nil {
+		if _, err := exec(ctx, tx, st.deleteMessage, messageNamed(ref)); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		m := &driver.InsertMessage{Tenant: ref.Tenant, Topic: toTopic, PartitionKey: ref.PartitionKey, ID: ref.ID,
@@ -380,8 +339,8 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 // OffsetBefore finds the last offset created before t in one partition.
 func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error) {
 	var off sql.NullInt64
-	err := d.Read.QueryRowContext(ctx, "SELECT MAX("+d.Offset+") FROM queue_messages WHERE tenant = ? AND topic = ? AND partition_key = ? AND created_at < ?",
-		tenant, topic, partitionKey, d.EncodeTime(t)).Scan(&off)
+	err := queryRow(ctx, d.Read, d.sql().admin.offsetBefore, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
+		"before": d.EncodeTime(t)}).Scan(&off)
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("find offset before %s in tenant %q topic %q partition %q", t.Format(time.RFC3339), tenant, topic, partitionKey), err)
 	}
@@ -392,21 +351,11 @@ func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey st
 // Each batch is its own short statement, so retention never holds locks
 // that publishers of the partition would wait on for long.
 func (d *Store) DeleteBatch(ctx context.Context, tenant, topic, partitionKey string, upTo int64, createdBefore time.Time, limit int) (int64, error) {
-	cond := "tenant = ? AND topic = ? AND partition_key = ? AND created_at < ?"
-	args := []any{tenant, topic, partitionKey, d.EncodeTime(createdBefore)}
-	if upTo >= 0 {
-		cond += " AND " + d.Offset + " <= ?"
-		args = append(args, upTo)
+	if upTo < 0 { // no cursor bounds it
+		upTo = math.MaxInt64
 	}
-	args = append(args, limit)
-	var query string
-	if d.DeleteLimit {
-		query = "DELETE FROM queue_messages WHERE " + cond + " ORDER BY " + d.Offset + " LIMIT ?"
-	} else {
-		query = "DELETE FROM queue_messages WHERE " + d.Offset + " IN (SELECT " + d.Offset + " FROM queue_messages WHERE " + cond +
-			" ORDER BY " + d.Offset + " LIMIT ?)"
-	}
-	res, err := d.Write.ExecContext(ctx, query, args...)
+	res, err := exec(ctx, d.Write, d.sql().admin.deleteBatch, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
+		"before": d.EncodeTime(createdBefore), "up_to": upTo, "limit": limit})
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("retention: delete from tenant %q topic %q partition %q", tenant, topic, partitionKey), err)
 	}

@@ -14,9 +14,14 @@ import (
 // (tenant, topic, group) in another cannot mix them up.
 type Args map[string]any
 
-// List is an Args value that expands to a parenthesised-free list of
-// placeholders, one per element: `IN (:offsets)`.
+// List is an Args value that expands to a list of placeholders, one per
+// element, without parentheses: `IN (:offsets)`.
 type List []any
+
+// Rows is an Args value that expands to parenthesised rows of
+// placeholders, one row per element: `VALUES :rows`, or a row value's IN
+// list. Every row has the same length.
+type Rows [][]any
 
 // Bind turns query's :name parameters into ? placeholders and returns the
 // arguments in order. Statements are the package's own constants, so a
@@ -45,13 +50,29 @@ func Bind(query string, args Args) (string, []any) {
 		if !ok {
 			panic(fmt.Sprintf("sqlcommon.Bind: parameter :%s has no value in %q", name, query))
 		}
-		if l, isList := v.(List); isList {
-			if len(l) == 0 {
+		switch v := v.(type) {
+		case List:
+			if len(v) == 0 {
 				panic(fmt.Sprintf("sqlcommon.Bind: list :%s is empty in %q", name, query))
 			}
-			sb.WriteString(Placeholders(len(l)))
-			out = append(out, l...)
-		} else {
+			sb.WriteString(placeholders(len(v)))
+			out = append(out, v...)
+		case Rows:
+			if len(v) == 0 || len(v[0]) == 0 {
+				panic(fmt.Sprintf("sqlcommon.Bind: rows :%s are empty in %q", name, query))
+			}
+			row := "(" + placeholders(len(v[0])) + ")"
+			for r, vals := range v {
+				if len(vals) != len(v[0]) {
+					panic(fmt.Sprintf("sqlcommon.Bind: row %d of :%s has %d values, row 0 has %d", r, name, len(vals), len(v[0])))
+				}
+				if r > 0 {
+					sb.WriteString(", ")
+				}
+				sb.WriteString(row)
+				out = append(out, vals...)
+			}
+		default:
 			sb.WriteByte('?')
 			out = append(out, v)
 		}

@@ -4,6 +4,7 @@ package sqlcommon
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -14,6 +15,20 @@ func TestBind(t *testing.T) {
 	want := "SELECT 1 FROM t WHERE tenant = ? AND consumer_group = ? AND x IN (?, ?, ?) AND y = ':lit' AND z = (SELECT 1 FROM u WHERE tenant = ? AND topic = ?)"
 	if q != want || fmt.Sprint(args) != "[a g 1 2 3 a x]" {
 		t.Fatalf("Bind = %q %v", q, args)
+	}
+	q, args = Bind("INSERT INTO t (a, b) VALUES :rows", Args{"rows": Rows{{1, "x"}, {2, "y"}}})
+	if q != "INSERT INTO t (a, b) VALUES (?, ?), (?, ?)" || fmt.Sprint(args) != "[1 x 2 y]" {
+		t.Fatalf("Bind rows = %q %v", q, args)
+	}
+	for _, bad := range []Args{{"rows": Rows{}}, {"rows": Rows{{1, 2}, {3}}}} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), ":rows") {
+					t.Fatalf("bad rows %v: %v", bad, r)
+				}
+			}()
+			Bind("VALUES :rows", bad)
+		}()
 	}
 	func() {
 		defer func() {
@@ -49,4 +64,33 @@ func FuzzBind(f *testing.F) {
 			t.Fatalf("%q -> %q with %d values", q, out, len(vals))
 		}
 	})
+}
+
+// Every statement of every table is whole: written for its syntax, with
+// named parameters only, no template left in it.
+func TestStatementTablesAreWhole(t *testing.T) {
+	for _, s := range []Syntax{MySQL, SQLite} {
+		st := newStatements(s)
+		var check func(path string, v reflect.Value)
+		check = func(path string, v reflect.Value) {
+			switch v.Kind() {
+			case reflect.Struct:
+				for i := range v.NumField() {
+					check(path+"."+v.Type().Field(i).Name, v.Field(i))
+				}
+			case reflect.String:
+				q := v.String()
+				if q == "" {
+					if path == "statements.publish.insertFresh" && s == MySQL {
+						return // SQLite only
+					}
+					t.Errorf("%v %s is empty", s, path)
+				}
+				if strings.ContainsAny(q, "?{}") {
+					t.Errorf("%v %s has a positional mark or a template: %s", s, path, q)
+				}
+			}
+		}
+		check("statements", reflect.ValueOf(*st))
+	}
 }

@@ -6,89 +6,58 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 )
 
-// Dialect is what differs between the SQL drivers in the statements they
-// share.
+// Dialect is what differs between the SQL drivers: the syntax their
+// statements are written in, error mapping and the time column's type.
 type Dialect struct {
-	// Offset is the offset column, quoted: `offset` or "offset".
-	Offset string
+	Syntax Syntax
 	// Wrap names an operation and maps the database's errors (a missing
 	// table becomes driver.ErrNotMigrated).
 	Wrap func(op string, err error) error
-	// EncodeTime and DecodeTime convert created_at to and from the
+	// EncodeTime and DecodeTime convert time columns to and from the
 	// column's type.
 	EncodeTime func(time.Time) any
 	DecodeTime func(src any) (time.Time, error)
-	// LockClause ends a SELECT that must lock the rows it reads inside a
-	// write transaction (" FOR UPDATE"; "" on SQLite, whose write
-	// transaction already excludes every other writer).
-	LockClause string
-	// ShareLockClause ends a SELECT that must read the latest committed
-	// row, not the transaction's snapshot, and keep it from changing until
-	// commit (" LOCK IN SHARE MODE"; "" on SQLite).
-	ShareLockClause string
-	// SkipLocked ends a SELECT that locks the rows it returns and skips
-	// rows other transactions hold (" FOR UPDATE SKIP LOCKED"; "" on
-	// SQLite, whose writers never overlap).
-	SkipLocked string
-	// Greatest is the two-argument maximum function.
-	Greatest string
-	// Excluded names the value an upsert tried to insert into col.
-	Excluded func(col string) string
-	// Upsert ends an INSERT: on a conflict over conflictCols, apply set
-	// (an assignment list using Excluded), or do nothing when set is "".
-	Upsert func(conflictCols, set string) string
-	// UseIndex follows a table name in FROM to make the planner use the
-	// named index (" FORCE INDEX (i)", " INDEXED BY i"), where statistics
-	// of a table that grows and shrinks quickly would mislead it.
-	UseIndex func(index string) string
-	// PartitionOrder is the UseIndex of queue_messages' index that leads
-	// with (tenant, topic, partition_key, offset): reads of a partition
-	// after a cursor must range over it, not over the id index that a
-	// fresh table's statistics may prefer (seen: a read of 8 rows after
-	// offset 8480 examined 8488).
-	PartitionOrder string
-	// DeleteLimit reports DELETE … ORDER BY … LIMIT support (MySQL);
-	// without it a bounded delete selects its rows in a subquery.
-	DeleteLimit bool
 }
 
-// InsertMessages returns a multi-row INSERT of msgs (all of group g) into
-// queue_messages and its arguments; the offset is left to the database.
-func (d Dialect) InsertMessages(g *Group, msgs []*driver.InsertMessage) (string, []any, error) {
-	var sb strings.Builder
-	args := make([]any, 0, 7*len(msgs))
-	sb.WriteString("INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES ")
-	for i, m := range msgs {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		sb.WriteString("(?, ?, ?, ?, ?, ?, ?)")
-		h, err := EncodeHeaders(m.Headers)
-		if err != nil {
-			return "", nil, err
-		}
-		payload := m.Payload
-		if payload == nil {
-			payload = []byte{} // NOT NULL column; an empty payload is legal
-		}
-		args = append(args, g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, d.EncodeTime(m.CreatedAt))
-	}
-	return sb.String(), args, nil
+// statements is every statement of the package, written once per syntax
+// from the tables of each mechanism.
+type statements struct {
+	lease   leaseSQL
+	group   groupSQL
+	publish publishSQL
+	admin   adminSQL
+}
+
+func newStatements(s Syntax) *statements {
+	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s)}
+}
+
+// exec, query and queryRow run a named statement (Bind).
+func exec(ctx context.Context, db driver.DBTX, stmt string, args Args) (sql.Result, error) {
+	q, a := Bind(stmt, args)
+	return db.ExecContext(ctx, q, a...)
+}
+
+func query(ctx context.Context, db driver.DBTX, stmt string, args Args) (*sql.Rows, error) {
+	q, a := Bind(stmt, args)
+	return db.QueryContext(ctx, q, a...)
+}
+
+func queryRow(ctx context.Context, db driver.DBTX, stmt string, args Args) *sql.Row {
+	q, a := Bind(stmt, args)
+	return db.QueryRowContext(ctx, q, a...)
 }
 
 // FetchAfter reads up to limit messages of one partition after offset
 // after, in offset order, from the index that leads with the partition.
 func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]driver.Message, error) {
 	op := fmt.Sprintf("fetch tenant %q topic %q partition %q", tenant, topic, partitionKey)
-	rows, err := d.Read.QueryContext(ctx, "SELECT "+d.Offset+", id, headers, payload, created_at FROM queue_messages"+d.PartitionOrder+" "+
-		"WHERE tenant = ? AND topic = ? AND partition_key = ? AND "+d.Offset+" > ? ORDER BY "+d.Offset+" LIMIT ?",
-		tenant, topic, partitionKey, after, limit)
+	rows, err := query(ctx, d.Read, d.sql().admin.fetch, Args{"tenant": tenant, "topic": topic, "key": partitionKey, "after": after, "limit": limit})
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}

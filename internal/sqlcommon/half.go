@@ -11,12 +11,6 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-const halfKey = "tenant = ? AND topic = ? AND partition_key = ? AND id = ?"
-
-const halfColumns = "tenant, topic, partition_key, id, producer_group, headers, payload, created_at, check_count, next_check_at, claim_owner, claim_token"
-
-func halfArgs(r driver.MessageRef) []any { return []any{r.Tenant, r.Topic, r.PartitionKey, r.ID} }
-
 // InsertHalf stores a half message.
 func (d *Store) InsertHalf(ctx context.Context, h *driver.HalfMessage) error {
 	headers, err := EncodeHeaders(h.Headers)
@@ -27,9 +21,8 @@ func (d *Store) InsertHalf(ctx context.Context, h *driver.HalfMessage) error {
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err = d.Write.ExecContext(ctx, "INSERT INTO queue_half_messages ("+halfColumns+", claim_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '', 0, ?)",
-		h.Tenant, h.Topic, h.PartitionKey, h.ID, h.ProducerGroup, string(headers), payload, d.EncodeTime(h.CreatedAt),
-		d.EncodeTime(h.NextCheckAt), d.EncodeTime(h.CreatedAt))
+	_, err = exec(ctx, d.Write, d.sql().admin.halfInsert, messageNamed(h.Ref()).with(Args{"producer_group": h.ProducerGroup,
+		"headers": string(headers), "payload": payload, "created_at": d.EncodeTime(h.CreatedAt), "next_check_at": d.EncodeTime(h.NextCheckAt)}))
 	if err != nil {
 		return d.Wrap(fmt.Sprintf("write half message tenant %q topic %q partition %q id %q", h.Tenant, h.Topic, h.PartitionKey, h.ID), err)
 	}
@@ -39,7 +32,7 @@ func (d *Store) InsertHalf(ctx context.Context, h *driver.HalfMessage) error {
 // lockHalf reads and locks a pending half message inside tx, checking the
 // claim token when one is given.
 func (d *Store) lockHalf(ctx context.Context, tx *sql.Tx, ref driver.MessageRef, claimToken int64, op string) (*driver.HalfMessage, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT "+halfColumns+" FROM queue_half_messages WHERE "+halfKey+d.LockClause, halfArgs(ref)...)
+	rows, err := query(ctx, tx, d.sql().admin.halfLock, messageNamed(ref))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -67,7 +60,7 @@ func (d *Store) CommitHalf(ctx context.Context, ref driver.MessageRef, claimToke
 		if err != nil {
 			return nil, err
 		}
-		if _, err := tx.ExecContext(ctx, "DELETE FROM queue_half_messages WHERE "+halfKey, halfArgs(ref)...); err != nil {
+		if _, err := exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref)); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		m := h.InsertMessage
@@ -85,7 +78,7 @@ func (d *Store) RollbackHalf(ctx context.Context, ref driver.MessageRef, claimTo
 		if _, err := d.lockHalf(ctx, tx, ref, claimToken, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := tx.ExecContext(ctx, "DELETE FROM queue_half_messages WHERE "+halfKey, halfArgs(ref)...)
+		_, err := exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -99,9 +92,8 @@ func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, own
 		return nil, nil
 	}
 	op := fmt.Sprintf("claim due half messages of producer group %q", group)
-	rows, err := d.Read.QueryContext(ctx, "SELECT "+halfColumns+" FROM queue_half_messages WHERE tenant IN ("+Placeholders(len(tenants))+
-		") AND producer_group = ? AND next_check_at <= ? AND (claim_owner = '' OR claim_expires_at <= ?) ORDER BY next_check_at LIMIT ?",
-		tenantArgs(tenants, group, d.EncodeTime(now), d.EncodeTime(now), limit)...)
+	rows, err := query(ctx, d.Read, d.sql().admin.halfDue, Args{"tenants": textList(tenants), "producer_group": group,
+		"now": d.EncodeTime(now), "limit": limit})
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -111,8 +103,8 @@ func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, own
 	}
 	var claimed []driver.HalfMessage
 	for _, h := range due {
-		res, err := d.Write.ExecContext(ctx, "UPDATE queue_half_messages SET claim_owner = ?, claim_token = claim_token + 1, claim_expires_at = ? WHERE "+
-			halfKey+" AND claim_token = ?", append(append([]any{owner, d.EncodeTime(now.Add(claimTTL))}, halfArgs(h.Ref())...), h.ClaimToken)...)
+		res, err := exec(ctx, d.Write, d.sql().admin.halfClaim, messageNamed(h.Ref()).with(Args{"owner": owner,
+			"claim_expires_at": d.EncodeTime(now.Add(claimTTL)), "token": h.ClaimToken}))
 		if err != nil {
 			return claimed, d.Wrap(op, err)
 		}
@@ -128,8 +120,8 @@ func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, own
 // RescheduleHalf counts an unknown answer and frees the claim.
 func (d *Store) RescheduleHalf(ctx context.Context, h driver.HalfMessage, nextCheckAt time.Time) error {
 	op := fmt.Sprintf("reschedule half message tenant %q topic %q id %q", h.Tenant, h.Topic, h.ID)
-	res, err := d.Write.ExecContext(ctx, "UPDATE queue_half_messages SET check_count = check_count + 1, next_check_at = ?, claim_owner = '' WHERE "+
-		halfKey+" AND claim_token = ?", append(append([]any{d.EncodeTime(nextCheckAt)}, halfArgs(h.Ref())...), h.ClaimToken)...)
+	res, err := exec(ctx, d.Write, d.sql().admin.halfReschedule, messageNamed(h.Ref()).with(Args{"next_check_at": d.EncodeTime(nextCheckAt),
+		"token": h.ClaimToken}))
 	if err != nil {
 		return d.Wrap(op, err)
 	}
@@ -151,13 +143,12 @@ func (d *Store) DeadLetterHalf(ctx context.Context, h driver.HalfMessage, now ti
 		if err != nil {
 			return struct{}{}, err
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_half_messages_dead (tenant, topic, partition_key, id, producer_group, headers, payload, "+
-			"created_at, check_count, dead_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, id", ""),
-			cur.Tenant, cur.Topic, cur.PartitionKey, cur.ID, cur.ProducerGroup, string(headers), cur.Payload,
-			d.EncodeTime(cur.CreatedAt), cur.Checks, d.EncodeTime(now)); err != nil {
+		if _, err := exec(ctx, tx, d.sql().admin.halfDead, messageNamed(cur.Ref()).with(Args{"producer_group": cur.ProducerGroup,
+			"headers": string(headers), "payload": cur.Payload, "created_at": d.EncodeTime(cur.CreatedAt), "check_count": cur.Checks,
+			"now": d.EncodeTime(now)})); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
-		_, err = tx.ExecContext(ctx, "DELETE FROM queue_half_messages WHERE "+halfKey, halfArgs(h.Ref())...)
+		_, err = exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(h.Ref()))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -169,13 +160,11 @@ func (d *Store) ListHalves(ctx context.Context, s driver.Scope) ([]driver.HalfMe
 	if emptyScope(s) {
 		return nil, nil
 	}
-	where, args := scope(s, "tenant")
-	after, aargs, limit, largs, err := page(s, "tenant", "topic", "partition_key", "id")
+	stmt, args, err := listing(d.sql().admin.halves, s, 4, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	rows, err := d.Read.QueryContext(ctx, "SELECT "+halfColumns+" FROM queue_half_messages WHERE "+where+after+
-		" ORDER BY tenant, topic, partition_key, id"+limit, append(append(args, aargs...), largs...)...)
+	rows, err := query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,26 +27,18 @@ type Store struct {
 	// InsertMessages), for dead-lettering.
 	Insert func(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 
-	leaseOnce  sync.Once
-	leaseStmts leaseSQL
+	once  sync.Once
+	stmts *statements
 }
 
-// leases is the lease protocol's statements, built on first use.
-func (d *Store) leases() *leaseSQL {
-	d.leaseOnce.Do(func() { d.leaseStmts = newLeaseSQL(d.Dialect) })
-	return &d.leaseStmts
+// sql is the dialect's statements, written on first use.
+func (d *Store) sql() *statements {
+	d.once.Do(func() { d.stmts = newStatements(d.Syntax) })
+	return d.stmts
 }
 
-// exec and queryRow run a named statement (Bind).
-func exec(ctx context.Context, db driver.DBTX, stmt string, args Args) (sql.Result, error) {
-	q, a := Bind(stmt, args)
-	return db.ExecContext(ctx, q, a...)
-}
-
-func queryRow(ctx context.Context, db driver.DBTX, stmt string, args Args) *sql.Row {
-	q, a := Bind(stmt, args)
-	return db.QueryRowContext(ctx, q, a...)
-}
+// leases is the lease protocol's statements.
+func (d *Store) leases() *leaseSQL { return &d.sql().lease }
 
 // inTx runs fn in a write transaction and commits it.
 func inTx[T any](ctx context.Context, begin func(context.Context) (*sql.Tx, error), fn func(tx *sql.Tx) (T, error)) (T, error) {
@@ -176,24 +167,18 @@ func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Tim
 	res, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (result, error) {
 		op := fmt.Sprintf("renew %d leases of %q in group %q topic %q", len(ls), owner, group, topic)
 		expires := now.Add(ttl)
+		members := memberNamed(tenants, group, topic).with(Args{"owner": owner})
 		for start := 0; start < len(ls); start += 500 {
 			part := ls[start:min(start+500, len(ls))]
-			var sb strings.Builder
-			args := append([]any{d.EncodeTime(expires)}, tenantArgs(tenants, group, topic, owner)...)
+			named := make(Rows, len(part))
 			for i, l := range part {
-				if i > 0 {
-					sb.WriteString(" OR ")
-				}
-				sb.WriteString("(tenant = ? AND partition_key = ? AND token = ?)")
-				args = append(args, l.Tenant, l.PartitionKey, l.Token)
+				named[i] = []any{l.Tenant, l.PartitionKey, l.Token}
 			}
-			if _, err := tx.ExecContext(ctx, "UPDATE queue_partition_leases SET expires_at = ? WHERE tenant IN ("+Placeholders(len(tenants))+
-				") AND consumer_group = ? AND topic = ? AND owner = ? AND ("+sb.String()+")", args...); err != nil {
+			if _, err := exec(ctx, tx, d.leases().renewMany, members.with(Args{"expires_at": d.EncodeTime(expires), "leases": named})); err != nil {
 				return result{}, d.Wrap(op, err)
 			}
 		}
-		rows, err := tx.QueryContext(ctx, "SELECT tenant, partition_key, token FROM queue_partition_leases WHERE tenant IN ("+
-			Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? AND owner = ?", tenantArgs(tenants, group, topic, owner)...)
+		rows, err := query(ctx, tx, d.leases().ownedTokens, members)
 		if err != nil {
 			return result{}, d.Wrap(op, err)
 		}
@@ -278,8 +263,7 @@ func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64,
 // DeliveryStates reads the retry bookkeeping of offsets in (after, upTo].
 func (d *Store) DeliveryStates(ctx context.Context, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
 	op := fmt.Sprintf("read delivery state of offsets (%d, %d] on %s", after, upTo, p)
-	q, args := Bind(d.leases().states, refNamed(p).with(Args{"after": after, "up_to": upTo}))
-	rows, err := d.Read.QueryContext(ctx, q, args...)
+	rows, err := query(ctx, d.Read, d.leases().states, refNamed(p).with(Args{"after": after, "up_to": upTo}))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -331,23 +315,13 @@ func (d Dialect) wrapNil(op string, err error) error {
 	return d.Wrap(op, err)
 }
 
-func tenantArgs(tenants []string, rest ...any) []any {
-	args := make([]any, 0, len(tenants)+len(rest))
-	for _, t := range tenants {
-		args = append(args, t)
-	}
-	return append(args, rest...)
-}
-
 // ListLeases lists lease rows, free ones included.
 func (d *Store) ListLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
 	if len(tenants) == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list leases of group %q topic %q", group, topic)
-	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases "+
-		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? ORDER BY tenant, partition_key",
-		tenantArgs(tenants, group, topic)...)
+	rows, err := query(ctx, d.Read, d.leases().list, memberNamed(tenants, group, topic))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -375,12 +349,7 @@ func (d *Store) SweepLeases(ctx context.Context, tenants []string, group, topic 
 	if len(tenants) == 0 || len(owners) == 0 {
 		return 0, nil
 	}
-	args := append([]any{d.EncodeTime(now)}, tenantArgs(tenants, group, topic)...)
-	for _, o := range owners {
-		args = append(args, o)
-	}
-	res, err := d.Write.ExecContext(ctx, "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = ? "+
-		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? AND owner IN ("+Placeholders(len(owners))+")", args...)
+	res, err := exec(ctx, d.Write, d.leases().sweep, memberNamed(tenants, group, topic).with(Args{"owners": textList(owners), "now": d.EncodeTime(now)}))
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("sweep leases of group %q topic %q", group, topic), err)
 	}
@@ -392,18 +361,11 @@ func (d *Store) Heartbeat(ctx context.Context, tenants []string, group, topic, s
 	if len(tenants) == 0 {
 		return nil
 	}
-	var sb strings.Builder
-	args := make([]any, 0, 6*len(tenants))
-	sb.WriteString("INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at) VALUES ")
+	rows := make(Rows, len(tenants))
 	for i, t := range tenants {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		sb.WriteString("(?, ?, ?, ?, ?, ?)")
-		args = append(args, t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now))
+		rows[i] = []any{t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now)}
 	}
-	sb.WriteString(d.Upsert("tenant, consumer_group, topic, subscriber_name", "heartbeat_at = "+d.Excluded("heartbeat_at")))
-	if _, err := d.Write.ExecContext(ctx, sb.String(), args...); err != nil {
+	if _, err := exec(ctx, d.Write, d.leases().heartbeat, Args{"rows": rows}); err != nil {
 		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
@@ -414,8 +376,7 @@ func (d *Store) RemoveHeartbeat(ctx context.Context, tenants []string, group, to
 	if len(tenants) == 0 {
 		return nil
 	}
-	if _, err := exec(ctx, d.Write, d.leases().removeBeats, Args{"tenants": List(tenantArgs(tenants)), "group": group, "topic": topic,
-		"member": subscriber}); err != nil {
+	if _, err := exec(ctx, d.Write, d.leases().removeBeats, memberNamed(tenants, group, topic).with(Args{"member": subscriber})); err != nil {
 		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
@@ -427,9 +388,7 @@ func (d *Store) Subscribers(ctx context.Context, tenants []string, group, topic 
 		return nil, nil
 	}
 	op := fmt.Sprintf("list subscribers of group %q topic %q", group, topic)
-	rows, err := d.Read.QueryContext(ctx, "SELECT tenant, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats "+
-		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND consumer_group = ? AND topic = ? ORDER BY tenant, subscriber_name",
-		tenantArgs(tenants, group, topic)...)
+	rows, err := query(ctx, d.Read, d.leases().members, memberNamed(tenants, group, topic))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}

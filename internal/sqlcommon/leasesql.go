@@ -6,9 +6,8 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-// leaseSQL holds the lease protocol's statements, whole, with named
-// parameters (Bind): each is written once, here, from the dialect, and the
-// code that runs them names its values instead of ordering them.
+// leaseSQL holds the statements of the lease protocol, membership and
+// message-group state, whole, with named parameters (Bind).
 type leaseSQL struct {
 	ensure      string // make sure a lease row exists (a no-op upsert that locks it)
 	lock        string // read and lock a lease row
@@ -16,12 +15,18 @@ type leaseSQL struct {
 	take        string // give the row to an owner with a new token
 	fence       string // lock the row only while the token and owner are current
 	renew       string // extend a lease under its token
+	renewMany   string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
+	ownedTokens string // an owner's rows and their tokens
 	release     string // free a lease under its token
 	commit      string // move a cursor forward, never back
 	dropStates  string // drop the retry bookkeeping the cursor passed
 	record      string // upsert a message's retry bookkeeping
 	states      string // read the retry bookkeeping of a range of offsets
+	list        string // a group's lease rows in a topic
+	sweep       string // free the leases of departed owners with the next token
+	heartbeat   string // upsert a member's heartbeat rows (:rows)
 	removeBeats string // delete a member's heartbeat rows
+	members     string // a group's heartbeat rows in a topic
 	revoke      string // free a lease with the next token (an operator's reset fences its holder)
 	readState   string // a message group's state
 	writeState  string // upsert a message group's state
@@ -30,39 +35,66 @@ type leaseSQL struct {
 // leaseKeyNamed selects one lease row (:tenant, :group, :topic, :key).
 const leaseKeyNamed = "tenant = :tenant AND consumer_group = :group AND topic = :topic AND partition_key = :key"
 
-func newLeaseSQL(d Dialect) leaseSQL {
+// memberScope selects a group's rows in a topic of some tenants.
+const memberScope = "tenant IN (:tenants) AND consumer_group = :group AND topic = :topic"
+
+func newLeaseSQL(s Syntax) leaseSQL {
 	return leaseSQL{
 		ensure: "INSERT INTO queue_partition_leases (tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) " +
-			"VALUES (:tenant, :group, :topic, :key, '', 0, :now, :now)" + d.Upsert("tenant, consumer_group, topic, partition_key", ""),
-		lock:      "SELECT owner, token, expires_at FROM queue_partition_leases WHERE " + leaseKeyNamed + d.LockClause,
+			"VALUES (:tenant, :group, :topic, :key, '', 0, :now, :now)" + s.upsert("tenant, consumer_group, topic, partition_key", ""),
+		lock:      "SELECT owner, token, expires_at FROM queue_partition_leases WHERE " + leaseKeyNamed + s.forUpdate(),
 		committed: "SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND consumer_group = :group",
 		take: "UPDATE queue_partition_leases SET owner = :owner, token = :token, expires_at = :expires_at, acquired_at = :now " +
 			"WHERE " + leaseKeyNamed,
-		fence:   "SELECT 1 FROM queue_partition_leases WHERE " + leaseKeyNamed + " AND token = :token AND owner = :owner" + d.LockClause,
-		renew:   "UPDATE queue_partition_leases SET expires_at = :expires_at WHERE " + leaseKeyNamed + " AND token = :token",
-		release: "UPDATE queue_partition_leases SET owner = '', expires_at = :now WHERE " + leaseKeyNamed + " AND token = :token",
+		fence: "SELECT 1 FROM queue_partition_leases WHERE " + leaseKeyNamed + " AND token = :token AND owner = :owner" + s.forUpdate(),
+		renew: "UPDATE queue_partition_leases SET expires_at = :expires_at WHERE " + leaseKeyNamed + " AND token = :token",
+		renewMany: "UPDATE queue_partition_leases SET expires_at = :expires_at WHERE " + memberScope + " AND owner = :owner AND " +
+			s.inRows("tenant, partition_key, token", "leases"),
+		ownedTokens: "SELECT tenant, partition_key, token FROM queue_partition_leases WHERE " + memberScope + " AND owner = :owner",
+		release:     "UPDATE queue_partition_leases SET owner = '', expires_at = :now WHERE " + leaseKeyNamed + " AND token = :token",
 		commit: "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
-			"VALUES (:tenant, :topic, :key, :group, :offset, :now)" + d.Upsert("tenant, topic, partition_key, consumer_group",
-			"committed_offset = "+d.Greatest+"(committed_offset, "+d.Excluded("committed_offset")+"), updated_at = "+d.Excluded("updated_at")),
+			"VALUES (:tenant, :topic, :key, :group, :offset, :now)" + s.upsert("tenant, topic, partition_key, consumer_group",
+			"committed_offset = "+s.greatest()+"(committed_offset, "+s.excluded("committed_offset")+"), updated_at = "+s.excluded("updated_at")),
 		dropStates: "DELETE FROM queue_delivery_state WHERE " + leaseKeyNamed + " AND message_offset <= :offset",
 		record: "INSERT INTO queue_delivery_state (tenant, consumer_group, topic, partition_key, message_offset, " +
 			"attempts, next_attempt_at, last_error, updated_at) VALUES (:tenant, :group, :topic, :key, :offset, :attempts, :next_attempt_at, :last_error, :now)" +
-			d.Upsert("tenant, consumer_group, topic, partition_key, message_offset",
-				"attempts = "+d.Excluded("attempts")+", next_attempt_at = "+d.Excluded("next_attempt_at")+
-					", last_error = "+d.Excluded("last_error")+", updated_at = "+d.Excluded("updated_at")),
+			s.upsert("tenant, consumer_group, topic, partition_key, message_offset",
+				"attempts = "+s.excluded("attempts")+", next_attempt_at = "+s.excluded("next_attempt_at")+
+					", last_error = "+s.excluded("last_error")+", updated_at = "+s.excluded("updated_at")),
 		states: "SELECT message_offset, attempts, next_attempt_at, last_error FROM queue_delivery_state WHERE " + leaseKeyNamed +
 			" AND message_offset > :after AND message_offset <= :up_to",
-		removeBeats: "DELETE FROM queue_subscriber_heartbeats WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic " +
-			"AND subscriber_name = :member",
+		list: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases WHERE " + memberScope +
+			" ORDER BY tenant, partition_key",
+		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
+			" AND owner IN (:owners)",
+		heartbeat: "INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at) VALUES :rows" +
+			s.upsert("tenant, consumer_group, topic, subscriber_name", "heartbeat_at = "+s.excluded("heartbeat_at")),
+		removeBeats: "DELETE FROM queue_subscriber_heartbeats WHERE " + memberScope + " AND subscriber_name = :member",
+		members: "SELECT tenant, subscriber_name, started_at, heartbeat_at FROM queue_subscriber_heartbeats WHERE " + memberScope +
+			" ORDER BY tenant, subscriber_name",
 		revoke:    "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + leaseKeyNamed,
 		readState: "SELECT state FROM queue_group_state WHERE " + leaseKeyNamed,
 		writeState: "INSERT INTO queue_group_state (tenant, consumer_group, topic, partition_key, state, updated_at) " +
-			"VALUES (:tenant, :group, :topic, :key, :state, :now)" + d.Upsert("tenant, consumer_group, topic, partition_key",
-			"state = "+d.Excluded("state")+", updated_at = "+d.Excluded("updated_at")),
+			"VALUES (:tenant, :group, :topic, :key, :state, :now)" + s.upsert("tenant, consumer_group, topic, partition_key",
+			"state = "+s.excluded("state")+", updated_at = "+s.excluded("updated_at")),
 	}
 }
 
 // refNamed names a partition's lease key.
 func refNamed(p driver.PartitionRef) Args {
 	return Args{"tenant": p.Tenant, "group": p.ConsumerGroup, "topic": p.Topic, "key": p.PartitionKey}
+}
+
+// memberNamed names a group's rows in a topic of some tenants.
+func memberNamed(tenants []string, group, topic string) Args {
+	return Args{"tenants": textList(tenants), "group": group, "topic": topic}
+}
+
+// textList is a List of ss.
+func textList(ss []string) List {
+	l := make(List, len(ss))
+	for i, s := range ss {
+		l[i] = s
+	}
+	return l
 }

@@ -16,27 +16,12 @@ import (
 // queue_messages; both tables lead with tenant, so on Vitess the join runs
 // inside each tenant's shard.
 func (d *Store) PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]driver.Partition, error) {
-	args := []any{group}
-	for _, t := range tenants {
-		args = append(args, t)
-	}
-	args = append(args, topic)
-	return d.partitions(ctx, "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) "+
-		"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic "+
-		"AND o.partition_key = p.partition_key AND o.consumer_group = ? "+
-		"WHERE p.tenant IN ("+Placeholders(len(tenants))+") AND p.topic = ? "+
-		"AND p.head_offset > COALESCE(o.committed_offset, 0) ORDER BY p.tenant, p.partition_key", topic, len(tenants), args)
+	return d.partitions(ctx, d.sql().admin.withWork, topic, tenants, Args{"group": group})
 }
 
 // PartitionHeads lists every partition of topic in tenants with its head.
 func (d *Store) PartitionHeads(ctx context.Context, tenants []string, topic string) ([]driver.Partition, error) {
-	args := make([]any, 0, len(tenants)+1)
-	for _, t := range tenants {
-		args = append(args, t)
-	}
-	args = append(args, topic)
-	return d.partitions(ctx, "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions "+
-		"WHERE tenant IN ("+Placeholders(len(tenants))+") AND topic = ? ORDER BY tenant, partition_key", topic, len(tenants), args)
+	return d.partitions(ctx, d.sql().admin.heads, topic, tenants, Args{})
 }
 
 // HeadsOf reads the heads of the named partitions, 500 keys a statement.
@@ -46,12 +31,7 @@ func (d *Store) HeadsOf(ctx context.Context, tenant, topic string, keys []string
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), 500)]
 		keys = keys[len(chunk):]
-		args := []any{tenant, topic}
-		for _, k := range chunk {
-			args = append(args, k)
-		}
-		rows, err := d.Read.QueryContext(ctx, "SELECT partition_key, head_offset FROM queue_partitions WHERE tenant = ? AND topic = ? "+
-			"AND partition_key IN ("+Placeholders(len(chunk))+")", args...)
+		rows, err := query(ctx, d.Read, d.sql().admin.headsOf, Args{"tenant": tenant, "topic": topic, "keys": textList(chunk)})
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -73,12 +53,12 @@ func (d *Store) HeadsOf(ctx context.Context, tenant, topic string, keys []string
 	return out, nil
 }
 
-func (d *Store) partitions(ctx context.Context, query, topic string, nTenants int, args []any) ([]driver.Partition, error) {
-	if nTenants == 0 {
+func (d *Store) partitions(ctx context.Context, stmt, topic string, tenants []string, more Args) ([]driver.Partition, error) {
+	if len(tenants) == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list partitions of topic %q", topic)
-	rows, err := d.Read.QueryContext(ctx, query, args...)
+	rows, err := query(ctx, d.Read, stmt, more.with(Args{"tenants": textList(tenants), "topic": topic}))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -112,18 +92,14 @@ func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, gr
 		if _, err := exec(ctx, tx, d.leases().revoke, refNamed(ref).with(Args{"now": d.EncodeTime(time.Now())})); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) "+
-			"VALUES (?, ?, ?, ?, ?, ?)"+d.Upsert("tenant, topic, partition_key, consumer_group",
-			"committed_offset = "+d.Excluded("committed_offset")+", updated_at = "+d.Excluded("updated_at")),
-			tenant, topic, partitionKey, group, offset, d.EncodeTime(time.Now())); err != nil {
+		cursor := refNamed(ref).with(Args{"offset": offset, "now": d.EncodeTime(time.Now())})
+		if _, err := exec(ctx, tx, d.sql().admin.resetOffset, cursor); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
 		if partitionKey != "" {
 			return struct{}{}, nil
 		}
-		q, args := Bind("DELETE FROM queue_message_claims WHERE "+claimKey+" AND message_offset > :offset",
-			claimArgsOf(tenant, topic, group).with(Args{"offset": offset}))
-		_, err := tx.ExecContext(ctx, q, args...)
+		_, err := exec(ctx, tx, d.sql().group.dropAbove, cursor)
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package sqlcommon holds what the SQL drivers share: appending a batch
-// of messages: grouping by (tenant, topic), de-duplication inside the batch,
-// the statement fragments that look messages up by identity, and the header
-// encoding.
+// Package sqlcommon holds what the SQL drivers share: every statement
+// they run, written once per Syntax in one table per mechanism
+// (leasesql.go, groupsql.go, publishsql.go, adminsql.go) with named
+// parameters (Bind); the Store that runs them; and the planning of a
+// publish batch (grouping by tenant and topic, de-duplication inside the
+// batch, statement sizing) and the header encoding.
 package sqlcommon
 
 import (
@@ -149,8 +151,8 @@ func jsonStringBytes(s string) int {
 	return n
 }
 
-// Placeholders returns "?, ?, ..." with n marks.
-func Placeholders(n int) string {
+// placeholders returns "?, ?, ..." with n marks.
+func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }
 

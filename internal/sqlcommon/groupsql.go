@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package sqlcommon
+
+// groupSQL holds the statements of message groups and competing consumers
+// (groups.go), whole, with named parameters (Bind). Claim rows are keyed
+// (tenant, consumer_group, topic) and cursors (tenant, topic, ...,
+// consumer_group): named parameters keep the two orders from being mixed.
+type groupSQL struct {
+	ready      string // message groups with work and no live lease, by their next offset
+	anyWork    string // is anything claimable (read pool, before a write transaction)
+	positions  string // the group's cursor and highest claim
+	again      string // claims visible again (expired, or retry due)
+	fresh      string // messages above the highest claim
+	reclaim    string // take visible-again claims (:offsets) under a new token
+	insert     string // insert claim rows (:rows), keeping any that exist
+	cursorNow  string // the group's cursor, read current (locking), not from the snapshot
+	claimed    string // this token's claims (:offsets) with their messages
+	retry      string // make a claim visible again at :retry_at, under its token
+	settle     string // mark a claim done, under its token
+	ack        string // mark claims done, each under its token (:claims rows of offset, token)
+	head       string // the ungrouped partition's head
+	cursor     string // the group's cursor
+	firstOpen  string // the lowest open claim above the cursor, and the highest claim
+	unclaimed  string // the first message above the highest claim, up to the head
+	gaps       string // messages without a claim row below the highest claim
+	dropPassed string // delete claim rows the cursor passed
+	dropAbove  string // delete claim rows above a reset cursor
+}
+
+// claimKey selects one group's claim rows (:tenant, :group, :topic).
+const claimKey = "tenant = :tenant AND consumer_group = :group AND topic = :topic"
+
+// ungroupedCursor is a scalar subquery: the group's cursor of the ungrouped
+// partition.
+const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), 0)"
+
+// highestClaim is a scalar subquery: the group's highest claimed offset.
+const highestClaim = "COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE " + claimKey + "), 0)"
+
+// claimFence selects a claim row while its token is current.
+const claimFence = claimKey + " AND message_offset = :offset AND token = :token AND done = 0"
+
+func newGroupSQL(s Syntax) groupSQL {
+	o, open := s.offset(), s.useIndex("idx_claims_open")
+	return groupSQL{
+		ready: "SELECT tenant, partition_key, next_offset FROM (" +
+			"SELECT p.tenant, p.partition_key, (SELECT MIN(m." + o + ") FROM queue_messages m" + s.partitionOrder() + " WHERE m.tenant = p.tenant AND m.topic = p.topic " +
+			"AND m.partition_key = p.partition_key AND m." + o + " > COALESCE(o.committed_offset, 0)) AS next_offset " +
+			"FROM queue_partitions p " +
+			"LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
+			"LEFT JOIN queue_partition_leases l ON l.tenant = p.tenant AND l.consumer_group = :group AND l.topic = p.topic AND l.partition_key = p.partition_key " +
+			"WHERE p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key <> '' " +
+			"AND p.head_offset > COALESCE(o.committed_offset, 0) AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now)" +
+			") ready WHERE next_offset IS NOT NULL ORDER BY next_offset LIMIT :limit",
+		anyWork: "SELECT EXISTS (SELECT 1 FROM queue_message_claims" + open + " WHERE " + claimKey +
+			" AND done = 0 AND visible_at <= :now AND message_offset > " + ungroupedCursor + ") OR EXISTS (SELECT 1 FROM queue_messages" + s.partitionOrder() +
+			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > " + s.greatest() + "(" + ungroupedCursor + ", " + highestClaim + "))",
+		positions: "SELECT " + ungroupedCursor + ", " + highestClaim,
+		again: "SELECT message_offset FROM queue_message_claims" + open + " WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor " +
+			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
+		fresh: "SELECT " + o + " FROM queue_messages" + s.partitionOrder() + " WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " +
+			o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+		reclaim: "UPDATE queue_message_claims SET owner = :owner, token = :token, attempts = attempts + 1, visible_at = :visible_at, updated_at = :now " +
+			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
+		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +
+			"VALUES :rows" + s.upsert("tenant, consumer_group, topic, message_offset", ""),
+		cursorNow: "SELECT COALESCE(MAX(committed_offset), 0) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
+			"AND partition_key = '' AND consumer_group = :group" + s.forShare(),
+		claimed: "SELECT c.attempts, c.last_error, m." + o + ", m.id, m.headers, m.payload, m.created_at " +
+			"FROM queue_message_claims c JOIN queue_messages m ON m.tenant = c.tenant AND m.topic = c.topic AND m.partition_key = '' " +
+			"AND m." + o + " = c.message_offset WHERE c.tenant = :tenant AND c.consumer_group = :group AND c.topic = :topic " +
+			"AND c.message_offset IN (:offsets) AND c.token = :token AND c.message_offset > :cursor ORDER BY c.message_offset",
+		retry:  "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
+		settle: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
+		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND " +
+			s.inRows("message_offset, token", "claims"),
+		head:   "SELECT head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key = ''",
+		cursor: "SELECT " + ungroupedCursor,
+		firstOpen: "SELECT (SELECT MIN(message_offset) FROM queue_message_claims" + open + " WHERE " + claimKey +
+			" AND done = 0 AND message_offset > :cursor), " + highestClaim,
+		unclaimed: "SELECT MIN(" + o + ") FROM queue_messages" + s.partitionOrder() + " WHERE tenant = :tenant AND topic = :topic " +
+			"AND partition_key = '' AND " + o + " <= :head AND " + o + " > :after",
+		gaps: "SELECT m." + o + " FROM queue_messages m" + s.partitionOrder() +
+			" LEFT JOIN queue_message_claims c ON c.tenant = m.tenant AND c.consumer_group = :group AND c.topic = m.topic AND c.message_offset = m." + o +
+			" WHERE m.tenant = :tenant AND m.topic = :topic AND m.partition_key = '' AND m." + o + " > :after AND m." + o + " <= :up_to AND c.message_offset IS NULL" +
+			" ORDER BY m." + o + " LIMIT :limit",
+		dropPassed: "DELETE FROM queue_message_claims WHERE " + claimKey + " AND message_offset <= :offset",
+		dropAbove:  "DELETE FROM queue_message_claims WHERE " + claimKey + " AND message_offset > :offset",
+	}
+}
