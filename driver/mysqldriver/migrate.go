@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -44,26 +45,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := migrate.NotNewer(current, migrate.Latest(d.migrations), driver.ErrSchemaNewer); err != nil {
-		return nil, err
-	}
-	var applied []int
-	for _, m := range d.migrations {
-		if m.Version <= current {
-			continue
-		}
-		for _, stmt := range m.Statements {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return applied, fmt.Errorf("migrate %04d_%s: %w", m.Version, m.Name, err)
-			}
-		}
-		if _, err := conn.ExecContext(ctx, "INSERT INTO "+migrate.Table+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
-			m.Version, m.Name); err != nil {
-			return applied, fmt.Errorf("migrate %04d_%s: record: %w", m.Version, m.Name, err)
-		}
-		applied = append(applied, m.Version)
-	}
-	return applied, nil
+	return migrate.Apply(ctx, conn, d.migrations, current, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
 }
 
 // SchemaVersion reports the applied and the embedded versions; a database

@@ -31,24 +31,9 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+migrate.Table).Scan(&current); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	if err := migrate.NotNewer(current, migrate.Latest(d.migrations), driver.ErrSchemaNewer); err != nil {
-		return nil, err
-	}
-	var applied []int
-	for _, m := range d.migrations {
-		if m.Version <= current {
-			continue
-		}
-		for _, stmt := range m.Statements {
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return nil, fmt.Errorf("migrate %04d_%s: %w", m.Version, m.Name, err)
-			}
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+migrate.Table+" (version, name, applied_at) VALUES (?, ?, ?)",
-			m.Version, m.Name, nowMicros()); err != nil {
-			return nil, fmt.Errorf("migrate %04d_%s: record: %w", m.Version, m.Name, err)
-		}
-		applied = append(applied, m.Version)
+	applied, err := migrate.Apply(ctx, tx, d.migrations, current, nowMicros(), driver.ErrSchemaNewer)
+	if err != nil {
+		return nil, err // rolled back: nothing was applied
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("migrate: commit: %w", err)

@@ -7,6 +7,8 @@
 package migrate
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"io/fs"
 	"path"
@@ -80,7 +82,6 @@ func split(body string) []string {
 	return stmts
 }
 
-// Latest is the highest version in ms (0 when empty).
 // NotNewer refuses a database whose applied version is above latest (the
 // highest this binary embeds): it was migrated by a newer shardq. newer is
 // the error to wrap (driver.ErrSchemaNewer).
@@ -91,9 +92,41 @@ func NotNewer(current, latest int, newer error) error {
 	return nil
 }
 
+// Latest is the highest version in ms (0 when empty).
 func Latest(ms []Migration) int {
 	if len(ms) == 0 {
 		return 0
 	}
 	return ms[len(ms)-1].Version
+}
+
+// Execer runs a statement: a connection or a transaction.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Apply runs, in order, the migrations of ms above current and records
+// each in Table as applied at appliedAt (in the column's type). It refuses
+// a database newer than ms (NotNewer, wrapping newer), and returns the
+// versions applied before any failure.
+func Apply(ctx context.Context, db Execer, ms []Migration, current int, appliedAt any, newer error) ([]int, error) {
+	if err := NotNewer(current, Latest(ms), newer); err != nil {
+		return nil, err
+	}
+	var applied []int
+	for _, m := range ms {
+		if m.Version <= current {
+			continue
+		}
+		for _, stmt := range m.Statements {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				return applied, fmt.Errorf("migrate %04d_%s: %w", m.Version, m.Name, err)
+			}
+		}
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+Table+" (version, name, applied_at) VALUES (?, ?, ?)", m.Version, m.Name, appliedAt); err != nil {
+			return applied, fmt.Errorf("migrate %04d_%s: record: %w", m.Version, m.Name, err)
+		}
+		applied = append(applied, m.Version)
+	}
+	return applied, nil
 }

@@ -232,24 +232,8 @@ func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.
 		return nil, nil, d.Wrap(op, err)
 	}
 	defer rows.Close()
-	states := map[string]driver.DeliveryState{}
-	for rows.Next() {
-		var group string
-		var st driver.DeliveryState
-		var next any
-		var lastErr sql.NullString
-		if err := rows.Scan(&group, &st.Attempts, &next, &lastErr); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", op, err)
-		}
-		if next != nil {
-			if st.NextAttemptAt, err = d.DecodeTime(next); err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", op, err)
-			}
-		}
-		st.LastError = lastErr.String
-		states[group] = st
-	}
-	return m, states, rows.Err()
+	states, err := scanStates[string](d, rows, op)
+	return m, states, err
 }
 
 // DeleteMessage deletes exactly the row with ref's identity.

@@ -268,22 +268,29 @@ func (d *Store) DeliveryStates(ctx context.Context, p driver.PartitionRef, after
 		return nil, d.Wrap(op, err)
 	}
 	defer rows.Close()
-	out := map[int64]driver.DeliveryState{}
+	return scanStates[int64](d, rows, op)
+}
+
+// scanStates reads rows of (key, attempts, next_attempt_at, last_error)
+// into a map by key (an offset, or a consumer group).
+func scanStates[K comparable](d *Store, rows *sql.Rows, op string) (map[K]driver.DeliveryState, error) {
+	out := map[K]driver.DeliveryState{}
 	for rows.Next() {
-		var off int64
+		var key K
 		var st driver.DeliveryState
 		var next any
 		var lastErr sql.NullString
-		if err := rows.Scan(&off, &st.Attempts, &next, &lastErr); err != nil {
+		if err := rows.Scan(&key, &st.Attempts, &next, &lastErr); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		if next != nil {
+			var err error
 			if st.NextAttemptAt, err = d.DecodeTime(next); err != nil {
 				return nil, fmt.Errorf("%s: %w", op, err)
 			}
 		}
 		st.LastError = lastErr.String
-		out[off] = st
+		out[key] = st
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
