@@ -138,31 +138,37 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 	token := rand.Int64N(1<<62) + 1
 	key, st := claimArgsOf(tenant, topic, group), &d.sql().group
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
-		offsets := func(stmt string, named Args) ([]any, error) {
-			rows, err := query(ctx, tx, stmt, named)
-			if err != nil {
-				return nil, d.Wrap(op, err)
-			}
-			defer rows.Close()
-			var out []any
-			for rows.Next() {
-				var o int64
-				if err := rows.Scan(&o); err != nil {
-					return nil, fmt.Errorf("%s: %w", op, err)
-				}
-				out = append(out, o)
-			}
-			return out, rows.Err()
-		}
 		var cursor, highest int64
 		if err := queryRow(ctx, tx, st.positions, key).Scan(&cursor, &highest); err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		again, err := offsets(st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit}))
+		rows, err := query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit}))
 		if err != nil {
-			return nil, err
+			return nil, d.Wrap(op, err)
 		}
-		fresh, err := offsets(st.fresh, key.with(Args{"after": max(cursor, highest), "limit": limit - len(again)}))
+		var again []any
+		for rows.Next() {
+			var o int64
+			if err := rows.Scan(&o); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+			again = append(again, o)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, d.Wrap(op, err)
+		}
+		// The messages come from the reads that chose them. Under
+		// REPEATABLE READ, plain reads see the snapshot of the
+		// transaction's first read, and the locking fresh read sees the
+		// latest committed rows: a message committed in between is
+		// locked and claimed here, and a plain read of it afterwards
+		// would miss it, hiding it for a whole visibility timeout
+		// (TestClaimSeesWhatItLocks). Messages claimed again are older
+		// than their claim rows, which the snapshot holds.
+		msgs := map[int64]driver.Message{}
+		fresh, err := d.claimedMessages(ctx, tx, tenant, topic, st.fresh, key.with(Args{"after": max(cursor, highest), "limit": limit - len(again)}), msgs, op)
 		if err != nil {
 			return nil, err
 		}
@@ -174,6 +180,9 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			if _, err := exec(ctx, tx, st.reclaim, key.with(Args{"owner": owner, "token": token, "visible_at": visibleAt, "now": d.EncodeTime(now),
 				"offsets": List(again)})); err != nil {
 				return nil, d.Wrap(op, err)
+			}
+			if _, err := d.claimedMessages(ctx, tx, tenant, topic, st.messagesAt, key.with(Args{"offsets": List(again)}), msgs, op); err != nil {
+				return nil, err
 			}
 		}
 		if len(fresh) > 0 {
@@ -195,34 +204,57 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		if err := queryRow(ctx, tx, st.cursorNow, key).Scan(&cursor); err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		// This caller's claims with their messages, joined on the
-		// messages' full primary key. A message deleted meanwhile
-		// (retention, an operator) has nothing to deliver.
+		// This caller's claims: the rows carrying its token (its own
+		// writes, which every read of the transaction sees). A message
+		// deleted meanwhile (retention, an operator) has nothing to
+		// deliver.
 		all := append(again, fresh...)
-		rows, err := query(ctx, tx, st.claimed, key.with(Args{"offsets": List(all), "token": token, "cursor": cursor}))
+		rows, err = query(ctx, tx, st.claimed, key.with(Args{"offsets": List(all), "token": token, "cursor": cursor}))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		defer rows.Close()
 		var out []driver.Claim
 		for rows.Next() {
-			c := driver.Claim{ConsumerGroup: group, Owner: owner, Token: token, Message: driver.Message{Tenant: tenant, Topic: topic}}
+			c := driver.Claim{ConsumerGroup: group, Owner: owner, Token: token}
 			var lastErr sql.NullString
-			var headers []byte
-			var created any
-			if err := rows.Scan(&c.Attempts, &lastErr, &c.Message.Offset, &c.Message.ID, &headers, &c.Message.Payload, &created); err != nil {
+			if err := rows.Scan(&c.Message.Offset, &c.Attempts, &lastErr); err != nil {
 				return nil, fmt.Errorf("%s: %w", op, err)
 			}
-			if c.Message, err = d.decodeMessage(c.Message, headers, created, op); err != nil {
-				return nil, err
+			m, ok := msgs[c.Message.Offset]
+			if !ok {
+				continue
 			}
-			c.LastError = lastErr.String
+			c.Message, c.LastError = m, lastErr.String
 			out = append(out, c)
 		}
 		contended = len(out) < len(all)
 		return out, rows.Err()
 	})
 	return claims, contended, err
+}
+
+// claimedMessages runs stmt, a read of ungrouped messages, adds them to
+// into by offset and returns their offsets.
+func (d *Store) claimedMessages(ctx context.Context, tx *sql.Tx, tenant, topic, stmt string, args Args, into map[int64]driver.Message, op string) ([]any, error) {
+	rows, err := query(ctx, tx, stmt, args)
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var offsets []any
+	for rows.Next() {
+		m := driver.Message{Tenant: tenant, Topic: topic}
+		if err := d.scanMessage(rows, &m, op); err != nil {
+			return nil, err
+		}
+		into[m.Offset] = m
+		offsets = append(offsets, m.Offset)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	return offsets, nil
 }
 
 // ungroupedGaps lists (up to 500) messages in (after, upTo] of the

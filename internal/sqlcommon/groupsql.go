@@ -11,11 +11,12 @@ type groupSQL struct {
 	anyWork    string // is anything claimable (read pool, before a write transaction)
 	positions  string // the group's cursor and highest claim
 	again      string // claims visible again (expired, or retry due)
-	fresh      string // messages above the highest claim
+	fresh      string // messages above the highest claim, locked, read current
+	messagesAt string // messages at offsets (:offsets)
 	reclaim    string // take visible-again claims (:offsets) under a new token
 	insert     string // insert claim rows (:rows), keeping any that exist
 	cursorNow  string // the group's cursor, read current (locking), not from the snapshot
-	claimed    string // this token's claims (:offsets) with their messages
+	claimed    string // this token's claims among :offsets
 	retry      string // make a claim visible again at :retry_at, under its token
 	settle     string // mark a claim done, under its token
 	ack        string // mark claims done, each under its token (:claims rows of offset, token)
@@ -59,18 +60,18 @@ func newGroupSQL(s Syntax) groupSQL {
 		positions: "SELECT " + ungroupedCursor + ", " + highestClaim,
 		again: "SELECT message_offset FROM queue_message_claims" + open + " WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor " +
 			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
-		fresh: "SELECT " + o + " FROM queue_messages" + s.partitionOrder() + " WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " +
-			o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+		fresh: "SELECT " + o + ", id, headers, payload, created_at FROM queue_messages" + s.partitionOrder() +
+			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+		messagesAt: "SELECT " + o + ", id, headers, payload, created_at FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
+			"AND partition_key = '' AND " + o + " IN (:offsets)",
 		reclaim: "UPDATE queue_message_claims SET owner = :owner, token = :token, attempts = attempts + 1, visible_at = :visible_at, updated_at = :now " +
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
 		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +
 			"VALUES :rows" + s.upsert("tenant, consumer_group, topic, message_offset", ""),
 		cursorNow: "SELECT COALESCE(MAX(committed_offset), 0) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND consumer_group = :group" + s.forShare(),
-		claimed: "SELECT c.attempts, c.last_error, m." + o + ", m.id, m.headers, m.payload, m.created_at " +
-			"FROM queue_message_claims c JOIN queue_messages m ON m.tenant = c.tenant AND m.topic = c.topic AND m.partition_key = '' " +
-			"AND m." + o + " = c.message_offset WHERE c.tenant = :tenant AND c.consumer_group = :group AND c.topic = :topic " +
-			"AND c.message_offset IN (:offsets) AND c.token = :token AND c.message_offset > :cursor ORDER BY c.message_offset",
+		claimed: "SELECT message_offset, attempts, last_error FROM queue_message_claims WHERE " + claimKey +
+			" AND message_offset IN (:offsets) AND token = :token AND message_offset > :cursor ORDER BY message_offset",
 		retry:  "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
 		settle: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
 		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND " +

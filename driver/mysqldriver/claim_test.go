@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package mysqldriver_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// TestClaimSeesWhatItLocks: under REPEATABLE READ (InnoDB's default), a
+// claim transaction's plain reads see the snapshot of its first read, and
+// its SKIP LOCKED read sees the latest committed rows. A message committed
+// between the two was claimed (claim row written, attempt counted) but not
+// returned, so it stayed hidden for a whole visibility timeout. The test
+// commits that message at exactly that point: just before the claim
+// transaction sends its SKIP LOCKED read.
+func TestClaimSeesWhatItLocks(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	publisher, err := mysqldriver.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer publisher.Close()
+	if _, err := publisher.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(id string) {
+		tx, err := publisher.BeginWrite(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := publisher.InsertMessages(ctx, tx, []*driver.InsertMessage{{Tenant: "t", Topic: "x", ID: id, Payload: []byte(id),
+			CreatedAt: time.Now()}}); err != nil {
+			tx.Rollback()
+			t.Error(err)
+			return
+		}
+		if err := tx.Commit(); err != nil {
+			t.Error(err)
+		}
+	}
+
+	var mu sync.Mutex
+	armed := false
+	db := recordingPool(t, dsn, func(q string) {
+		mu.Lock()
+		fire := armed && strings.Contains(q, "SKIP LOCKED")
+		if fire {
+			armed = false
+		}
+		mu.Unlock()
+		if fire {
+			publish("late") // commits on another connection, inside the claim's window
+		}
+	})
+	claimer, err := mysqldriver.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish("early")
+	mu.Lock()
+	armed = true
+	mu.Unlock()
+	now := time.Now()
+	claims, err := claimer.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	fired := !armed
+	mu.Unlock()
+	if !fired {
+		t.Fatal("the claim sent no SKIP LOCKED read: the test did not reach its window")
+	}
+	var ids []string
+	for _, c := range claims {
+		ids = append(ids, c.Message.ID)
+	}
+	if len(ids) != 2 || ids[0] != "early" || ids[1] != "late" {
+		t.Fatalf("claimed %v, want [early late]: a message the claim locked was not returned", ids)
+	}
+	// Nothing is left claimed behind the caller's back.
+	again, err := claimer.ClaimMessages(ctx, "t", "x", "g", "m#2", now, time.Minute, 10)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("second claim: %v, %v", again, err)
+	}
+}
