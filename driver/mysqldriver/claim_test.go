@@ -4,13 +4,18 @@ package mysqldriver_test
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/internal/sqlrecord"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -93,4 +98,83 @@ func TestClaimSeesWhatItLocks(t *testing.T) {
 	if err != nil || len(again) != 0 {
 		t.Fatalf("second claim: %v, %v", again, err)
 	}
+}
+
+// TestIdleAdvanceOpensNoTransaction: advancing the ungrouped cursor when it
+// cannot move (nothing new, or its next message still claimed) reads and
+// writes nothing in a transaction; members call it every
+// DiscoveryInterval.
+func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	var begins atomic.Int64
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.InterpolateParams = true
+	inner, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(sqlrecord.CountingBegins(inner, func(string) {}, func() { begins.Add(1) }))
+	defer db.Close()
+	d, err := mysqldriver.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	publish := func(ids ...string) {
+		t.Helper()
+		tx, err := d.BeginWrite(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ms []*driver.InsertMessage
+		for _, id := range ids {
+			ms = append(ms, &driver.InsertMessage{Tenant: "t", Topic: "x", ID: id, CreatedAt: now})
+		}
+		if err := d.InsertMessages(ctx, tx, ms); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	advance := func(wantCursor, wantBegins int64) {
+		t.Helper()
+		before := begins.Load()
+		cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur != wantCursor || begins.Load()-before != wantBegins {
+			t.Fatalf("advance: cursor %d with %d transactions, want %d with %d", cur, begins.Load()-before, wantCursor, wantBegins)
+		}
+	}
+	publish("a", "b")
+	claims, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, 10)
+	if err != nil || len(claims) != 2 {
+		t.Fatalf("claim: %v, %v", claims, err)
+	}
+	advance(0, 0) // both in handlers
+	if err := d.AckClaims(ctx, claims, now); err != nil {
+		t.Fatal(err)
+	}
+	advance(2, 1) // it moves: one transaction
+	advance(2, 0) // nothing new
+	advance(2, 0)
+	publish("c")
+	c, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, 10)
+	if err != nil || len(c) != 1 {
+		t.Fatalf("claim: %v, %v", c, err)
+	}
+	advance(2, 0) // c in a handler
+	if err := d.AckClaims(ctx, c, now); err != nil {
+		t.Fatal(err)
+	}
+	advance(3, 1)
 }

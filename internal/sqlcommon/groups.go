@@ -259,11 +259,11 @@ func (d *Store) claimedMessages(ctx context.Context, tx *sql.Tx, tenant, topic, 
 
 // ungroupedGaps lists (up to 500) messages in (after, upTo] of the
 // ungrouped partition that have no claim row.
-func (d *Store) ungroupedGaps(ctx context.Context, tx *sql.Tx, tenant, topic, group string, after, upTo int64) ([]int64, error) {
+func (d *Store) ungroupedGaps(ctx context.Context, db driver.DBTX, key Args, after, upTo int64) ([]int64, error) {
 	if upTo <= after {
 		return nil, nil
 	}
-	rows, err := query(ctx, tx, d.sql().group.gaps, claimArgsOf(tenant, topic, group).with(Args{"after": after, "up_to": upTo, "limit": 500}))
+	rows, err := query(ctx, db, d.sql().group.gaps, key.with(Args{"after": after, "up_to": upTo, "limit": 500}))
 	if err != nil {
 		return nil, err
 	}
@@ -363,68 +363,99 @@ func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver
 // offset than the head (offsets of a partition become visible in order),
 // so the cursor never passes a message it did not see.
 func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group string, now time.Time) (int64, error) {
+	op := fmt.Sprintf("advance the ungrouped cursor of tenant %q topic %q group %q", tenant, topic, group)
+	key := claimArgsOf(tenant, topic, group)
+	// Most calls find nothing to do (an idle group, or its first message
+	// still in a handler): ask the read pool, and open a write
+	// transaction only when the cursor can move or gaps need rows.
+	if p, err := d.planAdvance(ctx, d.Read, key, op); err != nil || !p.moves() {
+		return p.cur, err
+	}
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
-		op := fmt.Sprintf("advance the ungrouped cursor of tenant %q topic %q group %q", tenant, topic, group)
-		var head, cur int64
-		key, st := claimArgsOf(tenant, topic, group), &d.sql().group
-		err := queryRow(ctx, tx, st.head, key).Scan(&head)
-		if errors.Is(err, sql.ErrNoRows) {
-			return 0, nil
+		p, err := d.planAdvance(ctx, tx, key, op)
+		if err != nil || !p.moves() {
+			return p.cur, err
 		}
-		if err != nil {
-			return 0, d.Wrap(op, err)
-		}
-		if err := queryRow(ctx, tx, st.cursor, key).Scan(&cur); err != nil {
-			return 0, d.Wrap(op, err)
-		}
-		// The first message not done: the lowest open claim, or the first
-		// message above the highest claim (below it, every message has a
-		// claim row; see ClaimMessages).
-		var open, unclaimed sql.NullInt64
-		var highest int64
-		if err := queryRow(ctx, tx, st.firstOpen, key.with(Args{"cursor": cur})).Scan(&open, &highest); err != nil {
-			return 0, d.Wrap(op, err)
-		}
-		if err := queryRow(ctx, tx, st.unclaimed, key.with(Args{"head": head, "after": max(cur, highest)})).Scan(&unclaimed); err != nil {
-			return 0, d.Wrap(op, err)
-		}
-		// Gaps: messages below the highest claim without a claim row,
-		// left by a claim transaction that locked them (SKIP LOCKED kept
-		// the others away) and then failed. They count as open, and get
-		// claimable rows so that the next claim takes them.
-		gaps, err := d.ungroupedGaps(ctx, tx, tenant, topic, group, cur, min(highest, head))
-		if err != nil {
-			return 0, d.Wrap(op, err)
-		}
-		if len(gaps) > 0 {
-			rows := make(Rows, len(gaps))
-			for i, o := range gaps {
+		st := &d.sql().group
+		if len(p.gaps) > 0 {
+			rows := make(Rows, len(p.gaps))
+			for i, o := range p.gaps {
 				rows[i] = []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(now), 0, d.EncodeTime(now)}
 			}
 			if _, err := exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
 				return 0, d.Wrap(op, err)
 			}
 		}
-		next := head
-		for _, first := range []sql.NullInt64{open, unclaimed} {
-			if first.Valid {
-				next = min(next, first.Int64-1)
-			}
-		}
-		if len(gaps) > 0 {
-			next = min(next, gaps[0]-1)
-		}
-		if next <= cur {
-			return cur, nil
+		if p.next <= p.cur {
+			return p.cur, nil
 		}
 		// The cursor moves as a lease's commit does: forward only.
-		passed := key.with(Args{"key": "", "offset": next, "now": d.EncodeTime(now)})
+		passed := key.with(Args{"key": "", "offset": p.next, "now": d.EncodeTime(now)})
 		if _, err := exec(ctx, tx, d.leases().commit, passed); err != nil {
 			return 0, d.Wrap(op, err)
 		}
 		if _, err := exec(ctx, tx, st.dropPassed, passed); err != nil {
 			return 0, d.Wrap(op, err)
 		}
-		return next, nil
+		return p.next, nil
 	})
+}
+
+// advancePlan is where the ungrouped cursor can move: next, and the gaps
+// that need claim rows first.
+type advancePlan struct {
+	cur, next int64
+	gaps      []int64
+}
+
+func (p advancePlan) moves() bool { return p.next > p.cur || len(p.gaps) > 0 }
+
+// planAdvance reads, through db, the head, the cursor and the first
+// message not done.
+func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, op string) (advancePlan, error) {
+	st := &d.sql().group
+	var p advancePlan
+	var head int64
+	err := queryRow(ctx, db, st.head, key).Scan(&head)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return p, d.Wrap(op, err)
+	}
+	if err := queryRow(ctx, db, st.cursor, key).Scan(&p.cur); err != nil {
+		return p, d.Wrap(op, err)
+	}
+	p.next = p.cur
+	if head <= p.cur {
+		return p, nil
+	}
+	// The first message not done: the lowest open claim, or the first
+	// message above the highest claim (below it, every message has a
+	// claim row; see ClaimMessages).
+	var open, unclaimed sql.NullInt64
+	var highest int64
+	if err := queryRow(ctx, db, st.firstOpen, key.with(Args{"cursor": p.cur})).Scan(&open, &highest); err != nil {
+		return p, d.Wrap(op, err)
+	}
+	if err := queryRow(ctx, db, st.unclaimed, key.with(Args{"head": head, "after": max(p.cur, highest)})).Scan(&unclaimed); err != nil {
+		return p, d.Wrap(op, err)
+	}
+	// Gaps: messages below the highest claim without a claim row, left by
+	// a claim transaction that locked them (SKIP LOCKED kept the others
+	// away) and then failed. They count as open, and get claimable rows
+	// so that the next claim takes them.
+	if p.gaps, err = d.ungroupedGaps(ctx, db, key, p.cur, min(highest, head)); err != nil {
+		return p, d.Wrap(op, err)
+	}
+	p.next = head
+	for _, first := range []sql.NullInt64{open, unclaimed} {
+		if first.Valid {
+			p.next = min(p.next, first.Int64-1)
+		}
+	}
+	if len(p.gaps) > 0 {
+		p.next = min(p.next, p.gaps[0]-1)
+	}
+	return p, nil
 }

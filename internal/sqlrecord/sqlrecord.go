@@ -13,12 +13,19 @@ import (
 
 // Connector wraps inner; record is called with each statement's text.
 func Connector(inner driver.Connector, record func(query string)) driver.Connector {
-	return &connector{inner: inner, record: record}
+	return &connector{inner: inner, record: record, begin: func() {}}
+}
+
+// CountingBegins is Connector that also calls begin as each transaction
+// starts (the driver sends its BEGIN itself, not through record).
+func CountingBegins(inner driver.Connector, record func(query string), begin func()) driver.Connector {
+	return &connector{inner: inner, record: record, begin: begin}
 }
 
 type connector struct {
 	inner  driver.Connector
 	record func(string)
+	begin  func()
 }
 
 func (c *connector) Driver() driver.Driver { return c.inner.Driver() }
@@ -28,7 +35,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn_{Conn: conn, record: c.record}, nil
+	return &conn_{Conn: conn, record: c.record, begin: c.begin}, nil
 }
 
 // conn_ forwards to the wrapped connection. It implements the optional
@@ -37,6 +44,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 type conn_ struct {
 	driver.Conn
 	record func(string)
+	begin  func()
 }
 
 func (c *conn_) Prepare(query string) (driver.Stmt, error) {
@@ -71,6 +79,7 @@ func (c *conn_) QueryContext(ctx context.Context, query string, args []driver.Na
 }
 
 func (c *conn_) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	c.begin()
 	if b, ok := c.Conn.(driver.ConnBeginTx); ok {
 		return b.BeginTx(ctx, opts)
 	}
