@@ -31,6 +31,9 @@ const (
 	DefaultMaxPartitions        = 64
 	DefaultUngroupedConcurrency = 16
 	DefaultVisibilityTimeout    = 30 * time.Second
+	// DefaultMaxVisibilityRenewal is Service Bus's default for
+	// MaxAutoLockRenewalDuration.
+	DefaultMaxVisibilityRenewal = 5 * time.Minute
 	DefaultMaxAttempts          = 10
 	DefaultBackoffMin           = time.Second
 	DefaultBackoffMax           = 5 * time.Minute

@@ -118,6 +118,12 @@ type SubscriberConfig struct {
 	// invisible to the group's other members; not settled by then, it is
 	// delivered again (and this member's settlement fails) [30s].
 	VisibilityTimeout time.Duration
+	// MaxVisibilityRenewal bounds how long a handler may hold an
+	// ungrouped message: while it runs, its claim is renewed every
+	// VisibilityTimeout/4, up to this long after the claim; then the claim
+	// lapses and the message is delivered again. Set it to
+	// VisibilityTimeout to never renew [5m].
+	MaxVisibilityRenewal time.Duration
 
 	MaxAttempts int           // after this many failed attempts a message is dead-lettered [10]; UnlimitedAttempts never
 	BackoffMin  time.Duration // first retry delay, doubling per attempt, with jitter [1s]
@@ -155,6 +161,7 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	n(&cfg.MaxPartitions, DefaultMaxPartitions)
 	n(&cfg.UngroupedConcurrency, DefaultUngroupedConcurrency)
 	d(&cfg.VisibilityTimeout, DefaultVisibilityTimeout)
+	d(&cfg.MaxVisibilityRenewal, DefaultMaxVisibilityRenewal)
 	if cfg.Take < TakeAll || cfg.Take > TakeUngrouped {
 		return cfg, &ident.Error{Field: "take", Rule: fmt.Sprintf("%d is not TakeAll, TakeGrouped or TakeUngrouped", cfg.Take)}
 	}
@@ -277,8 +284,9 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		DiscoveryInterval: cfg.DiscoveryInterval, JoinWindow: cfg.JoinWindow, PollInterval: cfg.PollInterval,
 		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
 		Take: consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
-		Policy:    settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
-		DLQSuffix: cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
+		MaxVisibilityRenewal: cfg.MaxVisibilityRenewal,
+		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
+		DLQSuffix:            cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)

@@ -30,6 +30,7 @@ var groupTests = []struct {
 	{"ReceiverNackRetriesThenDeadLetters", testReceiverNackRetriesThenDeadLetters},
 	{"UngroupedCompetingConsumers", testUngroupedCompetingConsumers},
 	{"UngroupedRedeliveredOnlyAfterVisibilityTimeout", testUngroupedVisibility},
+	{"UngroupedClaimRenewedWhileHandled", testUngroupedRenewal},
 	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
 	{"UngroupedGapIsRepaired", testUngroupedGapIsRepaired},
@@ -529,6 +530,7 @@ func testUngroupedVisibility(t *testing.T, open Open) {
 			return nil
 		})
 		cfg.VisibilityTimeout, cfg.Clock = visibility, clock
+		cfg.MaxVisibilityRenewal = visibility // never renewed: the claim lapses at its time
 		s, err := c.Subscribe(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -555,6 +557,66 @@ func testUngroupedVisibility(t *testing.T, open Open) {
 		t.Fatal("the expired claim was not delivered again")
 	}
 	close(release)
+}
+
+// testUngroupedRenewal: a handler that outlives the visibility timeout
+// keeps its claim while it runs, renewed up to MaxVisibilityRenewal; past
+// that the claim lapses and another member delivers the message again.
+// The members share a fake clock; between its steps (each shorter than
+// the visibility timeout) the test leaves several renewal periods of real
+// time.
+func testUngroupedRenewal(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	const visibility, step = 400 * time.Millisecond, 300 * time.Millisecond
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "slow"})
+	fake := newFakeClock(t0)
+	attempts := make(chan int, 10)
+	release := make(chan struct{})
+	var subs []*shardq.Subscriber
+	for _, name := range []string{"a", "b"} {
+		cfg := ungroupedConfig(name, func(ctx context.Context, dl *shardq.Delivery) error {
+			attempts <- dl.Attempt
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+		cfg.VisibilityTimeout, cfg.MaxVisibilityRenewal, cfg.Clock = visibility, 8*step, fake.Now
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	defer func() { close(release); stopAll(t, subs...) }()
+	if a := <-attempts; a != 1 {
+		t.Fatalf("first delivery is attempt %d", a)
+	}
+	// Six steps: 1.8 s of the fake clock, four and a half visibility
+	// timeouts, all within the renewal bound (2.4 s).
+	for range 6 {
+		time.Sleep(4 * visibility / 4) // four renewal periods
+		fake.Advance(step)
+		select {
+		case a := <-attempts:
+			t.Fatalf("delivered again (attempt %d) while its handler ran and renewed the claim", a)
+		default:
+		}
+	}
+	// Past the bound, the claim lapses: the other member delivers it.
+	for range 4 {
+		time.Sleep(visibility)
+		fake.Advance(step)
+	}
+	select {
+	case a := <-attempts:
+		if a != 2 {
+			t.Fatalf("redelivered as attempt %d, want 2", a)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the claim held past MaxVisibilityRenewal was not delivered again")
+	}
 }
 
 func testUngroupedDeadLetters(t *testing.T, open Open) {

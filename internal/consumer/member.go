@@ -56,6 +56,7 @@ type Config struct {
 	Take                 Take
 	UngroupedConcurrency int
 	VisibilityTimeout    time.Duration
+	MaxVisibilityRenewal time.Duration
 
 	Policy    settle.Policy
 	DLQSuffix string
@@ -121,6 +122,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 	if cfg.Take != TakeGrouped {
 		s.ungrouped = ungrouped.Start(ctx, drv, ungrouped.Config{ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants,
 			ID: cfg.ID, Handle: cfg.Handle, Concurrency: cfg.UngroupedConcurrency, Visibility: cfg.VisibilityTimeout,
+			MaxRenewal:   cfg.MaxVisibilityRenewal,
 			PollInterval: cfg.PollInterval, DiscoveryInterval: cfg.DiscoveryInterval, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix,
 			Clock: cfg.Clock, Log: s.log})
 	}

@@ -28,9 +28,12 @@ type Config struct {
 	ID                   string // the member's identity: the claims' owner
 	// Handle delivers one message as its attempt-th delivery; it must not
 	// panic (the caller recovers).
-	Handle            func(ctx context.Context, msgs []driver.Message, attempt int) error
-	Concurrency       int           // messages handled at once
-	Visibility        time.Duration // how long a claim hides its message
+	Handle      func(ctx context.Context, msgs []driver.Message, attempt int) error
+	Concurrency int           // messages handled at once
+	Visibility  time.Duration // how long a claim hides its message
+	// MaxRenewal bounds how long a claim is held in all, renewed while its
+	// handler runs; at most Visibility means never renewed.
+	MaxRenewal        time.Duration
 	PollInterval      time.Duration
 	DiscoveryInterval time.Duration // how often the cursor advances
 	Policy            settle.Policy
@@ -192,10 +195,19 @@ func (s *Service) advanceUngrouped(now time.Time) {
 }
 
 // handleClaim delivers one claimed message and settles it: ack, retry after
-// a backoff, or dead-letter, each fenced by the claim's token.
+// a backoff, or dead-letter, each fenced by the claim's token. While the
+// handler runs, its claim is renewed (up to MaxRenewal in all).
 func (s *Service) handleClaim(c driver.Claim) {
 	m := c.Message
-	err := s.cfg.Handle(s.life.HardContext(), []driver.Message{m}, c.Attempts)
+	hctx, lost := context.WithCancel(s.life.HardContext())
+	defer lost()
+	handled, renewing := make(chan struct{}), make(chan struct{})
+	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost) }) {
+		close(renewing)
+	}
+	err := s.cfg.Handle(hctx, []driver.Message{m}, c.Attempts)
+	close(handled)
+	<-renewing // no renewal runs beside the settlement
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
@@ -222,6 +234,52 @@ func (s *Service) handleClaim(c driver.Claim) {
 	case err != nil:
 		s.log.Warn("shardq: settling an ungrouped message failed; it is delivered again after its visibility timeout",
 			"tenant", m.Tenant, "offset", m.Offset, "op", op, "err", err)
+	}
+}
+
+// renewWhileHandled moves c's claim forward every Visibility/4 until
+// handled closes, to now + Visibility but never past the claim's time +
+// MaxRenewal (there it lapses, and the message is delivered again). A
+// claim found lost cancels the handler through lost: another member has
+// the message.
+func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, lost context.CancelFunc) {
+	limit := c.VisibleUntil.Add(s.cfg.MaxRenewal - s.cfg.Visibility)
+	tick := time.NewTicker(s.cfg.Visibility / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-handled:
+			return
+		case <-tick.C:
+		}
+		now := s.cfg.Clock()
+		until := now.Add(s.cfg.Visibility)
+		if until.After(limit) {
+			until = limit
+		}
+		if !until.After(c.VisibleUntil) {
+			if until.Equal(limit) {
+				return // held as long as allowed
+			}
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+		// Renewing is making the message claimable again later, under the
+		// claim's token.
+		err := s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, until, c.LastError, now) })
+		cancel()
+		switch {
+		case errors.Is(err, driver.ErrLeaseLost):
+			s.log.Warn("shardq: ungrouped claim lost while its handler ran; cancelling the handler",
+				"tenant", c.Message.Tenant, "offset", c.Message.Offset)
+			lost()
+			return
+		case err != nil:
+			s.log.Warn("shardq: renewing an ungrouped claim failed; retrying", "tenant", c.Message.Tenant, "offset", c.Message.Offset,
+				"visible_until", c.VisibleUntil, "err", err)
+		default:
+			c.VisibleUntil = until
+		}
 	}
 }
 
