@@ -27,21 +27,25 @@ import (
 )
 
 // Scenarios are the names Run accepts.
-var Scenarios = []string{"raw", "publish", "consume", "latency"}
+var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped"}
 
 // Params are a run's knobs; zero values take the defaults of Defaults.
 type Params struct {
-	Messages    int           `json:"messages"`
-	Size        int           `json:"size"`
-	Publishers  int           `json:"publishers"`
-	Batch       int           `json:"batch"`
-	Partitions  int           `json:"partitions"`
-	Tenants     int           `json:"tenants"`
-	Subscribers int           `json:"subscribers"`
-	Processes   bool          `json:"processes"`
-	Rate        int           `json:"rate"`
-	Duration    time.Duration `json:"-"`
-	Reps        int           `json:"reps"`
+	Messages    int `json:"messages"`
+	Size        int `json:"size"`
+	Publishers  int `json:"publishers"`
+	Batch       int `json:"batch"`
+	Partitions  int `json:"partitions"`
+	Tenants     int `json:"tenants"`
+	Subscribers int `json:"subscribers"`
+	// Handlers is each ungrouped consumer's UngroupedConcurrency;
+	// HandlerDelay is how long each of its handler calls takes.
+	Handlers     int           `json:"handlers"`
+	HandlerDelay time.Duration `json:"-"`
+	Processes    bool          `json:"processes"`
+	Rate         int           `json:"rate"`
+	Duration     time.Duration `json:"-"`
+	Reps         int           `json:"reps"`
 	// PollInterval is the subscribers' idle poll interval (0: the
 	// subscriber default).
 	PollInterval time.Duration `json:"-"`
@@ -49,7 +53,7 @@ type Params struct {
 
 // Defaults are the parameters of the issue's targets.
 var Defaults = Params{Messages: 20_000, Size: 256, Publishers: 16, Batch: 1, Partitions: 64, Tenants: 1,
-	Subscribers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3}
+	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3}
 
 // headerLen is the payload prefix every bench message carries: sequence in
 // its partition, the time it was meant to be published, its publisher.
@@ -70,6 +74,8 @@ func (p Params) Validate() error {
 		{"--partitions", p.Partitions >= 1 && p.Partitions <= 100_000, "between 1 and 100000"},
 		{"--tenants", p.Tenants >= 1 && p.Tenants <= p.Partitions, "between 1 and --partitions"},
 		{"--subscribers", p.Subscribers >= 1 && p.Subscribers <= 256, "between 1 and 256"},
+		{"--handlers", p.Handlers >= 1 && p.Handlers <= 1024, "between 1 and 1024"},
+		{"--handler-delay", p.HandlerDelay >= 0 && p.HandlerDelay <= time.Minute, "between 0 and 1m"},
 		{"--rate", p.Rate >= 1 && p.Rate <= 1_000_000, "between 1 and 1000000 msg/s"},
 		{"--duration", p.Duration >= 100*time.Millisecond, "at least 100ms"},
 		{"--reps", p.Reps >= 1 && p.Reps <= 100, "between 1 and 100"},
@@ -167,6 +173,8 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 		return e.compare(ctx, base, scenCase{"publish", e.publish}, false)
 	case "consume":
 		return e.compare(ctx, e.rawConsumeCase(), scenCase{"consume", e.consume}, false)
+	case "ungrouped":
+		return e.compare(ctx, e.rawClaimCase(), scenCase{"ungrouped", e.ungrouped}, false)
 	default:
 		return e.compare(ctx, e.rawInsertCase(1), scenCase{"latency", e.latency}, true)
 	}
@@ -257,6 +265,7 @@ func (e *env) paramsMap() map[string]any {
 	p := e.p
 	return map[string]any{"messages": p.Messages, "size": p.Size, "publishers": p.Publishers, "batch": p.Batch,
 		"partitions": p.Partitions, "tenants": p.Tenants, "subscribers": p.Subscribers, "processes": p.Processes,
+		"handlers": p.Handlers, "handler_delay": p.HandlerDelay.String(),
 		"rate": p.Rate, "duration": p.Duration.String(), "reps": p.Reps}
 }
 

@@ -32,7 +32,7 @@ func databases(t *testing.T) map[string]func() (driver.Driver, error) {
 	}
 }
 
-var small = Params{Messages: 600, Size: 64, Publishers: 4, Batch: 1, Partitions: 8, Tenants: 2, Subscribers: 2,
+var small = Params{Messages: 600, Size: 64, Publishers: 4, Batch: 1, Partitions: 8, Tenants: 2, Subscribers: 2, Handlers: 2,
 	Rate: 200, Duration: 500 * time.Millisecond, Reps: 1, PollInterval: 20 * time.Millisecond}
 
 // Every scenario runs, is checked, reports its baseline and ratio, and
@@ -52,6 +52,7 @@ func TestScenarios(t *testing.T) {
 				{"publish", func(p Params) Params { p.Batch = 50; return p }, []string{"raw-multirow-50", "publish"}},
 				{"consume", func(p Params) Params { return p }, []string{"raw-ordered-consume", "consume"}},
 				{"latency", func(p Params) Params { return p }, []string{"raw-insert-1conn", "latency"}},
+				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
 			}
 			for _, c := range cases {
 				results, err := r.Run(context.Background(), c.scenario, c.params(small))

@@ -256,3 +256,120 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 	}
 	return rec.rep(elapsed), nil
 }
+
+// rawClaimCase is the competing-consumer ceiling: --subscribers workers
+// loop { begin; select up to 100 ungrouped rows (FOR UPDATE SKIP LOCKED on
+// MySQL; SQLite's write transaction excludes the others); delete them;
+// commit } until the table is empty.
+func (e *env) rawClaimCase() scenCase {
+	return scenCase{"raw-claim-delete", e.rawClaim}
+}
+
+func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
+	if err := ns.createRaw(ctx); err != nil {
+		return rep{}, err
+	}
+	p := e.p
+	db := e.d.DB()
+	const fillBatch = 500
+	for first := 0; first < p.Messages; first += fillBatch {
+		n := min(fillBatch, p.Messages-first)
+		args := make([]any, 0, 7*n)
+		now := time.Now()
+		for i := first; i < first+n; i++ {
+			tenant := ns.tenants[i%len(ns.tenants)]
+			args = append(args, tenant, ns.topic, "", fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`, payload(p.Size, uint64(i), now, 0), e.timeArg(now))
+		}
+		q := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			return rep{}, fmt.Errorf("raw fill: %w", err)
+		}
+	}
+	oc := e.offsetCol()
+	sel := "SELECT " + oc + ", payload FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = '' ORDER BY " + oc + " LIMIT 100"
+	if e.d.Name() == "mysql" {
+		sel += " FOR UPDATE SKIP LOCKED"
+	}
+	rec := newRecorder(p.Messages, len(ns.tenants))
+	rec.unordered = true
+	// claimBatch claims, records and deletes up to 100 rows of tenant; it
+	// reports how many.
+	claimBatch := func(tenant string) (int, error) {
+		tx, err := e.d.BeginWrite(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback()
+		rows, err := tx.QueryContext(ctx, sel, tenant, ns.topic)
+		if err != nil {
+			return 0, err
+		}
+		var offsets []any
+		var claimed []event
+		for rows.Next() {
+			var off int64
+			var body []byte
+			if err := rows.Scan(&off, &body); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			seq, _, _, err := parsePayload(body)
+			if err != nil {
+				rows.Close()
+				return 0, err
+			}
+			claimed = append(claimed, event{tenant: tenant, seq: seq})
+			offsets = append(offsets, off)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(offsets) == 0 {
+			return 0, err
+		}
+		del := "DELETE FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = '' AND " + oc + " IN (" +
+			strings.TrimSuffix(strings.Repeat("?, ", len(offsets)), ", ") + ")"
+		if _, err := tx.ExecContext(ctx, del, append([]any{tenant, ns.topic}, offsets...)...); err != nil {
+			return 0, err
+		}
+		if err := tx.Commit(); err != nil {
+			return 0, err
+		}
+		for _, ev := range claimed { // delivered once committed
+			ev.at = time.Now()
+			rec.record(ev)
+		}
+		return len(offsets), nil
+	}
+	errc := make(chan error, p.Subscribers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range p.Subscribers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range ns.tenants {
+				tenant := ns.tenants[(w+i)%len(ns.tenants)]
+				for {
+					n, err := claimBatch(tenant)
+					if err != nil && e.d.Retryable(err) {
+						continue // a deadlock between workers: InnoDB rolled it back
+					}
+					if err != nil {
+						errc <- fmt.Errorf("raw claim tenant %s: %w", tenant, err)
+						return
+					}
+					if n == 0 {
+						break
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errc)
+	if err := <-errc; err != nil {
+		return rep{}, err
+	}
+	return rec.rep(elapsed), nil
+}

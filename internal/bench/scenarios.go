@@ -174,7 +174,7 @@ func (e *env) consume(ctx context.Context, ns namespace) (rep, error) {
 	}
 	rec := newRecorder(e.p.Messages, e.p.Partitions)
 	start := time.Now()
-	stop, err := e.startSubscribers(ctx, c, ns, rec, false)
+	stop, err := e.startSubscribers(ctx, c, ns, rec, false, false)
 	if err != nil {
 		return rep{}, err
 	}
@@ -218,7 +218,7 @@ func (e *env) latency(ctx context.Context, ns namespace) (rep, error) {
 	p := e.p
 	total := int(float64(p.Rate) * p.Duration.Seconds())
 	rec := newRecorder(p.Partitions+total, p.Partitions)
-	stop, err := e.startSubscribers(ctx, c, ns, rec, true)
+	stop, err := e.startSubscribers(ctx, c, ns, rec, true, false)
 	if err != nil {
 		return rep{}, err
 	}
@@ -295,4 +295,43 @@ func (e *env) latency(ctx context.Context, ns namespace) (rep, error) {
 	r.msgs = int64(total)
 	r.lost = max(0, r.lost)
 	return r, nil
+}
+
+// ungrouped: --messages ungrouped messages (empty partition key) are
+// published beforehand, message i to tenant i mod --tenants; then
+// --subscribers competing consumers, each running --handlers handlers of
+// --handler-delay, consume them all. Ungrouped messages have no order;
+// duplicates (a claim that expired) are counted.
+func (e *env) ungrouped(ctx context.Context, ns namespace) (rep, error) {
+	c, err := e.client()
+	if err != nil {
+		return rep{}, err
+	}
+	defer c.Close()
+	now := time.Now()
+	for t, tenant := range ns.tenants { // one Publish call writes one tenant
+		var batch []shardq.Message
+		for i := t; i < e.p.Messages; i += len(ns.tenants) {
+			batch = append(batch, shardq.Message{Tenant: tenant, Topic: ns.topic, ID: fmt.Sprint(i), Payload: payload(e.p.Size, uint64(i), now, 0)})
+			if len(batch) == 500 || i+len(ns.tenants) >= e.p.Messages {
+				if _, err := c.Publish(ctx, batch...); err != nil {
+					return rep{}, fmt.Errorf("fill: %w", err)
+				}
+				batch = batch[:0]
+			}
+		}
+	}
+	rec := newRecorder(e.p.Messages, len(ns.tenants))
+	rec.unordered = true
+	start := time.Now()
+	stop, err := e.startSubscribers(ctx, c, ns, rec, false, true)
+	if err != nil {
+		return rep{}, err
+	}
+	waitErr := rec.wait(ctx)
+	elapsed := time.Since(start)
+	if err := errors.Join(waitErr, stop()); err != nil {
+		return rep{}, err
+	}
+	return rec.rep(elapsed), nil
 }

@@ -27,6 +27,11 @@ type WorkerConfig struct {
 	PollInterval time.Duration
 	// Latency: report each message's due time, for end-to-end latency.
 	Latency bool
+	// Ungrouped: take ungrouped messages only, Handlers at once, each
+	// handler call taking Delay.
+	Ungrouped bool
+	Handlers  int
+	Delay     time.Duration
 }
 
 // Args are the command-line arguments of `shardq bench worker` for cfg.
@@ -38,17 +43,33 @@ func (cfg WorkerConfig) Args() []string {
 	if cfg.Latency {
 		args = append(args, "--latency")
 	}
+	if cfg.Ungrouped {
+		args = append(args, "--ungrouped", "--handlers", strconv.Itoa(cfg.Handlers), "--delay", cfg.Delay.String())
+	}
 	return args
 }
 
 func (cfg WorkerConfig) subscriber(handler shardq.Handler) shardq.SubscriberConfig {
-	return shardq.SubscriberConfig{ConsumerGroup: group, Topic: cfg.Topic, Tenants: cfg.Tenants, Name: cfg.Name,
+	sc := shardq.SubscriberConfig{ConsumerGroup: group, Topic: cfg.Topic, Tenants: cfg.Tenants, Name: cfg.Name,
 		PollInterval: cfg.PollInterval, Handler: handler}
+	if cfg.Ungrouped {
+		sc.Take, sc.UngroupedConcurrency = shardq.TakeUngrouped, cfg.Handlers
+	}
+	return sc
 }
 
 // handler records each delivery as an event.
 func (cfg WorkerConfig) handler(record func(event)) shardq.Handler {
-	return func(_ context.Context, d *shardq.Delivery) error {
+	return func(ctx context.Context, d *shardq.Delivery) error {
+		if cfg.Delay > 0 {
+			t := time.NewTimer(cfg.Delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+		}
 		at := time.Now()
 		seq, due, _, err := parsePayload(d.Payload)
 		if err != nil {
@@ -66,7 +87,7 @@ func (cfg WorkerConfig) handler(record func(event)) shardq.Handler {
 // startSubscribers starts --subscribers members of the bench group, in
 // this process or (--processes) each in its own, feeding rec. stop stops
 // them all.
-func (e *env) startSubscribers(ctx context.Context, c *shardq.Client, ns namespace, rec *recorder, latency bool) (stop func() error, err error) {
+func (e *env) startSubscribers(ctx context.Context, c *shardq.Client, ns namespace, rec *recorder, latency, ungrouped bool) (stop func() error, err error) {
 	var stops []func() error
 	stopAll := func() error {
 		var errs []error
@@ -77,7 +98,7 @@ func (e *env) startSubscribers(ctx context.Context, c *shardq.Client, ns namespa
 	}
 	for i := range e.p.Subscribers {
 		cfg := WorkerConfig{Name: fmt.Sprintf("bench-%s-%d", ns.id, i), Topic: ns.topic, Tenants: ns.tenants,
-			PollInterval: e.p.PollInterval, Latency: latency}
+			PollInterval: e.p.PollInterval, Latency: latency, Ungrouped: ungrouped, Handlers: e.p.Handlers, Delay: e.p.HandlerDelay}
 		if !e.p.Processes {
 			s, err := c.Subscribe(ctx, cfg.subscriber(cfg.handler(rec.record)))
 			if err != nil {

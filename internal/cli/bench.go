@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -24,9 +25,10 @@ import (
 func (a *app) benchCmd() *cobra.Command {
 	p := bench.Defaults
 	var asJSON bool
+	var cpuProfile string
 	cmd := &cobra.Command{
-		Use:   "bench publish|consume|latency|raw [flags]",
-		Short: "Measure publish, consume and end-to-end latency against the database's own ceiling",
+		Use:   "bench publish|consume|latency|ungrouped|raw [flags]",
+		Short: "Measure publish, consume, competing consumers and end-to-end latency against the database's own ceiling",
 		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
 			"medians next to the matching raw baseline measured in the same run:\n" +
 			"  raw      the database alone: single-row autocommit INSERTs with 1 and --publishers connections,\n" +
@@ -37,6 +39,9 @@ func (a *app) benchCmd() *cobra.Command {
 			"           per-message handler (baseline: the raw ordered-consume ceiling)\n" +
 			"  latency  --rate msg/s for --duration while subscribers run; publish-due to handler time\n" +
 			"           (baseline: the p99 of one raw autocommit INSERT)\n" +
+			"  ungrouped --messages ungrouped messages published beforehand, then --subscribers competing\n" +
+			"           consumers with --handlers handlers of --handler-delay each (baseline: --subscribers\n" +
+			"           workers looping { select 100 FOR UPDATE SKIP LOCKED; delete them; commit })\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
 		Args:      cobra.ExactArgs(1),
@@ -50,6 +55,17 @@ func (a *app) benchCmd() *cobra.Command {
 			}
 			// Progress, logs and worker processes all write to stderr.
 			a.env.Stderr = &lockedWriter{w: a.env.Stderr}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return a.bench(cmd.Context(), args[0], p, asJSON)
 		}),
 	}
@@ -61,12 +77,15 @@ func (a *app) benchCmd() *cobra.Command {
 	fl.IntVar(&p.Partitions, "partitions", p.Partitions, "partitions (partition keys)")
 	fl.IntVar(&p.Tenants, "tenants", p.Tenants, "tenants the partitions are spread over")
 	fl.IntVar(&p.Subscribers, "subscribers", p.Subscribers, "subscribers in one consumer group (raw consume workers)")
+	fl.IntVar(&p.Handlers, "handlers", p.Handlers, "ungrouped: handlers per consumer (UngroupedConcurrency)")
+	durationFlag(fl, &p.HandlerDelay, "handler-delay", 0, "ungrouped: how long each handler call takes")
 	fl.BoolVar(&p.Processes, "processes", false, "run each subscriber as a separate process")
 	fl.IntVar(&p.Rate, "rate", p.Rate, "latency: messages per second")
 	durationFlag(fl, &p.Duration, "duration", p.Duration, "latency: how long to publish")
 	fl.IntVar(&p.Reps, "reps", p.Reps, "repetitions; medians are reported")
 	durationFlag(fl, &p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
+	fl.StringVar(&cpuProfile, "cpuprofile", "", "write this process's CPU profile (go tool pprof) to the file")
 	cmd.AddCommand(a.benchWorkerCmd())
 	return cmd
 }
@@ -180,6 +199,9 @@ func (a *app) benchWorkerCmd() *cobra.Command {
 	fl.StringArrayVar(&cfg.Tenants, "tenant", nil, "tenant (repeatable)")
 	durationFlag(fl, &cfg.PollInterval, "poll", 0, "idle poll interval")
 	fl.BoolVar(&cfg.Latency, "latency", false, "report due times")
+	fl.BoolVar(&cfg.Ungrouped, "ungrouped", false, "take ungrouped messages only")
+	fl.IntVar(&cfg.Handlers, "handlers", 1, "with --ungrouped, handlers at once")
+	durationFlag(fl, &cfg.Delay, "delay", 0, "how long each handler call takes")
 	return cmd
 }
 

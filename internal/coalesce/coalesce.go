@@ -52,7 +52,7 @@ type queue[T any] struct {
 
 type request[T any] struct {
 	items []T
-	done  chan error
+	done  func(error) // called once, with the flush's result
 }
 
 // New returns a Batcher. maxItems bounds the items of a merged flush (a
@@ -75,7 +75,23 @@ func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, lin
 // Submit queues items under key and waits until they are flushed or ctx is
 // done. When ctx ends first, the items may still be flushed later.
 func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
-	r := &request[T]{items: items, done: make(chan error, 1)}
+	done := make(chan error, 1)
+	if err := b.Enqueue(key, items, func(err error) { done <- err }); err != nil {
+		return err
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Enqueue queues items under key without waiting: done is called with the
+// result once they are flushed (from the flushing goroutine; it must not
+// block). Close waits for it.
+func (b *Batcher[K, T]) Enqueue(key K, items []T, done func(error)) error {
+	r := &request[T]{items: items, done: done}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -92,12 +108,7 @@ func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
 		b.life.Go(func() { b.drain(key, q) }) // not refused: Close sets closed under mu first
 	}
 	b.mu.Unlock()
-	select {
-	case err := <-r.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 // drain flushes the key's queue until it is empty.
@@ -144,7 +155,7 @@ func (b *Batcher[K, T]) lingerFor(q *queue[T]) {
 
 func (b *Batcher[K, T]) run(reqs []*request[T], n int) {
 	if len(reqs) == 1 {
-		reqs[0].done <- b.flushOnce(reqs[0].items)
+		reqs[0].done(b.flushOnce(reqs[0].items))
 		return
 	}
 	items := make([]T, 0, n)
@@ -153,12 +164,12 @@ func (b *Batcher[K, T]) run(reqs []*request[T], n int) {
 	}
 	if err := b.flushOnce(items); err == nil {
 		for _, r := range reqs {
-			r.done <- nil
+			r.done(nil)
 		}
 		return
 	}
 	for _, r := range reqs {
-		r.done <- b.flushOnce(r.items)
+		r.done(b.flushOnce(r.items))
 	}
 }
 

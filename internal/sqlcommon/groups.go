@@ -111,17 +111,23 @@ func (a Args) with(more Args) Args {
 // A few rounds absorb such collisions.
 func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit int) ([]driver.Claim, error) {
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
-	// Most polls find nothing: ask the read pool first, and open a write
-	// transaction only when there is something to claim.
-	var something bool
-	if err := queryRow(ctx, d.Read, d.sql().group.anyWork, claimArgsOf(tenant, topic, group).with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
-		return nil, d.Wrap(op, err)
-	}
-	if !something {
-		return nil, nil
+	// Most polls of an idle group find nothing: ask the read pool first,
+	// and open a write transaction only when there is something to
+	// claim. After a claim that filled its batch, skip the question:
+	// there is most likely more.
+	key := [3]string{tenant, topic, group}
+	if busy, _ := d.busyClaims.Load(key); busy != true {
+		var something bool
+		if err := queryRow(ctx, d.Read, d.sql().group.anyWork, claimArgsOf(tenant, topic, group).with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
+			return nil, d.Wrap(op, err)
+		}
+		if !something {
+			return nil, nil
+		}
 	}
 	for round := 0; ; round++ {
 		claims, contended, err := d.claimRound(ctx, tenant, topic, group, owner, now, visibility, limit, op)
+		d.busyClaims.Store(key, err == nil && len(claims) == limit)
 		if err != nil || len(claims) > 0 || !contended || round == 2 {
 			for i := range claims {
 				claims[i].VisibleUntil = now.Add(visibility)

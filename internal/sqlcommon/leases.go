@@ -29,6 +29,9 @@ type Store struct {
 
 	once  sync.Once
 	stmts *statements
+	// busyClaims remembers, per (tenant, topic, group), that the last
+	// claim filled its batch (ClaimMessages).
+	busyClaims sync.Map
 }
 
 // sql is the dialect's statements, written on first use.

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -51,13 +52,20 @@ type Service struct {
 	log  *slog.Logger
 	life *lifecycle.Group
 	wake chan struct{} // a local publish of ungrouped messages
-	// acks coalesces the acks of ungrouped messages per tenant.
-	acks *coalesce.Batcher[string, driver.Claim]
+	// acks coalesces the acks of ungrouped messages per tenant; a handler
+	// does not wait for its ack's commit, but holds one of ackSlots until
+	// it is flushed, so that unflushed acks stay bounded.
+	acks     *coalesce.Batcher[string, driver.Claim]
+	ackSlots chan struct{}
 }
+
+// maxPendingAcks bounds a member's acks not yet committed.
+const maxPendingAcks = 2 * maxPrefetch
 
 // Start runs the service until Stop.
 func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
-	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1)}
+	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1),
+		ackSlots: make(chan struct{}, maxPendingAcks)}
 	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
 		return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
 	}, 500, 2, 0, dbTimeout)
@@ -88,21 +96,31 @@ func (s *Service) retrying(ctx context.Context, write func() error) error {
 	return retry.Do(ctx, retry.SettleReruns, s.drv.Retryable, nil, write)
 }
 
+// maxPrefetch bounds the claims a member holds in its local queue.
+const maxPrefetch = 500
+
 // ungrouped is the competing-consumer loop for messages with an empty
-// partition key. UngroupedConcurrency handler goroutines take claimed
-// messages from a local queue that holds as many; this loop refills it in
-// batches whenever it is at most half full, so that one
-// claim transaction serves many messages even while every handler is
-// busy, and every DiscoveryInterval it moves the group's ungrouped cursor
-// past what is done. Acks are coalesced into shared transactions the way
-// publishes are.
+// partition key. Concurrency handler goroutines take claimed messages from
+// a local queue; this loop refills it in batches whenever it is at most
+// half full, so that one claim transaction serves many messages even
+// while every handler is busy, and every DiscoveryInterval it moves the
+// group's ungrouped cursor past what is done. Acks are coalesced into
+// shared transactions the way publishes are.
+//
+// The queue's target (prefetch) follows the handlers' measured rate: what
+// they finish in an eighth of the visibility timeout, between twice the
+// handlers and maxPrefetch. Fast handlers get large claim batches (one
+// transaction for hundreds of messages); slow ones never wait on so many
+// claims that those lapse in the queue.
 func (s *Service) ungrouped() {
 	n := s.cfg.Concurrency
-	queue := make(chan driver.Claim, n)
+	queue := make(chan driver.Claim, max(maxPrefetch, 2*n))
 	took := make(chan struct{}, 1) // a handler took a claim off the queue
+	var handled atomic.Int64
 	for range n {
-		s.life.Go(func() { s.handleClaims(queue, took) })
+		s.life.Go(func() { s.handleClaims(queue, took, &handled) })
 	}
+	prefetch := newPrefetch(n, s.cfg.Visibility, s.cfg.Clock())
 	defer func() {
 		close(queue)
 		for c := range queue { // claimed, never started: others may take them now
@@ -114,10 +132,11 @@ func (s *Service) ungrouped() {
 		if s.life.Context().Err() != nil {
 			return
 		}
+		target := prefetch.target(handled.Load(), s.cfg.Clock())
 		claimed := 0
 		for _, tenant := range s.cfg.Tenants {
-			room := cap(queue) - len(queue)
-			if room < max(1, n/2) {
+			room := target - len(queue)
+			if room < max(1, target/2) {
 				break
 			}
 			claimed += s.claimInto(tenant, room, queue)
@@ -126,7 +145,7 @@ func (s *Service) ungrouped() {
 			s.advanceUngrouped(now)
 			advanced = now
 		}
-		if claimed > 0 && cap(queue)-len(queue) >= max(1, n/2) {
+		if claimed > 0 && target-len(queue) >= max(1, target/2) {
 			continue // there may be more right away
 		}
 		wait := time.NewTimer(s.cfg.PollInterval)
@@ -142,8 +161,9 @@ func (s *Service) ungrouped() {
 
 // handleClaims is one handler goroutine. On stop, it gives back what it
 // takes instead of running it.
-func (s *Service) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) {
+func (s *Service) handleClaims(queue <-chan driver.Claim, took chan<- struct{}, handled *atomic.Int64) {
 	for c := range queue {
+		handled.Add(1)
 		select {
 		case took <- struct{}{}:
 		default:
@@ -161,6 +181,29 @@ func (s *Service) handleClaims(queue <-chan driver.Claim, took chan<- struct{}) 
 		}
 		s.handleClaim(c)
 	}
+}
+
+// prefetch is the local queue's target size.
+type prefetch struct {
+	min, cur   int
+	visibility time.Duration
+	since      time.Time
+	count      int64
+}
+
+func newPrefetch(handlers int, visibility time.Duration, now time.Time) *prefetch {
+	return &prefetch{min: 2 * handlers, cur: 2 * handlers, visibility: visibility, since: now}
+}
+
+// target updates the target from the handlers' count of messages taken
+// (handled, cumulative) at least once a second.
+func (p *prefetch) target(handled int64, now time.Time) int {
+	if el := now.Sub(p.since); el >= time.Second {
+		rate := float64(handled-p.count) / el.Seconds()
+		p.cur = min(max(p.min, int(rate*p.visibility.Seconds()/8)), max(p.min, maxPrefetch))
+		p.since, p.count = now, handled
+	}
+	return p.cur
 }
 
 func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
@@ -208,14 +251,25 @@ func (s *Service) handleClaim(c driver.Claim) {
 	err := s.cfg.Handle(hctx, []driver.Message{m}, c.Attempts)
 	close(handled)
 	<-renewing // no renewal runs beside the settlement
+	v := s.cfg.Policy.Decide(err, c.Attempts)
+	if v.Ack {
+		// The ack coalescer stamps its own time: acks of one flush share
+		// it. The handler goes on to its next message meanwhile.
+		s.ackSlots <- struct{}{}
+		if err := s.acks.Enqueue(m.Tenant, []driver.Claim{c}, func(err error) {
+			<-s.ackSlots
+			s.settled(c, "ack", err)
+		}); err != nil {
+			<-s.ackSlots
+			s.settled(c, "ack", err)
+		}
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
 	var op string
-	switch v := s.cfg.Policy.Decide(err, c.Attempts); {
-	case v.Ack:
-		// The ack coalescer stamps its own time: acks of one flush share it.
-		op, err = "ack", s.acks.Submit(ctx, m.Tenant, []driver.Claim{c})
+	switch {
 	case v.DeadLetter:
 		op, err = "dead-letter", s.retrying(ctx, func() error {
 			return s.drv.DeadLetterClaim(ctx, c, settle.DeadLetterCopy(m, s.cfg.DLQSuffix, c.Attempts, v.Cause), now)
@@ -227,6 +281,12 @@ func (s *Service) handleClaim(c driver.Claim) {
 		lastErr := settle.ErrText(err)
 		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.Delay), lastErr, now) })
 	}
+	s.settled(c, op, err)
+}
+
+// settled logs a settlement op of c that failed.
+func (s *Service) settled(c driver.Claim, op string, err error) {
+	m := c.Message
 	switch {
 	case errors.Is(err, driver.ErrLeaseLost):
 		s.log.Warn("shardq: ungrouped message claimed again before it was settled (visibility timeout); the other claim settles it",
