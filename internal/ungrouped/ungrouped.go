@@ -59,15 +59,23 @@ type Service struct {
 	ackSlots chan struct{}
 }
 
-// maxPendingAcks bounds a member's acks not yet committed.
-const maxPendingAcks = 2 * maxPrefetch
+// maxPendingAcks bounds a member's acks not yet committed; ackReruns
+// bounds the reruns of one ack flush (retry.Pause apart, growing: about
+// 0.3 s in all).
+const (
+	maxPendingAcks = 2 * maxPrefetch
+	ackReruns      = 10
+)
 
 // Start runs the service until Stop.
 func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
 	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1),
 		ackSlots: make(chan struct{}, maxPendingAcks)}
 	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
-		return s.retrying(ctx, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
+		// Acks run beside claims and cursor advances, and nobody waits on
+		// them: rerun a deadlock longer than other settlements (a lost ack
+		// redelivers its message after the visibility timeout).
+		return retry.Do(ctx, ackReruns, s.drv.Retryable, nil, func() error { return s.drv.AckClaims(ctx, cs, s.cfg.Clock()) })
 	}, 500, 2, 0, dbTimeout)
 	s.life.Go(s.ungrouped)
 	return s
