@@ -122,15 +122,18 @@ func (d *Driver) Name() string { return "sqlite" }
 func (d *Driver) DB() *sql.DB { return d.write }
 
 func (d *Driver) Close() error {
+	d.CloseStatements()
 	return errors.Join(d.read.Close(), d.write.Close())
 }
 
 // BeginWrite takes the file's write lock (BEGIN IMMEDIATE).
 func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+	d.BeforeWrite(ctx)
 	tx, err := d.write.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)
 	}
+	d.OwnTx(tx)
 	return tx, nil
 }
 
@@ -158,6 +161,7 @@ func nowMicros() int64 { return time.Now().UnixMicro() }
 // Times are INTEGER microseconds since the Unix epoch, UTC.
 var dialect = sqlcommon.Dialect{
 	Syntax:     sqlcommon.SQLite,
+	Prepare:    true,
 	Wrap:       wrap,
 	EncodeTime: func(t time.Time) any { return t.UnixMicro() },
 	DecodeTime: func(v any) (time.Time, error) {

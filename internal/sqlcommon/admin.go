@@ -34,7 +34,7 @@ func (d *Store) Topics(ctx context.Context, s driver.Scope) ([]driver.TopicSumma
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
 	}
-	rows, err := query(ctx, d.Read, stmt, args)
+	rows, err := d.query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("list topics", err)
 	}
@@ -62,7 +62,7 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 	if err != nil {
 		return nil, fmt.Errorf("report offsets: %w", err)
 	}
-	rows, err := query(ctx, d.Read, stmt, args)
+	rows, err := d.query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("report offsets", err)
 	}
@@ -92,7 +92,7 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
 	op := fmt.Sprintf("count lag of group %q in tenant %q topic %q partition %q", r.ConsumerGroup, r.Tenant, r.Topic, r.PartitionKey)
 	var oldest any
-	if err := queryRow(ctx, d.Read, d.sql().admin.lag, Args{"tenant": r.Tenant, "topic": r.Topic, "key": r.PartitionKey,
+	if err := d.queryRow(ctx, d.Read, d.sql().admin.lag, Args{"tenant": r.Tenant, "topic": r.Topic, "key": r.PartitionKey,
 		"after": r.CommittedOffset, "limit": driver.LagCountLimit + 1}).Scan(&r.Lag, &oldest); err != nil {
 		return d.Wrap(op, err)
 	}
@@ -113,7 +113,7 @@ func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
 // of queue_offsets' primary key.
 func (d *Store) TopicCursors(ctx context.Context, tenant, topic string) ([]driver.Cursor, error) {
 	op := fmt.Sprintf("list cursors of tenant %q topic %q", tenant, topic)
-	rows, err := query(ctx, d.Read, d.sql().admin.cursors, Args{"tenant": tenant, "topic": topic})
+	rows, err := d.query(ctx, d.Read, d.sql().admin.cursors, Args{"tenant": tenant, "topic": topic})
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -138,7 +138,7 @@ func (d *Store) AllLeases(ctx context.Context, s driver.Scope) ([]driver.Lease, 
 	if err != nil {
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
-	rows, err := query(ctx, d.Read, stmt, args)
+	rows, err := d.query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("list leases", err)
 	}
@@ -167,7 +167,7 @@ func (d *Store) AllSubscribers(ctx context.Context, s driver.Scope) ([]driver.Su
 	if err != nil {
 		return nil, fmt.Errorf("list subscribers: %w", err)
 	}
-	rows, err := query(ctx, d.Read, stmt, args)
+	rows, err := d.query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap("list subscribers", err)
 	}
@@ -218,7 +218,7 @@ func (d *Store) scanMessages(rows *sql.Rows, op string) ([]driver.Message, error
 // GetMessage reads a message by identity and its bookkeeping per group.
 func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error) {
 	op := fmt.Sprintf("inspect tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID)
-	rows, err := query(ctx, d.Read, d.sql().admin.message, messageNamed(ref))
+	rows, err := d.query(ctx, d.Read, d.sql().admin.message, messageNamed(ref))
 	if err != nil {
 		return nil, nil, d.Wrap(op, err)
 	}
@@ -227,7 +227,7 @@ func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.
 		return nil, nil, err
 	}
 	m := &ms[0]
-	rows, err = query(ctx, d.Read, d.sql().admin.messageStates, messageNamed(ref).with(Args{"offset": m.Offset}))
+	rows, err = d.query(ctx, d.Read, d.sql().admin.messageStates, messageNamed(ref).with(Args{"offset": m.Offset}))
 	if err != nil {
 		return nil, nil, d.Wrap(op, err)
 	}
@@ -238,7 +238,7 @@ func (d *Store) GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.
 
 // DeleteMessage deletes exactly the row with ref's identity.
 func (d *Store) DeleteMessage(ctx context.Context, ref driver.MessageRef) (bool, error) {
-	res, err := exec(ctx, d.Write, d.sql().admin.deleteMessage, messageNamed(ref))
+	res, err := d.exec(ctx, d.Write, d.sql().admin.deleteMessage, messageNamed(ref))
 	if err != nil {
 		return false, d.Wrap(fmt.Sprintf("delete tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID), err)
 	}
@@ -266,7 +266,7 @@ func (d *Store) TopicMessages(ctx context.Context, s driver.Scope, topic string)
 		}
 		args["after_tenant"], args["after_offset"] = s.After[0], off
 	}
-	rows, err := query(ctx, d.Read, stmt, args)
+	rows, err := d.query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap(fmt.Sprintf("list messages of topic %q", topic), err)
 	}
@@ -280,7 +280,7 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 	op := fmt.Sprintf("requeue tenant %q topic %q partition %q id %q to topic %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID, toTopic)
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (*driver.InsertMessage, error) {
 		st := &d.sql().admin
-		rows, err := query(ctx, tx, st.lockMessage, messageNamed(ref))
+		rows, err := d.query(ctx, tx, st.lockMessage, messageNamed(ref))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -292,7 +292,7 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 			return nil, fmt.Errorf("%s: %w", op, driver.ErrNoMessage)
 		}
 		orig := driver.MessageRef{Tenant: ref.Tenant, Topic: toTopic, PartitionKey: ref.PartitionKey, ID: ref.ID}
-		rows, err = query(ctx, tx, st.lockMessage, messageNamed(orig))
+		rows, err = d.query(ctx, tx, st.lockMessage, messageNamed(orig))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -301,14 +301,14 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 			return nil, err
 		}
 		if len(origs) > 0 {
-			if _, err := exec(ctx, tx, st.deleteMessage, messageNamed(orig)); err != nil {
+			if _, err := d.exec(ctx, tx, st.deleteMessage, messageNamed(orig)); err != nil {
 				return nil, d.Wrap(op, err)
 			}
-			if _, err := exec(ctx, tx, st.deleteStates, messageNamed(orig).with(Args{"offset": origs[0].Offset})); err != nil {
+			if _, err := d.exec(ctx, tx, st.deleteStates, messageNamed(orig).with(Args{"offset": origs[0].Offset})); err != nil {
 				return nil, d.Wrap(op, err)
 			}
 		}
-		if _, err := exec(ctx, tx, st.deleteMessage, messageNamed(ref)); err != nil {
+		if _, err := d.exec(ctx, tx, st.deleteMessage, messageNamed(ref)); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		m := &driver.InsertMessage{Tenant: ref.Tenant, Topic: toTopic, PartitionKey: ref.PartitionKey, ID: ref.ID,
@@ -323,7 +323,7 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 // OffsetBefore finds the last offset created before t in one partition.
 func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error) {
 	var off sql.NullInt64
-	err := queryRow(ctx, d.Read, d.sql().admin.offsetBefore, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
+	err := d.queryRow(ctx, d.Read, d.sql().admin.offsetBefore, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
 		"before": d.EncodeTime(t)}).Scan(&off)
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("find offset before %s in tenant %q topic %q partition %q", t.Format(time.RFC3339), tenant, topic, partitionKey), err)
@@ -338,7 +338,7 @@ func (d *Store) DeleteBatch(ctx context.Context, tenant, topic, partitionKey str
 	if upTo < 0 { // no cursor bounds it
 		upTo = math.MaxInt64
 	}
-	res, err := exec(ctx, d.Write, d.sql().admin.deleteBatch, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
+	res, err := d.exec(ctx, d.Write, d.sql().admin.deleteBatch, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
 		"before": d.EncodeTime(createdBefore), "up_to": upTo, "limit": limit})
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("retention: delete from tenant %q topic %q partition %q", tenant, topic, partitionKey), err)

@@ -22,7 +22,7 @@ func (d *Store) ReadyGroups(ctx context.Context, tenants []string, topic, group 
 		return nil, nil
 	}
 	op := fmt.Sprintf("list ready groups of topic %q group %q", topic, group)
-	rows, err := query(ctx, d.Read, d.sql().group.ready, Args{"tenants": textList(tenants), "topic": topic, "group": group,
+	rows, err := d.query(ctx, d.Read, d.sql().group.ready, Args{"tenants": textList(tenants), "topic": topic, "group": group,
 		"now": d.EncodeTime(now), "limit": limit})
 	if err != nil {
 		return nil, d.Wrap(op, err)
@@ -52,7 +52,7 @@ func (d *Store) GroupState(ctx context.Context, l driver.Lease) ([]byte, error) 
 			return nil, err
 		}
 		var state []byte
-		err := queryRow(ctx, tx, d.leases().readState, refNamed(l.PartitionRef)).Scan(&state)
+		err := d.queryRow(ctx, tx, d.leases().readState, refNamed(l.PartitionRef)).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, nil
 		}
@@ -76,7 +76,7 @@ func (d *Store) SetGroupState(ctx context.Context, l driver.Lease, state []byte,
 		if state == nil {
 			state = []byte{}
 		}
-		_, err := exec(ctx, tx, d.leases().writeState, refNamed(l.PartitionRef).with(Args{"state": state, "now": d.EncodeTime(now)}))
+		_, err := d.exec(ctx, tx, d.leases().writeState, refNamed(l.PartitionRef).with(Args{"state": state, "now": d.EncodeTime(now)}))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -118,7 +118,7 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 	key := [3]string{tenant, topic, group}
 	if busy, _ := d.busyClaims.Load(key); busy != true {
 		var something bool
-		if err := queryRow(ctx, d.Read, d.sql().group.anyWork, claimArgsOf(tenant, topic, group).with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
+		if err := d.queryRow(ctx, d.Read, d.sql().group.anyWork, claimArgsOf(tenant, topic, group).with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		if !something {
@@ -145,10 +145,10 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 	key, st := claimArgsOf(tenant, topic, group), &d.sql().group
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
 		var cursor, highest int64
-		if err := queryRow(ctx, tx, st.positions, key).Scan(&cursor, &highest); err != nil {
+		if err := d.queryRow(ctx, tx, st.positions, key).Scan(&cursor, &highest); err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		rows, err := query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit}))
+		rows, err := d.query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit}))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -183,7 +183,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		}
 		visibleAt := d.EncodeTime(now.Add(visibility))
 		if len(again) > 0 {
-			if _, err := exec(ctx, tx, st.reclaim, key.with(Args{"owner": owner, "token": token, "visible_at": visibleAt, "now": d.EncodeTime(now),
+			if _, err := d.exec(ctx, tx, st.reclaim, key.with(Args{"owner": owner, "token": token, "visible_at": visibleAt, "now": d.EncodeTime(now),
 				"offsets": List(again)})); err != nil {
 				return nil, d.Wrap(op, err)
 			}
@@ -196,7 +196,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			for i, o := range fresh {
 				rows[i] = []any{tenant, group, topic, o, owner, token, 1, visibleAt, 0, d.EncodeTime(now)}
 			}
-			if _, err := exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
+			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
 				return nil, d.Wrap(op, err)
 			}
 		}
@@ -207,7 +207,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		// cursor (locking: under REPEATABLE READ a plain one would read
 		// the transaction's first snapshot) sees it; the next advance
 		// deletes such rows.
-		if err := queryRow(ctx, tx, st.cursorNow, key).Scan(&cursor); err != nil {
+		if err := d.queryRow(ctx, tx, st.cursorNow, key).Scan(&cursor); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		// This caller's claims: the rows carrying its token (its own
@@ -215,7 +215,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		// deleted meanwhile (retention, an operator) has nothing to
 		// deliver.
 		all := append(again, fresh...)
-		rows, err = query(ctx, tx, st.claimed, key.with(Args{"offsets": List(all), "token": token, "cursor": cursor}))
+		rows, err = d.query(ctx, tx, st.claimed, key.with(Args{"offsets": List(all), "token": token, "cursor": cursor}))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -243,7 +243,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 // claimedMessages runs stmt, a read of ungrouped messages, adds them to
 // into by offset and returns their offsets.
 func (d *Store) claimedMessages(ctx context.Context, tx *sql.Tx, tenant, topic, stmt string, args Args, into map[int64]driver.Message, op string) ([]any, error) {
-	rows, err := query(ctx, tx, stmt, args)
+	rows, err := d.query(ctx, tx, stmt, args)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -269,7 +269,7 @@ func (d *Store) ungroupedGaps(ctx context.Context, db driver.DBTX, key Args, aft
 	if upTo <= after {
 		return nil, nil
 	}
-	rows, err := query(ctx, db, d.sql().group.gaps, key.with(Args{"after": after, "up_to": upTo, "limit": 500}))
+	rows, err := d.query(ctx, db, d.sql().group.gaps, key.with(Args{"after": after, "up_to": upTo, "limit": 500}))
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +292,7 @@ func claimFenceArgs(c driver.Claim) Args {
 // claimWrite runs stmt, a write fenced by c's token: no row matched means
 // the message was claimed again (or settled) since.
 func (d *Store) claimWrite(ctx context.Context, db driver.DBTX, c driver.Claim, op, stmt string, more Args) error {
-	res, err := exec(ctx, db, stmt, claimFenceArgs(c).with(more))
+	res, err := d.exec(ctx, db, stmt, claimFenceArgs(c).with(more))
 	if err != nil {
 		return d.Wrap(op, err)
 	}
@@ -324,7 +324,7 @@ func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time)
 		for i, c := range cs {
 			pairs[i] = []any{c.Message.Offset, c.Token}
 		}
-		res, err := exec(ctx, tx, d.sql().group.ack, claimArgsOf(c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup).with(
+		res, err := d.exec(ctx, tx, d.sql().group.ack, claimArgsOf(c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup).with(
 			Args{"now": d.EncodeTime(now), "claims": pairs}))
 		if err != nil {
 			return struct{}{}, d.Wrap(op, err)
@@ -388,7 +388,7 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group strin
 			for i, o := range p.gaps {
 				rows[i] = []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(now), 0, d.EncodeTime(now)}
 			}
-			if _, err := exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
+			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
 				return 0, d.Wrap(op, err)
 			}
 		}
@@ -397,10 +397,10 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group strin
 		}
 		// The cursor moves as a lease's commit does: forward only.
 		passed := key.with(Args{"key": "", "offset": p.next, "now": d.EncodeTime(now)})
-		if _, err := exec(ctx, tx, d.leases().commit, passed); err != nil {
+		if _, err := d.exec(ctx, tx, d.leases().commit, passed); err != nil {
 			return 0, d.Wrap(op, err)
 		}
-		if _, err := exec(ctx, tx, st.dropPassed, passed); err != nil {
+		if _, err := d.exec(ctx, tx, st.dropPassed, passed); err != nil {
 			return 0, d.Wrap(op, err)
 		}
 		return p.next, nil
@@ -422,14 +422,14 @@ func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, op st
 	st := &d.sql().group
 	var p advancePlan
 	var head int64
-	err := queryRow(ctx, db, st.head, key).Scan(&head)
+	err := d.queryRow(ctx, db, st.head, key).Scan(&head)
 	if errors.Is(err, sql.ErrNoRows) {
 		return p, nil
 	}
 	if err != nil {
 		return p, d.Wrap(op, err)
 	}
-	if err := queryRow(ctx, db, st.cursor, key).Scan(&p.cur); err != nil {
+	if err := d.queryRow(ctx, db, st.cursor, key).Scan(&p.cur); err != nil {
 		return p, d.Wrap(op, err)
 	}
 	p.next = p.cur
@@ -441,10 +441,10 @@ func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, op st
 	// claim row; see ClaimMessages).
 	var open, unclaimed sql.NullInt64
 	var highest int64
-	if err := queryRow(ctx, db, st.firstOpen, key.with(Args{"cursor": p.cur})).Scan(&open, &highest); err != nil {
+	if err := d.queryRow(ctx, db, st.firstOpen, key.with(Args{"cursor": p.cur})).Scan(&open, &highest); err != nil {
 		return p, d.Wrap(op, err)
 	}
-	if err := queryRow(ctx, db, st.unclaimed, key.with(Args{"head": head, "after": max(p.cur, highest)})).Scan(&unclaimed); err != nil {
+	if err := d.queryRow(ctx, db, st.unclaimed, key.with(Args{"head": head, "after": max(p.cur, highest)})).Scan(&unclaimed); err != nil {
 		return p, d.Wrap(op, err)
 	}
 	// Gaps: messages below the highest claim without a claim row, left by

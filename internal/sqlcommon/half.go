@@ -21,7 +21,7 @@ func (d *Store) InsertHalf(ctx context.Context, h *driver.HalfMessage) error {
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err = exec(ctx, d.Write, d.sql().admin.halfInsert, messageNamed(h.Ref()).with(Args{"producer_group": h.ProducerGroup,
+	_, err = d.exec(ctx, d.Write, d.sql().admin.halfInsert, messageNamed(h.Ref()).with(Args{"producer_group": h.ProducerGroup,
 		"headers": string(headers), "payload": payload, "created_at": d.EncodeTime(h.CreatedAt), "next_check_at": d.EncodeTime(h.NextCheckAt)}))
 	if err != nil {
 		return d.Wrap(fmt.Sprintf("write half message tenant %q topic %q partition %q id %q", h.Tenant, h.Topic, h.PartitionKey, h.ID), err)
@@ -32,7 +32,7 @@ func (d *Store) InsertHalf(ctx context.Context, h *driver.HalfMessage) error {
 // lockHalf reads and locks a pending half message inside tx, checking the
 // claim token when one is given.
 func (d *Store) lockHalf(ctx context.Context, tx *sql.Tx, ref driver.MessageRef, claimToken int64, op string) (*driver.HalfMessage, error) {
-	rows, err := query(ctx, tx, d.sql().admin.halfLock, messageNamed(ref))
+	rows, err := d.query(ctx, tx, d.sql().admin.halfLock, messageNamed(ref))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -60,7 +60,7 @@ func (d *Store) CommitHalf(ctx context.Context, ref driver.MessageRef, claimToke
 		if err != nil {
 			return nil, err
 		}
-		if _, err := exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref)); err != nil {
+		if _, err := d.exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref)); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		m := h.InsertMessage
@@ -78,7 +78,7 @@ func (d *Store) RollbackHalf(ctx context.Context, ref driver.MessageRef, claimTo
 		if _, err := d.lockHalf(ctx, tx, ref, claimToken, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref))
+		_, err := d.exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -92,7 +92,7 @@ func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, own
 		return nil, nil
 	}
 	op := fmt.Sprintf("claim due half messages of producer group %q", group)
-	rows, err := query(ctx, d.Read, d.sql().admin.halfDue, Args{"tenants": textList(tenants), "producer_group": group,
+	rows, err := d.query(ctx, d.Read, d.sql().admin.halfDue, Args{"tenants": textList(tenants), "producer_group": group,
 		"now": d.EncodeTime(now), "limit": limit})
 	if err != nil {
 		return nil, d.Wrap(op, err)
@@ -103,7 +103,7 @@ func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, own
 	}
 	var claimed []driver.HalfMessage
 	for _, h := range due {
-		res, err := exec(ctx, d.Write, d.sql().admin.halfClaim, messageNamed(h.Ref()).with(Args{"owner": owner,
+		res, err := d.exec(ctx, d.Write, d.sql().admin.halfClaim, messageNamed(h.Ref()).with(Args{"owner": owner,
 			"claim_expires_at": d.EncodeTime(now.Add(claimTTL)), "token": h.ClaimToken}))
 		if err != nil {
 			return claimed, d.Wrap(op, err)
@@ -120,7 +120,7 @@ func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, own
 // RescheduleHalf counts an unknown answer and frees the claim.
 func (d *Store) RescheduleHalf(ctx context.Context, h driver.HalfMessage, nextCheckAt time.Time) error {
 	op := fmt.Sprintf("reschedule half message tenant %q topic %q id %q", h.Tenant, h.Topic, h.ID)
-	res, err := exec(ctx, d.Write, d.sql().admin.halfReschedule, messageNamed(h.Ref()).with(Args{"next_check_at": d.EncodeTime(nextCheckAt),
+	res, err := d.exec(ctx, d.Write, d.sql().admin.halfReschedule, messageNamed(h.Ref()).with(Args{"next_check_at": d.EncodeTime(nextCheckAt),
 		"token": h.ClaimToken}))
 	if err != nil {
 		return d.Wrap(op, err)
@@ -143,12 +143,12 @@ func (d *Store) DeadLetterHalf(ctx context.Context, h driver.HalfMessage, now ti
 		if err != nil {
 			return struct{}{}, err
 		}
-		if _, err := exec(ctx, tx, d.sql().admin.halfDead, messageNamed(cur.Ref()).with(Args{"producer_group": cur.ProducerGroup,
+		if _, err := d.exec(ctx, tx, d.sql().admin.halfDead, messageNamed(cur.Ref()).with(Args{"producer_group": cur.ProducerGroup,
 			"headers": string(headers), "payload": cur.Payload, "created_at": d.EncodeTime(cur.CreatedAt), "check_count": cur.Checks,
 			"now": d.EncodeTime(now)})); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
-		_, err = exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(h.Ref()))
+		_, err = d.exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(h.Ref()))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -164,7 +164,7 @@ func (d *Store) ListHalves(ctx context.Context, s driver.Scope) ([]driver.HalfMe
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	rows, err := query(ctx, d.Read, stmt, args)
+	rows, err := d.query(ctx, d.Read, stmt, args)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}

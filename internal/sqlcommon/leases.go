@@ -27,8 +27,9 @@ type Store struct {
 	// InsertMessages), for dead-lettering.
 	Insert func(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 
-	once  sync.Once
-	stmts *statements
+	once   sync.Once
+	stmts  *statements
+	caches statementCaches
 	// busyClaims remembers, per (tenant, topic, group), that the last
 	// claim filled its batch (ClaimMessages).
 	busyClaims sync.Map
@@ -69,13 +70,13 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "acquire lease on " + p.String()
 		st, key := d.leases(), refNamed(p)
-		if _, err := exec(ctx, tx, st.ensure, key.with(Args{"now": d.EncodeTime(now)})); err != nil {
+		if _, err := d.exec(ctx, tx, st.ensure, key.with(Args{"now": d.EncodeTime(now)})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		var holder string
 		var token int64
 		var expires any
-		if err := queryRow(ctx, tx, st.lock, key).Scan(&holder, &token, &expires); err != nil {
+		if err := d.queryRow(ctx, tx, st.lock, key).Scan(&holder, &token, &expires); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		exp, err := d.DecodeTime(expires)
@@ -86,11 +87,11 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 			return driver.Lease{}, &driver.LeaseHeldError{Partition: p, Owner: holder, ExpiresAt: exp}
 		}
 		l := driver.Lease{PartitionRef: p, Owner: owner, Token: token + 1, ExpiresAt: now.Add(ttl)}
-		err = queryRow(ctx, tx, st.committed, key).Scan(&l.Committed)
+		err = d.queryRow(ctx, tx, st.committed, key).Scan(&l.Committed)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
-		if _, err := exec(ctx, tx, st.take, key.with(Args{"owner": owner, "token": l.Token, "expires_at": d.EncodeTime(l.ExpiresAt),
+		if _, err := d.exec(ctx, tx, st.take, key.with(Args{"owner": owner, "token": l.Token, "expires_at": d.EncodeTime(l.ExpiresAt),
 			"now": d.EncodeTime(now)})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
@@ -103,7 +104,7 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 // the row stays locked (a takeover waits) until that write commits.
 func (d *Store) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op string) error {
 	var one int
-	err := queryRow(ctx, tx, d.leases().fence, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&one)
+	err := d.queryRow(ctx, tx, d.leases().fence, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
 	}
@@ -125,7 +126,7 @@ func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, t
 			return driver.Lease{}, fmt.Errorf("%s: %w (token %d expired at %s)", op, driver.ErrLeaseLost, l.Token, l.ExpiresAt.Format(time.RFC3339Nano))
 		}
 		l.ExpiresAt = now.Add(ttl)
-		if _, err := exec(ctx, tx, d.leases().renew, refNamed(l.PartitionRef).with(Args{"expires_at": d.EncodeTime(l.ExpiresAt), "token": l.Token})); err != nil {
+		if _, err := d.exec(ctx, tx, d.leases().renew, refNamed(l.PartitionRef).with(Args{"expires_at": d.EncodeTime(l.ExpiresAt), "token": l.Token})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		return l, nil
@@ -177,11 +178,11 @@ func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Tim
 			for i, l := range part {
 				named[i] = []any{l.Tenant, l.PartitionKey, l.Token}
 			}
-			if _, err := exec(ctx, tx, d.leases().renewMany, members.with(Args{"expires_at": d.EncodeTime(expires), "leases": named})); err != nil {
+			if _, err := d.exec(ctx, tx, d.leases().renewMany, members.with(Args{"expires_at": d.EncodeTime(expires), "leases": named})); err != nil {
 				return result{}, d.Wrap(op, err)
 			}
 		}
-		rows, err := query(ctx, tx, d.leases().ownedTokens, members)
+		rows, err := d.query(ctx, tx, d.leases().ownedTokens, members)
 		if err != nil {
 			return result{}, d.Wrap(op, err)
 		}
@@ -219,7 +220,7 @@ func (d *Store) ReleaseLease(ctx context.Context, l driver.Lease, now time.Time)
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := exec(ctx, tx, d.leases().release, refNamed(l.PartitionRef).with(Args{"now": d.EncodeTime(now), "token": l.Token}))
+		_, err := d.exec(ctx, tx, d.leases().release, refNamed(l.PartitionRef).with(Args{"now": d.EncodeTime(now), "token": l.Token}))
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err
@@ -240,10 +241,10 @@ func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, 
 
 func (d *Store) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
 	st, args := d.leases(), refNamed(l.PartitionRef).with(Args{"offset": offset, "now": d.EncodeTime(now)})
-	if _, err := exec(ctx, tx, st.commit, args); err != nil {
+	if _, err := d.exec(ctx, tx, st.commit, args); err != nil {
 		return d.Wrap(op, err)
 	}
-	if _, err := exec(ctx, tx, st.dropStates, args); err != nil {
+	if _, err := d.exec(ctx, tx, st.dropStates, args); err != nil {
 		return d.Wrap(op, err)
 	}
 	return nil
@@ -256,7 +257,7 @@ func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64,
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return struct{}{}, err
 		}
-		_, err := exec(ctx, tx, d.leases().record, refNamed(l.PartitionRef).with(Args{"offset": offset, "attempts": st.Attempts,
+		_, err := d.exec(ctx, tx, d.leases().record, refNamed(l.PartitionRef).with(Args{"offset": offset, "attempts": st.Attempts,
 			"next_attempt_at": d.EncodeTime(st.NextAttemptAt), "last_error": st.LastError, "now": d.EncodeTime(now)}))
 		return struct{}{}, d.wrapNil(op, err)
 	})
@@ -266,7 +267,7 @@ func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64,
 // DeliveryStates reads the retry bookkeeping of offsets in (after, upTo].
 func (d *Store) DeliveryStates(ctx context.Context, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
 	op := fmt.Sprintf("read delivery state of offsets (%d, %d] on %s", after, upTo, p)
-	rows, err := query(ctx, d.Read, d.leases().states, refNamed(p).with(Args{"after": after, "up_to": upTo}))
+	rows, err := d.query(ctx, d.Read, d.leases().states, refNamed(p).with(Args{"after": after, "up_to": upTo}))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -331,7 +332,7 @@ func (d *Store) ListLeases(ctx context.Context, tenants []string, group, topic s
 		return nil, nil
 	}
 	op := fmt.Sprintf("list leases of group %q topic %q", group, topic)
-	rows, err := query(ctx, d.Read, d.leases().list, memberNamed(tenants, group, topic))
+	rows, err := d.query(ctx, d.Read, d.leases().list, memberNamed(tenants, group, topic))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -359,7 +360,7 @@ func (d *Store) SweepLeases(ctx context.Context, tenants []string, group, topic 
 	if len(tenants) == 0 || len(owners) == 0 {
 		return 0, nil
 	}
-	res, err := exec(ctx, d.Write, d.leases().sweep, memberNamed(tenants, group, topic).with(Args{"owners": textList(owners), "now": d.EncodeTime(now)}))
+	res, err := d.exec(ctx, d.Write, d.leases().sweep, memberNamed(tenants, group, topic).with(Args{"owners": textList(owners), "now": d.EncodeTime(now)}))
 	if err != nil {
 		return 0, d.Wrap(fmt.Sprintf("sweep leases of group %q topic %q", group, topic), err)
 	}
@@ -375,7 +376,7 @@ func (d *Store) Heartbeat(ctx context.Context, tenants []string, group, topic, s
 	for i, t := range tenants {
 		rows[i] = []any{t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now)}
 	}
-	if _, err := exec(ctx, d.Write, d.leases().heartbeat, Args{"rows": rows}); err != nil {
+	if _, err := d.exec(ctx, d.Write, d.leases().heartbeat, Args{"rows": rows}); err != nil {
 		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
@@ -386,7 +387,7 @@ func (d *Store) RemoveHeartbeat(ctx context.Context, tenants []string, group, to
 	if len(tenants) == 0 {
 		return nil
 	}
-	if _, err := exec(ctx, d.Write, d.leases().removeBeats, memberNamed(tenants, group, topic).with(Args{"member": subscriber})); err != nil {
+	if _, err := d.exec(ctx, d.Write, d.leases().removeBeats, memberNamed(tenants, group, topic).with(Args{"member": subscriber})); err != nil {
 		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
@@ -398,7 +399,7 @@ func (d *Store) Subscribers(ctx context.Context, tenants []string, group, topic 
 		return nil, nil
 	}
 	op := fmt.Sprintf("list subscribers of group %q topic %q", group, topic)
-	rows, err := query(ctx, d.Read, d.leases().members, memberNamed(tenants, group, topic))
+	rows, err := d.query(ctx, d.Read, d.leases().members, memberNamed(tenants, group, topic))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}

@@ -31,7 +31,7 @@ func (d *Store) HeadsOf(ctx context.Context, tenant, topic string, keys []string
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), 500)]
 		keys = keys[len(chunk):]
-		rows, err := query(ctx, d.Read, d.sql().admin.headsOf, Args{"tenant": tenant, "topic": topic, "keys": textList(chunk)})
+		rows, err := d.query(ctx, d.Read, d.sql().admin.headsOf, Args{"tenant": tenant, "topic": topic, "keys": textList(chunk)})
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -58,7 +58,7 @@ func (d *Store) partitions(ctx context.Context, stmt, topic string, tenants []st
 		return nil, nil
 	}
 	op := fmt.Sprintf("list partitions of topic %q", topic)
-	rows, err := query(ctx, d.Read, stmt, more.with(Args{"tenants": textList(tenants), "topic": topic}))
+	rows, err := d.query(ctx, d.Read, stmt, more.with(Args{"tenants": textList(tenants), "topic": topic}))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -89,17 +89,17 @@ func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, gr
 		// the maximum), and whoever acquires it next reads the new cursor.
 		// The row lock also waits out a fenced write in flight.
 		ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: group, Topic: topic, PartitionKey: partitionKey}
-		if _, err := exec(ctx, tx, d.leases().revoke, refNamed(ref).with(Args{"now": d.EncodeTime(time.Now())})); err != nil {
+		if _, err := d.exec(ctx, tx, d.leases().revoke, refNamed(ref).with(Args{"now": d.EncodeTime(time.Now())})); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
 		cursor := refNamed(ref).with(Args{"offset": offset, "now": d.EncodeTime(time.Now())})
-		if _, err := exec(ctx, tx, d.sql().admin.resetOffset, cursor); err != nil {
+		if _, err := d.exec(ctx, tx, d.sql().admin.resetOffset, cursor); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
 		if partitionKey != "" {
 			return struct{}{}, nil
 		}
-		_, err := exec(ctx, tx, d.sql().group.dropAbove, cursor)
+		_, err := d.exec(ctx, tx, d.sql().group.dropAbove, cursor)
 		return struct{}{}, d.wrapNil(op, err)
 	})
 	return err

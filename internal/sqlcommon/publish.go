@@ -26,7 +26,7 @@ func (d *Store) LockHeads(ctx context.Context, tx driver.DBTX, tenant string, gr
 			rows = append(rows, []any{tenant, g.Topic, k, 0, now, now})
 		}
 	}
-	if _, err := exec(ctx, tx, d.sql().publish.lockHeads, Args{"rows": rows}); err != nil {
+	if _, err := d.exec(ctx, tx, d.sql().publish.lockHeads, Args{"rows": rows}); err != nil {
 		return d.Wrap(fmt.Sprintf("tenant %q: lock partition heads", tenant), err)
 	}
 	return nil
@@ -57,7 +57,7 @@ func (d *Store) InsertRows(ctx context.Context, tx driver.DBTX, g *Group, msgs [
 	if err != nil {
 		return nil, err
 	}
-	res, err := exec(ctx, tx, d.sql().publish.insert, Args{"rows": rows})
+	res, err := d.exec(ctx, tx, d.sql().publish.insert, Args{"rows": rows})
 	if err != nil {
 		return nil, d.Wrap("insert messages", err)
 	}
@@ -76,7 +76,7 @@ func (d *Store) InsertFresh(ctx context.Context, tx driver.DBTX, g *Group, msgs 
 	if err != nil {
 		return err
 	}
-	res, err := query(ctx, tx, stmt, Args{"rows": rows})
+	res, err := d.query(ctx, tx, stmt, Args{"rows": rows})
 	if err != nil {
 		return d.Wrap("insert messages", err)
 	}
@@ -106,7 +106,7 @@ func (d *Store) MarkStored(ctx context.Context, tx driver.DBTX, g *Group, msgs [
 		idx[[2]string{m.PartitionKey, m.ID}] = m
 		ids[i] = []any{m.PartitionKey, m.ID}
 	}
-	rows, err := query(ctx, tx, d.sql().publish.stored, Args{"tenant": g.Tenant, "topic": g.Topic, "ids": ids})
+	rows, err := d.query(ctx, tx, d.sql().publish.stored, Args{"tenant": g.Tenant, "topic": g.Topic, "ids": ids})
 	if err != nil {
 		return d.Wrap("look up message ids", err)
 	}
@@ -140,7 +140,7 @@ func (d *Store) AdvanceHeads(ctx context.Context, tx driver.DBTX, g *Group, head
 			rows = append(rows, []any{g.Tenant, g.Topic, k, h, now, now})
 		}
 	}
-	if _, err := exec(ctx, tx, d.sql().publish.advanceHeads, Args{"rows": rows}); err != nil {
+	if _, err := d.exec(ctx, tx, d.sql().publish.advanceHeads, Args{"rows": rows}); err != nil {
 		return d.Wrap("advance partition heads", err)
 	}
 	return nil

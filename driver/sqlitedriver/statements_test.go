@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package sqlitedriver_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver/sqlitedriver"
+)
+
+// The driver prepares its statements once per pool and uses them in the
+// transactions it begins. A caller's transaction on a pool of its own (the
+// same file) never gets them: PublishTx there runs unprepared, and the
+// driver's own transactions before and after keep theirs.
+func TestPreparedStatementsStayWithTheirPool(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "shardq.db")
+	d, err := sqlitedriver.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	own, err := sql.Open("sqlite", path+"?_txlock=immediate&_busy_timeout=10000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	for i := range 3 {
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint("driver-", i)}); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := own.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint("caller-", i)}); err != nil {
+			tx.Rollback()
+			t.Fatalf("PublishTx in the caller's own pool: %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs, err := d.FetchAfter(ctx, "t", "x", "k", 0, 10)
+	if err != nil || len(msgs) != 6 {
+		t.Fatalf("stored %d messages, want 6 (%v)", len(msgs), err)
+	}
+	for i, m := range msgs {
+		want := fmt.Sprint([]string{"driver-", "caller-"}[i%2], i/2)
+		if m.ID != want {
+			t.Fatalf("message %d is %s, want %s", i, m.ID, want)
+		}
+	}
+}
