@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/sqlrecord"
@@ -108,16 +106,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	ctx := context.Background()
 	dsn := testdb.MySQLDatabase(t)
 	var begins atomic.Int64
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.InterpolateParams = true
-	inner, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(sqlrecord.CountingBegins(inner, func(string) {}, func() { begins.Add(1) }))
+	db := sql.OpenDB(sqlrecord.CountingBegins(interpolating(t, dsn), func(string) {}, func() { begins.Add(1) }))
 	defer db.Close()
 	d, err := mysqldriver.New(db)
 	if err != nil {

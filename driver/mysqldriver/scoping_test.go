@@ -5,6 +5,7 @@ package mysqldriver_test
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"regexp"
 	"strings"
 	"sync"
@@ -33,6 +34,15 @@ var (
 // when t ends.
 func recordingPool(t *testing.T, dsn string, record func(string)) *sql.DB {
 	t.Helper()
+	db := sql.OpenDB(sqlrecord.Connector(interpolating(t, dsn), record))
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// interpolating is a connector on dsn with client-side interpolation, as
+// Open sets it.
+func interpolating(t *testing.T, dsn string) sqldriver.Connector {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -42,9 +52,7 @@ func recordingPool(t *testing.T, dsn string, record func(string)) *sql.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := sql.OpenDB(sqlrecord.Connector(inner, record))
-	t.Cleanup(func() { db.Close() })
-	return db
+	return inner
 }
 
 // TestHotPathNamesTenant is invariant 7 of docs/design.md: every statement the driver

@@ -144,6 +144,28 @@ func (e *env) rawInsert(ctx context.Context, ns namespace, conns, rowsPer int) (
 		dups: max(0, stored-int64(total))}, nil
 }
 
+// fillRaw writes --messages rows into the namespace's raw messages table,
+// untimed, 500 a statement; message i goes to the tenant and partition
+// place names, with that sequence in its payload.
+func (e *env) fillRaw(ctx context.Context, ns namespace, place func(i int) (tenant, key string, seq uint64)) error {
+	const fillBatch = 500
+	for first := 0; first < e.p.Messages; first += fillBatch {
+		n := min(fillBatch, e.p.Messages-first)
+		args := make([]any, 0, 7*n)
+		now := time.Now()
+		for i := first; i < first+n; i++ {
+			tenant, key, seq := place(i)
+			args = append(args, tenant, ns.topic, key, fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`, payload(e.p.Size, seq, now, 0), e.timeArg(now))
+		}
+		q := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
+		if _, err := e.d.DB().ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("raw fill: %w", err)
+		}
+	}
+	return nil
+}
+
 // rawConsumeCase is the ordered-consume ceiling: --subscribers workers,
 // each owning its share of --partitions, loop { begin; select up to 100
 // rows after the cursor; update the cursor row; commit } until every row
@@ -159,21 +181,11 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 	p := e.p
 	db := e.d.DB()
 	// Fill, untimed: message i goes to partition i % K as its (i / K)th.
-	const fillBatch = 500
-	for first := 0; first < p.Messages; first += fillBatch {
-		n := min(fillBatch, p.Messages-first)
-		args := make([]any, 0, 7*n)
-		now := time.Now()
-		for i := first; i < first+n; i++ {
-			tenant, key := ns.partition(i % p.Partitions)
-			args = append(args, tenant, ns.topic, key, fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`,
-				payload(p.Size, uint64(i/p.Partitions), now, 0), e.timeArg(now))
-		}
-		q := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES " +
-			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
-		if _, err := db.ExecContext(ctx, q, args...); err != nil {
-			return rep{}, fmt.Errorf("raw fill: %w", err)
-		}
+	if err := e.fillRaw(ctx, ns, func(i int) (string, string, uint64) {
+		tenant, key := ns.partition(i % p.Partitions)
+		return tenant, key, uint64(i / p.Partitions)
+	}); err != nil {
+		return rep{}, err
 	}
 	for k := range p.Partitions {
 		tenant, key := ns.partition(k)
@@ -233,28 +245,39 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 			}
 		}
 	}
-	errc := make(chan error, p.Subscribers)
+	elapsed, err := runWorkers(p.Subscribers, func(w int) error {
+		for k := w; k < p.Partitions; k += p.Subscribers {
+			if err := consumePartition(k); err != nil {
+				return fmt.Errorf("raw consume partition %d: %w", k, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return rep{}, err
+	}
+	return rec.rep(elapsed), nil
+}
+
+// runWorkers runs work(0..n-1) at once and times them; it returns the
+// first error.
+func runWorkers(n int, work func(w int) error) (time.Duration, error) {
+	errc := make(chan error, n)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := range p.Subscribers {
+	for w := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := w; k < p.Partitions; k += p.Subscribers {
-				if err := consumePartition(k); err != nil {
-					errc <- fmt.Errorf("raw consume partition %d: %w", k, err)
-					return
-				}
+			if err := work(w); err != nil {
+				errc <- err
 			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	close(errc)
-	if err := <-errc; err != nil {
-		return rep{}, err
-	}
-	return rec.rep(elapsed), nil
+	return elapsed, <-errc
 }
 
 // rawClaimCase is the competing-consumer ceiling: --subscribers workers
@@ -270,21 +293,8 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 		return rep{}, err
 	}
 	p := e.p
-	db := e.d.DB()
-	const fillBatch = 500
-	for first := 0; first < p.Messages; first += fillBatch {
-		n := min(fillBatch, p.Messages-first)
-		args := make([]any, 0, 7*n)
-		now := time.Now()
-		for i := first; i < first+n; i++ {
-			tenant := ns.tenants[i%len(ns.tenants)]
-			args = append(args, tenant, ns.topic, "", fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`, payload(p.Size, uint64(i), now, 0), e.timeArg(now))
-		}
-		q := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES " +
-			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
-		if _, err := db.ExecContext(ctx, q, args...); err != nil {
-			return rep{}, fmt.Errorf("raw fill: %w", err)
-		}
+	if err := e.fillRaw(ctx, ns, func(i int) (string, string, uint64) { return ns.tenants[i%len(ns.tenants)], "", uint64(i) }); err != nil {
+		return rep{}, err
 	}
 	oc := e.offsetCol()
 	sel := "SELECT " + oc + ", payload FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = '' ORDER BY " + oc + " LIMIT 100"
@@ -340,35 +350,25 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 		}
 		return len(offsets), nil
 	}
-	errc := make(chan error, p.Subscribers)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range p.Subscribers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range ns.tenants {
-				tenant := ns.tenants[(w+i)%len(ns.tenants)]
-				for {
-					n, err := claimBatch(tenant)
-					if err != nil && e.d.Retryable(err) {
-						continue // a deadlock between workers: InnoDB rolled it back
-					}
-					if err != nil {
-						errc <- fmt.Errorf("raw claim tenant %s: %w", tenant, err)
-						return
-					}
-					if n == 0 {
-						break
-					}
+	elapsed, err := runWorkers(p.Subscribers, func(w int) error {
+		for i := range ns.tenants {
+			tenant := ns.tenants[(w+i)%len(ns.tenants)]
+			for {
+				n, err := claimBatch(tenant)
+				if err != nil && e.d.Retryable(err) {
+					continue // a deadlock between workers: InnoDB rolled it back
+				}
+				if err != nil {
+					return fmt.Errorf("raw claim tenant %s: %w", tenant, err)
+				}
+				if n == 0 {
+					break
 				}
 			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	close(errc)
-	if err := <-errc; err != nil {
+		}
+		return nil
+	})
+	if err != nil {
 		return rep{}, err
 	}
 	return rec.rep(elapsed), nil

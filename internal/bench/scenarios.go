@@ -172,9 +172,14 @@ func (e *env) consume(ctx context.Context, ns namespace) (rep, error) {
 	if err := e.fill(ctx, c, ns); err != nil {
 		return rep{}, err
 	}
-	rec := newRecorder(e.p.Messages, e.p.Partitions)
+	return e.consumeAll(ctx, c, ns, newRecorder(e.p.Messages, e.p.Partitions), false)
+}
+
+// consumeAll starts the subscribers (ungrouped: competing consumers) and
+// times them until rec has every message or deliveries stall.
+func (e *env) consumeAll(ctx context.Context, c *shardq.Client, ns namespace, rec *recorder, ungrouped bool) (rep, error) {
 	start := time.Now()
-	stop, err := e.startSubscribers(ctx, c, ns, rec, false, false)
+	stop, err := e.startSubscribers(ctx, c, ns, rec, false, ungrouped)
 	if err != nil {
 		return rep{}, err
 	}
@@ -323,15 +328,5 @@ func (e *env) ungrouped(ctx context.Context, ns namespace) (rep, error) {
 	}
 	rec := newRecorder(e.p.Messages, len(ns.tenants))
 	rec.unordered = true
-	start := time.Now()
-	stop, err := e.startSubscribers(ctx, c, ns, rec, false, true)
-	if err != nil {
-		return rep{}, err
-	}
-	waitErr := rec.wait(ctx)
-	elapsed := time.Since(start)
-	if err := errors.Join(waitErr, stop()); err != nil {
-		return rep{}, err
-	}
-	return rec.rep(elapsed), nil
+	return e.consumeAll(ctx, c, ns, rec, true)
 }
