@@ -517,32 +517,9 @@ func testUngroupedCompetingConsumers(t *testing.T, open Open) {
 func testUngroupedVisibility(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
 	const visibility = 500 * time.Millisecond
-	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "slow"})
 	fake := newFakeClock(t0)
-	clock := fake.Now
-	attempts := make(chan int, 10)
-	release := make(chan struct{})
-	var subs []*shardq.Subscriber
-	for _, name := range []string{"a", "b"} {
-		cfg := ungroupedConfig(name, func(ctx context.Context, dl *shardq.Delivery) error {
-			attempts <- dl.Attempt
-			if dl.Attempt == 1 {
-				<-release // outlive the claim
-			}
-			return nil
-		})
-		cfg.VisibilityTimeout, cfg.Clock = visibility, clock
-		cfg.MaxVisibilityRenewal = visibility // never renewed: the claim lapses at its time
-		s, err := c.Subscribe(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		subs = append(subs, s)
-	}
-	defer func() { stopAll(t, subs...) }()
-	if a := <-attempts; a != 1 {
-		t.Fatalf("first delivery is attempt %d", a)
-	}
+	// Never renewed: the claim lapses at its time.
+	attempts := slowUngrouped(t, c, fake, visibility, visibility)
 	fake.Advance(visibility - time.Microsecond)
 	select {
 	case a := <-attempts:
@@ -550,15 +527,7 @@ func testUngroupedVisibility(t *testing.T, open Open) {
 	case <-time.After(300 * time.Millisecond): // thirty polls of both members
 	}
 	fake.Advance(time.Microsecond)
-	select {
-	case a := <-attempts:
-		if a != 2 {
-			t.Fatalf("redelivered as attempt %d, want 2", a)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the expired claim was not delivered again")
-	}
-	close(release)
+	wantRedelivered(t, attempts, "the expired claim")
 }
 
 // testUngroupedRenewal: a handler that outlives the visibility timeout
@@ -570,31 +539,8 @@ func testUngroupedVisibility(t *testing.T, open Open) {
 func testUngroupedRenewal(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
 	const visibility, step = 400 * time.Millisecond, 300 * time.Millisecond
-	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "slow"})
 	fake := newFakeClock(t0)
-	attempts := make(chan int, 10)
-	release := make(chan struct{})
-	var subs []*shardq.Subscriber
-	for _, name := range []string{"a", "b"} {
-		cfg := ungroupedConfig(name, func(ctx context.Context, dl *shardq.Delivery) error {
-			attempts <- dl.Attempt
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil
-		})
-		cfg.VisibilityTimeout, cfg.MaxVisibilityRenewal, cfg.Clock = visibility, 8*step, fake.Now
-		s, err := c.Subscribe(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		subs = append(subs, s)
-	}
-	defer func() { close(release); stopAll(t, subs...) }()
-	if a := <-attempts; a != 1 {
-		t.Fatalf("first delivery is attempt %d", a)
-	}
+	attempts := slowUngrouped(t, c, fake, visibility, 8*step)
 	// Six steps: 1.8 s of the fake clock, four and a half visibility
 	// timeouts, all within the renewal bound (2.4 s).
 	for range 6 {
@@ -611,13 +557,55 @@ func testUngroupedRenewal(t *testing.T, open Open) {
 		time.Sleep(visibility)
 		fake.Advance(step)
 	}
+	wantRedelivered(t, attempts, "the claim held past MaxVisibilityRenewal")
+}
+
+// slowUngrouped publishes one ungrouped message and runs two members, a
+// and b, on fake's clock with the given visibility timeout and renewal
+// bound. The message's first delivery holds its handler until the test
+// ends (or its context does). It returns each delivery's attempt, after
+// the first one arrived.
+func slowUngrouped(t *testing.T, c *shardq.Client, fake *fakeClock, visibility, maxRenewal time.Duration) <-chan int {
+	t.Helper()
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "slow"})
+	attempts := make(chan int, 10)
+	release := make(chan struct{})
+	var subs []*shardq.Subscriber
+	t.Cleanup(func() { close(release); stopAll(t, subs...) })
+	for _, name := range []string{"a", "b"} {
+		cfg := ungroupedConfig(name, func(ctx context.Context, dl *shardq.Delivery) error {
+			attempts <- dl.Attempt
+			if dl.Attempt == 1 { // outlive the claim
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		})
+		cfg.VisibilityTimeout, cfg.MaxVisibilityRenewal, cfg.Clock = visibility, maxRenewal, fake.Now
+		s, err := c.Subscribe(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	if a := <-attempts; a != 1 {
+		t.Fatalf("first delivery is attempt %d", a)
+	}
+	return attempts
+}
+
+// wantRedelivered waits for the message's second delivery, attempt 2.
+func wantRedelivered(t *testing.T, attempts <-chan int, what string) {
+	t.Helper()
 	select {
 	case a := <-attempts:
 		if a != 2 {
 			t.Fatalf("redelivered as attempt %d, want 2", a)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the claim held past MaxVisibilityRenewal was not delivered again")
+		t.Fatalf("%s was not delivered again", what)
 	}
 }
 
