@@ -21,6 +21,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/driver/sqlitedriver"
+	"github.com/shardq/shardq/internal/sqlrecord"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -65,7 +66,7 @@ func TestNoValueReachesSQLAsText(t *testing.T) {
 		"", "charset=utf8mb4", "charset=gbk", "charset=big5", "charset=sjis", "charset=cp932", "charset=gb2312",
 		"charset=latin1", "charset=utf8mb3", "charset=gbk,utf8mb4", "collation=gbk_chinese_ci", "collation=big5_chinese_ci",
 		"collation=utf8mb4_general_ci", "character_set_client=gbk", "character_set_connection=gbk",
-		"sql_mode=%27NO_BACKSLASH_ESCAPES%27", "charset=gbk&interpolateParams=false",
+		"sql_mode=%27NO_BACKSLASH_ESCAPES%27", "charset=gbk&interpolateParams=false", "interpolateParams=true",
 	} {
 		t.Run(params, func(t *testing.T) {
 			dsn := base
@@ -118,6 +119,96 @@ func TestNoValueReachesSQLAsText(t *testing.T) {
 		if _, err := mysqldriver.New(db); !errors.Is(err, mysqldriver.ErrUnsafeCharset) {
 			t.Fatalf("New on a gbk pool = %v, want ErrUnsafeCharset", err)
 		}
+	})
+}
+
+// TestNoValueInStatementText records the text of every statement the MySQL
+// driver runs while the attacks go through every statement family, and
+// fails if any holds an attacker's value: values travel only as bound
+// parameters. A caller's pool that would splice them in
+// (interpolateParams=true) is refused by New, and a caller's transaction
+// from such a pool (PublishTx) still gets its statements prepared.
+func TestNoValueInStatementText(t *testing.T) {
+	base := testdb.MySQLDatabase(t)
+	victimDrv := testdb.Migrated(t, mustOpenMySQL(t, base))
+	defer victimDrv.Close()
+	var mu sync.Mutex
+	var texts []string
+	record := func(q string) {
+		mu.Lock()
+		defer mu.Unlock()
+		texts = append(texts, q)
+	}
+	pool := func(interpolate bool) *sql.DB {
+		cfg, err := mysql.ParseDSN(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.InterpolateParams = interpolate
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(sqlrecord.Connector(conn, record))
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	// checkTexts fails on a recorded text holding a value, or on fewer
+	// than least texts (the workload did not go through the pool).
+	checkTexts := func(t *testing.T, least int) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(texts) < least {
+			t.Fatalf("recorded %d statements: the attack did not run through the recording pool", len(texts))
+		}
+		for _, q := range texts {
+			for _, v := range append(injections, victimSecret) {
+				if strings.Contains(q, v) || strings.Contains(q, "\u0fff") {
+					t.Fatalf("a value reached SQL as text: %q", q)
+				}
+			}
+		}
+		texts = nil
+	}
+
+	t.Run("New refuses an interpolating pool", func(t *testing.T) {
+		if _, err := mysqldriver.New(pool(true)); !errors.Is(err, mysqldriver.ErrInterpolatedParams) {
+			t.Fatalf("New on an interpolateParams=true pool = %v, want ErrInterpolatedParams", err)
+		}
+	})
+	t.Run("every statement family", func(t *testing.T) {
+		d, err := mysqldriver.New(pool(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		texts = nil
+		mu.Unlock()
+		attackAndCheck(t, victimDrv, d)
+		checkTexts(t, 100)
+	})
+	t.Run("PublishTx on a caller's interpolating pool", func(t *testing.T) {
+		c, err := shardq.NewClient(victimDrv, &shardq.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		callers := pool(true)
+		for i, v := range injections {
+			tx, err := callers.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.PublishTx(context.Background(), tx, shardq.Message{Tenant: "attacker", Topic: "tx",
+				PartitionKey: v, ID: fmt.Sprint(v, i), Headers: map[string]string{v: v}, Payload: []byte(v)}); err != nil {
+				t.Fatalf("PublishTx %d: %v", i, err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkTexts(t, 3*len(injections)) // lock heads, insert, advance heads
 	})
 }
 

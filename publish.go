@@ -113,7 +113,9 @@ func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	if err := c.drv.InsertMessages(ctx, tx, rows); err != nil {
+	// The caller's pool is the caller's: whatever it is set to do, shardq's
+	// statements run prepared on tx, their values bound, never spliced.
+	if err := c.drv.InsertMessages(ctx, driver.PreparedTx(tx), rows); err != nil {
 		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
 	}
 	return results(rows), nil

@@ -26,11 +26,11 @@ var ErrSchemaNewer = errors.New("database schema is newer than this shardq")
 // ErrNotMigrated is returned when the queue's tables are missing.
 var ErrNotMigrated = errors.New("database schema is not migrated: run `shardq migrate` (or Client.Migrate)")
 
-// DBTX is the part of *sql.DB, *sql.Conn and *sql.Tx that drivers use.
+// DBTX is the part of *sql.DB, *sql.Conn and *sql.Tx that drivers use
+// (and of PreparedTx, which wraps a caller's transaction).
 type DBTX interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // InsertMessage is one message to append. The driver sets Offset and

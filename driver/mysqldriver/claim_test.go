@@ -5,12 +5,14 @@ package mysqldriver_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/sqlrecord"
@@ -106,7 +108,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	ctx := context.Background()
 	dsn := testdb.MySQLDatabase(t)
 	var begins atomic.Int64
-	db := sql.OpenDB(sqlrecord.CountingBegins(interpolating(t, dsn), func(string) {}, func() { begins.Add(1) }))
+	db := sql.OpenDB(sqlrecord.New(binding(t, dsn), sqlrecord.Hooks{Begin: func() { begins.Add(1) }}))
 	defer db.Close()
 	d, err := mysqldriver.New(db)
 	if err != nil {
@@ -166,4 +168,47 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	advance(3, 1)
+}
+
+// TestStatementsPreparedOnce: with parameters bound on the server, each
+// statement text is prepared once per connection and then reused, so a
+// publish costs one round trip a statement, as interpolation did. A pool
+// of one connection makes the count exact.
+func TestStatementsPreparedOnce(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	var prepares, runs atomic.Int64
+	db := sql.OpenDB(sqlrecord.New(binding(t, dsn), sqlrecord.Hooks{
+		Prepare:   func(string) { prepares.Add(1) },
+		Statement: func(string) { runs.Add(1) },
+	}))
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	d, err := mysqldriver.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	publish := func(i int) {
+		t.Helper()
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(0) // prepares what the first publish runs
+	publish(1) // prepared by now: cached statements, then bound to the transaction
+	p0, r0 := prepares.Load(), runs.Load()
+	for i := 2; i < 52; i++ {
+		publish(i)
+	}
+	if p, r := prepares.Load()-p0, runs.Load()-r0; p != 0 || r != 50*3 {
+		t.Fatalf("50 publishes prepared %d statements and ran %d; want 0 and 150 (lock heads, insert, advance heads each)", p, r)
+	}
 }

@@ -51,12 +51,12 @@ type Driver struct {
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New uses an existing pool, after checking (one query, bounded by 10 s)
-// that its connections use utf8mb4: parameters may be interpolated on the
-// client, which only utf8mb4 keeps safe (ErrUnsafeCharset). Open adds the
-// settings shardq prefers (interpolateParams, UTC, bounded lock waits and
-// idle transactions); a caller's own pool should bound them in its DSN
-// (README, "Connections").
+// New uses an existing pool, after checking (two queries, bounded by
+// 10 s) that its connections use utf8mb4 (ErrUnsafeCharset) and bind
+// parameters on the server (a DSN with interpolateParams=true is refused
+// with ErrInterpolatedParams). Open adds the settings shardq prefers (UTC,
+// bounded lock waits and idle transactions); a caller's own pool should
+// bound them in its DSN (README, "Connections").
 func New(db *sql.DB) (*Driver, error) {
 	limits := &serverLimits{}
 	if err := checkPool(db, limits); err != nil {
@@ -76,9 +76,10 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 }
 
 // Open opens a pool from a go-sql-driver/mysql DSN
-// ("user:pass@tcp(host:3306)/db?param=value"), with client-side parameter
-// interpolation (one round trip per statement), UTC times, and at most 32
-// connections (DB().SetMaxOpenConns changes that). The driver owns the pool.
+// ("user:pass@tcp(host:3306)/db?param=value"), with parameters bound on
+// the server (prepared statements; interpolateParams in the DSN is
+// ignored), UTC times, and at most 32 connections (DB().SetMaxOpenConns
+// changes that). The driver owns the pool.
 //
 // Every connection is checked before use: its character set must be
 // utf8mb4 (a DSN naming another charset or collation is refused here, with
@@ -95,7 +96,7 @@ func Open(dsn string) (*Driver, error) {
 		return nil, err
 	}
 	cfg.Logger = slogLogger{}
-	cfg.InterpolateParams = true
+	cfg.InterpolateParams = false // values never become SQL text
 	cfg.Loc = time.UTC
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
@@ -153,6 +154,7 @@ func (d *Driver) Close() error {
 // a transaction, where through vtgate such a read can hang while holding
 // head-row locks.
 func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+	d.BeforeWrite(ctx)
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)
@@ -189,10 +191,16 @@ func wrap(op string, err error) error {
 }
 
 var dialect = sqlcommon.Dialect{
-	Syntax:     sqlcommon.MySQL,
-	Wrap:       wrap,
-	EncodeTime: func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
-	DecodeTime: decodeTime,
+	Syntax: sqlcommon.MySQL,
+	// Each text is prepared on every connection that runs it, so a pool
+	// holds up to 32 × 128 server-side statements: within the server's
+	// max_prepared_stmt_count (16382 by default) for four processes
+	// even if every connection ran every text. Past the bound a statement
+	// is prepared, run and closed (one more round trip).
+	PreparedStatements: 128,
+	Wrap:               wrap,
+	EncodeTime:         func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
+	DecodeTime:         decodeTime,
 }
 
 // decodeTime reads a DATETIME whichever way the pool's DSN returns it

@@ -4,6 +4,7 @@ package mysqldriver
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/shardq/shardq/driver"
@@ -136,7 +137,7 @@ func (d *Driver) insertChunk(ctx context.Context, tx driver.DBTX, g *sqlcommon.G
 // AUTO_INCREMENT values one multi-row INSERT receives (1 unless the server
 // is set up for multi-primary replication). max_allowed_packet, which
 // bounds a statement's size, comes with it.
-func (d *Driver) autoIncrementStep(ctx context.Context, q driver.DBTX) (int64, error) {
+func (d *Driver) autoIncrementStep(ctx context.Context, q *sql.DB) (int64, error) {
 	if v := d.server.step.Load(); v > 0 {
 		return v, nil
 	}

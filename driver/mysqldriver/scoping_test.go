@@ -29,25 +29,25 @@ var (
 	tenantInsert = regexp.MustCompile(`(?i)^\s*INSERT INTO queue_[a-z_]+ \(tenant,`)
 )
 
-// recordingPool is a pool on dsn (with client-side interpolation, as Open
-// sets it) that reports every statement it sends to record; it is closed
+// recordingPool is a pool on dsn (parameters bound on the server, as Open
+// sets it) that reports every statement it runs to record; it is closed
 // when t ends.
 func recordingPool(t *testing.T, dsn string, record func(string)) *sql.DB {
 	t.Helper()
-	db := sql.OpenDB(sqlrecord.Connector(interpolating(t, dsn), record))
+	db := sql.OpenDB(sqlrecord.Connector(binding(t, dsn), record))
 	t.Cleanup(func() { db.Close() })
 	return db
 }
 
-// interpolating is a connector on dsn with client-side interpolation, as
+// binding is a connector on dsn that binds parameters on the server, as
 // Open sets it.
-func interpolating(t *testing.T, dsn string) sqldriver.Connector {
+func binding(t *testing.T, dsn string) sqldriver.Connector {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.InterpolateParams = true
+	cfg.InterpolateParams = false
 	inner, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)

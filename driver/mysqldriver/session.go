@@ -30,11 +30,10 @@ const (
 )
 
 // ErrUnsafeCharset is returned when a connection's character set is not
-// utf8mb4. Parameters are interpolated into statements on the client (one
-// round trip per statement); with a multibyte character set such as gbk,
-// big5, sjis or cp932, whose second byte can be a backslash, escaping no
-// longer keeps a value a value. Any other character set would also garble
-// utf8mb4 keys and ids, so shardq accepts utf8mb4 only.
+// utf8mb4. Keys, ids and headers are utf8mb4 text; another character set
+// would garble them, and with a multibyte one such as gbk, big5, sjis or
+// cp932 (whose second byte can be a backslash) any client-side escaping
+// would stop keeping a value a value.
 var ErrUnsafeCharset = errors.New("connection character set must be utf8mb4")
 
 // checkDSNCharset refuses a DSN whose charset or collation parameter names
@@ -183,9 +182,20 @@ func queryRow(ctx context.Context, q sqldriver.QueryerContext, query string) ([]
 	return out, nil
 }
 
+// ErrInterpolatedParams is returned by New for a pool that splices
+// parameters into the statement text on the client (go-sql-driver's
+// interpolateParams=true): shardq sends values only as bound parameters
+// of server-side prepared statements.
+var ErrInterpolatedParams = errors.New("pool interpolates parameters into SQL text (interpolateParams=true); shardq needs them bound on the server")
+
+// interpolationProbe is the value checkPool selects as a parameter. A
+// column takes its name from the expression's text: a bound parameter is
+// named "?", an interpolated literal by its value.
+const interpolationProbe = "shardq-parameter-probe"
+
 // checkPool checks a caller's pool (New) once: its connections' character
-// set must be utf8mb4, like those Open makes. The server's limits come
-// with it.
+// set must be utf8mb4, like those Open makes, and its parameters must be
+// bound on the server. The server's limits come with it.
 func checkPool(db *sql.DB, limits *serverLimits) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -197,6 +207,17 @@ func checkPool(db *sql.DB, limits *serverLimits) error {
 	}
 	if err := checkSessionCharset(client, connection, results); err != nil {
 		return err
+	}
+	rows, err := db.QueryContext(ctx, "SELECT ?", interpolationProbe)
+	if err != nil {
+		return fmt.Errorf("mysql: probe parameter binding: %w", err)
+	}
+	cols, err := rows.Columns()
+	if err = errors.Join(err, rows.Close()); err != nil {
+		return fmt.Errorf("mysql: probe parameter binding: %w", err)
+	}
+	if len(cols) == 1 && cols[0] == interpolationProbe {
+		return fmt.Errorf("mysql: %w", ErrInterpolatedParams)
 	}
 	return limits.store(step, packet)
 }

@@ -133,7 +133,6 @@ func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
 	if err != nil {
 		return nil, wrap("begin", err)
 	}
-	d.OwnTx(tx)
 	return tx, nil
 }
 
@@ -160,10 +159,10 @@ func nowMicros() int64 { return time.Now().UnixMicro() }
 
 // Times are INTEGER microseconds since the Unix epoch, UTC.
 var dialect = sqlcommon.Dialect{
-	Syntax:     sqlcommon.SQLite,
-	Prepare:    true,
-	Wrap:       wrap,
-	EncodeTime: func(t time.Time) any { return t.UnixMicro() },
+	Syntax:             sqlcommon.SQLite,
+	PreparedStatements: 1024, // parsing is a fifth of a short statement's cost
+	Wrap:               wrap,
+	EncodeTime:         func(t time.Time) any { return t.UnixMicro() },
 	DecodeTime: func(v any) (time.Time, error) {
 		us, ok := v.(int64)
 		if !ok {

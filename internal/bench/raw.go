@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"sync"
@@ -93,6 +94,8 @@ func (e *env) rawInsert(ctx context.Context, ns namespace, conns, rowsPer int) (
 	if err := ns.createRaw(ctx); err != nil {
 		return rep{}, err
 	}
+	stmts := e.prepared()
+	defer stmts.close()
 	total := e.p.Messages
 	stmt := "INSERT INTO " + ns.rawMessages() + " (tenant, topic, partition_key, id, headers, payload, created_at) VALUES "
 	var next atomic.Int64
@@ -120,9 +123,13 @@ func (e *env) rawInsert(ctx context.Context, ns namespace, conns, rowsPer int) (
 					args = append(args, tenant, ns.topic, key, fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`,
 						payload(e.p.Size, uint64(i), now, 0), e.timeArg(now))
 				}
-				q := stmt + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", ")
+				st, err := stmts.get(ctx, stmt+strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", n), ", "))
+				if err != nil {
+					errc <- fmt.Errorf("raw insert: %w", err)
+					return
+				}
 				t0 := time.Now()
-				if _, err := e.d.DB().ExecContext(ctx, q, args...); err != nil {
+				if _, err := st.ExecContext(ctx, args...); err != nil {
 					errc <- fmt.Errorf("raw insert: %w", err)
 					return
 				}
@@ -198,6 +205,16 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 	oc := e.offsetCol()
 	sel := "SELECT " + oc + ", payload FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = ? AND " + oc + " > ? ORDER BY " + oc + " LIMIT 100"
 	upd := "UPDATE " + ns.rawOffsets() + " SET committed_offset = ?, updated_at = ? WHERE tenant = ? AND topic = ? AND partition_key = ? AND consumer_group = 'bench'"
+	stmts := e.prepared()
+	defer stmts.close()
+	selStmt, err := stmts.get(ctx, sel)
+	if err != nil {
+		return rep{}, err
+	}
+	updStmt, err := stmts.get(ctx, upd)
+	if err != nil {
+		return rep{}, err
+	}
 	consumePartition := func(k int) error {
 		tenant, key := ns.partition(k)
 		var cursor int64
@@ -206,7 +223,7 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 			if err != nil {
 				return err
 			}
-			rows, err := tx.QueryContext(ctx, sel, tenant, ns.topic, key, cursor)
+			rows, err := tx.StmtContext(ctx, selStmt).QueryContext(ctx, tenant, ns.topic, key, cursor)
 			if err != nil {
 				tx.Rollback()
 				return err
@@ -233,7 +250,7 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 				tx.Rollback()
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, upd, cursor, e.timeArg(time.Now()), tenant, ns.topic, key); err != nil {
+			if _, err := tx.StmtContext(ctx, updStmt).ExecContext(ctx, cursor, e.timeArg(time.Now()), tenant, ns.topic, key); err != nil {
 				tx.Rollback()
 				return err
 			}
@@ -257,6 +274,39 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 		return rep{}, err
 	}
 	return rec.rep(elapsed), nil
+}
+
+// stmtSet holds the raw baselines' prepared statements by text: each is
+// prepared once on the pool (then once per connection), so a raw
+// statement costs one round trip with its values bound, as shardq's do.
+type stmtSet struct {
+	db *sql.DB
+	mu sync.Mutex
+	m  map[string]*sql.Stmt
+}
+
+func (e *env) prepared() *stmtSet { return &stmtSet{db: e.d.DB(), m: map[string]*sql.Stmt{}} }
+
+func (s *stmtSet) get(ctx context.Context, q string) (*sql.Stmt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.m[q]; ok {
+		return st, nil
+	}
+	st, err := s.db.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %q: %w", q, err)
+	}
+	s.m[q] = st
+	return st, nil
+}
+
+func (s *stmtSet) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.m {
+		st.Close()
+	}
 }
 
 // runWorkers runs work(0..n-1) at once and times them; it returns the
@@ -301,6 +351,22 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 	if e.d.Name() == "mysql" {
 		sel += " FOR UPDATE SKIP LOCKED"
 	}
+	stmts := e.prepared()
+	defer stmts.close()
+	del := func(n int) string {
+		return "DELETE FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = '' AND " + oc + " IN (" +
+			strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
+	}
+	// Prepared before any transaction: SQLite's one write connection
+	// cannot prepare on the pool while a transaction holds it.
+	selStmt, err := stmts.get(ctx, sel)
+	if err != nil {
+		return rep{}, err
+	}
+	del100, err := stmts.get(ctx, del(100))
+	if err != nil {
+		return rep{}, err
+	}
 	rec := newRecorder(p.Messages, len(ns.tenants))
 	rec.unordered = true
 	// claimBatch claims, records and deletes up to 100 rows of tenant; it
@@ -311,7 +377,7 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 			return 0, err
 		}
 		defer tx.Rollback()
-		rows, err := tx.QueryContext(ctx, sel, tenant, ns.topic)
+		rows, err := tx.StmtContext(ctx, selStmt).QueryContext(ctx, tenant, ns.topic)
 		if err != nil {
 			return 0, err
 		}
@@ -336,9 +402,13 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 		if err := rows.Err(); err != nil || len(offsets) == 0 {
 			return 0, err
 		}
-		del := "DELETE FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = '' AND " + oc + " IN (" +
-			strings.TrimSuffix(strings.Repeat("?, ", len(offsets)), ", ") + ")"
-		if _, err := tx.ExecContext(ctx, del, append([]any{tenant, ns.topic}, offsets...)...); err != nil {
+		args := append([]any{tenant, ns.topic}, offsets...)
+		if len(offsets) == 100 {
+			_, err = tx.StmtContext(ctx, del100).ExecContext(ctx, args...)
+		} else { // the last, short batch
+			_, err = tx.ExecContext(ctx, del(len(offsets)), args...)
+		}
+		if err != nil {
 			return 0, err
 		}
 		if err := tx.Commit(); err != nil {

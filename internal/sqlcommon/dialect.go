@@ -22,10 +22,10 @@ type Dialect struct {
 	// column's type.
 	EncodeTime func(time.Time) any
 	DecodeTime func(src any) (time.Time, error)
-	// Prepare caches a prepared statement per statement text and pool
-	// (SQLite, where parsing is a fifth of a short statement's cost; on
-	// MySQL the client interpolates, one round trip a statement).
-	Prepare bool
+	// PreparedStatements bounds the prepared statements cached per pool,
+	// by text (texts differ by the length of their lists and rows); past
+	// it a statement is prepared for one use. 0 caches none.
+	PreparedStatements int
 }
 
 // statements is every statement of the package, written once per syntax

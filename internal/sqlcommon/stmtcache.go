@@ -6,35 +6,30 @@ import (
 	"context"
 	"database/sql"
 	"sync"
-	"sync/atomic"
 
 	"github.com/shardq/shardq/driver"
 )
-
-// maxCachedStatements bounds a pool's prepared statements: texts differ
-// by the length of their lists and rows, and past the bound a statement
-// simply runs unprepared.
-const maxCachedStatements = 1024
 
 // stmtCache holds one pool's prepared statements by text.
 type stmtCache struct {
 	mu sync.Mutex
 	m  map[string]*sql.Stmt
-	// wanted are texts a transaction ran unprepared: preparing needs the
-	// pool's connection, which SQLite's one write connection cannot lend
-	// while the transaction holds it. prepareWanted prepares them before
-	// the next transaction begins.
+	// wanted are texts a transaction ran unprepared: preparing them on
+	// the pool needs another connection, which SQLite's one write
+	// connection cannot lend while the transaction holds it, and a full
+	// MySQL pool may not have. prepareWanted prepares them before the next
+	// transaction begins.
 	wanted map[string]bool
 }
 
 // cached returns q's prepared statement, or nil and notes q as wanted.
-func (c *stmtCache) cached(q string) *sql.Stmt {
+func (c *stmtCache) cached(q string, limit int) *sql.Stmt {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s, ok := c.m[q]; ok {
 		return s
 	}
-	if len(c.m)+len(c.wanted) < maxCachedStatements {
+	if len(c.m)+len(c.wanted) < limit {
 		if c.wanted == nil {
 			c.wanted = map[string]bool{}
 		}
@@ -44,7 +39,7 @@ func (c *stmtCache) cached(q string) *sql.Stmt {
 }
 
 // prepareWanted prepares the wanted texts on db.
-func (c *stmtCache) prepareWanted(ctx context.Context, db *sql.DB) {
+func (c *stmtCache) prepareWanted(ctx context.Context, db *sql.DB, limit int) {
 	c.mu.Lock()
 	var qs []string
 	for q := range c.wanted {
@@ -53,7 +48,7 @@ func (c *stmtCache) prepareWanted(ctx context.Context, db *sql.DB) {
 	clear(c.wanted)
 	c.mu.Unlock()
 	for _, q := range qs {
-		c.prepared(ctx, db, q)
+		c.prepared(ctx, db, q, limit)
 	}
 }
 
@@ -61,10 +56,10 @@ func (c *stmtCache) prepareWanted(ctx context.Context, db *sql.DB) {
 // failed: the statement then runs unprepared and reports its own error).
 // The lock is not held while preparing: that waits for a connection,
 // which a transaction may hold while it looks a statement up here.
-func (c *stmtCache) prepared(ctx context.Context, db *sql.DB, q string) *sql.Stmt {
+func (c *stmtCache) prepared(ctx context.Context, db *sql.DB, q string, limit int) *sql.Stmt {
 	c.mu.Lock()
 	s, ok := c.m[q]
-	full := len(c.m)+len(c.wanted) >= maxCachedStatements
+	full := len(c.m)+len(c.wanted) >= limit
 	c.mu.Unlock()
 	if ok || full {
 		return s
@@ -96,29 +91,26 @@ func (c *stmtCache) close() {
 }
 
 // statementCaches are the Store's prepared statements: the read pool's, and
-// the write pool's, which the driver's own write transactions use too.
+// the write pool's, which the driver's own write transactions use too. When
+// both are one pool (MySQL), write is unused and read serves both.
 type statementCaches struct {
 	read, write stmtCache
-	// ownTx is the write transaction the driver began last (BeginWrite
-	// reports it through OwnTx). SQLite has one write connection, so at
-	// most one is open; a caller's own transaction is never it.
-	ownTx atomic.Pointer[sql.Tx]
+}
+
+// writeCache is the cache of the pool write transactions are begun on.
+func (d *Store) writeCache() *stmtCache {
+	if d.Read == d.Write {
+		return &d.caches.read
+	}
+	return &d.caches.write
 }
 
 // BeforeWrite prepares, on the write pool, the statements the last
 // transactions ran unprepared; the driver's BeginWrite calls it before it
-// takes the write connection.
+// takes a connection for the transaction.
 func (d *Store) BeforeWrite(ctx context.Context) {
-	if w, ok := d.Write.(*sql.DB); ok && d.Prepare {
-		d.caches.write.prepareWanted(ctx, w)
-	}
-}
-
-// OwnTx tells the Store that tx is a write transaction the driver began on
-// its write pool, whose prepared statements it may use.
-func (d *Store) OwnTx(tx *sql.Tx) {
-	if d.Prepare {
-		d.caches.ownTx.Store(tx)
+	if w, ok := d.Write.(*sql.DB); ok && d.PreparedStatements > 0 {
+		d.writeCache().prepareWanted(ctx, w, d.PreparedStatements)
 	}
 }
 
@@ -128,26 +120,26 @@ func (d *Store) CloseStatements() {
 	d.caches.write.close()
 }
 
-// stmt returns q prepared for db when db is one of the Store's pools or
-// its own write transaction, else nil.
+// stmt returns q prepared for db, or nil: for one of the Store's pools,
+// from its cache; for a *sql.Tx, which is always one the driver began on
+// its write pool (a caller's transaction arrives as driver.PreparedTx),
+// the write pool's statement bound to the transaction.
 func (d *Store) stmt(ctx context.Context, db driver.DBTX, q string) *sql.Stmt {
-	if !d.Prepare {
+	limit := d.PreparedStatements
+	if limit <= 0 {
 		return nil
 	}
 	switch db := db.(type) {
 	case *sql.Tx:
-		if db != d.caches.ownTx.Load() {
-			return nil
-		}
-		if s := d.caches.write.cached(q); s != nil {
+		if s := d.writeCache().cached(q, limit); s != nil {
 			return db.StmtContext(ctx, s)
 		}
 	case *sql.DB:
 		switch db {
 		case d.Read:
-			return d.caches.read.prepared(ctx, db, q)
+			return d.caches.read.prepared(ctx, db, q, limit)
 		case d.Write:
-			return d.caches.write.prepared(ctx, db, q)
+			return d.caches.write.prepared(ctx, db, q, limit)
 		}
 	}
 	return nil
@@ -171,10 +163,33 @@ func (d *Store) query(ctx context.Context, db driver.DBTX, stmt string, args Arg
 	return db.QueryContext(ctx, q, a...)
 }
 
-func (d *Store) queryRow(ctx context.Context, db driver.DBTX, stmt string, args Args) *sql.Row {
-	q, a := Bind(stmt, args)
-	if s := d.stmt(ctx, db, q); s != nil {
-		return s.QueryRowContext(ctx, a...)
+func (d *Store) queryRow(ctx context.Context, db driver.DBTX, stmt string, args Args) row {
+	rows, err := d.query(ctx, db, stmt, args)
+	return row{rows, err}
+}
+
+// row is the first row of a query, scanned as *sql.Row scans it
+// (sql.ErrNoRows when there is none). driver.DBTX has no QueryRowContext:
+// a caller's transaction (driver.PreparedTx) could not build a *sql.Row
+// for a statement that failed to prepare.
+type row struct {
+	rows *sql.Rows
+	err  error
+}
+
+func (r row) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
 	}
-	return db.QueryRowContext(ctx, q, a...)
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	return r.rows.Close()
 }
