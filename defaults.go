@@ -21,16 +21,20 @@ const (
 	DefaultPublishTimeout     = 30 * time.Second
 	DefaultPublishRetries     = 5
 
-	DefaultLeaseTTL             = 30 * time.Second
-	DefaultHeartbeatInterval    = 3 * time.Second
-	DefaultDiscoveryInterval    = time.Second
-	DefaultPollInterval         = 200 * time.Millisecond
-	DefaultIdleRelease          = 30 * time.Second
-	DefaultCommitInterval       = time.Second
-	DefaultBatchSize            = 100
-	DefaultMaxPartitions        = 64
-	DefaultUngroupedConcurrency = 16
-	DefaultVisibilityTimeout    = 30 * time.Second
+	DefaultLeaseTTL          = 30 * time.Second
+	DefaultHeartbeatInterval = 3 * time.Second
+	DefaultDiscoveryInterval = time.Second
+	// DefaultDiscoveryWindow is twice DefaultPublishTimeout, which bounds
+	// a Publish transaction.
+	DefaultDiscoveryWindow       = 2 * DefaultPublishTimeout
+	DefaultFullDiscoveryInterval = 5 * time.Minute
+	DefaultPollInterval          = 200 * time.Millisecond
+	DefaultIdleRelease           = 30 * time.Second
+	DefaultCommitInterval        = time.Second
+	DefaultBatchSize             = 100
+	DefaultMaxPartitions         = 64
+	DefaultUngroupedConcurrency  = 16
+	DefaultVisibilityTimeout     = 30 * time.Second
 	// DefaultMaxVisibilityRenewal is Service Bus's default for
 	// MaxAutoLockRenewalDuration.
 	DefaultMaxVisibilityRenewal = 5 * time.Minute

@@ -94,6 +94,16 @@ type SubscriberConfig struct {
 	// at once instead of a discovery interval or two later (like Kafka's
 	// group.initial.rebalance.delay.ms) [DiscoveryInterval / 10].
 	JoinWindow time.Duration
+	// DiscoveryWindow is how far before the previous tick each discovery
+	// tick looks for heads that moved (by the publishers' clocks): longer
+	// than any publish transaction, plus the clock skew between hosts, so
+	// that a publish that commits late is still seen [1m]
+	// (docs/consumers.md, "Discovery").
+	DiscoveryWindow time.Duration
+	// FullDiscoveryInterval is how often a tick reads every partition of
+	// the topic instead of those that moved: the net under a transaction
+	// that committed later than DiscoveryWindow [5m].
+	FullDiscoveryInterval time.Duration
 	// PollInterval is how often the heads of this member's idle partitions
 	// are checked for new messages, in one query per tenant [200ms]. (A
 	// Publish through the same Client wakes them at once.)
@@ -152,6 +162,8 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	d(&cfg.StaleAfter, 3*cfg.HeartbeatInterval)
 	d(&cfg.DiscoveryInterval, DefaultDiscoveryInterval)
 	d(&cfg.JoinWindow, cfg.DiscoveryInterval/10)
+	d(&cfg.DiscoveryWindow, DefaultDiscoveryWindow)
+	d(&cfg.FullDiscoveryInterval, DefaultFullDiscoveryInterval)
 	d(&cfg.PollInterval, DefaultPollInterval)
 	d(&cfg.IdleRelease, DefaultIdleRelease)
 	d(&cfg.CommitInterval, DefaultCommitInterval)
@@ -282,6 +294,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		Handle: s.handle, Batch: cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
 		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StaleAfter: cfg.StaleAfter,
 		DiscoveryInterval: cfg.DiscoveryInterval, JoinWindow: cfg.JoinWindow, PollInterval: cfg.PollInterval,
+		DiscoveryWindow: cfg.DiscoveryWindow, FullDiscoveryInterval: cfg.FullDiscoveryInterval,
 		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
 		Take: consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
 		MaxVisibilityRenewal: cfg.MaxVisibilityRenewal,

@@ -109,6 +109,13 @@ type Driver interface {
 	// PartitionsWithWork lists the partitions of topic, in the given tenants
 	// only, whose head is past the consumer group's committed cursor.
 	PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]Partition, error)
+	// PartitionsMovedSince is PartitionsWithWork of the partitions whose
+	// head moved at or after since, by the publishers' clocks (an index
+	// serves it: its cost follows what moved), in no particular order.
+	PartitionsMovedSince(ctx context.Context, tenants []string, topic, group string, since time.Time) ([]Partition, error)
+	// PartitionsWithWorkOf is PartitionsWithWork of the named partitions
+	// of one tenant, in no particular order.
+	PartitionsWithWorkOf(ctx context.Context, tenant, topic, group string, keys []string) ([]Partition, error)
 	// PartitionHeads lists every partition of topic in the given tenants
 	// with its head offset (CommittedOffset is 0).
 	PartitionHeads(ctx context.Context, tenants []string, topic string) ([]Partition, error)
@@ -206,6 +213,9 @@ type Leases interface {
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
 	ListLeases(ctx context.Context, tenants []string, group, topic string) ([]Lease, error)
+	// HeldLeases is ListLeases without the free rows (an index serves it:
+	// its cost follows the leases held).
+	HeldLeases(ctx context.Context, tenants []string, group, topic string) ([]Lease, error)
 	// SweepLeases frees every lease held by one of owners (dead
 	// subscribers), advancing each token so their writes fail.
 	SweepLeases(ctx context.Context, tenants []string, group, topic string, owners []string, now time.Time) (int64, error)

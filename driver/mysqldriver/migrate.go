@@ -5,8 +5,10 @@ package mysqldriver
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -45,7 +47,21 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	return migrate.Apply(ctx, conn, d.migrations, current, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
+	return migrate.Apply(ctx, indexOnce{conn}, d.migrations, current, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
+}
+
+// indexOnce runs migration statements; a CREATE INDEX whose index exists
+// (MySQL has no CREATE INDEX IF NOT EXISTS) is done already: a migration
+// cut short after it is completed by the next run.
+type indexOnce struct{ conn *sql.Conn }
+
+func (e indexOnce) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := e.conn.ExecContext(ctx, query, args...)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errDuplicateKeyName && strings.HasPrefix(query, "CREATE INDEX ") {
+		return sqldriver.RowsAffected(0), nil
+	}
+	return res, err
 }
 
 // SchemaVersion reports the applied and the embedded versions; a database

@@ -164,9 +164,10 @@ func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
 
 // MySQL server error numbers this driver acts on.
 const (
-	errDuplicateKey = 1062
-	errNoSuchTable  = 1146
-	errDeadlock     = 1213
+	errDuplicateKey     = 1062
+	errDuplicateKeyName = 1061
+	errNoSuchTable      = 1146
+	errDeadlock         = 1213
 )
 
 func isDuplicateKey(err error) bool {

@@ -123,18 +123,25 @@ func (s *Member) tick() (contended bool) {
 	return contended
 }
 
-// tickInputs lists, for tenants, the group's members, its lease rows and
+// tickInputs lists, for tenants, the group's members, its held leases and
 // the partitions with work.
 func (s *Member) tickInputs(ctx context.Context, tenants []string) ([]driver.Subscriber, []driver.Lease, []driver.Partition, error) {
 	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listing subscribers: %w", err)
 	}
-	leases, err := s.drv.ListLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	leases, err := s.drv.HeldLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listing leases: %w", err)
 	}
-	work, err := s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+	var work []driver.Partition
+	if len(tenants) == len(s.cfg.Tenants) {
+		work, err = s.discover(ctx)
+	} else {
+		// Listing tenant by tenant after a failure: read them whole, and
+		// leave what discovery remembers as it was.
+		work, err = s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("discovery: %w", err)
 	}

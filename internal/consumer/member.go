@@ -50,6 +50,7 @@ type Config struct {
 
 	LeaseTTL, HeartbeatInterval, StaleAfter     time.Duration
 	DiscoveryInterval, JoinWindow, PollInterval time.Duration
+	DiscoveryWindow, FullDiscoveryInterval      time.Duration
 	IdleRelease, CommitInterval                 time.Duration
 	MaxPartitions                               int
 
@@ -79,6 +80,7 @@ type Member struct {
 	life    *lifecycle.Group
 	mu      sync.Mutex
 	workers map[driver.PartitionRef]*worker
+	disc    discovery // the control loop's
 	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).
 	ungrouped  *ungrouped.Service
 	stopOnce   sync.Once

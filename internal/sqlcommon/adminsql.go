@@ -16,6 +16,9 @@ import (
 type adminSQL struct {
 	fetch          string // a partition's messages after a cursor, in offset order
 	withWork       string // partitions whose head is past a group's cursor
+	withWorkMoved  string // withWork, of partitions whose head moved at or after :since
+	withWorkOf     string // withWork, of named partitions (:keys) of one tenant
+	touchHead      string // mark a partition moved for discovery (a reset gave it work)
 	heads          string // every partition of a topic with its head
 	headsOf        string // the heads of named partitions (:keys)
 	resetOffset    string // set a cursor, back or forward
@@ -94,6 +97,16 @@ const (
 	halfColumns    = "tenant, topic, partition_key, id, producer_group, headers, payload, created_at, check_count, next_check_at, claim_owner, claim_token"
 )
 
+// withWork selects the head rows matching where whose head is past the
+// group's cursor (none: 0), with the cursor, unordered.
+// idx_partitions_moved serves the :since form.
+func withWork(where string) string {
+	return "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) " +
+		"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic " +
+		"AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
+		"WHERE " + where + " AND p.head_offset > COALESCE(o.committed_offset, 0)"
+}
+
 func newAdminSQL(s Syntax) adminSQL {
 	o := s.offset()
 	deleteBatch := "DELETE FROM queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND created_at < :before " +
@@ -106,11 +119,14 @@ func newAdminSQL(s Syntax) adminSQL {
 	return adminSQL{
 		fetch: "SELECT " + o + ", id, headers, payload, created_at FROM queue_messages" + s.partitionOrder() + " " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
-		withWork: "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) " +
-			"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic " +
-			"AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
-			"WHERE p.tenant IN (:tenants) AND p.topic = :topic " +
-			"AND p.head_offset > COALESCE(o.committed_offset, 0) ORDER BY p.tenant, p.partition_key",
+		withWork: withWork("p.tenant IN (:tenants) AND p.topic = :topic") + " ORDER BY p.tenant, p.partition_key",
+		// Unordered (the member sorts): ordered by key, MariaDB was seen to
+		// walk the primary key over every partition of the topic instead of
+		// the stamp index over those that moved (31 ms instead of 6 at
+		// 100,000 partitions).
+		withWorkMoved: withWork("p.tenant IN (:tenants) AND p.topic = :topic AND p.updated_at >= :since"),
+		withWorkOf:    withWork("p.tenant = :tenant AND p.topic = :topic AND p.partition_key IN (:keys)"),
+		touchHead:     "UPDATE queue_partitions SET updated_at = :now WHERE tenant = :tenant AND topic = :topic AND partition_key = :key",
 		heads: "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions " +
 			"WHERE tenant IN (:tenants) AND topic = :topic ORDER BY tenant, partition_key",
 		headsOf: "SELECT partition_key, head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key IN (:keys)",

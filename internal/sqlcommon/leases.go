@@ -328,11 +328,21 @@ func (d Dialect) wrapNil(op string, err error) error {
 
 // ListLeases lists lease rows, free ones included.
 func (d *Store) ListLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
+	return d.listLeases(ctx, d.leases().list, tenants, group, topic)
+}
+
+// HeldLeases lists the lease rows an owner holds: a discovery tick's cost
+// then follows the held leases, not every partition the group ever read.
+func (d *Store) HeldLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
+	return d.listLeases(ctx, d.leases().held, tenants, group, topic)
+}
+
+func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, group, topic string) ([]driver.Lease, error) {
 	if len(tenants) == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list leases of group %q topic %q", group, topic)
-	rows, err := d.query(ctx, d.Read, d.leases().list, memberNamed(tenants, group, topic))
+	rows, err := d.query(ctx, d.Read, stmt, memberNamed(tenants, group, topic))
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}

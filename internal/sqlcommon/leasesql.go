@@ -23,6 +23,7 @@ type leaseSQL struct {
 	record      string // upsert a message's retry bookkeeping
 	states      string // read the retry bookkeeping of a range of offsets
 	list        string // a group's lease rows in a topic
+	held        string // list, of the rows an owner holds (idx_leases_owner)
 	sweep       string // free the leases of departed owners with the next token
 	heartbeat   string // upsert a member's heartbeat rows (:rows)
 	removeBeats string // delete a member's heartbeat rows
@@ -65,6 +66,8 @@ func newLeaseSQL(s Syntax) leaseSQL {
 			" AND message_offset > :after AND message_offset <= :up_to",
 		list: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases WHERE " + memberScope +
 			" ORDER BY tenant, partition_key",
+		held: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases WHERE " + memberScope +
+			" AND owner <> '' ORDER BY tenant, partition_key",
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
 			" AND owner IN (:owners)",
 		heartbeat: "INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at) VALUES :rows" +

@@ -19,6 +19,29 @@ func (d *Store) PartitionsWithWork(ctx context.Context, tenants []string, topic,
 	return d.partitions(ctx, d.sql().admin.withWork, topic, tenants, Args{"group": group})
 }
 
+// PartitionsMovedSince is PartitionsWithWork of the partitions whose head
+// moved at or after since (updated_at, by the publishers' clocks).
+func (d *Store) PartitionsMovedSince(ctx context.Context, tenants []string, topic, group string, since time.Time) ([]driver.Partition, error) {
+	return d.partitions(ctx, d.sql().admin.withWorkMoved, topic, tenants, Args{"group": group, "since": d.EncodeTime(since)})
+}
+
+// PartitionsWithWorkOf is PartitionsWithWork of the named partitions of
+// one tenant, 500 keys a statement.
+func (d *Store) PartitionsWithWorkOf(ctx context.Context, tenant, topic, group string, keys []string) ([]driver.Partition, error) {
+	var out []driver.Partition
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), 500)]
+		keys = keys[len(chunk):]
+		ps, err := d.partitions(ctx, d.sql().admin.withWorkOf, topic, []string{tenant},
+			Args{"group": group, "tenant": tenant, "keys": textList(chunk)})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ps...)
+	}
+	return out, nil
+}
+
 // PartitionHeads lists every partition of topic in tenants with its head.
 func (d *Store) PartitionHeads(ctx context.Context, tenants []string, topic string) ([]driver.Partition, error) {
 	return d.partitions(ctx, d.sql().admin.heads, topic, tenants, Args{})
@@ -94,6 +117,12 @@ func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, gr
 		}
 		cursor := refNamed(ref).with(Args{"offset": offset, "now": d.EncodeTime(time.Now())})
 		if _, err := d.exec(ctx, tx, d.sql().admin.resetOffset, cursor); err != nil {
+			return struct{}{}, d.Wrap(op, err)
+		}
+		// A rewound cursor gives the partition work without moving its
+		// head: stamp the head row so that discovery, which reads what
+		// moved, sees it at its next tick.
+		if _, err := d.exec(ctx, tx, d.sql().admin.touchHead, cursor); err != nil {
 			return struct{}{}, d.Wrap(op, err)
 		}
 		if partitionKey != "" {

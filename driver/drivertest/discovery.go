@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drivertest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var discoveryTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"DiscoveryReadsWhatMoved", testDiscoveryReadsWhatMoved},
+	{"LateCommitSeenWithinWindow", testLateCommitSeenWithinWindow},
+	{"LateCommitSeenByFullDiscovery", testLateCommitSeenByFullDiscovery},
+}
+
+// stampGap lets the wall clock move past the head stamps written so far
+// (DATETIME(6) and SQLite's microseconds), so that a time taken now
+// separates them from the next.
+func stampGap() time.Time {
+	time.Sleep(2 * time.Millisecond)
+	t := time.Now()
+	time.Sleep(2 * time.Millisecond)
+	return t
+}
+
+// testDiscoveryReadsWhatMoved checks the reads of incremental discovery:
+// partitions with work whose head moved since a time, partitions with work
+// among named ones, and the held leases only.
+func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	heads := map[string]int64{}
+	publish := func(tenant, key string) {
+		heads[tenant+"/"+key] = mustPublish(t, c, shardq.Message{Tenant: tenant, Topic: "orders", PartitionKey: key})[0].Offset
+	}
+	names := func(ps []driver.Partition, err error) []string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range ps {
+			out = append(out, fmt.Sprintf("%s/%s@%d", p.Tenant, p.PartitionKey, p.CommittedOffset))
+		}
+		slices.Sort(out) // the reads promise no order
+		return out
+	}
+	publish("a", "k1")
+	publish("a", "k2")
+	publish("b", "k1")
+	t0 := stampGap()
+	publish("a", "k3")
+	publish("c", "k1") // a tenant not asked for
+	moved := func(since time.Time) []string {
+		return names(d.PartitionsMovedSince(ctx, []string{"a", "b"}, "orders", "g", since))
+	}
+	if got, want := moved(t0), []string{"a/k3@0"}; !slices.Equal(got, want) {
+		t.Fatalf("moved since t0 = %v, want %v", got, want)
+	}
+	if got, want := moved(t0.Add(-time.Hour)), []string{"a/k1@0", "a/k2@0", "a/k3@0", "b/k1@0"}; !slices.Equal(got, want) {
+		t.Fatalf("moved since an hour ago = %v, want %v", got, want)
+	}
+	if got := names(d.PartitionsMovedSince(ctx, nil, "orders", "g", t0)); len(got) != 0 {
+		t.Fatalf("an empty tenant list returned %v", got)
+	}
+	// A cursor at the head leaves no work; a rewound one gives work and
+	// stamps the head row, so that it counts as moved.
+	if err := d.ResetOffset(ctx, "a", "orders", "k1", "g", heads["a/k1"]); err != nil {
+		t.Fatal(err)
+	}
+	of := func(keys ...string) []string {
+		return names(d.PartitionsWithWorkOf(ctx, "a", "orders", "g", keys))
+	}
+	if got, want := of("k1", "k2", "k3", "absent"), []string{"a/k2@0", "a/k3@0"}; !slices.Equal(got, want) {
+		t.Fatalf("work of named partitions = %v, want %v", got, want)
+	}
+	t1 := stampGap()
+	if got := moved(t1); len(got) != 0 {
+		t.Fatalf("moved since t1 = %v, want none", got)
+	}
+	if err := d.ResetOffset(ctx, "b", "orders", "k1", "g", heads["b/k1"]-1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := moved(t1), []string{fmt.Sprintf("b/k1@%d", heads["b/k1"]-1)}; !slices.Equal(got, want) {
+		t.Fatalf("after rewinding b/k1, moved since t1 = %v, want %v", got, want)
+	}
+
+	// Held leases: a released lease row stays, but is not held.
+	now := time.Now()
+	ref := func(key string) driver.PartitionRef {
+		return driver.PartitionRef{Tenant: "a", ConsumerGroup: "g", Topic: "orders", PartitionKey: key}
+	}
+	held, err := d.AcquireLease(ctx, ref("k2"), "m1", now, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed, err := d.AcquireLease(ctx, ref("k3"), "m1", now, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReleaseLease(ctx, freed, now); err != nil {
+		t.Fatal(err)
+	}
+	all, err := d.ListLeases(ctx, []string{"a"}, "g", "orders")
+	if err != nil || len(all) != 2 {
+		t.Fatalf("ListLeases = %v, %v; want the held and the free row", all, err)
+	}
+	hs, err := d.HeldLeases(ctx, []string{"a", "b"}, "g", "orders")
+	if err != nil || len(hs) != 1 || hs[0].PartitionKey != "k2" || hs[0].Owner != "m1" || hs[0].Token != held.Token {
+		t.Fatalf("HeldLeases = %v, %v; want only k2's, held by m1", hs, err)
+	}
+}
+
+// lateCommit starts a subscriber with cfg's discovery settings, lets it
+// tick, then publishes to a new partition in a transaction held open for
+// several ticks before it commits, and waits for the message: a tick that
+// reads only the heads that moved since the last tick would pass over it
+// (its head was stamped before that tick and committed after).
+func lateCommit(t *testing.T, open Open, window, full time.Duration) {
+	d, c := setup(t, open, nil)
+	var got atomic.Int64
+	cfg := fastConfig("g", "x", []string{"t"}, func(_ context.Context, m *shardq.Delivery) error {
+		if m.PartitionKey == "late" {
+			got.Add(1)
+		}
+		return nil
+	})
+	cfg.DiscoveryWindow, cfg.FullDiscoveryInterval = window, full
+	sub, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop(context.Background())
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "early"})
+	time.Sleep(5 * cfg.DiscoveryInterval) // the first, full tick is behind us
+
+	tx, err := d.DB().BeginTx(context.Background(), &sql.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PublishTx(context.Background(), tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "late"}); err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	time.Sleep(6 * cfg.DiscoveryInterval) // ticks pass while the head is stamped but not committed
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the late-committed message delivered", 30*time.Second, func() bool { return got.Load() == 1 })
+}
+
+// testLateCommitSeenWithinWindow: a commit later than a tick but within
+// DiscoveryWindow is found by the next incremental tick (the full read is
+// an hour away).
+func testLateCommitSeenWithinWindow(t *testing.T, open Open) {
+	lateCommit(t, open, time.Minute, time.Hour)
+}
+
+// testLateCommitSeenByFullDiscovery: a commit later than DiscoveryWindow
+// is found by the full read, the net under the window.
+func testLateCommitSeenByFullDiscovery(t *testing.T, open Open) {
+	lateCommit(t, open, time.Nanosecond, time.Second)
+}

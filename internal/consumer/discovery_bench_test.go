@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// BenchmarkTickWithHistory measures what one discovery tick reads (members,
+// held leases, partitions with work: tickInputs, the member's own code) when
+// a topic holds `history` drained partitions and 1,000 active ones, in
+// both forms: the incremental tick, and the full read it replaces (every
+// FullDiscoveryInterval). The history is published through the driver and
+// drained by writing its cursors at the heads with one INSERT ... SELECT
+// (the schema directly: a million ResetOffset transactions would take
+// hours); its heads are older than DiscoveryWindow. Compare ns/op across
+// history sizes: the incremental tick should not grow with history.
+func BenchmarkTickWithHistory(b *testing.B) {
+	for _, db := range []struct {
+		name string
+		open func(testing.TB) driver.Driver
+	}{
+		{"sqlite", func(t testing.TB) driver.Driver { return testdb.Migrated(t, testdb.SQLite(t)) }},
+		{"mysql", func(t testing.TB) driver.Driver { return testdb.Migrated(t, testdb.MySQL(t)) }},
+	} {
+		b.Run(db.name, func(b *testing.B) {
+			d := db.open(b)
+			have := 0
+			for _, history := range []int{0, 10_000, 100_000} {
+				for have < history {
+					have += publishKeys(b, d, "h", have, history)
+				}
+				drain(b, d)
+				benchTicks(b, d, history)
+			}
+		})
+	}
+}
+
+const (
+	benchActive = 1000
+	benchWindow = time.Second
+)
+
+// publishKeys publishes one message to keys prefix+from.. (up to 500,
+// below upTo) and reports how many.
+func publishKeys(b *testing.B, d driver.Driver, prefix string, from, upTo int) int {
+	ctx := context.Background()
+	var ms []*driver.InsertMessage
+	for i := from; i < upTo && len(ms) < 500; i++ {
+		ms = append(ms, &driver.InsertMessage{Tenant: "bench", Topic: "tick", PartitionKey: fmt.Sprintf("%s%07d", prefix, i),
+			ID: "m", CreatedAt: time.Now()})
+	}
+	tx, err := d.BeginWrite(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.InsertMessages(ctx, tx, ms); err != nil {
+		tx.Rollback()
+		b.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
+	return len(ms)
+}
+
+// drain puts group g's cursor of every partition at its head.
+func drain(b *testing.B, d driver.Driver) {
+	if _, err := d.DB().Exec("DELETE FROM queue_offsets WHERE tenant = 'bench'"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.DB().Exec("INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
+		"SELECT tenant, topic, partition_key, 'g', head_offset, updated_at FROM queue_partitions WHERE tenant = 'bench'"); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchTicks(b *testing.B, d driver.Driver, history int) {
+	ctx := context.Background()
+	time.Sleep(benchWindow + 10*time.Millisecond) // the history's heads age out of the window
+	for i := 0; i < benchActive; {
+		i += publishKeys(b, d, fmt.Sprintf("a%d-", history), i, benchActive)
+	}
+	now := time.Now()
+	for i := range 4 {
+		if err := d.Heartbeat(ctx, []string{"bench"}, "g", "tick", fmt.Sprintf("m%d", i), now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m := &Member{drv: d, log: slog.New(slog.DiscardHandler), cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench"},
+		ID: "m0", DiscoveryWindow: benchWindow, FullDiscoveryInterval: time.Hour}}
+	tick := func(b *testing.B) {
+		_, _, work, err := m.tickInputs(ctx, m.cfg.Tenants)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(work) != benchActive {
+			b.Fatalf("tick saw %d partitions with work, want %d", len(work), benchActive)
+		}
+	}
+	b.Run(fmt.Sprintf("history=%d/full", history), func(b *testing.B) {
+		for b.Loop() {
+			m.disc = discovery{}
+			tick(b)
+		}
+	})
+	b.Run(fmt.Sprintf("history=%d/incremental", history), func(b *testing.B) {
+		m.disc = discovery{}
+		tick(b) // the first tick is full
+		for b.Loop() {
+			tick(b)
+		}
+	})
+	drain(b, d) // the active partitions join the history
+}
