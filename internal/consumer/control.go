@@ -98,7 +98,7 @@ func (s *Member) tick() (contended bool) {
 		}
 		s.mu.Unlock()
 	}
-	for _, p := range plan.Acquire {
+	for i, p := range plan.Acquire {
 		s.mu.Lock()
 		_, running := s.workers[p]
 		full := len(s.workers) >= s.cfg.MaxPartitions
@@ -113,6 +113,13 @@ func (s *Member) tick() (contended bool) {
 		if errors.Is(err, driver.ErrLeaseHeld) {
 			contended = true // a peer was quicker; replan soon
 			continue
+		}
+		if err != nil && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
+			// The tick's deadline passed: every further acquisition would
+			// fail the same way. Say so once; the next tick goes on.
+			s.tickFailed(fmt.Sprintf("acquiring leases stopped at the tick's deadline with %d of %d partitions left",
+				len(plan.Acquire)-i, len(plan.Acquire)), errors.Join(err, ctx.Err()))
+			break
 		}
 		if err != nil {
 			s.tickFailed(fmt.Sprintf("acquiring the lease of tenant %q partition %q failed", p.Tenant, p.PartitionKey), err)

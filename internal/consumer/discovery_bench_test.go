@@ -51,7 +51,7 @@ const (
 
 // publishKeys publishes one message to keys prefix+from.. (up to 500,
 // below upTo) and reports how many.
-func publishKeys(b *testing.B, d driver.Driver, prefix string, from, upTo int) int {
+func publishKeys(b testing.TB, d driver.Driver, prefix string, from, upTo int) int {
 	ctx := context.Background()
 	var ms []*driver.InsertMessage
 	for i := from; i < upTo && len(ms) < 500; i++ {
