@@ -140,16 +140,7 @@ func TestNoValueInStatementText(t *testing.T) {
 		texts = append(texts, q)
 	}
 	pool := func(interpolate bool) *sql.DB {
-		cfg, err := mysql.ParseDSN(base)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.InterpolateParams = interpolate
-		conn, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(sqlrecord.Connector(conn, record))
+		db := sql.OpenDB(sqlrecord.Connector(testdb.MySQLConnector(t, base, interpolate), record))
 		t.Cleanup(func() { db.Close() })
 		return db
 	}

@@ -108,7 +108,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	ctx := context.Background()
 	dsn := testdb.MySQLDatabase(t)
 	var begins atomic.Int64
-	db := sql.OpenDB(sqlrecord.New(binding(t, dsn), sqlrecord.Hooks{Begin: func() { begins.Add(1) }}))
+	db := sql.OpenDB(sqlrecord.New(testdb.MySQLConnector(t, dsn, false), sqlrecord.Hooks{Begin: func() { begins.Add(1) }}))
 	defer db.Close()
 	d, err := mysqldriver.New(db)
 	if err != nil {
@@ -178,7 +178,7 @@ func TestStatementsPreparedOnce(t *testing.T) {
 	ctx := context.Background()
 	dsn := testdb.MySQLDatabase(t)
 	var prepares, runs atomic.Int64
-	db := sql.OpenDB(sqlrecord.New(binding(t, dsn), sqlrecord.Hooks{
+	db := sql.OpenDB(sqlrecord.New(testdb.MySQLConnector(t, dsn, false), sqlrecord.Hooks{
 		Prepare:   func(string) { prepares.Add(1) },
 		Statement: func(string) { runs.Add(1) },
 	}))

@@ -5,14 +5,11 @@ package mysqldriver_test
 import (
 	"context"
 	"database/sql"
-	sqldriver "database/sql/driver"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
@@ -34,25 +31,9 @@ var (
 // when t ends.
 func recordingPool(t *testing.T, dsn string, record func(string)) *sql.DB {
 	t.Helper()
-	db := sql.OpenDB(sqlrecord.Connector(binding(t, dsn), record))
+	db := sql.OpenDB(sqlrecord.Connector(testdb.MySQLConnector(t, dsn, false), record))
 	t.Cleanup(func() { db.Close() })
 	return db
-}
-
-// binding is a connector on dsn that binds parameters on the server, as
-// Open sets it.
-func binding(t *testing.T, dsn string) sqldriver.Connector {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.InterpolateParams = false
-	inner, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return inner
 }
 
 // TestHotPathNamesTenant is invariant 7 of docs/design.md: every statement the driver

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"encoding/hex"
 	"net/url"
 	"os"
@@ -77,6 +78,23 @@ func MySQLDatabase(t testing.TB) string {
 	}
 	cfg.DBName = name
 	return cfg.FormatDSN()
+}
+
+// MySQLConnector is a go-sql-driver connector on dsn that binds
+// parameters on the server (as mysqldriver.Open sets it) or, with
+// interpolate, splices them into the statement text.
+func MySQLConnector(t testing.TB, dsn string, interpolate bool) sqldriver.Connector {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.InterpolateParams = interpolate
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
 
 // MySQL opens a driver on a fresh database, not migrated.
