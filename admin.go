@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,7 +84,10 @@ func (a *Admin) Topics(ctx context.Context, s Scope) ([]TopicInfo, error) {
 // Offsets lists every known group's cursor per partition with its lag
 // (messages after the cursor, counted up to LagCountLimit) and the
 // time of the first of them; group "" means all groups. Sort key:
-// (tenant, topic, group, partition key).
+// (tenant, topic, group, partition key). For one group, the last page
+// (fewer rows than the limit) goes on with the partitions of its topics
+// that have messages and no cursor of the group yet (NoCursor), counted
+// from where the group starts.
 func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]GroupOffset, error) {
 	if group != "" {
 		if err := ident.ConsumerGroup(group); err != nil {
@@ -92,11 +96,52 @@ func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]GroupOffs
 	}
 	return scoped(s, func(s Scope) ([]GroupOffset, error) {
 		rows, err := a.c.drv.OffsetReport(ctx, s.toDriver(), group)
+		if err == nil && group != "" && len(rows) < s.Limit {
+			var unread []driver.OffsetRow
+			unread, err = a.unread(ctx, s, group)
+			rows = append(rows, unread...)
+		}
 		return mapSlice(rows, func(o driver.OffsetRow) GroupOffset {
 			return GroupOffset{Tenant: o.Tenant, Topic: o.Topic, PartitionKey: o.PartitionKey, ConsumerGroup: o.ConsumerGroup,
-				HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset, Lag: o.Lag, LagCapped: o.LagCapped, OldestUnconsumed: o.OldestUnconsumed}
+				HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset, Lag: o.Lag, LagCapped: o.LagCapped, OldestUnconsumed: o.OldestUnconsumed,
+				NoCursor: o.NoCursor}
 		}), err
 	})
+}
+
+// unread lists, for every topic of s that group reads, the partitions
+// with messages the group has no cursor for (up to MaxPageLimit a topic).
+func (a *Admin) unread(ctx context.Context, s Scope, group string) ([]driver.OffsetRow, error) {
+	var out []driver.OffsetRow
+	page := driver.Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: MaxPageLimit}
+	for {
+		ts, err := a.c.drv.Topics(ctx, page)
+		if err != nil {
+			return out, err
+		}
+		for _, t := range ts {
+			groups, err := a.c.drv.TopicGroups(ctx, t.Tenant, t.Topic)
+			if err != nil {
+				return out, err
+			}
+			if !slices.Contains(groups, group) {
+				continue
+			}
+			rows, err := a.c.drv.UnreadPartitions(ctx, t.Tenant, t.Topic, group, MaxPageLimit)
+			if err != nil {
+				return out, err
+			}
+			for _, r := range rows {
+				if r.HeadOffset > r.CommittedOffset {
+					out = append(out, r)
+				}
+			}
+		}
+		if len(ts) < page.Limit {
+			return out, nil
+		}
+		page.After = []string{ts[len(ts)-1].Tenant, ts[len(ts)-1].Topic}
+	}
 }
 
 // Leases lists lease rows (free ones included). Sort key: (tenant, group,

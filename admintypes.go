@@ -73,6 +73,9 @@ type GroupOffset struct {
 	Lag              int64
 	LagCapped        bool
 	OldestUnconsumed time.Time // the first unconsumed message's; zero when Lag is 0
+	// NoCursor: the group has not committed in this partition yet;
+	// CommittedOffset is where it starts (its start position).
+	NoCursor bool
 }
 
 // LagCountLimit bounds the messages an offset report counts per cursor.

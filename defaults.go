@@ -55,6 +55,7 @@ const (
 	DefaultMaxRetention        = 7 * 24 * time.Hour
 	DefaultDeadLetterRetention = 14 * 24 * time.Hour
 	DefaultRetentionBatch      = 1000
+	DefaultPartitionIdle       = time.Hour
 	DefaultCleanerInterval     = 5 * time.Minute
 )
 

@@ -74,12 +74,16 @@ type ReceiverOptions struct {
 	// PollInterval is how often Receive looks for a new message, and an
 	// accept with a wait tries again [200ms].
 	PollInterval time.Duration
-	MaxAttempts  int           // after this many failed attempts a message is dead-lettered [10]
-	BackoffMin   time.Duration // first retry delay, doubling per attempt, with jitter [1s]
-	BackoffMax   time.Duration // [5m]
-	DLQSuffix    string        // dead-letter topic = topic + DLQSuffix [".dlq"]
-	Clock        func() time.Time
-	Logger       *slog.Logger
+	// StartPosition is where the consumer group starts in a partition it
+	// has no cursor for, when this receiver is the first to register the
+	// group in the topic [StartEarliest] (see SubscriberConfig).
+	StartPosition StartPosition
+	MaxAttempts   int           // after this many failed attempts a message is dead-lettered [10]
+	BackoffMin    time.Duration // first retry delay, doubling per attempt, with jitter [1s]
+	BackoffMax    time.Duration // [5m]
+	DLQSuffix     string        // dead-letter topic = topic + DLQSuffix [".dlq"]
+	Clock         func() time.Time
+	Logger        *slog.Logger
 }
 
 func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOptions, error) {
@@ -102,6 +106,9 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 	}
 	if r.Wait < 0 {
 		return r, &ident.Error{Field: "wait", Rule: "must not be negative"}
+	}
+	if err := r.StartPosition.check(); err != nil {
+		return r, err
 	}
 	if err := ident.SubscriberName(r.Name); err != nil {
 		return r, err
@@ -128,6 +135,9 @@ func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, 
 		}
 	}
 	if err != nil {
+		return nil, fmt.Errorf("shardq: accept group: %w", err)
+	}
+	if err := c.drv.RegisterGroup(ctx, []string{tenant}, topic, consumerGroup, o.StartPosition == StartLatest, o.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
 	ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: consumerGroup, Topic: topic, PartitionKey: partitionKey}
@@ -166,6 +176,9 @@ func (c *Client) AcceptNextGroup(ctx context.Context, tenants []string, topic, c
 		err = validateGroupRef(tenants[0], topic, consumerGroup)
 	}
 	if err != nil {
+		return nil, fmt.Errorf("shardq: accept next group: %w", err)
+	}
+	if err := c.drv.RegisterGroup(ctx, tenants, topic, consumerGroup, o.StartPosition == StartLatest, o.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)
 	}
 	deadline := time.Now().Add(o.Wait)

@@ -36,8 +36,14 @@ type RetentionConfig struct {
 	Topics      map[string]RetentionPolicy // per-topic overrides
 	DLQSuffix   string                     // [".dlq"]
 	BatchSize   int                        // rows per DELETE statement [1000]
-	ClaimTTL    time.Duration              // [1m]
-	Name        string                     // names the cleaner for people; claims are owned by Name#random, new per pass [host-pid]
+	// PartitionIdle: a partition with no message left (every group passed
+	// it, or it aged out), no live lease, and no publish for this long is
+	// removed with its cursors, leases, bookkeeping and state; a later
+	// publish to its key makes it anew (docs/design.md, "Partition
+	// lifecycle"). Negative: never. [1h]
+	PartitionIdle time.Duration
+	ClaimTTL      time.Duration // [1m]
+	Name          string        // names the cleaner for people; claims are owned by Name#random, new per pass [host-pid]
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -60,6 +66,9 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 	if c.ClaimTTL <= 0 {
 		c.ClaimTTL = DefaultClaimTTL
 	}
+	if c.PartitionIdle == 0 {
+		c.PartitionIdle = DefaultPartitionIdle
+	}
 	if c.Name == "" {
 		c.Name = defaultName("cleaner")
 	}
@@ -69,6 +78,7 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 // RetentionReport counts what a pass did.
 type RetentionReport struct {
 	Deleted int64 // messages deleted
+	Removed int64 // drained partitions removed (with their leftover rows)
 	Topics  int   // topics cleaned
 	Skipped int   // topics another cleaner was working on
 }
@@ -86,6 +96,10 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 	return RetentionReport(rep), err
 }
 
+// removeBatch bounds the partitions one removal transaction deletes:
+// each takes a row of every table per partition and group.
+const removeBatch = 200
+
 // pass is cfg (defaults filled) as one pass's settings, with an identity
 // of its own.
 func (c RetentionConfig) pass() retention.Config {
@@ -95,7 +109,8 @@ func (c RetentionConfig) pass() retention.Config {
 		topics[t] = conv(p)
 	}
 	return retention.Config{Default: conv(c.Default), DeadLetters: conv(c.DeadLetters), Topics: topics, DLQSuffix: c.DLQSuffix,
-		BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL, PageLimit: DefaultPageLimit, Owner: ident.MemberID(c.Name)}
+		BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL, PageLimit: DefaultPageLimit, Owner: ident.MemberID(c.Name),
+		PartitionIdle: max(c.PartitionIdle, 0), RemoveBatch: removeBatch}
 }
 
 // Cleaner runs retention passes in the background (internal/retention).

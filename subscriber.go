@@ -116,6 +116,10 @@ type SubscriberConfig struct {
 	// MaxPartitions bounds the partitions this member delivers at once [64].
 	MaxPartitions int
 
+	// StartPosition is where the group starts reading a partition it has
+	// no cursor for [StartEarliest] (docs/consumers.md, "Start position").
+	StartPosition StartPosition
+
 	// Take chooses what this member consumes: grouped messages through
 	// fair-share partition leases, ungrouped ones (empty partition key)
 	// through per-message claims shared with the group's other members, or
@@ -146,6 +150,50 @@ type SubscriberConfig struct {
 	Logger *slog.Logger // [the client's Logger]
 }
 
+// StartPosition is where a consumer group starts in a partition it has no
+// cursor for, as Kafka's auto.offset.reset. It is decided once per
+// (tenant, topic, group), by the first member or receiver that registers
+// the group there (a registry row that outlives the group's cursors);
+// later members follow it whatever they are given, as a committed offset
+// wins in Kafka.
+type StartPosition int
+
+const (
+	// StartEarliest reads every message still stored.
+	StartEarliest StartPosition = iota
+	// StartLatest reads only messages published after the group was made
+	// in the topic; one that already has a cursor there counts as made.
+	StartLatest
+)
+
+// ParseStartPosition reads "earliest" or "latest".
+func ParseStartPosition(s string) (StartPosition, error) {
+	switch s {
+	case "earliest":
+		return StartEarliest, nil
+	case "latest":
+		return StartLatest, nil
+	}
+	return 0, &ident.Error{Field: "start position", Rule: fmt.Sprintf("must be earliest or latest, not %q", s)}
+}
+
+func (p StartPosition) String() string {
+	switch p {
+	case StartEarliest:
+		return "earliest"
+	case StartLatest:
+		return "latest"
+	}
+	return fmt.Sprintf("StartPosition(%d)", int(p))
+}
+
+func (p StartPosition) check() error {
+	if p != StartEarliest && p != StartLatest {
+		return &ident.Error{Field: "start position", Rule: fmt.Sprintf("must be StartEarliest or StartLatest, not %d", int(p))}
+	}
+	return nil
+}
+
 func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, error) {
 	d := func(v *time.Duration, def time.Duration) {
 		if *v <= 0 {
@@ -174,6 +222,9 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	n(&cfg.UngroupedConcurrency, DefaultUngroupedConcurrency)
 	d(&cfg.VisibilityTimeout, DefaultVisibilityTimeout)
 	d(&cfg.MaxVisibilityRenewal, DefaultMaxVisibilityRenewal)
+	if err := cfg.StartPosition.check(); err != nil {
+		return cfg, err
+	}
 	if cfg.Take < TakeAll || cfg.Take > TakeUngrouped {
 		return cfg, &ident.Error{Field: "take", Rule: fmt.Sprintf("%d is not TakeAll, TakeGrouped or TakeUngrouped", cfg.Take)}
 	}
@@ -286,6 +337,9 @@ type Subscriber struct {
 func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
 	cfg, err := c.subscriberDefaults(cfg)
 	if err != nil {
+		return nil, fmt.Errorf("shardq: subscribe: %w", err)
+	}
+	if err := c.drv.RegisterGroup(ctx, cfg.Tenants, cfg.Topic, cfg.ConsumerGroup, cfg.StartPosition == StartLatest, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
 	s := &Subscriber{client: c, cfg: cfg, id: ident.MemberID(cfg.Name)}

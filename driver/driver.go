@@ -131,6 +131,7 @@ type Driver interface {
 	Leases
 	Deliveries
 	Groups
+	Lifecycle
 	HalfMessages
 	Admin
 }
@@ -331,6 +332,10 @@ type OffsetRow struct {
 	Lag              int64
 	LagCapped        bool
 	OldestUnconsumed time.Time // the first unconsumed message's; zero when Lag is 0
+	CommittedAt      time.Time // when the cursor last moved
+	// NoCursor: the group has not committed in this partition yet, and
+	// CommittedOffset is where it starts (its registry row's start).
+	NoCursor bool
 }
 
 // LagCountLimit bounds the messages an offset report counts per cursor:
@@ -374,10 +379,18 @@ type Admin interface {
 	// OffsetBefore is the highest offset of the partition created before t
 	// (0 when none).
 	OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error)
-	// DeleteBatch deletes up to limit of the partition's oldest messages
-	// with offset <= upTo (any offset when upTo < 0) created before
-	// createdBefore, in one statement, and returns how many it deleted.
-	DeleteBatch(ctx context.Context, tenant, topic, partitionKey string, upTo int64, createdBefore time.Time, limit int) (int64, error)
+	// DeleteBatches deletes, in one transaction, up to limit of the oldest
+	// messages of each cut, one statement a cut, and returns how many each
+	// deleted.
+	DeleteBatches(ctx context.Context, tenant, topic string, cuts []Cut, limit int) ([]int64, error)
+}
+
+// Cut is what retention deletes from one partition: its messages with
+// offset <= UpTo (any offset when UpTo < 0) created before Before.
+type Cut struct {
+	PartitionKey string
+	UpTo         int64
+	Before       time.Time
 }
 
 // ErrNoMessage means no message has the given identity.
@@ -445,4 +458,72 @@ type Groups interface {
 	// past every message that is done, and drops their claims. It returns
 	// the cursor.
 	AdvanceUngrouped(ctx context.Context, tenant, topic, group string, now time.Time) (int64, error)
+}
+
+// RetentionGroup is the reserved consumer group whose lease on partition
+// "" of a topic is the retention claim for (tenant, topic). It is not a
+// group that reads the topic.
+const RetentionGroup = "$retention"
+
+// RetentionHead is a partition as retention sees it.
+type RetentionHead struct {
+	PartitionKey string
+	HeadOffset   int64
+	// MovedAt is when the head last moved (a publish, or an operator's
+	// offset reset), by the writer's clock.
+	MovedAt time.Time
+	// FirstOffset is the partition's oldest remaining message (0: none is
+	// left), FirstCreatedAt its creation time.
+	FirstOffset    int64
+	FirstCreatedAt time.Time
+}
+
+// GroupLiveError refuses to delete a consumer group that has a member
+// with a recent heartbeat or an unexpired lease.
+type GroupLiveError struct {
+	Tenant, Topic, Group string
+	Members              []string // members whose heartbeat is recent
+	Leases               int      // unexpired leases
+}
+
+func (e *GroupLiveError) Error() string {
+	return fmt.Sprintf("consumer group %q of tenant %q topic %q is live (%d recent members %v, %d unexpired leases); stop its members or force the delete",
+		e.Group, e.Tenant, e.Topic, len(e.Members), e.Members, e.Leases)
+}
+
+// Is makes errors.Is(err, ErrGroupLive) match.
+func (e *GroupLiveError) Is(target error) bool { return target == ErrGroupLive }
+
+// ErrGroupLive is what a *GroupLiveError matches.
+var ErrGroupLive = errors.New("consumer group is live")
+
+// Lifecycle removes what no longer has work (docs/design.md, "Partition
+// lifecycle") and keeps the registry of consumer groups.
+type Lifecycle interface {
+	// RetentionHeads reads up to limit head rows of a tenant's topic in key
+	// order, after the key after[0] when after is not empty.
+	RetentionHeads(ctx context.Context, tenant, topic string, after []string, limit int) ([]RetentionHead, error)
+	// TopicGroups lists the groups that read a tenant's topic (registered,
+	// or with a cursor, lease or member there), sorted.
+	TopicGroups(ctx context.Context, tenant, topic string) ([]string, error)
+	// RegisterGroup adds the group's registry row in each tenant lacking
+	// one, starting at 0, or, when latest is set and the group has no
+	// cursor there, at the topic's highest head.
+	RegisterGroup(ctx context.Context, tenants []string, topic, group string, latest bool, now time.Time) error
+	// StaleLeaseKeys lists the keys of a topic's lease rows of groups freed
+	// or expired before before.
+	StaleLeaseKeys(ctx context.Context, tenant, topic string, groups []string, before time.Time) ([]string, error)
+	// RemovePartitions removes the drained partitions among keys (no
+	// message left, head idle since before idleBefore, no lease of groups
+	// unexpired by now) with every row that belongs to them, in one
+	// transaction fenced by claim, and returns the keys it removed.
+	RemovePartitions(ctx context.Context, claim Lease, tenant, topic string, groups, keys []string, idleBefore, now time.Time) ([]string, error)
+	// UnreadPartitions lists up to limit partitions of a tenant's topic the
+	// group has no cursor for, in key order, with lag counted from where
+	// the group starts.
+	UnreadPartitions(ctx context.Context, tenant, topic, group string, limit int) ([]OffsetRow, error)
+	// DeleteGroup removes a group's rows from a tenant's topic; without
+	// force it returns *GroupLiveError while a lease is unexpired by now or
+	// a heartbeat is at or after liveSince.
+	DeleteGroup(ctx context.Context, tenant, topic, group string, liveSince, now time.Time, force bool) error
 }

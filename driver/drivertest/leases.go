@@ -32,6 +32,10 @@ var leaseTests = []struct {
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
+// firstToken is the first token of a lease row made at t0: the row
+// starts at t0 in microseconds (docs/leases.md).
+var firstToken = t0.UnixMicro() + 1
+
 const ttl = 30 * time.Second
 
 // committed returns group's cursor for one partition (0 when none).
@@ -70,7 +74,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 
 	a, err := d.AcquireLease(ctx, p, "sub-a", t0, ttl)
-	if err != nil || a.Token != 1 || a.Owner != "sub-a" || !a.ExpiresAt.Equal(t0.Add(ttl)) {
+	if err != nil || a.Token != firstToken || a.Owner != "sub-a" || !a.ExpiresAt.Equal(t0.Add(ttl)) {
 		t.Fatalf("first acquire = %+v, %v", a, err)
 	}
 	_, err = d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl-time.Second), ttl)
@@ -87,8 +91,8 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 
 	// a stalls past its expiry; b takes over with a higher token.
 	b, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl+time.Second), ttl)
-	if err != nil || b.Token != 2 || b.Committed != res[4].Offset {
-		t.Fatalf("takeover after expiry = %+v, %v; want token 2 starting after offset %d", b, err, res[4].Offset)
+	if err != nil || b.Token != firstToken+1 || b.Committed != res[4].Offset {
+		t.Fatalf("takeover after expiry = %+v, %v; want token first+1 starting after offset %d", b, err, res[4].Offset)
 	}
 	// The stale owner moves nothing.
 	if err := d.CommitOffset(ctx, a, res[9].Offset, t0.Add(ttl+2*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
@@ -104,7 +108,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 		t.Fatalf("stale release = %v, want ErrLeaseLost", err)
 	}
 	ls, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
-	if err != nil || len(ls) != 1 || ls[0].Owner != "sub-b" || ls[0].Token != 2 {
+	if err != nil || len(ls) != 1 || ls[0].Owner != "sub-b" || ls[0].Token != firstToken+1 {
 		t.Fatalf("leases after stale writes = %+v, %v; want sub-b's untouched", ls, err)
 	}
 	// b commits and releases; the next owner's token is higher again.
@@ -118,8 +122,8 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 		t.Fatalf("commit after release = %v, want ErrLeaseLost", err)
 	}
 	a2, err := d.AcquireLease(ctx, p, "sub-a", t0.Add(ttl+5*time.Second), ttl)
-	if err != nil || a2.Token != 3 {
-		t.Fatalf("acquire after release = %+v, %v; want token 3", a2, err)
+	if err != nil || a2.Token != firstToken+2 {
+		t.Fatalf("acquire after release = %+v, %v; want token first+2", a2, err)
 	}
 	if ps, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(ps) != 0 {
 		t.Fatalf("group still has work after committing the head: %+v", ps)
@@ -221,8 +225,8 @@ func testLeaseAcquireRace(t *testing.T, open Open) {
 	for l := range won {
 		winners = append(winners, l)
 	}
-	if len(winners) != 1 || winners[0].Token != 1 {
-		t.Fatalf("winners %+v, want exactly one with token 1", winners)
+	if len(winners) != 1 || winners[0].Token != firstToken {
+		t.Fatalf("winners %+v, want exactly one with the first token %d", winners, firstToken)
 	}
 }
 

@@ -145,11 +145,11 @@ func TestSchemaMatchesDesign(t *testing.T) {
 func TestMigrationCutShortAfterAnIndex(t *testing.T) {
 	ctx := context.Background()
 	d := testdb.Migrated(t, testdb.MySQL(t))
-	if _, err := d.DB().ExecContext(ctx, "DELETE FROM shardq_schema_migrations WHERE version = 4"); err != nil {
+	if _, err := d.DB().ExecContext(ctx, "DELETE FROM shardq_schema_migrations WHERE version >= 4"); err != nil {
 		t.Fatal(err)
 	}
 	applied, err := d.Migrate(ctx)
-	if err != nil || !slices.Equal(applied, []int{4}) {
-		t.Fatalf("migrate again = %v, %v; want [4] applied over the existing indexes", applied, err)
+	if err != nil || len(applied) == 0 || applied[0] != 4 {
+		t.Fatalf("migrate again = %v, %v; want 4 and later applied over the existing indexes", applied, err)
 	}
 }

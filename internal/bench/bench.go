@@ -27,7 +27,7 @@ import (
 )
 
 // Scenarios are the names Run accepts.
-var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped"}
+var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery"}
 
 // Params are a run's knobs; zero values take the defaults of Defaults.
 type Params struct {
@@ -49,11 +49,15 @@ type Params struct {
 	// PollInterval is the subscribers' idle poll interval (0: the
 	// subscriber default).
 	PollInterval time.Duration `json:"-"`
+	// History and Active are the discovery scenario's drained and active
+	// partitions (Active replaces Partitions there).
+	History int `json:"history"`
+	Active  int `json:"active"`
 }
 
 // Defaults are the parameters of the issue's targets.
 var Defaults = Params{Messages: 20_000, Size: 256, Publishers: 16, Batch: 1, Partitions: 64, Tenants: 1,
-	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3}
+	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3, History: 100_000, Active: 1000}
 
 // headerLen is the payload prefix every bench message carries: sequence in
 // its partition, the time it was meant to be published, its publisher.
@@ -80,6 +84,8 @@ func (p Params) Validate() error {
 		{"--duration", p.Duration >= 100*time.Millisecond, "at least 100ms"},
 		{"--reps", p.Reps >= 1 && p.Reps <= 100, "between 1 and 100"},
 		{"--poll", p.PollInterval >= 0, "not negative"},
+		{"--history", p.History >= 0 && p.History <= 10_000_000, "between 0 and 10000000"},
+		{"--active", p.Active >= 1 && p.Active <= 100_000, "between 1 and 100000"},
 	} {
 		if !r.ok {
 			return fmt.Errorf("%s: must be %s", r.flag, r.want)
@@ -175,6 +181,13 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 		return e.compare(ctx, e.rawConsumeCase(), scenCase{"consume", e.consume}, false)
 	case "ungrouped":
 		return e.compare(ctx, e.rawClaimCase(), scenCase{"ungrouped", e.ungrouped}, false)
+	case "discovery":
+		e.p.Partitions = p.Active
+		if e.p.Tenants > e.p.Partitions {
+			return nil, fmt.Errorf("--tenants: must be at most --active")
+		}
+		base, c := e.discoveryCases()
+		return e.compare(ctx, base, c, false)
 	default:
 		return e.compare(ctx, e.rawInsertCase(1), scenCase{"latency", e.latency}, true)
 	}
@@ -266,7 +279,7 @@ func (e *env) paramsMap() map[string]any {
 	return map[string]any{"messages": p.Messages, "size": p.Size, "publishers": p.Publishers, "batch": p.Batch,
 		"partitions": p.Partitions, "tenants": p.Tenants, "subscribers": p.Subscribers, "processes": p.Processes,
 		"handlers": p.Handlers, "handler_delay": p.HandlerDelay.String(),
-		"rate": p.Rate, "duration": p.Duration.String(), "reps": p.Reps}
+		"rate": p.Rate, "duration": p.Duration.String(), "reps": p.Reps, "history": p.History, "active": p.Active}
 }
 
 // percentile of ds in milliseconds (0 when empty).

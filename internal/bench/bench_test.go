@@ -33,7 +33,7 @@ func databases(t *testing.T) map[string]func() (driver.Driver, error) {
 }
 
 var small = Params{Messages: 600, Size: 64, Publishers: 4, Batch: 1, Partitions: 8, Tenants: 2, Subscribers: 2, Handlers: 2,
-	Rate: 200, Duration: 500 * time.Millisecond, Reps: 1, PollInterval: 20 * time.Millisecond}
+	Rate: 200, Duration: 500 * time.Millisecond, Reps: 1, PollInterval: 20 * time.Millisecond, History: 500, Active: 8}
 
 // Every scenario runs, is checked, reports its baseline and ratio, and
 // leaves nothing behind.
@@ -53,6 +53,7 @@ func TestScenarios(t *testing.T) {
 				{"consume", func(p Params) Params { return p }, []string{"raw-ordered-consume", "consume"}},
 				{"latency", func(p Params) Params { return p }, []string{"raw-insert-1conn", "latency"}},
 				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
+				{"discovery", func(p Params) Params { return p }, []string{"consume-without-history", "discovery"}},
 			}
 			for _, c := range cases {
 				results, err := r.Run(context.Background(), c.scenario, c.params(small))
@@ -77,6 +78,16 @@ func TestScenarios(t *testing.T) {
 				}
 				if last := results[len(results)-1]; c.scenario == "latency" && (last.P99Ms <= 0 || last.Msgs != 100) {
 					t.Errorf("latency: %d msgs, p99 %v ms", last.Msgs, last.P99Ms)
+				}
+				if last := results[len(results)-1]; c.scenario == "discovery" {
+					// The history went; the active partitions' rows (head,
+					// cursor, lease) stay, as they are younger than the idle age.
+					p := last.Params
+					if p["history_rows_after"] != int64(0) || p["metadata_rows_after"] != int64(3*small.Active) ||
+						p["metadata_rows_before"].(int64) < int64(3*small.History) || p["retention_removed"] != int64(small.History) ||
+						p["tick_p50_ms"].(float64) <= 0 {
+						t.Errorf("discovery: %v", p)
+					}
 				}
 			}
 			assertClean(t, open)

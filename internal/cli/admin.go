@@ -129,7 +129,7 @@ func ts(t time.Time) string {
 
 func (a *app) adminCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Operator commands: listings, messages by identity, offsets (all scoped by tenant)"}
-	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
+	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminGroups(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
 		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention())
 	return cmd
 }
@@ -143,12 +143,14 @@ func (a *app) adminRetention() *cobra.Command {
 		durationFlag(fl, &cfg.Default.MaxRetention, "max", 7*24*time.Hour, "delete any message older than this")
 		durationFlag(fl, &cfg.DeadLetters.MaxRetention, "dlq-max", 14*24*time.Hour, "delete any dead letter older than this")
 		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
+		durationFlag(fl, &cfg.PartitionIdle, "partition-idle", time.Hour, "remove a drained partition (no message, no live lease) once no publish touched it this long")
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 		rep, err := admin.RunRetention(cmd.Context(), s, cfg)
 		if asJSON {
-			json.NewEncoder(a.env.Stdout).Encode(map[string]any{"deleted": rep.Deleted, "topics": rep.Topics, "skipped": rep.Skipped})
+			json.NewEncoder(a.env.Stdout).Encode(map[string]any{"deleted": rep.Deleted, "removed_partitions": rep.Removed, "topics": rep.Topics, "skipped": rep.Skipped})
 		} else {
-			fmt.Fprintf(a.env.Stdout, "deleted %d messages in %d topics (%d skipped: another cleaner holds them)\n", rep.Deleted, rep.Topics, rep.Skipped)
+			fmt.Fprintf(a.env.Stdout, "deleted %d messages and removed %d drained partitions in %d topics (%d skipped: another cleaner holds them)\n",
+				rep.Deleted, rep.Removed, rep.Topics, rep.Skipped)
 		}
 		return err
 	})
@@ -203,7 +205,8 @@ func (a *app) adminTopics() *cobra.Command {
 
 func (a *app) adminOffsets() *cobra.Command {
 	var group string
-	return a.listing("offsets", "Per partition and consumer group: head, committed cursor, lag, oldest unconsumed message's age",
+	return a.listing("offsets", "Per partition and consumer group: head, committed cursor, lag, oldest unconsumed message's age "+
+		"(with --group, also the partitions the group has no cursor for yet)",
 		func(cmd *cobra.Command) {
 			cmd.Flags().StringVar(&group, "group", "", "only this consumer group")
 			cmd.PreRunE = func(*cobra.Command, []string) error {
@@ -231,18 +234,90 @@ func (a *app) adminOffsets() *cobra.Command {
 				if o.LagCapped {
 					lag = ">" + lag // counted up to driver.LagCountLimit
 				}
+				committed := fmt.Sprint(o.CommittedOffset)
+				if o.NoCursor {
+					committed = "(none, starts after " + committed + ")"
+				}
 				rows = append(rows, []string{o.Tenant, o.Topic, fmt.Sprintf("%q", o.PartitionKey), o.ConsumerGroup,
-					fmt.Sprint(o.HeadOffset), fmt.Sprint(o.CommittedOffset), lag, age})
+					fmt.Sprint(o.HeadOffset), committed, lag, age})
 				objs = append(objs, map[string]any{"tenant": o.Tenant, "topic": o.Topic, "partition_key": o.PartitionKey, "group": o.ConsumerGroup,
-					"head_offset": o.HeadOffset, "committed_offset": o.CommittedOffset, "lag": o.Lag, "lag_capped": o.LagCapped,
+					"head_offset": o.HeadOffset, "committed_offset": o.CommittedOffset, "no_cursor": o.NoCursor, "lag": o.Lag, "lag_capped": o.LagCapped,
 					"oldest_unconsumed_age_seconds": ageSec})
 			}
-			if n := len(offsets); n > 0 {
+			if n := len(offsets); n > 0 && !offsets[n-1].NoCursor { // rows without a cursor end the last page
 				o := offsets[n-1]
 				a.nextPage(s, n, o.Tenant, o.Topic, o.ConsumerGroup, o.PartitionKey)
 			}
 			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "GROUP", "HEAD", "COMMITTED", "LAG", "OLDEST UNCONSUMED"}, rows, objs)
 		})
+}
+
+func (a *app) adminGroups() *cobra.Command {
+	var topic string
+	var staleAfter time.Duration
+	cmd := a.listing("groups", "Consumer groups per topic: members, partitions read and unread, lag, last activity",
+		func(cmd *cobra.Command) {
+			cmd.Flags().StringVar(&topic, "topic", "", "only this topic")
+			durationFlag(cmd.Flags(), &staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is not live")
+		},
+		func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+			groups, err := admin.Groups(cmd.Context(), s, topic, staleAfter)
+			if err != nil {
+				return err
+			}
+			var rows [][]string
+			var objs []any
+			for _, g := range groups {
+				lag := fmt.Sprint(g.Lag)
+				if g.LagCapped {
+					lag = ">" + lag
+				}
+				rows = append(rows, []string{g.Tenant, g.Topic, g.ConsumerGroup, fmt.Sprintf("%d/%d", g.Live, g.Members),
+					fmt.Sprint(g.Partitions), fmt.Sprint(g.Unread), lag, ts(g.LastActivity)})
+				objs = append(objs, map[string]any{"tenant": g.Tenant, "topic": g.Topic, "group": g.ConsumerGroup, "members": g.Members,
+					"live_members": g.Live, "partitions": g.Partitions, "unread_partitions": g.Unread, "lag": g.Lag, "lag_capped": g.LagCapped,
+					"last_activity": g.LastActivity})
+			}
+			return a.table(asJSON, []string{"TENANT", "TOPIC", "GROUP", "LIVE/MEMBERS", "PARTITIONS", "UNREAD", "LAG", "LAST ACTIVITY"}, rows, objs)
+		})
+	cmd.AddCommand(a.adminGroupsDelete())
+	return cmd
+}
+
+func (a *app) adminGroupsDelete() *cobra.Command {
+	var tenant, topic, group string
+	var force bool
+	var staleAfter time.Duration
+	cmd := &cobra.Command{
+		Use:   "delete --tenant T --topic X --group G [--force]",
+		Short: "Delete a consumer group's cursors, leases, bookkeeping and state in one tenant's topic",
+		Long: "Removes the group so that it no longer holds back retention. Refused while a member's heartbeat is\n" +
+			"within --stale-after or a lease is unexpired; --force deletes anyway and voids every lease the members\n" +
+			"hold (their commits fail). A member still running starts the group anew from its start position: stop them first.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			if err := c.Admin().DeleteGroup(cmd.Context(), tenant, topic, group, staleAfter, force); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "deleted consumer group %q of tenant %q topic %q\n", group, tenant, topic)
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&topic, "topic", "", "topic (required)")
+	fl.StringVar(&group, "group", "", "consumer group (required)")
+	fl.BoolVar(&force, "force", false, "delete even while members are live, voiding their leases")
+	durationFlag(fl, &staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is not live")
+	for _, f := range []string{"tenant", "topic", "group"} {
+		cmd.MarkFlagRequired(f)
+	}
+	return cmd
 }
 
 func (a *app) adminLeases(staleOnly bool) *cobra.Command {

@@ -27,7 +27,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var asJSON bool
 	var cpuProfile string
 	cmd := &cobra.Command{
-		Use:   "bench publish|consume|latency|ungrouped|raw [flags]",
+		Use:   "bench publish|consume|latency|ungrouped|discovery|raw [flags]",
 		Short: "Measure publish, consume, competing consumers and end-to-end latency against the database's own ceiling",
 		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
 			"medians next to the matching raw baseline measured in the same run:\n" +
@@ -42,6 +42,10 @@ func (a *app) benchCmd() *cobra.Command {
 			"  ungrouped --messages ungrouped messages published beforehand, then --subscribers competing\n" +
 			"           consumers with --handlers handlers of --handler-delay each (baseline: --subscribers\n" +
 			"           workers looping { select 100 FOR UPDATE SKIP LOCKED; delete them; commit })\n" +
+			"  discovery --history drained partitions (built through the schema directly) and --active ones holding\n" +
+			"           --messages: the discovery tick's cost (full, and p50/p99 incremental), the consume rate of the\n" +
+			"           active partitions (baseline: the same without the history), and metadata rows before and\n" +
+			"           after a retention pass (idle age 1h; the history is aged 2h), with each pass's time\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
 		Args:      cobra.ExactArgs(1),
@@ -83,6 +87,8 @@ func (a *app) benchCmd() *cobra.Command {
 	fl.IntVar(&p.Rate, "rate", p.Rate, "latency: messages per second")
 	durationFlag(fl, &p.Duration, "duration", p.Duration, "latency: how long to publish")
 	fl.IntVar(&p.Reps, "reps", p.Reps, "repetitions; medians are reported")
+	fl.IntVar(&p.History, "history", p.History, "discovery: drained historical partitions")
+	fl.IntVar(&p.Active, "active", p.Active, "discovery: active partitions (--messages are spread over them)")
 	durationFlag(fl, &p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write this process's CPU profile (go tool pprof) to the file")

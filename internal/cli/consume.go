@@ -27,12 +27,13 @@ type consumeFlags struct {
 	wait               time.Duration // --wait: for --key and --next-group
 	nextGroup          bool          // --next-group: accept the next free group with a ready message
 	ungrouped          bool          // --ungrouped: only messages without a partition key
+	start              startFlag     // --start: where a new group begins
 }
 
 func (a *app) consumeCmd() *cobra.Command {
 	var f consumeFlags
 	cmd := &cobra.Command{
-		Use:   "consume --topic X --group G [--tenant T ...] [--key K [--wait D] | --next-group [--wait D] | --ungrouped] [--max N] [--idle-exit D] [--name S]",
+		Use:   "consume --topic X --group G [--tenant T ...] [--key K [--wait D] | --next-group [--wait D] | --ungrouped] [--start earliest|latest] [--max N] [--idle-exit D] [--name S]",
 		Short: "Consume a topic as a member of a consumer group, printing one JSON line per message",
 		Long: "Joins consumer group G on topic X for the tenants given by --tenant (repeatable) or MQ_TENANTS\n" +
 			"(comma-separated). Each message is printed as one JSON line and flushed before it is acked:\n" +
@@ -42,7 +43,9 @@ func (a *app) consumeCmd() *cobra.Command {
 			"By default it takes a fair share of every partition (and ungrouped messages). --key K attaches to the one\n" +
 			"message group K of the single --tenant (waiting up to --wait while another consumer holds it);\n" +
 			"--next-group takes the free group whose next message is oldest (waiting up to --wait for one);\n" +
-			"--ungrouped takes only messages without a partition key, competing with the group's other members.",
+			"--ungrouped takes only messages without a partition key, competing with the group's other members.\n" +
+			"--start decides where a group new to the topic begins in partitions it has no cursor for: every stored\n" +
+			"message (earliest) or only those published from now on (latest); a group that exists keeps its own.",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error { return a.consume(cmd, f) }),
 	}
@@ -57,6 +60,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	durationFlag(fl, &f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
 	fl.BoolVar(&f.nextGroup, "next-group", false, "accept the next free message group that has a message ready")
 	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
+	fl.Var(&f.start, "start", "where a group new to the topic starts: earliest or latest")
 	cmd.MarkFlagRequired("topic")
 	cmd.MarkFlagRequired("group")
 	return cmd
@@ -169,6 +173,7 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	}
 	sub, err := c.Subscribe(cmd.Context(), shardq.SubscriberConfig{
 		ConsumerGroup: f.group, Topic: f.topic, Tenants: tenants, Name: f.name, Handler: handler, Take: take,
+		StartPosition: shardq.StartPosition(f.start),
 	})
 	if err != nil {
 		return err
@@ -216,7 +221,7 @@ wait:
 // receive consumes one message group through a GroupReceiver: print each
 // message, then ack it.
 func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, tenants []string) error {
-	opts := &shardq.ReceiverOptions{Name: f.name, Wait: f.wait}
+	opts := &shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start)}
 	var r *shardq.GroupReceiver
 	var err error
 	if f.key != "" {

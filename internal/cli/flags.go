@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/shardq/shardq"
 )
 
 // Flag values that refuse negatives while the command line is parsed,
@@ -69,4 +71,15 @@ func countFlag(fl *pflag.FlagSet, p *int, name string, def int, usage string) {
 		}
 		return n, nil
 	}}, name, usage)
+}
+
+// startFlag is --start: earliest (the default) or latest.
+type startFlag shardq.StartPosition
+
+func (f *startFlag) String() string { return shardq.StartPosition(*f).String() }
+func (f *startFlag) Type() string   { return "earliest|latest" }
+func (f *startFlag) Set(s string) error {
+	p, err := shardq.ParseStartPosition(s)
+	*f = startFlag(p)
+	return err
 }

@@ -20,7 +20,7 @@ import (
 
 // Group is the reserved consumer group whose lease on partition "" of a
 // topic is the retention claim for (tenant, topic).
-const Group = "$retention"
+const Group = driver.RetentionGroup
 
 // Policy says how long a topic's messages are kept.
 type Policy struct {
@@ -35,8 +35,10 @@ type Config struct {
 	DLQSuffix            string
 	BatchSize            int
 	ClaimTTL             time.Duration
-	PageLimit            int    // topics read per listing page
-	Owner                string // the claims' owner: one identity per pass
+	PageLimit            int           // topics and head rows read per page
+	PartitionIdle        time.Duration // a drained partition idle this long is removed; 0: never
+	RemoveBatch          int           // partitions removed per transaction
+	Owner                string        // the claims' owner: one identity per pass
 }
 
 func (c Config) policy(topic string) Policy {
@@ -52,6 +54,7 @@ func (c Config) policy(topic string) Policy {
 // Report counts what a pass did.
 type Report struct {
 	Deleted int64 // messages deleted
+	Removed int64 // drained partitions removed (with their leftover rows)
 	Topics  int   // topics cleaned
 	Skipped int   // topics another cleaner was working on
 }
@@ -76,8 +79,9 @@ func Run(ctx context.Context, drv driver.Driver, clock func() time.Time, s drive
 	}
 	var errs []error
 	for _, t := range topics {
-		n, skipped, err := retainTopic(ctx, drv, clock, t.Tenant, t.Topic, cfg)
-		rep.Deleted += n
+		r, skipped, err := retainTopic(ctx, drv, clock, t.Tenant, t.Topic, cfg)
+		rep.Deleted += r.Deleted
+		rep.Removed += r.Removed
 		switch {
 		case skipped:
 			rep.Skipped++
@@ -90,14 +94,18 @@ func Run(ctx context.Context, drv driver.Driver, clock func() time.Time, s drive
 	return rep, errors.Join(errs...)
 }
 
-// retainTopic cleans one tenant's topic under its retention claim.
-func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time, tenant, topic string, cfg Config) (deleted int64, skipped bool, err error) {
+// retainTopic cleans one tenant's topic under its retention claim: it
+// reads the head rows a page at a time, each with its oldest remaining
+// message, deletes messages only where some are due, and removes the
+// partitions left drained and idle (docs/design.md, "Partition
+// lifecycle"), with the rows of partitions already gone.
+func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time, tenant, topic string, cfg Config) (rep Report, skipped bool, err error) {
 	claim, err := drv.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: Group, Topic: topic}, cfg.Owner, clock(), cfg.ClaimTTL)
 	if errors.Is(err, driver.ErrLeaseHeld) {
-		return 0, true, nil
+		return rep, true, nil
 	}
 	if err != nil {
-		return 0, false, err
+		return rep, false, err
 	}
 	defer func() {
 		if rerr := drv.ReleaseLease(context.WithoutCancel(ctx), claim, clock()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
@@ -105,58 +113,140 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		}
 	}()
 	pol := cfg.policy(topic)
-	heads, err := drv.PartitionHeads(ctx, []string{tenant}, topic)
+	groups, err := drv.TopicGroups(ctx, tenant, topic)
 	if err != nil {
-		return 0, false, err
+		return rep, false, err
 	}
-	// The topic's cursors only: a range of queue_offsets' key, with no
-	// message counted.
+	// Every group is registered before anything is removed: removing a
+	// partition removes its cursors, and a group with no cursor left must
+	// still count among those that have to pass a message.
+	for _, g := range groups {
+		if err := drv.RegisterGroup(ctx, []string{tenant}, topic, g, false, clock()); err != nil {
+			return rep, false, err
+		}
+	}
 	cursors, err := drv.TopicCursors(ctx, tenant, topic)
 	if err != nil {
-		return 0, false, err
+		return rep, false, err
 	}
-	groups := map[string]bool{}
 	cursor := map[[2]string]int64{} // (group, partition) -> committed
 	for _, c := range cursors {
-		groups[c.ConsumerGroup] = true
 		cursor[[2]string{c.ConsumerGroup, c.PartitionKey}] = c.Committed
 	}
-	// batches deletes in bounded statements, renewing the claim between
-	// them; a lost claim stops the pass.
-	batches := func(key string, upTo int64, before time.Time) error {
-		for {
-			n, err := drv.DeleteBatch(ctx, tenant, topic, key, upTo, before, cfg.BatchSize)
-			deleted += n
+	now := clock()
+	remove := cfg.PartitionIdle > 0
+	idleBefore := now.Add(-cfg.PartitionIdle)
+	// Rows of partitions whose head row is gone: cursors, and lease rows
+	// free since before the idle age. The keys that turn out to have a
+	// head are struck off as the pages are read.
+	leftover := map[string]bool{}
+	if remove {
+		for _, c := range cursors {
+			leftover[c.PartitionKey] = true
+		}
+		stale, err := drv.StaleLeaseKeys(ctx, tenant, topic, groups, idleBefore)
+		if err != nil {
+			return rep, false, err
+		}
+		for _, k := range stale {
+			leftover[k] = true
+		}
+	}
+	renew := func() error {
+		claim, err = drv.RenewLease(ctx, claim, clock(), cfg.ClaimTTL)
+		return err
+	}
+	// cuts deletes in bounded statements, cutsPerTx a transaction,
+	// renewing the claim between transactions, until each cut is done; a
+	// lost claim stops the pass.
+	var pending []driver.Cut
+	cuts := func(force bool) error {
+		for len(pending) > 0 && (force || len(pending) >= cutsPerTx) {
+			chunk := pending[:min(len(pending), cutsPerTx)]
+			n, err := drv.DeleteBatches(ctx, tenant, topic, chunk, cfg.BatchSize)
 			if err != nil {
 				return err
 			}
-			if n < int64(cfg.BatchSize) {
-				return nil
+			var again []driver.Cut
+			for i, c := range chunk {
+				rep.Deleted += n[i]
+				if n[i] == int64(cfg.BatchSize) { // more may be left
+					again = append(again, c)
+				}
 			}
-			if claim, err = drv.RenewLease(ctx, claim, clock(), cfg.ClaimTTL); err != nil {
+			pending = append(again, pending[len(chunk):]...)
+			if err := renew(); err != nil {
 				return err
 			}
 		}
+		return nil
 	}
-	now := clock()
-	for _, h := range heads {
-		if len(groups) > 0 {
-			passed := h.HeadOffset // the lowest cursor of every group known for the topic
-			for g := range groups {
-				passed = min(passed, cursor[[2]string{g, h.PartitionKey}]) // no cursor: nothing passed
+	var drained []string
+	flush := func(force bool) error {
+		for len(drained) > 0 && (force || len(drained) >= cfg.RemoveBatch) {
+			chunk := drained[:min(len(drained), cfg.RemoveBatch)]
+			drained = drained[len(chunk):]
+			removed, err := drv.RemovePartitions(ctx, claim, tenant, topic, groups, chunk, idleBefore, clock())
+			rep.Removed += int64(len(removed))
+			if err != nil {
+				return err
 			}
-			if passed > 0 {
-				if err := batches(h.PartitionKey, passed, now.Add(-pol.MinRetention)); err != nil {
-					return deleted, false, err
+			if err := renew(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	minCut, maxCut := now.Add(-pol.MinRetention), now.Add(-pol.MaxRetention)
+	var after []string
+	for {
+		page, err := drv.RetentionHeads(ctx, tenant, topic, after, cfg.PageLimit)
+		if err != nil {
+			return rep, false, err
+		}
+		for _, h := range page {
+			delete(leftover, h.PartitionKey)
+			if h.FirstOffset > 0 {
+				passed := int64(0) // the lowest cursor of every group; no cursor: nothing passed
+				if len(groups) > 0 {
+					passed = h.HeadOffset
+					for _, g := range groups {
+						passed = min(passed, cursor[[2]string{g, h.PartitionKey}])
+					}
+				}
+				if passed >= h.FirstOffset && h.FirstCreatedAt.Before(minCut) {
+					pending = append(pending, driver.Cut{PartitionKey: h.PartitionKey, UpTo: passed, Before: minCut})
+				}
+				if h.FirstCreatedAt.Before(maxCut) {
+					pending = append(pending, driver.Cut{PartitionKey: h.PartitionKey, UpTo: -1, Before: maxCut})
 				}
 			}
+			// A partition this pass may have emptied is a candidate too;
+			// RemovePartitions decides under its locks.
+			if remove && h.MovedAt.Before(idleBefore) {
+				drained = append(drained, h.PartitionKey)
+			}
 		}
-		if err := batches(h.PartitionKey, -1, now.Add(-pol.MaxRetention)); err != nil {
-			return deleted, false, err
+		// Messages first: a partition this page emptied is removed with it.
+		if err := cuts(true); err != nil {
+			return rep, false, err
 		}
+		if err := flush(false); err != nil {
+			return rep, false, err
+		}
+		if len(page) < cfg.PageLimit {
+			break
+		}
+		after = []string{page[len(page)-1].PartitionKey}
 	}
-	return deleted, false, nil
+	for k := range leftover {
+		drained = append(drained, k)
+	}
+	return rep, false, flush(true)
 }
+
+// cutsPerTx bounds the partitions one deleting transaction touches.
+const cutsPerTx = 100
 
 // Cleaner is the background service: a pass over its tenants every
 // interval, the first at once, until Stop.
@@ -174,8 +264,9 @@ func Start(ctx context.Context, interval time.Duration, log *slog.Logger, tenant
 			if err != nil && c.life.Context().Err() == nil {
 				log.Warn("shardq: retention pass failed in part; retrying next pass", "tenants", tenants, "err", err)
 			}
-			if rep.Deleted > 0 {
-				log.Info("shardq: retention pass", "tenants", tenants, "deleted", rep.Deleted, "topics", rep.Topics, "skipped", rep.Skipped)
+			if rep.Deleted > 0 || rep.Removed > 0 {
+				log.Info("shardq: retention pass", "tenants", tenants, "deleted", rep.Deleted, "removed_partitions", rep.Removed,
+					"topics", rep.Topics, "skipped", rep.Skipped)
 			}
 		})
 	})

@@ -69,7 +69,12 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 	var out []driver.OffsetRow
 	for rows.Next() {
 		var r driver.OffsetRow
-		if err := rows.Scan(&r.Tenant, &r.Topic, &r.PartitionKey, &r.ConsumerGroup, &r.HeadOffset, &r.CommittedOffset); err != nil {
+		var updated any
+		if err := rows.Scan(&r.Tenant, &r.Topic, &r.PartitionKey, &r.ConsumerGroup, &r.HeadOffset, &r.CommittedOffset, &updated); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("report offsets: %w", err)
+		}
+		if r.CommittedAt, err = d.DecodeTime(updated); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("report offsets: %w", err)
 		}
@@ -331,17 +336,29 @@ func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey st
 	return off.Int64, nil
 }
 
-// DeleteBatch deletes one bounded batch of a partition's oldest messages.
-// Each batch is its own short statement, so retention never holds locks
-// that publishers of the partition would wait on for long.
-func (d *Store) DeleteBatch(ctx context.Context, tenant, topic, partitionKey string, upTo int64, createdBefore time.Time, limit int) (int64, error) {
-	if upTo < 0 { // no cursor bounds it
-		upTo = math.MaxInt64
-	}
-	res, err := d.exec(ctx, d.Write, d.sql().admin.deleteBatch, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
-		"before": d.EncodeTime(createdBefore), "up_to": upTo, "limit": limit})
-	if err != nil {
-		return 0, d.Wrap(fmt.Sprintf("retention: delete from tenant %q topic %q partition %q", tenant, topic, partitionKey), err)
-	}
-	return res.RowsAffected()
+// DeleteBatches deletes one bounded batch of each cut's oldest messages,
+// in one transaction: a commit, not a statement, is what a deletion of
+// one message from each of many partitions costs (a flush on both
+// databases). Each statement is short and touches rows no publisher
+// writes (they append), and the transaction holds at most len(cuts)
+// statements' locks.
+func (d *Store) DeleteBatches(ctx context.Context, tenant, topic string, cuts []driver.Cut, limit int) ([]int64, error) {
+	return inTx(ctx, d.Begin, func(tx *sql.Tx) ([]int64, error) {
+		out := make([]int64, len(cuts))
+		for i, c := range cuts {
+			upTo := c.UpTo
+			if upTo < 0 { // no cursor bounds it
+				upTo = math.MaxInt64
+			}
+			res, err := d.exec(ctx, tx, d.sql().admin.deleteBatch, Args{"tenant": tenant, "topic": topic, "key": c.PartitionKey,
+				"before": d.EncodeTime(c.Before), "up_to": upTo, "limit": limit})
+			if err != nil {
+				return nil, d.Wrap(fmt.Sprintf("retention: delete from tenant %q topic %q partition %q", tenant, topic, c.PartitionKey), err)
+			}
+			if out[i], err = res.RowsAffected(); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	})
 }

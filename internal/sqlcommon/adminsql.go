@@ -97,14 +97,22 @@ const (
 	halfColumns    = "tenant, topic, partition_key, id, producer_group, headers, payload, created_at, check_count, next_check_at, claim_owner, claim_token"
 )
 
+// groupJoin joins head row p with the registry row g of :group, and
+// cursorOrStart is the group's cursor o of p or, without one, where the
+// group starts (docs/consumers.md, "Start position").
+const (
+	groupJoin     = "LEFT JOIN queue_consumer_groups g ON g.tenant = p.tenant AND g.topic = p.topic AND g.consumer_group = :group "
+	cursorOrStart = "COALESCE(o.committed_offset, g.start_offset, 0)"
+)
+
 // withWork selects the head rows matching where whose head is past the
 // group's cursor (none: 0), with the cursor, unordered.
 // idx_partitions_moved serves the :since form.
 func withWork(where string) string {
-	return "SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, 0) " +
+	return "SELECT p.tenant, p.partition_key, p.head_offset, " + cursorOrStart + " " +
 		"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic " +
-		"AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
-		"WHERE " + where + " AND p.head_offset > COALESCE(o.committed_offset, 0)"
+		"AND o.partition_key = p.partition_key AND o.consumer_group = :group " + groupJoin +
+		"WHERE " + where + " AND p.head_offset > " + cursorOrStart
 }
 
 func newAdminSQL(s Syntax) adminSQL {
@@ -135,7 +143,7 @@ func newAdminSQL(s Syntax) adminSQL {
 			"committed_offset = "+s.excluded("committed_offset")+", updated_at = "+s.excluded("updated_at")),
 		topics: scopedOn("tenant", "SELECT tenant, topic, COUNT(*), MAX(head_offset) FROM queue_partitions WHERE {scope}"+
 			" AND (tenant, topic) > (:after) GROUP BY tenant, topic ORDER BY tenant, topic LIMIT :limit"),
-		offsetReport: scopedOn("o.tenant", "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group, COALESCE(p.head_offset, 0), o.committed_offset "+
+		offsetReport: scopedOn("o.tenant", "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group, COALESCE(p.head_offset, 0), o.committed_offset, o.updated_at "+
 			"FROM queue_offsets o "+
 			"LEFT JOIN queue_partitions p ON p.tenant = o.tenant AND p.topic = o.topic AND p.partition_key = o.partition_key "+
 			"WHERE {scope} AND (:group = '' OR o.consumer_group = :group)"+paged("o.tenant, o.topic, o.consumer_group, o.partition_key")),

@@ -31,14 +31,15 @@ type Dialect struct {
 // statements is every statement of the package, written once per syntax
 // from the tables of each mechanism.
 type statements struct {
-	lease   leaseSQL
-	group   groupSQL
-	publish publishSQL
-	admin   adminSQL
+	lease     leaseSQL
+	group     groupSQL
+	publish   publishSQL
+	admin     adminSQL
+	lifecycle lifecycleSQL
 }
 
 func newStatements(s Syntax) *statements {
-	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s)}
+	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s)}
 }
 
 // FetchAfter reads up to limit messages of one partition after offset

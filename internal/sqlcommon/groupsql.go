@@ -33,8 +33,9 @@ type groupSQL struct {
 const claimKey = "tenant = :tenant AND consumer_group = :group AND topic = :topic"
 
 // ungroupedCursor is a scalar subquery: the group's cursor of the ungrouped
-// partition.
-const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), 0)"
+// partition or, without one, where the group starts.
+const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), " +
+	groupStartOf + ", 0)"
 
 // highestClaim is a scalar subquery: the group's highest claimed offset.
 const highestClaim = "COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE " + claimKey + "), 0)"
@@ -47,12 +48,13 @@ func newGroupSQL(s Syntax) groupSQL {
 	return groupSQL{
 		ready: "SELECT tenant, partition_key, next_offset FROM (" +
 			"SELECT p.tenant, p.partition_key, (SELECT MIN(m." + o + ") FROM queue_messages m" + s.partitionOrder() + " WHERE m.tenant = p.tenant AND m.topic = p.topic " +
-			"AND m.partition_key = p.partition_key AND m." + o + " > COALESCE(o.committed_offset, 0)) AS next_offset " +
+			"AND m.partition_key = p.partition_key AND m." + o + " > " + cursorOrStart + ") AS next_offset " +
 			"FROM queue_partitions p " +
 			"LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
+			groupJoin +
 			"LEFT JOIN queue_partition_leases l ON l.tenant = p.tenant AND l.consumer_group = :group AND l.topic = p.topic AND l.partition_key = p.partition_key " +
 			"WHERE p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key <> '' " +
-			"AND p.head_offset > COALESCE(o.committed_offset, 0) AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now)" +
+			"AND p.head_offset > " + cursorOrStart + " AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now)" +
 			") ready WHERE next_offset IS NOT NULL ORDER BY next_offset LIMIT :limit",
 		anyWork: "SELECT EXISTS (SELECT 1 FROM queue_message_claims" + open + " WHERE " + claimKey +
 			" AND done = 0 AND visible_at <= :now AND message_offset > " + ungroupedCursor + ") OR EXISTS (SELECT 1 FROM queue_messages" + s.partitionOrder() +
@@ -68,7 +70,7 @@ func newGroupSQL(s Syntax) groupSQL {
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
 		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +
 			"VALUES :rows" + s.upsert("tenant, consumer_group, topic, message_offset", ""),
-		cursorNow: "SELECT COALESCE(MAX(committed_offset), 0) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
+		cursorNow: "SELECT COALESCE(MAX(committed_offset), " + groupStartOf + ", 0) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND consumer_group = :group" + s.forShare(),
 		claimed: "SELECT message_offset, attempts, last_error FROM queue_message_claims WHERE " + claimKey +
 			" AND message_offset IN (:offsets) AND token = :token AND message_offset > :cursor ORDER BY message_offset",

@@ -70,7 +70,7 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "acquire lease on " + p.String()
 		st, key := d.leases(), refNamed(p)
-		if _, err := d.exec(ctx, tx, st.ensure, key.with(Args{"now": d.EncodeTime(now)})); err != nil {
+		if _, err := d.exec(ctx, tx, st.ensure, key.with(Args{"now": d.EncodeTime(now), "first_token": now.UnixMicro()})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		var holder string
@@ -88,6 +88,9 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 		}
 		l := driver.Lease{PartitionRef: p, Owner: owner, Token: token + 1, ExpiresAt: now.Add(ttl)}
 		err = d.queryRow(ctx, tx, st.committed, key).Scan(&l.Committed)
+		if errors.Is(err, sql.ErrNoRows) { // no cursor yet: where the group starts
+			err = d.queryRow(ctx, tx, st.start, key).Scan(&l.Committed)
+		}
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return driver.Lease{}, d.Wrap(op, err)
 		}

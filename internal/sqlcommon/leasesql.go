@@ -9,9 +9,10 @@ import (
 // leaseSQL holds the statements of the lease protocol, membership and
 // message-group state, whole, with named parameters (Bind).
 type leaseSQL struct {
-	ensure      string // make sure a lease row exists (a no-op upsert that locks it)
+	ensure      string // make sure a lease row exists (a no-op upsert that locks it); a new row's token is the time in µs
 	lock        string // read and lock a lease row
 	committed   string // the group's cursor of the partition
+	start       string // where the group starts in a partition it has no cursor for
 	take        string // give the row to an owner with a new token
 	fence       string // lock the row only while the token and owner are current
 	renew       string // extend a lease under its token
@@ -42,9 +43,10 @@ const memberScope = "tenant IN (:tenants) AND consumer_group = :group AND topic 
 func newLeaseSQL(s Syntax) leaseSQL {
 	return leaseSQL{
 		ensure: "INSERT INTO queue_partition_leases (tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) " +
-			"VALUES (:tenant, :group, :topic, :key, '', 0, :now, :now)" + s.upsert("tenant, consumer_group, topic, partition_key", ""),
+			"VALUES (:tenant, :group, :topic, :key, '', :first_token, :now, :now)" + s.upsert("tenant, consumer_group, topic, partition_key", ""),
 		lock:      "SELECT owner, token, expires_at FROM queue_partition_leases WHERE " + leaseKeyNamed + s.forUpdate(),
 		committed: "SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND consumer_group = :group",
+		start:     "SELECT start_offset FROM queue_consumer_groups WHERE tenant = :tenant AND topic = :topic AND consumer_group = :group",
 		take: "UPDATE queue_partition_leases SET owner = :owner, token = :token, expires_at = :expires_at, acquired_at = :now " +
 			"WHERE " + leaseKeyNamed,
 		fence: "SELECT 1 FROM queue_partition_leases WHERE " + leaseKeyNamed + " AND token = :token AND owner = :owner" + s.forUpdate(),

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// ErrGroupLive refuses to delete a consumer group that has a member with a
+// recent heartbeat or an unexpired lease (see Admin.DeleteGroup); the
+// error is a *driver.GroupLiveError naming them.
+var ErrGroupLive = driver.ErrGroupLive
+
+// GroupInfo is one consumer group of one tenant's topic.
+type GroupInfo struct {
+	Tenant, Topic, ConsumerGroup string
+	// Members counts the group's heartbeat rows in the topic; Live those
+	// with a heartbeat within the stale age.
+	Members, Live int
+	// Partitions counts the partitions the group has a cursor for;
+	// Unread those it has none for yet (it starts at its start position).
+	Partitions, Unread int
+	// Lag sums the messages after the group's position in every
+	// partition, each counted up to LagCountLimit (LagCapped: some were
+	// more).
+	Lag       int64
+	LagCapped bool
+	// LastActivity is the latest of the members' heartbeats and the
+	// cursors' commits (zero when there was none).
+	LastActivity time.Time
+}
+
+// Groups lists the consumer groups of the topics in s (of topic alone
+// when it is not ""), sorted by (tenant, topic, group): a group registered
+// by a member or receiver, or with a cursor, lease or member there. It
+// reads every topic of s, without pages; staleAfter (0: three default
+// heartbeat intervals) decides which members are live.
+func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter time.Duration) ([]GroupInfo, error) {
+	if err := checkScope(s); err != nil {
+		return nil, fmt.Errorf("shardq: admin groups: %w", err)
+	}
+	if topic != "" {
+		if err := ident.Topic(topic); err != nil {
+			return nil, fmt.Errorf("shardq: admin groups: %w", err)
+		}
+	}
+	if staleAfter <= 0 {
+		staleAfter = 3 * DefaultHeartbeatInterval
+	}
+	now := a.c.cfg.Clock()
+	var out []GroupInfo
+	page := driver.Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: MaxPageLimit}
+	for {
+		ts, err := a.c.drv.Topics(ctx, page)
+		if err != nil {
+			return out, fmt.Errorf("shardq: admin groups: %w", err)
+		}
+		for _, t := range ts {
+			if topic != "" && t.Topic != topic {
+				continue
+			}
+			gs, err := a.topicGroups(ctx, t.Tenant, t.Topic, now.Add(-staleAfter))
+			if err != nil {
+				return out, fmt.Errorf("shardq: admin groups: %w", err)
+			}
+			out = append(out, gs...)
+		}
+		if len(ts) < page.Limit {
+			return out, nil
+		}
+		page.After = []string{ts[len(ts)-1].Tenant, ts[len(ts)-1].Topic}
+	}
+}
+
+// topicGroups summarises the groups of one tenant's topic.
+func (a *Admin) topicGroups(ctx context.Context, tenant, topic string, liveSince time.Time) ([]GroupInfo, error) {
+	names, err := a.c.drv.TopicGroups(ctx, tenant, topic)
+	if err != nil {
+		return nil, err
+	}
+	var out []GroupInfo
+	for _, g := range names {
+		info := GroupInfo{Tenant: tenant, Topic: topic, ConsumerGroup: g}
+		members, err := a.c.drv.Subscribers(ctx, []string{tenant}, g, topic)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range members {
+			info.Members++
+			if !m.HeartbeatAt.Before(liveSince) {
+				info.Live++
+			}
+			info.LastActivity = later(info.LastActivity, m.HeartbeatAt)
+		}
+		// The group's cursor rows are among the tenant's, sorted by topic:
+		// read the pages, keep this topic's.
+		page := driver.Scope{Tenants: []string{tenant}, Limit: MaxPageLimit}
+		for {
+			rows, err := a.c.drv.OffsetReport(ctx, page, g)
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range rows {
+				if r.Topic == topic {
+					info.Partitions++
+					info.add(r)
+				}
+			}
+			if len(rows) < page.Limit {
+				break
+			}
+			last := rows[len(rows)-1]
+			page.After = []string{last.Tenant, last.Topic, last.ConsumerGroup, last.PartitionKey}
+		}
+		unread, err := a.c.drv.UnreadPartitions(ctx, tenant, topic, g, MaxPageLimit)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range unread {
+			if r.HeadOffset > r.CommittedOffset {
+				info.Unread++
+				info.add(r)
+			}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func (g *GroupInfo) add(r driver.OffsetRow) {
+	g.Lag += r.Lag
+	g.LagCapped = g.LagCapped || r.LagCapped
+	g.LastActivity = later(g.LastActivity, r.CommittedAt)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// DeleteGroup removes a consumer group from one tenant's topic: its
+// registry row, cursors, leases, retry bookkeeping, message-group state,
+// ungrouped claims and member rows, so that it no longer holds back
+// retention. While a member's heartbeat is within staleAfter (0: three
+// default heartbeat intervals) or a lease is unexpired it fails with
+// ErrGroupLive, unless force is set: then every token the members hold
+// becomes void (their commits fail with ErrLeaseLost), and a member still
+// running starts the group anew from its start position, so stop them
+// first.
+func (a *Admin) DeleteGroup(ctx context.Context, tenant, topic, group string, staleAfter time.Duration, force bool) error {
+	if err := validateGroupRef(tenant, topic, group); err != nil {
+		return fmt.Errorf("shardq: admin delete group: %w", err)
+	}
+	if staleAfter <= 0 {
+		staleAfter = 3 * DefaultHeartbeatInterval
+	}
+	now := a.c.cfg.Clock()
+	if err := a.c.drv.DeleteGroup(ctx, tenant, topic, group, now.Add(-staleAfter), now, force); err != nil {
+		return fmt.Errorf("shardq: admin delete group: %w", err)
+	}
+	return nil
+}

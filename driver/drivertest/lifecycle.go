@@ -1,0 +1,575 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var lifecycleTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"RetentionRemovesDrainedPartitions", testRetentionRemovesDrainedPartitions},
+	{"RemovalKeepsWhatAGroupHasNotPassed", testRemovalKeepsWhatAGroupHasNotPassed},
+	{"RemovalWaitsForLiveLeases", testRemovalWaitsForLiveLeases},
+	{"RemovalRacesPublishersAndSubscribers", testRemovalRacesPublishersAndSubscribers},
+	{"RemovalRacesReceivers", testRemovalRacesReceivers},
+	{"StartPositionLatest", testStartPositionLatest},
+	{"UnreadPartitionsCounted", testUnreadPartitionsCounted},
+	{"DeleteGroup", testDeleteGroup},
+}
+
+// partitionTables are the tables whose rows belong to partitions: all of
+// them must be empty for a tenant whose partitions were all removed
+// (retention's own claim row, per topic, aside).
+var partitionTables = []string{"queue_messages", "queue_partitions", "queue_offsets", "queue_partition_leases",
+	"queue_delivery_state", "queue_group_state", "queue_message_claims"}
+
+// rowCounts counts each partition table's rows of tenant.
+func rowCounts(t *testing.T, d driver.Driver, tenant string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, table := range partitionTables {
+		var n int
+		// Table names are this file's constants; the tenant is bound.
+		q := "SELECT COUNT(*) FROM " + table + " WHERE tenant = ?"
+		if table == "queue_partition_leases" {
+			q += " AND consumer_group <> '" + driver.RetentionGroup + "'"
+		}
+		if err := d.DB().QueryRowContext(context.Background(), q, tenant).Scan(&n); err != nil {
+			t.Fatalf("count %s: %v", table, err)
+		}
+		out[table] = n
+	}
+	return out
+}
+
+func retainAll(t *testing.T, c *shardq.Client, cfg shardq.RetentionConfig) shardq.RetentionReport {
+	t.Helper()
+	rep, err := c.Admin().RunRetention(context.Background(), shardq.Scope{Tenants: []string{"t"}}, cfg)
+	if err != nil {
+		t.Fatalf("retention: %v", err)
+	}
+	return rep
+}
+
+// drain reads key for group to its head under a lease and commits, leaving
+// the lease released; it returns the lease it used.
+func drain(t *testing.T, d driver.Driver, now time.Time, group, key string) driver.Lease {
+	t.Helper()
+	ctx := context.Background()
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: group, Topic: "x", PartitionKey: key}, "m-"+group, now, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := d.FetchAfter(ctx, "t", "x", key, l.Committed, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) > 0 {
+		if err := d.CommitOffset(ctx, l, msgs[len(msgs)-1].Offset, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.ReleaseLease(ctx, l, now); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// testRetentionRemovesDrainedPartitions: a partition every group passed,
+// emptied by retention and idle past the age, goes with every row that
+// belonged to it; a later publish to its key makes it anew and the group
+// reads exactly the new message, under a lease token above the old ones.
+func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
+	clock := newFakeClock(time.Now())
+	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	var msgs []shardq.Message
+	for _, k := range []string{"k1", "k2", "k3", "k1", "k2", "k3", ""} {
+		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: k})
+	}
+	mustPublish(t, c, msgs...)
+	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "g", false, clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]int64{}
+	for _, k := range []string{"k1", "k2", "k3"} {
+		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}, "m", clock.Now(), ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := d.FetchAfter(ctx, "t", "x", k, 0, 10)
+		if err != nil || len(got) != 2 {
+			t.Fatalf("fetch %s = %d messages, %v", k, len(got), err)
+		}
+		head := got[1].Offset
+		switch k {
+		case "k1":
+			if err := d.SetGroupState(ctx, l, []byte("session"), clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+		case "k2":
+			// The group fails the second message and falls behind: the
+			// message ages out, its bookkeeping stays behind.
+			if err := d.RecordAttempt(ctx, l, head, driver.DeliveryState{Attempts: 1, LastError: "retry"}, clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+			head = got[0].Offset
+		}
+		if err := d.CommitOffset(ctx, l, head, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.ReleaseLease(ctx, l, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+		tokens[k] = l.Token
+	}
+	// The ungrouped message is claimed and never settled: it ages out
+	// with its claim row left.
+	cs, err := d.ClaimMessages(ctx, "t", "x", "g", "m", clock.Now(), time.Minute, 10)
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("claim = %d, %v", len(cs), err)
+	}
+	before := rowCounts(t, d, "t")
+	for _, table := range partitionTables {
+		if before[table] == 0 {
+			t.Fatalf("set-up left %s empty: %v", table, before)
+		}
+	}
+
+	// Within the idle age nothing but messages goes: those passed, and
+	// those past the maximum age.
+	clock.Advance(2 * time.Hour)
+	aged := shardq.RetentionPolicy{MinRetention: time.Hour, MaxRetention: 90 * time.Minute}
+	rep := retainAll(t, c, shardq.RetentionConfig{Default: aged, PartitionIdle: 3 * time.Hour})
+	if rep.Deleted != 7 || rep.Removed != 0 {
+		t.Fatalf("pass within the idle age = %+v, want 7 messages deleted and no partition removed", rep)
+	}
+	if n := rowCounts(t, d, "t")["queue_partitions"]; n != 4 {
+		t.Fatalf("%d head rows after the first pass, want 4", n)
+	}
+	rep = retainAll(t, c, shardq.RetentionConfig{Default: aged})
+	if rep.Removed != 4 {
+		t.Fatalf("pass past the idle age = %+v, want 4 partitions removed", rep)
+	}
+	for table, n := range rowCounts(t, d, "t") {
+		if n != 0 {
+			t.Errorf("%s keeps %d rows of removed partitions", table, n)
+		}
+	}
+	if rep := retainAll(t, c, shardq.RetentionConfig{}); rep.Removed != 0 || rep.Deleted != 0 {
+		t.Fatalf("pass with nothing left = %+v, want nothing done", rep)
+	}
+
+	again := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"})[0]
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k1"}, "m2", clock.Now(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token <= tokens["k1"] {
+		t.Fatalf("token after recreation %d, want above the removed row's %d", l.Token, tokens["k1"])
+	}
+	got, err := d.FetchAfter(ctx, "t", "x", "k1", l.Committed, 10)
+	if err != nil || len(got) != 1 || got[0].Offset != again.Offset {
+		t.Fatalf("recreated partition reads %+v, %v; want exactly the new message %d", got, err, again.Offset)
+	}
+	if st, err := d.GroupState(ctx, l); err != nil || st != nil {
+		t.Fatalf("state of the recreated group = %q, %v; want none", st, err)
+	}
+	if ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); err != nil || len(ps) != 1 || ps[0].PartitionKey != "k1" {
+		t.Fatalf("work after recreation = %+v, %v; want k1 only", ps, err)
+	}
+}
+
+// testRemovalKeepsWhatAGroupHasNotPassed: a group that has not read a
+// message keeps it, and its partition, even once the group has no cursor
+// left anywhere in the topic (its cursors went with removed partitions).
+func testRemovalKeepsWhatAGroupHasNotPassed(t *testing.T, open Open) {
+	clock := newFakeClock(time.Now())
+	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	for _, g := range []string{"g1", "g2"} {
+		if err := d.RegisterGroup(ctx, []string{"t"}, "x", g, false, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"})
+	drain(t, d, clock.Now(), "g1", "k1")
+	drain(t, d, clock.Now(), "g2", "k1")
+	clock.Advance(2 * time.Hour)
+	if rep := retainAll(t, c, shardq.RetentionConfig{}); rep.Removed != 1 {
+		t.Fatalf("first pass = %+v, want k1 removed", rep)
+	}
+	// g2 now has no cursor in the topic; g1 reads k2, g2 does not.
+	k2 := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2"})[0]
+	drain(t, d, clock.Now(), "g1", "k2")
+	// A group that lags on k3 keeps k3's messages after its cursor.
+	k3 := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k3"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k3"})
+	for _, g := range []string{"g1", "g2"} {
+		drain(t, d, clock.Now(), g, "k3")
+	}
+	if err := d.ResetOffset(ctx, "t", "x", "k3", "g2", k3[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Hour)
+	rep := retainAll(t, c, shardq.RetentionConfig{PartitionIdle: time.Nanosecond})
+	if rep.Removed != 0 || rep.Deleted != 1 {
+		t.Fatalf("pass = %+v, want only k3's first message deleted and nothing removed", rep)
+	}
+	if got := fetchAll(t, d, "t", "x", "k2"); len(got) != 1 || got[0].Offset != k2.Offset {
+		t.Fatalf("k2 holds %+v, want the message g2 has not read", got)
+	}
+	if got := fetchAll(t, d, "t", "x", "k3"); len(got) != 1 || got[0].Offset != k3[1].Offset {
+		t.Fatalf("k3 holds %+v, want the message after g2's cursor", got)
+	}
+	if l := drain(t, d, clock.Now(), "g2", "k2"); l.Committed != 0 {
+		t.Fatalf("g2 starts k2 after %d, want 0", l.Committed)
+	}
+}
+
+// testRemovalWaitsForLiveLeases: a drained partition whose lease is held
+// (a member or a receiver with its state) stays until the lease is free.
+func testRemovalWaitsForLiveLeases(t *testing.T, open Open) {
+	clock := newFakeClock(time.Now())
+	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", clock.Now(), 4*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetGroupState(ctx, l, []byte("session"), clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CommitOffset(ctx, l, res[0].Offset, clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Hour)
+	if rep := retainAll(t, c, shardq.RetentionConfig{}); rep.Deleted != 1 || rep.Removed != 0 {
+		t.Fatalf("pass with the lease held = %+v, want the message deleted and the partition kept", rep)
+	}
+	if st, err := d.GroupState(ctx, l); err != nil || string(st) != "session" {
+		t.Fatalf("state under the held lease = %q, %v", st, err)
+	}
+	if err := d.ReleaseLease(ctx, l, clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if rep := retainAll(t, c, shardq.RetentionConfig{}); rep.Removed != 1 {
+		t.Fatalf("pass after release = %+v, want the partition removed", rep)
+	}
+	// The old handle is void, and so is a handle whose lease expired
+	// before the removal.
+	if err := d.CommitOffset(ctx, l, res[0].Offset, clock.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("commit under the removed lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// delivered records deliveries by message id and checks order per key.
+type delivered struct {
+	mu    sync.Mutex
+	count map[string]int
+	last  map[string]int64
+	bad   []string
+}
+
+func (d *delivered) add(key, id string, offset int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.count[id]++
+	if offset <= d.last[key] {
+		d.bad = append(d.bad, fmt.Sprintf("%s: offset %d after %d", key, offset, d.last[key]))
+	}
+	d.last[key] = offset
+}
+
+// churn publishes n messages over keys from two publishers, pausing now
+// and then so partitions fall idle, while retention passes with a tiny
+// idle age remove whatever is drained; it returns the ids published and
+// the partitions removed.
+func churn(t *testing.T, c *shardq.Client, n int, keys []string, consumed func() int) (ids []string, removed int64) {
+	t.Helper()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for p := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(p), 7))
+			for i := range n / 2 {
+				m := shardq.Message{Tenant: "t", Topic: "x", PartitionKey: keys[rng.IntN(len(keys))], ID: fmt.Sprintf("p%d-%d", p, i)}
+				if _, err := c.Publish(ctx, m); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				ids = append(ids, m.ID)
+				mu.Unlock()
+				if rng.IntN(25) == 0 { // every partition falls idle
+					time.Sleep(time.Duration(50+rng.IntN(50)) * time.Millisecond)
+				}
+			}
+		}()
+	}
+	published := make(chan struct{})
+	go func() { wg.Wait(); close(published) }()
+	cfg := shardq.RetentionConfig{Default: shardq.RetentionPolicy{MinRetention: time.Microsecond}, PartitionIdle: time.Millisecond}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rep, err := c.Admin().RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, cfg)
+		if err != nil {
+			t.Fatalf("retention: %v", err)
+		}
+		removed += rep.Removed
+		select {
+		case <-published:
+			if consumed() >= n {
+				return ids, removed
+			}
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumed %d of %d within 30 s", consumed(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (d *delivered) check(t *testing.T, ids []string, removed int64) {
+	t.Helper()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, id := range ids {
+		if d.count[id] != 1 {
+			t.Errorf("message %s delivered %d times, want once", id, d.count[id])
+		}
+	}
+	if len(d.bad) > 0 {
+		t.Errorf("order broken: %v", d.bad)
+	}
+	if removed == 0 {
+		t.Errorf("no partition was removed while the test ran: the race it is about never happened")
+	}
+}
+
+func (d *delivered) total() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.count)
+}
+
+// testRemovalRacesPublishersAndSubscribers removes partitions while two
+// publishers write to them and a subscriber reads them (acquiring and
+// idle-releasing their leases): every message is delivered once, in
+// order, none replayed after its partition was made anew.
+func testRemovalRacesPublishersAndSubscribers(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	seen := &delivered{count: map[string]int{}, last: map[string]int64{}}
+	sub, err := c.Subscribe(context.Background(), shardq.SubscriberConfig{
+		ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
+		DiscoveryInterval: 20 * time.Millisecond, PollInterval: 5 * time.Millisecond, IdleRelease: 10 * time.Millisecond,
+		Handler: func(_ context.Context, m *shardq.Delivery) error {
+			seen.add(m.PartitionKey, m.ID, m.Offset)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop(context.Background())
+	ids, removed := churn(t, c, 300, []string{"a", "b", "c", "d", "e"}, seen.total)
+	seen.check(t, ids, removed)
+}
+
+// testRemovalRacesReceivers is the same race with explicit receivers that
+// accept the next ready group, drain it and close it.
+func testRemovalRacesReceivers(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	seen := &delivered{count: map[string]int{}, last: map[string]int64{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				r, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", &shardq.ReceiverOptions{Wait: 50 * time.Millisecond, PollInterval: 5 * time.Millisecond})
+				if err != nil {
+					if !errors.Is(err, shardq.ErrAcceptTimeout) && !errors.Is(err, shardq.ErrNoReadyGroup) && ctx.Err() == nil {
+						t.Error(err)
+					}
+					continue
+				}
+				for {
+					rctx, rcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+					m, err := r.Receive(rctx)
+					rcancel()
+					if err != nil {
+						break
+					}
+					seen.add(m.PartitionKey, m.ID, m.Offset)
+					if err := r.Ack(ctx, m); err != nil {
+						t.Error(err)
+						break
+					}
+				}
+				if err := r.Close(context.WithoutCancel(ctx)); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	ids, removed := churn(t, c, 200, []string{"a", "b", "c", "d"}, seen.total)
+	cancel()
+	wg.Wait()
+	seen.check(t, ids, removed)
+}
+
+// testStartPositionLatest: a group made with the latest start position
+// reads only what is published after it, in old partitions and new ones;
+// one made with the earliest reads everything; a group that already has
+// a cursor keeps reading from it whatever a new member asks.
+func testStartPositionLatest(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	old := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"}, shardq.Message{Tenant: "t", Topic: "x"})
+	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "late", true, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "early", false, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "late"); err != nil || len(ps) != 0 {
+		t.Fatalf("work of a latest group before any new message = %+v, %v", ps, err)
+	}
+	if rs, err := d.ReadyGroups(ctx, []string{"t"}, "x", "late", time.Now(), 10); err != nil || len(rs) != 0 {
+		t.Fatalf("ready groups of a latest group before any new message = %+v, %v", rs, err)
+	}
+	if cs, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, 10); err != nil || len(cs) != 0 {
+		t.Fatalf("claims of a latest group before any new message = %+v, %v", cs, err)
+	}
+	fresh := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2"},
+		shardq.Message{Tenant: "t", Topic: "x"})
+	for _, k := range []string{"k1", "k2"} {
+		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "late", Topic: "x", PartitionKey: k}, "m", time.Now(), ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := d.FetchAfter(ctx, "t", "x", k, l.Committed, 10)
+		want := fresh[0].Offset
+		if k == "k2" {
+			want = fresh[1].Offset
+		}
+		if err != nil || len(got) != 1 || got[0].Offset != want {
+			t.Fatalf("latest group reads %s after %d: %+v, %v; want only %d", k, l.Committed, got, err, want)
+		}
+	}
+	cs, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, 10)
+	if err != nil || len(cs) != 1 || cs[0].Message.Offset != fresh[2].Offset {
+		t.Fatalf("latest group claims %+v, %v; want only the new ungrouped message", cs, err)
+	}
+	if got := len(fetchAll(t, d, "t", "x", "k1")); got != 2 {
+		t.Fatalf("k1 holds %d messages", got)
+	}
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "early", Topic: "x", PartitionKey: "k1"}, "m", time.Now(), ttl)
+	if err != nil || l.Committed != 0 {
+		t.Fatalf("earliest group starts after %d, %v; want 0", l.Committed, err)
+	}
+	// A group with a cursor (made before the registry existed, say) is
+	// not new: latest does not move it.
+	if err := d.CommitOffset(ctx, l, old[0].Offset, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.DB().ExecContext(ctx, "DELETE FROM queue_consumer_groups WHERE tenant = ? AND consumer_group = ?", "t", "early"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "early", true, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "early"); err != nil || len(ps) != 3 {
+		t.Fatalf("work of an existing group asked to start latest = %+v, %v; want k1, k2 and the ungrouped partition", ps, err)
+	}
+}
+
+// testUnreadPartitionsCounted: the partitions a group has no cursor for
+// are listed with their lag from where the group starts.
+func testUnreadPartitionsCounted(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "c"})
+	drain(t, d, time.Now(), "g", "a")
+	rows, err := d.UnreadPartitions(ctx, "t", "x", "g", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rows {
+		got = append(got, fmt.Sprintf("%s:%d:%v", r.PartitionKey, r.Lag, r.NoCursor))
+	}
+	if fmt.Sprint(got) != "[b:2:true c:1:true]" {
+		t.Fatalf("unread partitions = %v, want b with 2 and c with 1", got)
+	}
+}
+
+// testDeleteGroup: a group with a live member or lease is not deleted
+// unless forced; forced, its members' tokens are void; deleted, none of
+// its rows is left and the other groups are untouched.
+func testDeleteGroup(t *testing.T, open Open) {
+	clock := newFakeClock(time.Now())
+	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	for _, g := range []string{"g", "other"} {
+		if err := d.RegisterGroup(ctx, []string{"t"}, "x", g, false, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+		drain(t, d, clock.Now(), g, "k")
+	}
+	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", clock.Now(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Heartbeat(ctx, []string{"t"}, "g", "x", "m", clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	err = d.DeleteGroup(ctx, "t", "x", "g", clock.Now().Add(-time.Minute), clock.Now(), false)
+	var live *driver.GroupLiveError
+	if !errors.As(err, &live) || !errors.Is(err, driver.ErrGroupLive) || live.Leases != 1 || len(live.Members) != 1 {
+		t.Fatalf("delete of a live group = %v, want GroupLiveError naming one member and one lease", err)
+	}
+	if n := committed(t, d, "t", "x", "k", "g"); n != res[1].Offset {
+		t.Fatalf("refused delete moved the cursor to %d", n)
+	}
+	if err := d.DeleteGroup(ctx, "t", "x", "g", clock.Now().Add(-time.Minute), clock.Now(), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CommitOffset(ctx, l, res[1].Offset, clock.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("commit by a member of a deleted group = %v, want ErrLeaseLost", err)
+	}
+	groups, err := d.TopicGroups(ctx, "t", "x")
+	if err != nil || fmt.Sprint(groups) != "[other]" {
+		t.Fatalf("groups after the delete = %v, %v; want [other]", groups, err)
+	}
+	if n := committed(t, d, "t", "x", "k", "other"); n != res[1].Offset {
+		t.Fatalf("the other group's cursor is %d, want %d", n, res[1].Offset)
+	}
+	// Without members, no force is needed.
+	if err := d.DeleteGroup(ctx, "t", "x", "other", clock.Now().Add(-time.Minute), clock.Now(), false); err != nil {
+		t.Fatal(err)
+	}
+	if n := rowCounts(t, d, "t"); n["queue_offsets"] != 0 || n["queue_partition_leases"] != 0 {
+		t.Fatalf("rows left after deleting both groups: %v", n)
+	}
+}
