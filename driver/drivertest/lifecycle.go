@@ -297,7 +297,7 @@ func (d *delivered) add(key, id string, offset int64) {
 // and then so partitions fall idle, while retention passes with a tiny
 // idle age remove whatever is drained; it returns the ids published and
 // the partitions removed.
-func churn(t *testing.T, c *shardq.Client, n int, keys []string, consumed func() int) (ids []string, removed int64) {
+func churn(t *testing.T, c *shardq.Client, n int, keys []string, consumed func() int) (ids []string, removed int64, err error) {
 	t.Helper()
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -329,18 +329,20 @@ func churn(t *testing.T, c *shardq.Client, n int, keys []string, consumed func()
 	for {
 		rep, err := c.Admin().RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, cfg)
 		if err != nil {
-			t.Fatalf("retention: %v", err)
+			<-published
+			return ids, removed, fmt.Errorf("retention: %w", err)
 		}
 		removed += rep.Removed
 		select {
 		case <-published:
 			if consumed() >= n {
-				return ids, removed
+				return ids, removed, nil
 			}
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("consumed %d of %d within 30 s", consumed(), n)
+			<-published
+			return ids, removed, fmt.Errorf("consumed %d of %d within 30 s", consumed(), n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -387,8 +389,13 @@ func testRemovalRacesPublishersAndSubscribers(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Stop(context.Background())
-	ids, removed := churn(t, c, 300, []string{"a", "b", "c", "d", "e"}, seen.total)
+	ids, removed, err := churn(t, c, 300, []string{"a", "b", "c", "d", "e"}, seen.total)
+	if serr := sub.Stop(context.Background()); serr != nil {
+		t.Error(serr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	seen.check(t, ids, removed)
 }
 
@@ -430,9 +437,12 @@ func testRemovalRacesReceivers(t *testing.T, open Open) {
 			}
 		}()
 	}
-	ids, removed := churn(t, c, 200, []string{"a", "b", "c", "d"}, seen.total)
+	ids, removed, err := churn(t, c, 200, []string{"a", "b", "c", "d"}, seen.total)
 	cancel()
 	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
 	seen.check(t, ids, removed)
 }
 

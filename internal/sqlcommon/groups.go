@@ -87,6 +87,36 @@ func claimArgsOf(tenant, topic, group string) Args {
 	return Args{"tenant": tenant, "topic": topic, "group": group}
 }
 
+// ungroupedArgs is claimArgsOf with :start, where the group starts in
+// the ungrouped partition without a cursor.
+func (d *Store) ungroupedArgs(ctx context.Context, tenant, topic, group string) (Args, error) {
+	start, err := d.groupStart(ctx, tenant, topic, group)
+	if err != nil {
+		return nil, err
+	}
+	return claimArgsOf(tenant, topic, group).with(Args{"start": start}), nil
+}
+
+// groupStart reads the group's start offset (0 without a registry row).
+// A registry row never changes while it exists, so one that was read is
+// remembered; a missing one is asked again, as a member may register it.
+func (d *Store) groupStart(ctx context.Context, tenant, topic, group string) (int64, error) {
+	key := [3]string{tenant, topic, group}
+	if v, ok := d.groupStarts.Load(key); ok {
+		return v.(int64), nil
+	}
+	var start int64
+	err := d.queryRow(ctx, d.Read, d.leases().start, Args{"tenant": tenant, "topic": topic, "group": group}).Scan(&start)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, d.Wrap(fmt.Sprintf("read the start of group %q in tenant %q topic %q", group, tenant, topic), err)
+	}
+	d.groupStarts.Store(key, start)
+	return start, nil
+}
+
 // with returns a copy of a plus more.
 func (a Args) with(more Args) Args {
 	out := make(Args, len(a)+len(more))
@@ -118,7 +148,11 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 	key := [3]string{tenant, topic, group}
 	if busy, _ := d.busyClaims.Load(key); busy != true {
 		var something bool
-		if err := d.queryRow(ctx, d.Read, d.sql().group.anyWork, claimArgsOf(tenant, topic, group).with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
+		args, err := d.ungroupedArgs(ctx, tenant, topic, group)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.queryRow(ctx, d.Read, d.sql().group.anyWork, args.with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		if !something {
@@ -142,7 +176,11 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration,
 	limit int, op string) (claims []driver.Claim, contended bool, err error) {
 	token := rand.Int64N(1<<62) + 1
-	key, st := claimArgsOf(tenant, topic, group), &d.sql().group
+	key, err := d.ungroupedArgs(ctx, tenant, topic, group)
+	if err != nil {
+		return nil, false, err
+	}
+	st := &d.sql().group
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
 		var cursor, highest int64
 		if err := d.queryRow(ctx, tx, st.positions, key).Scan(&cursor, &highest); err != nil {
@@ -370,7 +408,10 @@ func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver
 // so the cursor never passes a message it did not see.
 func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group string, now time.Time) (int64, error) {
 	op := fmt.Sprintf("advance the ungrouped cursor of tenant %q topic %q group %q", tenant, topic, group)
-	key := claimArgsOf(tenant, topic, group)
+	key, err := d.ungroupedArgs(ctx, tenant, topic, group)
+	if err != nil {
+		return 0, err
+	}
 	// Most calls find nothing to do (an idle group, or its first message
 	// still in a handler): ask the read pool, and open a write
 	// transaction only when the cursor can move or gaps need rows.

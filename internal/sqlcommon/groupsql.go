@@ -33,9 +33,9 @@ type groupSQL struct {
 const claimKey = "tenant = :tenant AND consumer_group = :group AND topic = :topic"
 
 // ungroupedCursor is a scalar subquery: the group's cursor of the ungrouped
-// partition or, without one, where the group starts.
-const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), " +
-	groupStartOf + ", 0)"
+// partition or, without one, where the group starts (:start, read by
+// Store.groupStart: Vitess cannot plan a second subquery here).
+const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start)"
 
 // highestClaim is a scalar subquery: the group's highest claimed offset.
 const highestClaim = "COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE " + claimKey + "), 0)"
@@ -70,7 +70,7 @@ func newGroupSQL(s Syntax) groupSQL {
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
 		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +
 			"VALUES :rows" + s.upsert("tenant, consumer_group, topic, message_offset", ""),
-		cursorNow: "SELECT COALESCE(MAX(committed_offset), " + groupStartOf + ", 0) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
+		cursorNow: "SELECT COALESCE(MAX(committed_offset), :start) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND consumer_group = :group" + s.forShare(),
 		claimed: "SELECT message_offset, attempts, last_error FROM queue_message_claims WHERE " + claimKey +
 			" AND message_offset IN (:offsets) AND token = :token AND message_offset > :cursor ORDER BY message_offset",

@@ -33,6 +33,8 @@ type Store struct {
 	// busyClaims remembers, per (tenant, topic, group), that the last
 	// claim filled its batch (ClaimMessages).
 	busyClaims sync.Map
+	// groupStarts remembers registry rows' start offsets (groupStart).
+	groupStarts sync.Map
 }
 
 // sql is the dialect's statements, written on first use.

@@ -61,13 +61,20 @@ func (d *Store) RetentionHeads(ctx context.Context, tenant, topic string, after 
 // sorted. Retention's own claim group is not one.
 func (d *Store) TopicGroups(ctx context.Context, tenant, topic string) ([]string, error) {
 	op := fmt.Sprintf("list consumer groups of tenant %q topic %q", tenant, topic)
-	rows, err := d.query(ctx, d.Read, d.lifecycle().groups, Args{"tenant": tenant, "topic": topic, "internal": driver.RetentionGroup})
-	if err != nil {
-		return nil, d.Wrap(op, err)
+	var out []string
+	for _, stmt := range d.lifecycle().groups {
+		rows, err := d.query(ctx, d.Read, stmt, Args{"tenant": tenant, "topic": topic, "internal": driver.RetentionGroup})
+		if err != nil {
+			return nil, d.Wrap(op, err)
+		}
+		gs, err := scanStrings(rows, op)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, gs...)
 	}
-	out, err := scanStrings(rows, op)
 	slices.Sort(out)
-	return out, err
+	return slices.Compact(out), nil
 }
 
 func scanStrings(rows *sql.Rows, op string) ([]string, error) {
@@ -350,6 +357,7 @@ func (d *Store) DeleteGroup(ctx context.Context, tenant, topic, group string, li
 				return struct{}{}, d.Wrap(op, err)
 			}
 		}
+		d.groupStarts.Delete([3]string{tenant, topic, group})
 		return struct{}{}, nil
 	})
 	return err

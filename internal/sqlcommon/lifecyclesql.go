@@ -7,32 +7,32 @@ package sqlcommon
 // retention reads to decide, the removal of drained partitions, and the
 // group registry.
 type lifecycleSQL struct {
-	heads      string // first page of a topic's heads, each with its oldest remaining message
-	headsAfter string // heads, the page after :after
-	groups     string // groups that read a topic: registered, or with a cursor, lease or member there
-	registered string // which of :tenants have the group registered
-	hasCursor  string // has the group a cursor in the topic
-	topicHead  string // the topic's highest head
-	register   string // add group rows (:rows), keeping any that exist
-	staleKeys  string // keys of lease rows of :groups free or expired before :before
-	lockHeads  string // head rows of :keys, locked
-	withMsgs   string // which of :keys still have a message, read current
-	liveLeases string // which of :keys a group of :groups holds unexpired; locks every row read
-	dropHeads  string // delete the head rows of :keys
-	dropCurs   string // delete every group's cursor of :keys
-	dropLeases string // delete the lease rows of :keys of :groups
-	dropStates string // delete the retry bookkeeping of :keys of :groups
-	dropGroupS string // delete the message-group state of :keys of :groups
-	dropClaims string // delete the ungrouped claims of :groups in the topic
-	unread     string // a group's partitions with no cursor, with the group's start offset
-	deleteReg  string // delete a group's registry row
-	groupCurs  string // delete a group's cursors in a topic
-	groupLeas  string // delete a group's lease rows in a topic
-	groupStat  string // delete a group's retry bookkeeping in a topic
-	groupGS    string // delete a group's message-group state in a topic
-	groupClm   string // delete a group's ungrouped claims in a topic
-	groupBeats string // delete a group's heartbeat rows in a topic
-	fenceGroup string // lock a group's lease rows in a topic (a delete fences every holder)
+	heads      string   // first page of a topic's heads, each with its oldest remaining message
+	headsAfter string   // heads, the page after :after
+	groups     []string // groups that read a topic: registered, or with a cursor, lease or member there
+	registered string   // which of :tenants have the group registered
+	hasCursor  string   // has the group a cursor in the topic
+	topicHead  string   // the topic's highest head
+	register   string   // add group rows (:rows), keeping any that exist
+	staleKeys  string   // keys of lease rows of :groups free or expired before :before
+	lockHeads  string   // head rows of :keys, locked
+	withMsgs   string   // which of :keys still have a message, read current
+	liveLeases string   // which of :keys a group of :groups holds unexpired; locks every row read
+	dropHeads  string   // delete the head rows of :keys
+	dropCurs   string   // delete every group's cursor of :keys
+	dropLeases string   // delete the lease rows of :keys of :groups
+	dropStates string   // delete the retry bookkeeping of :keys of :groups
+	dropGroupS string   // delete the message-group state of :keys of :groups
+	dropClaims string   // delete the ungrouped claims of :groups in the topic
+	unread     string   // a group's partitions with no cursor, with the group's start offset
+	deleteReg  string   // delete a group's registry row
+	groupCurs  string   // delete a group's cursors in a topic
+	groupLeas  string   // delete a group's lease rows in a topic
+	groupStat  string   // delete a group's retry bookkeeping in a topic
+	groupGS    string   // delete a group's message-group state in a topic
+	groupClm   string   // delete a group's ungrouped claims in a topic
+	groupBeats string   // delete a group's heartbeat rows in a topic
+	fenceGroup string   // lock a group's lease rows in a topic (a delete fences every holder)
 }
 
 // topicScope selects one tenant's topic.
@@ -57,10 +57,14 @@ func newLifecycleSQL(s Syntax) lifecycleSQL {
 	return lifecycleSQL{
 		heads:      heads + " ORDER BY p.partition_key LIMIT :limit",
 		headsAfter: heads + " AND p.partition_key > :after ORDER BY p.partition_key LIMIT :limit",
-		groups: "SELECT consumer_group FROM queue_consumer_groups WHERE " + topicScope +
-			" UNION SELECT consumer_group FROM queue_offsets WHERE " + topicScope +
-			" UNION SELECT consumer_group FROM queue_partition_leases WHERE " + topicScope + " AND consumer_group <> :internal" +
-			" UNION SELECT consumer_group FROM queue_subscriber_heartbeats WHERE " + topicScope,
+		// Four statements, not a UNION: Vitess plans a UNION as a derived
+		// table with a column list, which MariaDB cannot parse.
+		groups: []string{
+			"SELECT consumer_group FROM queue_consumer_groups WHERE " + topicScope,
+			"SELECT DISTINCT consumer_group FROM queue_offsets WHERE " + topicScope,
+			"SELECT DISTINCT consumer_group FROM queue_partition_leases WHERE " + topicScope + " AND consumer_group <> :internal",
+			"SELECT DISTINCT consumer_group FROM queue_subscriber_heartbeats WHERE " + topicScope,
+		},
 		registered: "SELECT tenant FROM queue_consumer_groups WHERE tenant IN (:tenants) AND topic = :topic AND consumer_group = :group",
 		hasCursor:  "SELECT 1 FROM queue_offsets WHERE " + topicScope + " AND consumer_group = :group LIMIT 1",
 		topicHead:  "SELECT COALESCE(MAX(head_offset), 0) FROM queue_partitions WHERE " + topicScope,
