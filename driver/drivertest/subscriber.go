@@ -28,6 +28,7 @@ var subscriberTests = []struct {
 	{"SubscribeValidates", testSubscribeValidates},
 	{"BatchHandlerSettlesTogether", testBatchHandlerSettlesTogether},
 	{"IdleLeasesAreReleased", testIdleLeasesAreReleased},
+	{"FullMemberMakesRoomForWaitingWork", testFullMemberMakesRoomForWaitingWork},
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
@@ -430,6 +431,27 @@ func testIdleLeasesAreReleased(t *testing.T, open Open) {
 	// New work is picked up again.
 	publishSpreadFrom(t, c, "t", "x", 4, 1000, 4)
 	waitFor(t, "new messages after idle release", 30*time.Second, func() bool { return rec.total.Load() == 44 })
+	rec.check(t)
+}
+
+// testFullMemberMakesRoomForWaitingWork: a member at MaxPartitions whose
+// partitions are drained hands them back for partitions that wait, at
+// once, not after IdleRelease. Its clock stands still, so idle release
+// never comes: without the hand-back, 2 of the 8 partitions would be
+// consumed and the rest never.
+func testFullMemberMakesRoomForWaitingWork(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	publishSpread(t, c, "t", "x", 8, 16)
+	rec := newRecorder()
+	cfg := fastConfig("g", "x", []string{"t"}, rec.handle)
+	clock := newFakeClock(time.Now())
+	cfg.Clock, cfg.MaxPartitions, cfg.IdleRelease = clock.Now, 2, time.Hour
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "every partition consumed by a member holding two at a time", 30*time.Second, func() bool { return rec.total.Load() == 16 })
 	rec.check(t)
 }
 

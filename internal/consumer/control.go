@@ -106,7 +106,17 @@ func (s *Member) tick() (contended bool) {
 		if running {
 			continue
 		}
-		if full || s.life.Context().Err() != nil {
+		if full {
+			// Partitions wait while this member is at MaxPartitions: the
+			// idle ones make room now rather than after IdleRelease, so
+			// that many short-lived keys do not queue behind leases held
+			// for nothing. Replan soon to take the freed slots.
+			if s.handBackIdle(len(plan.Acquire)-i) > 0 {
+				contended = true
+			}
+			break
+		}
+		if s.life.Context().Err() != nil {
 			break
 		}
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
@@ -128,6 +138,25 @@ func (s *Member) tick() (contended bool) {
 		s.startWorker(l)
 	}
 	return contended
+}
+
+// handBackIdle asks up to n workers that wait idle (drained, no message
+// after their cursor) to hand their partitions back, and reports how many
+// it asked.
+func (s *Member) handBackIdle(n int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	asked := 0
+	for _, w := range s.workers {
+		if asked == n {
+			break
+		}
+		if w.idleAfter.Load() != 0 {
+			w.handBack()
+			asked++
+		}
+	}
+	return asked
 }
 
 // tickInputs lists, for tenants, the group's members, its held leases and
