@@ -206,6 +206,7 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		}
 		for _, h := range page {
 			delete(leftover, h.PartitionKey)
+			empties := h.FirstOffset == 0 // drained already, or this pass may drain it
 			if h.FirstOffset > 0 {
 				passed := int64(0) // the lowest cursor of every group; no cursor: nothing passed
 				if len(groups) > 0 {
@@ -216,14 +217,16 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 				}
 				if passed >= h.FirstOffset && h.FirstCreatedAt.Before(minCut) {
 					pending = append(pending, driver.Cut{PartitionKey: h.PartitionKey, UpTo: passed, Before: minCut})
+					empties = passed >= h.HeadOffset
 				}
 				if h.FirstCreatedAt.Before(maxCut) {
 					pending = append(pending, driver.Cut{PartitionKey: h.PartitionKey, UpTo: -1, Before: maxCut})
+					empties = true
 				}
 			}
-			// A partition this pass may have emptied is a candidate too;
-			// RemovePartitions decides under its locks.
-			if remove && h.MovedAt.Before(idleBefore) {
+			// RemovePartitions decides under its locks; a partition with
+			// a backlog nobody may delete is not offered.
+			if remove && empties && h.MovedAt.Before(idleBefore) {
 				drained = append(drained, h.PartitionKey)
 			}
 		}

@@ -16,7 +16,6 @@ type lifecycleSQL struct {
 	register   string   // add group rows (:rows), keeping any that exist
 	staleKeys  string   // keys of lease rows of :groups free or expired before :before
 	lockHeads  string   // head rows of :keys, locked
-	withMsgs   string   // which of :keys still have a message, read current
 	liveLeases string   // which of :keys a group of :groups holds unexpired; locks every row read
 	dropHeads  string   // delete the head rows of :keys
 	dropCurs   string   // delete every group's cursor of :keys
@@ -72,10 +71,13 @@ func newLifecycleSQL(s Syntax) lifecycleSQL {
 			s.upsert("tenant, topic, consumer_group", ""),
 		staleKeys: "SELECT DISTINCT partition_key FROM queue_partition_leases WHERE tenant = :tenant AND consumer_group IN (:groups) " +
 			"AND topic = :topic AND expires_at < :before",
-		lockHeads: "SELECT partition_key, head_offset, updated_at FROM queue_partitions WHERE " + keys + s.forUpdate(),
-		// Current, not from a snapshot: a message committed after this
-		// transaction began must count.
-		withMsgs:   "SELECT DISTINCT partition_key FROM queue_messages WHERE " + keys + s.forShare(),
+		// The head rows locked, each with whether a message is left (one
+		// probe). Publishers lock a head row before they insert, so while
+		// it is locked none can add one; the write transaction reads
+		// committed rows (READ COMMITTED; SQLite's single writer).
+		lockHeads: "SELECT p.partition_key, p.updated_at, (SELECT 1 FROM queue_messages m" + s.partitionOrder() +
+			" WHERE m.tenant = p.tenant AND m.topic = p.topic AND m.partition_key = p.partition_key LIMIT 1)" +
+			" FROM queue_partitions p WHERE p.tenant = :tenant AND p.topic = :topic AND p.partition_key IN (:keys)" + s.forUpdate(),
 		liveLeases: "SELECT partition_key, owner, expires_at FROM queue_partition_leases WHERE " + groupKeys + s.forUpdate(),
 		dropHeads:  "DELETE FROM queue_partitions WHERE " + keys,
 		dropCurs:   "DELETE FROM queue_offsets WHERE " + keys,
