@@ -83,8 +83,17 @@ func (e *env) discoveryConsume(withHistory bool) func(ctx context.Context, ns na
 			extra["tick_p99_ms"] = percentile(ticks, 0.99)
 		}
 		r, err := e.consumeAll(ctx, c, ns, newRecorder(e.p.Messages, e.p.Partitions), false)
-		if err != nil || !withHistory {
+		if err != nil {
 			return r, err
+		}
+		if e.d.Name() == "mysql" {
+			if extra["idle_rows_read_per_sec"], extra["idle_statements_per_sec"], err = e.idleCost(ctx, c, ns); err != nil {
+				return r, err
+			}
+		}
+		r.extraParams = extra
+		if !withHistory {
+			return r, nil
 		}
 		if extra["metadata_rows_before"], err = e.metadataRows(ctx, ns, ""); err != nil {
 			return r, err
@@ -105,9 +114,55 @@ func (e *env) discoveryConsume(withHistory bool) func(ctx context.Context, ns na
 		if extra["history_rows_after"], err = e.metadataRows(ctx, ns, "h"); err != nil {
 			return r, err
 		}
-		r.extraParams = extra
 		return r, nil
 	}
+}
+
+// idleWindow is how long idleCost measures idle members.
+const idleWindow = 5 * time.Second
+
+// idleCost runs --subscribers members over the drained namespace and
+// counts, from the server's status counters, the rows InnoDB reads and
+// the statements it runs per second while they idle (MySQL only: the
+// counters are the server's, so nothing else may run meanwhile).
+func (e *env) idleCost(ctx context.Context, c *shardq.Client, ns namespace) (rowsPerSec, stmtsPerSec float64, err error) {
+	stop, err := e.startSubscribers(ctx, c, ns, newRecorder(0, e.p.Partitions), false, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	time.Sleep(2 * time.Second) // joined, first full discovery done
+	status := func() (rows, stmts float64, err error) {
+		rs, err := e.d.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_rows_read', 'Questions')")
+		if err != nil {
+			return 0, 0, err
+		}
+		defer rs.Close()
+		for rs.Next() {
+			var name string
+			var v float64
+			if err := rs.Scan(&name, &v); err != nil {
+				return 0, 0, err
+			}
+			if name == "Questions" {
+				stmts = v
+			} else {
+				rows = v
+			}
+		}
+		return rows, stmts, rs.Err()
+	}
+	r0, s0, err := status()
+	if err != nil {
+		return 0, 0, err
+	}
+	time.Sleep(idleWindow)
+	r1, s1, err := status()
+	if err != nil {
+		return 0, 0, err
+	}
+	sec := idleWindow.Seconds()
+	return (r1 - r0) / sec, (s1 - s0) / sec, nil
 }
 
 // buildHistory writes --history drained partitions (keys h0000000...) of

@@ -72,14 +72,20 @@ func publishKeys(b testing.TB, d driver.Driver, prefix string, from, upTo int) i
 	return len(ms)
 }
 
-// drain puts group g's cursor of every partition at its head.
+// drain puts group g's cursor of every partition at its head and leaves
+// a free lease row on each, as members that read and released them do.
 func drain(b *testing.B, d driver.Driver) {
-	if _, err := d.DB().Exec("DELETE FROM queue_offsets WHERE tenant = 'bench'"); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := d.DB().Exec("INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
-		"SELECT tenant, topic, partition_key, 'g', head_offset, updated_at FROM queue_partitions WHERE tenant = 'bench'"); err != nil {
-		b.Fatal(err)
+	for _, q := range []string{
+		"DELETE FROM queue_offsets WHERE tenant = 'bench'",
+		"INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
+			"SELECT tenant, topic, partition_key, 'g', head_offset, updated_at FROM queue_partitions WHERE tenant = 'bench'",
+		"DELETE FROM queue_partition_leases WHERE tenant = 'bench'",
+		"INSERT INTO queue_partition_leases (tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) " +
+			"SELECT tenant, 'g', topic, partition_key, '', 1, updated_at, updated_at FROM queue_partitions WHERE tenant = 'bench'",
+	} {
+		if _, err := d.DB().Exec(q); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

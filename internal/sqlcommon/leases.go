@@ -3,10 +3,13 @@
 package sqlcommon
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -339,7 +342,11 @@ func (d *Store) ListLeases(ctx context.Context, tenants []string, group, topic s
 // HeldLeases lists the lease rows an owner holds: a discovery tick's cost
 // then follows the held leases, not every partition the group ever read.
 func (d *Store) HeldLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
-	return d.listLeases(ctx, d.leases().held, tenants, group, topic)
+	ls, err := d.listLeases(ctx, d.leases().held, tenants, group, topic)
+	slices.SortFunc(ls, func(a, b driver.Lease) int {
+		return cmp.Or(strings.Compare(a.Tenant, b.Tenant), strings.Compare(a.PartitionKey, b.PartitionKey))
+	})
+	return ls, err
 }
 
 func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, group, topic string) ([]driver.Lease, error) {
