@@ -165,3 +165,41 @@ func ExampleClient_AcceptGroup() {
 	// shipped
 	// state: cps
 }
+
+// A group made with StartLatest reads only what is published after it;
+// Admin.Groups shows what each group has read, and retention removes the
+// partitions every group has drained.
+func ExampleAdmin_Groups() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+	publish := func(key, payload string) {
+		if _, err := client.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "builds", PartitionKey: key, Payload: []byte(payload)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	publish("build-1", "old")
+	got := make(chan string, 10)
+	sub, err := client.Subscribe(ctx, shardq.SubscriberConfig{
+		ConsumerGroup: "notifier", Topic: "builds", Tenants: []string{"acme"}, StartPosition: shardq.StartLatest,
+		Handler: func(_ context.Context, d *shardq.Delivery) error { got <- string(d.Payload); return nil },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	publish("build-2", "new")
+	fmt.Println("notifier read:", <-got)
+	if err := sub.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	groups, err := client.Admin().Groups(ctx, shardq.Scope{Tenants: []string{"acme"}}, "builds", 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, g := range groups {
+		fmt.Printf("%s: %d partition read, %d unread, lag %d\n", g.ConsumerGroup, g.Partitions, g.Unread, g.Lag)
+	}
+	// Output:
+	// notifier read: new
+	// notifier: 1 partition read, 0 unread, lag 0
+}

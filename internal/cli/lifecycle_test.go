@@ -45,6 +45,10 @@ func TestGroupLifecycleCommands(t *testing.T) {
 				slices.Sort(out) // partitions are read concurrently
 				return out
 			}
+			if r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--tenant", "acme", "--start", "sideways"); r.code != 2 ||
+				!strings.Contains(r.stderr, "start position: must be earliest or latest") {
+				t.Fatalf("--start sideways: %+v", r)
+			}
 			publish("a", "old-a")
 			publish("b", "old-b")
 			// A new group told to start at the latest reads nothing old...
