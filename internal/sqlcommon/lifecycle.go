@@ -211,28 +211,12 @@ func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, tenant
 			return nil, d.Wrap(op, err)
 		}
 		if len(groups) > 0 {
-			rows, err := d.query(ctx, tx, st.liveLeases, key.with(Args{"groups": textList(groups)}))
+			live, err := d.liveLeaseKeys(ctx, tx, st.liveLeases, key.with(Args{"groups": textList(groups)}), now, op)
 			if err != nil {
-				return nil, d.Wrap(op, err)
+				return nil, err
 			}
-			for rows.Next() {
-				var k, owner string
-				var exp any
-				if err := rows.Scan(&k, &owner, &exp); err != nil {
-					rows.Close()
-					return nil, fmt.Errorf("%s: %w", op, err)
-				}
-				at, err := d.DecodeTime(exp)
-				if err != nil {
-					rows.Close()
-					return nil, fmt.Errorf("%s: %w", op, err)
-				}
-				if owner != "" && at.After(now) {
-					keep[k] = true
-				}
-			}
-			if err := rows.Err(); err != nil {
-				return nil, d.Wrap(op, err)
+			for _, k := range live {
+				keep[k] = true
 			}
 		}
 		var gone List
@@ -263,6 +247,35 @@ func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, tenant
 		}
 		return removed, nil
 	})
+}
+
+// liveLeaseKeys runs stmt, a locking read of lease rows (partition_key,
+// owner, expires_at), and returns the keys of those unexpired by now.
+func (d *Store) liveLeaseKeys(ctx context.Context, tx *sql.Tx, stmt string, args Args, now time.Time, op string) ([]string, error) {
+	rows, err := d.query(ctx, tx, stmt, args)
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var live []string
+	for rows.Next() {
+		var k, owner string
+		var exp any
+		if err := rows.Scan(&k, &owner, &exp); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		at, err := d.DecodeTime(exp)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if owner != "" && at.After(now) {
+			live = append(live, k)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	return live, nil
 }
 
 // UnreadPartitions lists up to limit partitions of a tenant's topic that
@@ -308,29 +321,11 @@ func (d *Store) DeleteGroup(ctx context.Context, tenant, topic, group string, li
 		st := d.lifecycle()
 		key := Args{"tenant": tenant, "topic": topic, "group": group}
 		live := &driver.GroupLiveError{Tenant: tenant, Topic: topic, Group: group}
-		rows, err := d.query(ctx, tx, st.fenceGroup, key)
+		held, err := d.liveLeaseKeys(ctx, tx, st.fenceGroup, key, now, op)
 		if err != nil {
-			return struct{}{}, d.Wrap(op, err)
+			return struct{}{}, err
 		}
-		for rows.Next() {
-			var k, owner string
-			var exp any
-			if err := rows.Scan(&k, &owner, &exp); err != nil {
-				rows.Close()
-				return struct{}{}, fmt.Errorf("%s: %w", op, err)
-			}
-			at, err := d.DecodeTime(exp)
-			if err != nil {
-				rows.Close()
-				return struct{}{}, fmt.Errorf("%s: %w", op, err)
-			}
-			if owner != "" && at.After(now) {
-				live.Leases++
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return struct{}{}, d.Wrap(op, err)
-		}
+		live.Leases = len(held)
 		members, err := d.Subscribers(ctx, []string{tenant}, group, topic)
 		if err != nil {
 			return struct{}{}, err
