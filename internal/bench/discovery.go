@@ -122,7 +122,7 @@ func (e *env) discoveryConsume(withHistory bool) func(ctx context.Context, ns na
 const idleWindow = 5 * time.Second
 
 // idleCost runs --subscribers members over the drained namespace and
-// counts, from the server's status counters, the rows InnoDB reads and
+// counts, from the server's status counters, the rows the engine reads and
 // the statements it runs per second while they idle (MySQL only: the
 // counters are the server's, so nothing else may run meanwhile).
 func (e *env) idleCost(ctx context.Context, c *shardq.Client, ns namespace) (rowsPerSec, stmtsPerSec float64, err error) {
@@ -133,7 +133,9 @@ func (e *env) idleCost(ctx context.Context, c *shardq.Client, ns namespace) (row
 	defer func() { err = errors.Join(err, stop()) }()
 	time.Sleep(2 * time.Second) // joined, first full discovery done
 	status := func() (rows, stmts float64, err error) {
-		rs, err := e.d.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_rows_read', 'Questions')")
+		// Handler_read_*: rows the storage engines handed to the server
+		// (MariaDB has no Innodb_rows_read).
+		rs, err := e.d.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name LIKE 'Handler\\_read\\_%' OR Variable_name = 'Questions'")
 		if err != nil {
 			return 0, 0, err
 		}
@@ -147,7 +149,7 @@ func (e *env) idleCost(ctx context.Context, c *shardq.Client, ns namespace) (row
 			if name == "Questions" {
 				stmts = v
 			} else {
-				rows = v
+				rows += v
 			}
 		}
 		return rows, stmts, rs.Err()
