@@ -100,8 +100,8 @@ type SubscriberConfig struct {
 	// that a publish that commits late is still seen [1m]
 	// (docs/consumers.md, "Discovery").
 	DiscoveryWindow time.Duration
-	// FullDiscoveryInterval is how often a tick reads every partition of
-	// the topic instead of those that moved: the net under a transaction
+	// FullDiscoveryInterval is how often a sweep of every head row of
+	// the topic starts, a bounded page a tick: the net under a transaction
 	// that committed later than DiscoveryWindow [5m].
 	FullDiscoveryInterval time.Duration
 	// PollInterval is how often the heads of this member's idle partitions

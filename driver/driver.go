@@ -119,6 +119,10 @@ type Driver interface {
 	// PartitionHeads lists every partition of topic in the given tenants
 	// with its head offset (CommittedOffset is 0).
 	PartitionHeads(ctx context.Context, tenants []string, topic string) ([]Partition, error)
+	// HeadsPage reads up to limit head rows of one tenant's topic in key
+	// order, after the key after[0] when after is not empty, each with the
+	// group's position (cursor, else start): drained ones included.
+	HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]Partition, error)
 	// HeadsOf reads the head offsets of the named partitions of one
 	// tenant's topic, keyed by partition key (absent: no such partition).
 	HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error)

@@ -85,7 +85,7 @@ func TestScenarios(t *testing.T) {
 					p := last.Params
 					if p["history_rows_after"] != int64(0) || p["metadata_rows_after"] != int64(3*small.Active) ||
 						p["metadata_rows_before"].(int64) < int64(3*small.History) || p["retention_removed"] != int64(small.History) ||
-						p["tick_p50_ms"].(float64) <= 0 {
+						p["tick_p50_ms"].(float64) <= 0 || p["tick_first_ms"].(float64) <= 0 {
 						t.Errorf("discovery: %v", p)
 					}
 				}

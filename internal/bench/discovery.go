@@ -18,8 +18,8 @@ import (
 // (their messages old, every one passed by the bench group, each with a
 // cursor and a free lease row, as a year of per-build keys leaves them)
 // and --active partitions with --messages between them. It reports the
-// cost of one discovery tick (median and p99 of the incremental ticks, and
-// the full tick), the rate at which the subscribers consume the active
+// cost of one discovery tick (the first; the median of those reading a
+// page of the first sweep; median and p99 of the ticks after it), the rate at which the subscribers consume the active
 // partitions (against the same consumption in a namespace without the
 // history: the ratio), and the metadata rows before and after a retention
 // pass, with each pass's time.
@@ -70,17 +70,19 @@ func (e *env) discoveryConsume(withHistory bool) func(ctx context.Context, ns na
 			return rep{}, err
 		}
 		if withHistory {
-			full, ticks, work, err := consumer.TickCost(ctx, e.d, consumer.Config{ConsumerGroup: group, Topic: ns.topic, Tenants: ns.tenants,
+			tc, err := consumer.TickCost(ctx, e.d, consumer.Config{ConsumerGroup: group, Topic: ns.topic, Tenants: ns.tenants,
 				DiscoveryWindow: shardq.DefaultDiscoveryWindow}, discoveryTicks)
 			if err != nil {
 				return rep{}, err
 			}
-			if work != e.p.Partitions {
-				return rep{}, fmt.Errorf("discovery: a tick saw %d partitions with work, want the %d active ones", work, e.p.Partitions)
+			if tc.Work != e.p.Partitions {
+				return rep{}, fmt.Errorf("discovery: a tick saw %d partitions with work, want the %d active ones", tc.Work, e.p.Partitions)
 			}
-			extra["tick_full_ms"] = float64(full) / float64(time.Millisecond)
-			extra["tick_p50_ms"] = percentile(ticks, 0.50)
-			extra["tick_p99_ms"] = percentile(ticks, 0.99)
+			extra["tick_first_ms"] = float64(tc.First) / float64(time.Millisecond)
+			extra["tick_sweeping_count"] = len(tc.Sweeping)
+			extra["tick_sweeping_p50_ms"] = percentile(tc.Sweeping, 0.50)
+			extra["tick_p50_ms"] = percentile(tc.Steady, 0.50)
+			extra["tick_p99_ms"] = percentile(tc.Steady, 0.99)
 		}
 		r, err := e.consumeAll(ctx, c, ns, newRecorder(e.p.Messages, e.p.Partitions), false)
 		if err != nil {

@@ -43,7 +43,7 @@ func (a *app) benchCmd() *cobra.Command {
 			"           consumers with --handlers handlers of --handler-delay each (baseline: --subscribers\n" +
 			"           workers looping { select 100 FOR UPDATE SKIP LOCKED; delete them; commit })\n" +
 			"  discovery --history drained partitions (built through the schema directly) and --active ones holding\n" +
-			"           --messages: the discovery tick's cost (full, and p50/p99 incremental), the consume rate of the\n" +
+			"           --messages: the discovery tick's cost (the first, the sweep's, and p50/p99 after it), the consume rate of the\n" +
 			"           active partitions (baseline: the same without the history), and metadata rows before and\n" +
 			"           after a retention pass (idle age 1h; the history is aged 2h), with each pass's time\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +

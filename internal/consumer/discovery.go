@@ -16,19 +16,42 @@ import (
 // "Discovery"). Only the control loop touches it.
 //
 // A tick reads (a) the partitions whose head moved at or after the
-// previous tick's start less DiscoveryWindow, and (b) again, the
-// partitions that had work at the previous tick; work is those with a
-// head past the cursor. A publish whose transaction commits within
-// DiscoveryWindow of stamping its head (updated_at) is seen by the first
-// tick that starts after its commit; one that commits later, and any
-// partition whose head moved while (a) failed, is seen by the full read
-// every FullDiscoveryInterval. So no partition with work is missed for
-// longer than FullDiscoveryInterval plus a tick.
+// previous tick's start less DiscoveryWindow, (b) again, the partitions
+// that had work at the previous tick, and (c) while a sweep is on, the
+// next page of every head row; work is those with a head past the
+// cursor. A sweep starts with the first tick and then every
+// FullDiscoveryInterval, and reads at most sweepRows head rows a tick. A
+// publish whose transaction commits within DiscoveryWindow of stamping its
+// head (updated_at) is seen by the first tick that starts after its
+// commit; one that commits later, and any partition whose head moved
+// while (a) failed, is seen by the next sweep. So no partition with work
+// is missed for longer than FullDiscoveryInterval plus one sweep (N head
+// rows take N/sweepRows ticks).
 type discovery struct {
-	work   map[[2]string]bool // (tenant, key) with work at the last tick
-	since  time.Time          // the last tick's start (wall clock)
-	fullAt time.Time          // the last full read's start (wall clock)
+	work  map[[2]string]bool // (tenant, key) with work at the last tick
+	since time.Time          // the last tick's start (wall clock)
+	sweep sweep
 }
+
+// sweep is the read of every head row, spread over ticks: the position
+// of the next page.
+type sweep struct {
+	on        bool
+	startedAt time.Time // the current, or last, sweep's start (wall clock)
+	tenant    int       // index in the member's tenants
+	after     []string  // the last key read in that tenant (nil: none yet)
+	done      int       // sweeps completed
+}
+
+// Rows and statements one tick's sweep may read: the first sweep, at
+// start-up, goes faster so that an old backlog is found soon; later ones
+// only catch commits later than the window.
+// (Variables: the tests shrink them.)
+var (
+	firstSweepRows = 10_000
+	sweepRows      = 2_000
+	sweepPages     = 16
+)
 
 // discover lists the partitions with work in all of the member's tenants.
 // The clock is the wall clock, as the publishers' head stamps are, never
@@ -36,26 +59,21 @@ type discovery struct {
 func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 	d := &s.disc
 	start := time.Now()
-	if d.work == nil || start.Sub(d.fullAt) >= s.cfg.FullDiscoveryInterval {
-		work, err := s.drv.PartitionsWithWork(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
-		if err != nil {
-			return nil, err
-		}
-		d.remember(work, start)
-		d.fullAt = start
-		return work, nil
+	since := d.since
+	if d.work == nil {
+		since = start
 	}
-	work, err := s.drv.PartitionsMovedSince(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup, d.since.Add(-s.cfg.DiscoveryWindow))
+	work, err := s.drv.PartitionsMovedSince(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup, since.Add(-s.cfg.DiscoveryWindow))
 	if err != nil {
 		return nil, err
 	}
-	moved := make(map[[2]string]bool, len(work))
+	seen := make(map[[2]string]bool, len(work))
 	for _, p := range work {
-		moved[[2]string{p.Tenant, p.PartitionKey}] = true
+		seen[[2]string{p.Tenant, p.PartitionKey}] = true
 	}
 	again := map[string][]string{} // tenant → keys that had work and did not move
 	for k := range d.work {
-		if !moved[k] {
+		if !seen[k] {
 			again[k[0]] = append(again[k[0]], k[1])
 		}
 	}
@@ -64,7 +82,24 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 		if err != nil {
 			return nil, err
 		}
+		for _, p := range ps {
+			seen[[2]string{p.Tenant, p.PartitionKey}] = true
+		}
 		work = append(work, ps...)
+	}
+	if !d.sweep.on && (d.work == nil || start.Sub(d.sweep.startedAt) >= s.cfg.FullDiscoveryInterval) {
+		d.sweep = sweep{on: true, startedAt: start, done: d.sweep.done}
+	}
+	if d.sweep.on {
+		ps, err := s.sweepStep(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ps {
+			if !seen[[2]string{p.Tenant, p.PartitionKey}] {
+				work = append(work, p)
+			}
+		}
 	}
 	slices.SortFunc(work, func(a, b driver.Partition) int {
 		if c := strings.Compare(a.Tenant, b.Tenant); c != 0 {
@@ -73,6 +108,44 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 		return strings.Compare(a.PartitionKey, b.PartitionKey)
 	})
 	d.remember(work, start)
+	return work, nil
+}
+
+// sweepStep reads the sweep's next pages, up to its row and statement
+// budget, and returns the partitions with work among them.
+func (s *Member) sweepStep(ctx context.Context) ([]driver.Partition, error) {
+	sw := &s.disc.sweep
+	budget := sweepRows
+	if sw.done == 0 {
+		budget = firstSweepRows
+	}
+	var work []driver.Partition
+	for range sweepPages {
+		if budget == 0 || !sw.on {
+			break
+		}
+		tenant := s.cfg.Tenants[sw.tenant]
+		page, err := s.drv.HeadsPage(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, sw.after, budget)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range page {
+			if p.HeadOffset > p.CommittedOffset {
+				work = append(work, p)
+			}
+		}
+		budget -= len(page)
+		if len(page) > 0 {
+			sw.after = []string{page[len(page)-1].PartitionKey}
+		}
+		if budget > 0 { // the tenant's last page
+			sw.tenant, sw.after = sw.tenant+1, nil
+			if sw.tenant == len(s.cfg.Tenants) {
+				sw.on, sw.tenant = false, 0
+				sw.done++
+			}
+		}
+	}
 	return work, nil
 }
 

@@ -10,12 +10,19 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
+// TickCosts are the durations of discovery ticks (TickCost).
+type TickCosts struct {
+	First    time.Duration   // the first tick: what moved, and the sweep's first page
+	Sweeping []time.Duration // the ticks that read a page of the sweep
+	Steady   []time.Duration // the ticks after it: what moved, and what had work
+	Work     int             // the partitions with work the last tick saw
+}
+
 // TickCost times what discovery ticks of a member of cfg's group read
 // (members, held leases, partitions with work: the member's own code,
-// tickInputs): one full tick, then n incremental ones. It returns their
-// durations and the partitions with work the last tick saw. `shardq bench
-// discovery` reports them.
-func TickCost(ctx context.Context, d driver.Driver, cfg Config, n int) (full time.Duration, incremental []time.Duration, work int, err error) {
+// tickInputs): the first tick, every tick of the first sweep, and n ticks
+// after it. `shardq bench discovery` reports them.
+func TickCost(ctx context.Context, d driver.Driver, cfg Config, n int) (TickCosts, error) {
 	if cfg.DiscoveryWindow <= 0 {
 		cfg.DiscoveryWindow = time.Minute
 	}
@@ -23,21 +30,28 @@ func TickCost(ctx context.Context, d driver.Driver, cfg Config, n int) (full tim
 		cfg.FullDiscoveryInterval = time.Hour
 	}
 	m := &Member{drv: d, log: slog.New(slog.DiscardHandler), cfg: cfg}
+	var c TickCosts
 	tick := func() (time.Duration, error) {
 		start := time.Now()
 		_, _, ps, err := m.tickInputs(ctx, cfg.Tenants)
-		work = len(ps)
+		c.Work = len(ps)
 		return time.Since(start), err
 	}
-	if full, err = tick(); err != nil { // the first tick reads everything
-		return 0, nil, 0, err
+	var err error
+	if c.First, err = tick(); err != nil {
+		return c, err
 	}
-	for range n {
+	for len(c.Steady) < n {
+		sweeping := m.disc.sweep.on
 		dt, err := tick()
 		if err != nil {
-			return full, incremental, work, err
+			return c, err
 		}
-		incremental = append(incremental, dt)
+		if sweeping {
+			c.Sweeping = append(c.Sweeping, dt)
+		} else {
+			c.Steady = append(c.Steady, dt)
+		}
 	}
-	return full, incremental, work, nil
+	return c, nil
 }

@@ -18,6 +18,8 @@ type adminSQL struct {
 	withWork       string // partitions whose head is past a group's cursor
 	withWorkMoved  string // withWork, of partitions whose head moved at or after :since
 	withWorkOf     string // withWork, of named partitions (:keys) of one tenant
+	sweep          string // a page of one tenant's head rows with the group's position, in key order
+	sweepAfter     string // sweep, the page after :after
 	touchHead      string // mark a partition moved for discovery (a reset gave it work)
 	heads          string // every partition of a topic with its head
 	headsOf        string // the heads of named partitions (:keys)
@@ -115,6 +117,13 @@ func withWork(where string) string {
 		"WHERE " + where + " AND p.head_offset > " + cursorOrStart
 }
 
+// sweepPage selects one tenant's head rows with the group's position,
+// drained ones included (the sweep goes on after the last row read).
+const sweepPage = "SELECT p.tenant, p.partition_key, p.head_offset, " + cursorOrStart + " " +
+	"FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic " +
+	"AND o.partition_key = p.partition_key AND o.consumer_group = :group " + groupJoin +
+	"WHERE p.tenant = :tenant AND p.topic = :topic"
+
 func newAdminSQL(s Syntax) adminSQL {
 	o := s.offset()
 	deleteBatch := "DELETE FROM queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND created_at < :before " +
@@ -134,6 +143,8 @@ func newAdminSQL(s Syntax) adminSQL {
 		// 100,000 partitions).
 		withWorkMoved: withWork("p.tenant IN (:tenants) AND p.topic = :topic AND p.updated_at >= :since"),
 		withWorkOf:    withWork("p.tenant = :tenant AND p.topic = :topic AND p.partition_key IN (:keys)"),
+		sweep:         sweepPage + " ORDER BY p.partition_key LIMIT :limit",
+		sweepAfter:    sweepPage + " AND p.partition_key > :after ORDER BY p.partition_key LIMIT :limit",
 		touchHead:     "UPDATE queue_partitions SET updated_at = :now WHERE tenant = :tenant AND topic = :topic AND partition_key = :key",
 		heads: "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions " +
 			"WHERE tenant IN (:tenants) AND topic = :topic ORDER BY tenant, partition_key",

@@ -42,6 +42,17 @@ func (d *Store) PartitionsWithWorkOf(ctx context.Context, tenant, topic, group s
 	return out, nil
 }
 
+// HeadsPage reads up to limit head rows of one tenant's topic in key
+// order (after the key after[0] when after is not empty), with the
+// group's position in each: a page of discovery's sweep.
+func (d *Store) HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]driver.Partition, error) {
+	stmt, args := d.sql().admin.sweep, Args{"tenant": tenant, "group": group, "limit": limit}
+	if len(after) > 0 {
+		stmt, args["after"] = d.sql().admin.sweepAfter, after[0]
+	}
+	return d.partitions(ctx, stmt, topic, []string{tenant}, args)
+}
+
 // PartitionHeads lists every partition of topic in tenants with its head.
 func (d *Store) PartitionHeads(ctx context.Context, tenants []string, topic string) ([]driver.Partition, error) {
 	return d.partitions(ctx, d.sql().admin.heads, topic, tenants, Args{})

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// TestSweepFindsOldWorkPageByPage: partitions with work whose heads moved
+// long before the window are found by the sweep, a bounded page of head
+// rows a tick, across tenants, and a new sweep starts only after
+// FullDiscoveryInterval.
+func TestSweepFindsOldWorkPageByPage(t *testing.T) {
+	defer func(f, r, p int) { firstSweepRows, sweepRows, sweepPages = f, r, p }(firstSweepRows, sweepRows, sweepPages)
+	firstSweepRows, sweepRows, sweepPages = 3, 2, 2
+	d := testdb.Migrated(t, testdb.SQLite(t))
+	for i := 0; i < 5; i += publishKeys(t, d, "k", i, 5) { // tenant "bench": k0000000 ... k0000004
+	}
+	// Every head moved an hour ago: only the sweep finds them.
+	if _, err := d.DB().Exec("UPDATE queue_partitions SET updated_at = ?", time.Now().Add(-time.Hour).UnixMicro()); err != nil {
+		t.Fatal(err)
+	}
+	m := &Member{drv: d, log: slog.New(slog.DiscardHandler), cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench", "other"},
+		DiscoveryWindow: time.Minute, FullDiscoveryInterval: time.Hour}}
+	var found []int
+	for range 4 {
+		work, err := m.discover(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		found = append(found, len(work))
+	}
+	// Tick 1 reads 3 rows (first sweep), tick 2 two pages of up to 2 rows
+	// ("bench" ends, "other" is empty: the sweep is done); later ticks
+	// re-read by key what had work.
+	if want := []int{3, 5, 5, 5}; !slices.Equal(found, want) {
+		t.Fatalf("partitions with work per tick %v, want %v", found, want)
+	}
+	if m.disc.sweep.on || m.disc.sweep.done != 1 {
+		t.Fatalf("sweep %+v, want one done and none running before FullDiscoveryInterval", m.disc.sweep)
+	}
+	m.disc.sweep.startedAt = m.disc.sweep.startedAt.Add(-time.Hour)
+	if _, err := m.discover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !m.disc.sweep.on || m.disc.sweep.after == nil {
+		t.Fatalf("sweep %+v, want the next one started after FullDiscoveryInterval, at its later pace", m.disc.sweep)
+	}
+}
