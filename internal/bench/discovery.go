@@ -123,17 +123,20 @@ func (e *env) discoveryConsume(withHistory bool) func(ctx context.Context, ns na
 // idleWindow is how long idleCost measures idle members.
 const idleWindow = 5 * time.Second
 
-// idleCost runs --subscribers members over the drained namespace and
-// counts, from the server's status counters, the rows the engine reads and
-// the statements it runs per second while they idle (MySQL only: the
-// counters are the server's, so nothing else may run meanwhile).
+// idleCost runs --subscribers members over the drained namespace and,
+// once their first sweep is done, counts from the server's status
+// counters the rows the engine reads and the statements it runs per
+// second while they idle (MySQL only: the counters are the server's, so
+// nothing else may run meanwhile).
 func (e *env) idleCost(ctx context.Context, c *shardq.Client, ns namespace) (rowsPerSec, stmtsPerSec float64, err error) {
 	stop, err := e.startSubscribers(ctx, c, ns, newRecorder(0, e.p.Partitions), false, false)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer func() { err = errors.Join(err, stop()) }()
-	time.Sleep(2 * time.Second) // joined, first full discovery done
+	// Joined, and the first sweep over the head rows done (10,000 rows a
+	// tick at start-up): what is measured is the steady idle cost.
+	time.Sleep(2*time.Second + time.Duration(e.p.History/10_000)*shardq.DefaultDiscoveryInterval)
 	status := func() (rows, stmts float64, err error) {
 		// Handler_read_*: rows the storage engines handed to the server
 		// (MariaDB has no Innodb_rows_read).
