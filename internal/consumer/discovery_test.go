@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -26,7 +27,8 @@ func TestSweepFindsOldWorkPageByPage(t *testing.T) {
 	if _, err := d.DB().Exec("UPDATE queue_partitions SET updated_at = ?", time.Now().Add(-time.Hour).UnixMicro()); err != nil {
 		t.Fatal(err)
 	}
-	m := &Member{drv: d, log: slog.New(slog.DiscardHandler), cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench", "other"},
+	rec := &pageRecorder{Driver: d}
+	m := &Member{drv: rec, log: slog.New(slog.DiscardHandler), cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench", "other"},
 		DiscoveryWindow: time.Minute, FullDiscoveryInterval: time.Hour}}
 	var found []int
 	for range 4 {
@@ -36,11 +38,15 @@ func TestSweepFindsOldWorkPageByPage(t *testing.T) {
 		}
 		found = append(found, len(work))
 	}
-	// Tick 1 reads 3 rows (first sweep), tick 2 two pages of up to 2 rows
-	// ("bench" ends, "other" is empty: the sweep is done); later ticks
-	// re-read by key what had work.
+	// Tick 1 has nothing else to do: a first-sweep page of 3 rows. Then
+	// the member has work, and reads pages of 2: "bench" ends at tick 3,
+	// and "other" is empty, so the sweep is done; later ticks re-read by
+	// key what had work.
 	if want := []int{3, 5, 5, 5}; !slices.Equal(found, want) {
 		t.Fatalf("partitions with work per tick %v, want %v", found, want)
+	}
+	if want := []int{3, 2, 2, 2}; !slices.Equal(rec.limits, want) {
+		t.Fatalf("page limits %v, want %v", rec.limits, want)
 	}
 	if m.disc.sweep.on || m.disc.sweep.done != 1 {
 		t.Fatalf("sweep %+v, want one done and none running before FullDiscoveryInterval", m.disc.sweep)
@@ -52,4 +58,15 @@ func TestSweepFindsOldWorkPageByPage(t *testing.T) {
 	if !m.disc.sweep.on || m.disc.sweep.after == nil {
 		t.Fatalf("sweep %+v, want the next one started after FullDiscoveryInterval, at its later pace", m.disc.sweep)
 	}
+}
+
+// pageRecorder records the limit of every sweep page read.
+type pageRecorder struct {
+	driver.Driver
+	limits []int
+}
+
+func (r *pageRecorder) HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]driver.Partition, error) {
+	r.limits = append(r.limits, limit)
+	return r.Driver.HeadsPage(ctx, tenant, topic, group, after, limit)
 }
