@@ -2,8 +2,9 @@
 
 // Package sqlcommon holds what the SQL drivers share: every statement
 // they run, written once per Syntax in one table per mechanism
-// (leasesql.go, groupsql.go, publishsql.go, adminsql.go) with named
-// parameters (Bind); the Store that runs them; and the planning of a
+// (leasesql.go, groupsql.go, publishsql.go, adminsql.go,
+// lifecyclesql.go) with named parameters (Bind); the Store that runs
+// them; and the planning of a
 // publish batch (grouping by tenant and topic, de-duplication inside the
 // batch, statement sizing) and the header encoding.
 package sqlcommon

@@ -8,9 +8,9 @@ import (
 )
 
 // Syntax is the SQL flavour a driver speaks. It only feeds the statement
-// tables (leasesql.go, claimsql.go, publishsql.go, adminsql.go), which
-// write every statement whole, once; no code outside them assembles SQL
-// from pieces.
+// tables (leasesql.go, groupsql.go, publishsql.go, adminsql.go,
+// lifecyclesql.go), which write every statement whole, once; no code
+// outside them assembles SQL from pieces.
 type Syntax int
 
 const (
