@@ -113,32 +113,37 @@ func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]GroupOffs
 // with messages the group has no cursor for (up to MaxPageLimit a topic).
 func (a *Admin) unread(ctx context.Context, s Scope, group string) ([]driver.OffsetRow, error) {
 	var out []driver.OffsetRow
+	err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
+		groups, err := a.c.drv.TopicGroups(ctx, t.Tenant, t.Topic)
+		if err != nil || !slices.Contains(groups, group) {
+			return err
+		}
+		rows, err := a.c.drv.UnreadPartitions(ctx, t.Tenant, t.Topic, group, MaxPageLimit)
+		for _, r := range rows {
+			if r.HeadOffset > r.CommittedOffset {
+				out = append(out, r)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// eachTopic calls fn with every topic of s, reading them a page at a time.
+func (a *Admin) eachTopic(ctx context.Context, s Scope, fn func(driver.TopicSummary) error) error {
 	page := driver.Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: MaxPageLimit}
 	for {
 		ts, err := a.c.drv.Topics(ctx, page)
 		if err != nil {
-			return out, err
+			return err
 		}
 		for _, t := range ts {
-			groups, err := a.c.drv.TopicGroups(ctx, t.Tenant, t.Topic)
-			if err != nil {
-				return out, err
-			}
-			if !slices.Contains(groups, group) {
-				continue
-			}
-			rows, err := a.c.drv.UnreadPartitions(ctx, t.Tenant, t.Topic, group, MaxPageLimit)
-			if err != nil {
-				return out, err
-			}
-			for _, r := range rows {
-				if r.HeadOffset > r.CommittedOffset {
-					out = append(out, r)
-				}
+			if err := fn(t); err != nil {
+				return err
 			}
 		}
 		if len(ts) < page.Limit {
-			return out, nil
+			return nil
 		}
 		page.After = []string{ts[len(ts)-1].Tenant, ts[len(ts)-1].Topic}
 	}

@@ -54,27 +54,18 @@ func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter ti
 	}
 	now := a.c.cfg.Clock()
 	var out []GroupInfo
-	page := driver.Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: MaxPageLimit}
-	for {
-		ts, err := a.c.drv.Topics(ctx, page)
-		if err != nil {
-			return out, fmt.Errorf("shardq: admin groups: %w", err)
+	err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
+		if topic != "" && t.Topic != topic {
+			return nil
 		}
-		for _, t := range ts {
-			if topic != "" && t.Topic != topic {
-				continue
-			}
-			gs, err := a.topicGroups(ctx, t.Tenant, t.Topic, now.Add(-staleAfter))
-			if err != nil {
-				return out, fmt.Errorf("shardq: admin groups: %w", err)
-			}
-			out = append(out, gs...)
-		}
-		if len(ts) < page.Limit {
-			return out, nil
-		}
-		page.After = []string{ts[len(ts)-1].Tenant, ts[len(ts)-1].Topic}
+		gs, err := a.topicGroups(ctx, t.Tenant, t.Topic, now.Add(-staleAfter))
+		out = append(out, gs...)
+		return err
+	})
+	if err != nil {
+		return out, fmt.Errorf("shardq: admin groups: %w", err)
 	}
+	return out, nil
 }
 
 // topicGroups summarises the groups of one tenant's topic.

@@ -37,10 +37,6 @@ type lifecycleSQL struct {
 // topicScope selects one tenant's topic.
 const topicScope = "tenant = :tenant AND topic = :topic"
 
-// groupStartOf is a scalar subquery: where a group starts in a partition it
-// has no cursor for (no registry row: 0, the earliest).
-const groupStartOf = "(SELECT start_offset FROM queue_consumer_groups WHERE tenant = :tenant AND topic = :topic AND consumer_group = :group)"
-
 func newLifecycleSQL(s Syntax) lifecycleSQL {
 	o := s.offset()
 	// The oldest remaining message of head row p: an index probe each.
