@@ -229,7 +229,7 @@ func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, tenant
 		if len(gone) == 0 {
 			return nil, nil
 		}
-		del := Args{"tenant": tenant, "topic": topic, "keys": gone, "groups": textList(groups)}
+		del := Args{"tenant": tenant, "topic": topic, "keys": gone, "groups": textList(groups), "idle_before": d.EncodeTime(idleBefore)}
 		stmts := []string{st.dropHeads, st.dropCurs}
 		if len(groups) > 0 {
 			stmts = append(stmts, st.dropLeases, st.dropStates, st.dropGroupS)

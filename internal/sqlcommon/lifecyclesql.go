@@ -75,7 +75,10 @@ func newLifecycleSQL(s Syntax) lifecycleSQL {
 			" WHERE m.tenant = p.tenant AND m.topic = p.topic AND m.partition_key = p.partition_key LIMIT 1)" +
 			" FROM queue_partitions p WHERE p.tenant = :tenant AND p.topic = :topic AND p.partition_key IN (:keys)" + s.forUpdate(),
 		liveLeases: "SELECT partition_key, owner, expires_at FROM queue_partition_leases WHERE " + groupKeys + s.forUpdate(),
-		dropHeads:  "DELETE FROM queue_partitions WHERE " + keys,
+		// Idle ones only: under READ COMMITTED a head row a publisher
+		// created after lockHeads read none is not locked by it, and must
+		// not go.
+		dropHeads:  "DELETE FROM queue_partitions WHERE " + keys + " AND updated_at < :idle_before",
 		dropCurs:   "DELETE FROM queue_offsets WHERE " + keys,
 		dropLeases: "DELETE FROM queue_partition_leases WHERE " + groupKeys,
 		dropStates: "DELETE FROM queue_delivery_state WHERE " + groupKeys,
