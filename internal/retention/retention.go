@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/retry"
 )
 
 // Group is the reserved consumer group whose lease on partition "" of a
@@ -163,8 +164,11 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 	cuts := func(force bool) error {
 		for len(pending) > 0 && (force || len(pending) >= cutsPerTx) {
 			chunk := pending[:min(len(pending), cutsPerTx)]
-			n, err := drv.DeleteBatches(ctx, tenant, topic, chunk, cfg.BatchSize)
-			if err != nil {
+			var n []int64
+			if err := retry.Do(ctx, retry.SettleReruns, drv.Retryable, nil, func() (err error) {
+				n, err = drv.DeleteBatches(ctx, tenant, topic, chunk, cfg.BatchSize)
+				return err
+			}); err != nil {
 				return err
 			}
 			var again []driver.Cut
@@ -186,11 +190,16 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		for len(drained) > 0 && (force || len(drained) >= cfg.RemoveBatch) {
 			chunk := drained[:min(len(drained), cfg.RemoveBatch)]
 			drained = drained[len(chunk):]
-			removed, err := drv.RemovePartitions(ctx, claim, tenant, topic, groups, chunk, idleBefore, clock())
-			rep.Removed += int64(len(removed))
-			if err != nil {
+			// A deadlock with a publisher or a member rolls the removal
+			// back whole: run it again, as every writer does.
+			var removed []string
+			if err := retry.Do(ctx, retry.SettleReruns, drv.Retryable, nil, func() (err error) {
+				removed, err = drv.RemovePartitions(ctx, claim, tenant, topic, groups, chunk, idleBefore, clock())
+				return err
+			}); err != nil {
 				return err
 			}
+			rep.Removed += int64(len(removed))
 			if err := renew(); err != nil {
 				return err
 			}
