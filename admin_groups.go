@@ -54,11 +54,12 @@ func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter ti
 	}
 	now := a.c.cfg.Clock()
 	var out []GroupInfo
+	cursors := groupCursors{}
 	err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
 		if topic != "" && t.Topic != topic {
 			return nil
 		}
-		gs, err := a.topicGroups(ctx, t.Tenant, t.Topic, now.Add(-staleAfter))
+		gs, err := a.topicGroups(ctx, cursors, t.Tenant, t.Topic, now.Add(-staleAfter))
 		out = append(out, gs...)
 		return err
 	})
@@ -69,7 +70,7 @@ func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter ti
 }
 
 // topicGroups summarises the groups of one tenant's topic.
-func (a *Admin) topicGroups(ctx context.Context, tenant, topic string, liveSince time.Time) ([]GroupInfo, error) {
+func (a *Admin) topicGroups(ctx context.Context, cursors groupCursors, tenant, topic string, liveSince time.Time) ([]GroupInfo, error) {
 	names, err := a.c.drv.TopicGroups(ctx, tenant, topic)
 	if err != nil {
 		return nil, err
@@ -88,25 +89,13 @@ func (a *Admin) topicGroups(ctx context.Context, tenant, topic string, liveSince
 			}
 			info.LastActivity = later(info.LastActivity, m.HeartbeatAt)
 		}
-		// The group's cursor rows are among the tenant's, sorted by topic:
-		// read the pages, keep this topic's.
-		page := driver.Scope{Tenants: []string{tenant}, Limit: MaxPageLimit}
-		for {
-			rows, err := a.c.drv.OffsetReport(ctx, page, g)
-			if err != nil {
-				return nil, err
-			}
-			for _, r := range rows {
-				if r.Topic == topic {
-					info.Partitions++
-					info.add(r)
-				}
-			}
-			if len(rows) < page.Limit {
-				break
-			}
-			last := rows[len(rows)-1]
-			page.After = []string{last.Tenant, last.Topic, last.ConsumerGroup, last.PartitionKey}
+		rows, err := cursors.of(ctx, a.c.drv, tenant, g)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows[topic] {
+			info.Partitions++
+			info.add(r)
 		}
 		unread, err := a.c.drv.UnreadPartitions(ctx, tenant, topic, g, MaxPageLimit)
 		if err != nil {
@@ -121,6 +110,35 @@ func (a *Admin) topicGroups(ctx context.Context, tenant, topic string, liveSince
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// groupCursors holds, per (tenant, group), the group's cursor rows by
+// topic: the offset report lists a group's cursors in every topic of a
+// tenant, so it is read once per tenant and group, not once per topic.
+type groupCursors map[[2]string]map[string][]driver.OffsetRow
+
+func (c groupCursors) of(ctx context.Context, drv driver.Driver, tenant, group string) (map[string][]driver.OffsetRow, error) {
+	if byTopic, ok := c[[2]string{tenant, group}]; ok {
+		return byTopic, nil
+	}
+	byTopic := map[string][]driver.OffsetRow{}
+	page := driver.Scope{Tenants: []string{tenant}, Limit: MaxPageLimit}
+	for {
+		rows, err := drv.OffsetReport(ctx, page, group)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			byTopic[r.Topic] = append(byTopic[r.Topic], r)
+		}
+		if len(rows) < page.Limit {
+			break
+		}
+		last := rows[len(rows)-1]
+		page.After = []string{last.Tenant, last.Topic, last.ConsumerGroup, last.PartitionKey}
+	}
+	c[[2]string{tenant, group}] = byTopic
+	return byTopic, nil
 }
 
 func (g *GroupInfo) add(r driver.OffsetRow) {
@@ -156,5 +174,6 @@ func (a *Admin) DeleteGroup(ctx context.Context, tenant, topic, group string, st
 	if err := a.c.drv.DeleteGroup(ctx, tenant, topic, group, now.Add(-staleAfter), now, force); err != nil {
 		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
+	a.c.registered.Delete([3]string{tenant, topic, group})
 	return nil
 }

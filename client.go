@@ -139,6 +139,31 @@ type Client struct {
 	// served is the served tenant list as a set; nil when any tenant goes.
 	served     map[string]bool
 	servedList string
+	// registered remembers the (tenant, topic, group) registry rows this
+	// client made or found (registerGroup), so that accepting message
+	// groups in a loop does not read the registry every time.
+	registered sync.Map
+}
+
+// registerGroup registers group in the tenants' topic (driver.RegisterGroup)
+// where this client has not done so yet.
+func (c *Client) registerGroup(ctx context.Context, tenants []string, topic, group string, start StartPosition, now time.Time) error {
+	var todo []string
+	for _, t := range tenants {
+		if _, ok := c.registered.Load([3]string{t, topic, group}); !ok {
+			todo = append(todo, t)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	if err := c.drv.RegisterGroup(ctx, todo, topic, group, start == StartLatest, now); err != nil {
+		return err
+	}
+	for _, t := range todo {
+		c.registered.Store([3]string{t, topic, group}, true)
+	}
+	return nil
 }
 
 // NewClient returns a client over drv. Closing the client does not close

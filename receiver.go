@@ -137,7 +137,7 @@ func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, 
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
-	if err := c.drv.RegisterGroup(ctx, []string{tenant}, topic, consumerGroup, o.StartPosition == StartLatest, o.Clock()); err != nil {
+	if err := c.registerGroup(ctx, []string{tenant}, topic, consumerGroup, o.StartPosition, o.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
 	ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: consumerGroup, Topic: topic, PartitionKey: partitionKey}
@@ -178,7 +178,7 @@ func (c *Client) AcceptNextGroup(ctx context.Context, tenants []string, topic, c
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)
 	}
-	if err := c.drv.RegisterGroup(ctx, tenants, topic, consumerGroup, o.StartPosition == StartLatest, o.Clock()); err != nil {
+	if err := c.registerGroup(ctx, tenants, topic, consumerGroup, o.StartPosition, o.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)
 	}
 	deadline := time.Now().Add(o.Wait)

@@ -339,7 +339,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	if err := c.drv.RegisterGroup(ctx, cfg.Tenants, cfg.Topic, cfg.ConsumerGroup, cfg.StartPosition == StartLatest, cfg.Clock()); err != nil {
+	if err := c.registerGroup(ctx, cfg.Tenants, cfg.Topic, cfg.ConsumerGroup, cfg.StartPosition, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
 	s := &Subscriber{client: c, cfg: cfg, id: ident.MemberID(cfg.Name)}

@@ -47,14 +47,35 @@ func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) r
 
 func decodeLines(t *testing.T, s string) []publishLine {
 	t.Helper()
-	var out []publishLine
+	return jsonLines[publishLine](t, s)
+}
+
+// jsonLines decodes s, one JSON object per line, as Ts.
+func jsonLines[T any](t *testing.T, s string) []T {
+	t.Helper()
+	var out []T
 	dec := json.NewDecoder(strings.NewReader(s))
 	for dec.More() {
-		var l publishLine
+		var l T
 		if err := dec.Decode(&l); err != nil {
 			t.Fatalf("stdout is not JSON lines: %v\n%s", err, s)
 		}
 		out = append(out, l)
+	}
+	return out
+}
+
+// consumedPayloads is the payloads a successful consume printed.
+func consumedPayloads(t *testing.T, r result) []string {
+	t.Helper()
+	if r.code != 0 {
+		t.Fatalf("consume: %+v", r)
+	}
+	var out []string
+	for _, l := range jsonLines[struct {
+		Payload string `json:"payload"`
+	}](t, r.stdout) {
+		out = append(out, l.Payload)
 	}
 	return out
 }

@@ -3,7 +3,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -33,42 +32,24 @@ func TestConsumeMessageGroups(t *testing.T) {
 			publish("a", 3)
 			publish("b", 2)
 			publish("", 2)
-			payloads := func(r result) []string {
-				t.Helper()
-				if r.code != 0 {
-					t.Fatalf("consume: %+v", r)
-				}
-				var out []string
-				dec := json.NewDecoder(strings.NewReader(r.stdout))
-				for dec.More() {
-					var l struct {
-						Payload string `json:"payload"`
-					}
-					if err := dec.Decode(&l); err != nil {
-						t.Fatalf("not JSON lines: %v\n%s", err, r.stdout)
-					}
-					out = append(out, l.Payload)
-				}
-				return out
-			}
 			base := []string{"consume", "--topic", "orders", "--group", "g", "--tenant", "acme"}
-			got := payloads(runCLI(t, env, "", append(base, "--key", "a", "--max", "2")...))
+			got := consumedPayloads(t, runCLI(t, env, "", append(base, "--key", "a", "--max", "2")...))
 			if fmt.Sprint(got) != "[a-0 a-1]" {
 				t.Fatalf("--key a --max 2: %v", got)
 			}
 			// a still has a-2 and is older than b: the next group is a again.
-			got = payloads(runCLI(t, env, "", append(base, "--next-group", "--idle-exit", "500ms")...))
+			got = consumedPayloads(t, runCLI(t, env, "", append(base, "--next-group", "--idle-exit", "500ms")...))
 			if fmt.Sprint(got) != "[a-2]" {
 				t.Fatalf("--next-group: %v", got)
 			}
-			got = payloads(runCLI(t, env, "", append(base, "--next-group", "--wait", "1s", "--idle-exit", "500ms")...))
+			got = consumedPayloads(t, runCLI(t, env, "", append(base, "--next-group", "--wait", "1s", "--idle-exit", "500ms")...))
 			if fmt.Sprint(got) != "[b-0 b-1]" {
 				t.Fatalf("second --next-group: %v", got)
 			}
 			if r := runCLI(t, env, "", append(base, "--next-group")...); r.code != 1 || !strings.Contains(r.stderr, "no free message group") {
 				t.Fatalf("--next-group with nothing ready: %+v", r)
 			}
-			got = payloads(runCLI(t, env, "", append(base, "--ungrouped", "--idle-exit", "1s")...))
+			got = consumedPayloads(t, runCLI(t, env, "", append(base, "--ungrouped", "--idle-exit", "1s")...))
 			if len(got) != 2 || !strings.HasPrefix(got[0], "-") {
 				t.Fatalf("--ungrouped: %v", got)
 			}

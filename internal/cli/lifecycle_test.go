@@ -27,21 +27,8 @@ func TestGroupLifecycleCommands(t *testing.T) {
 			}
 			consume := func(group string, extra ...string) []string {
 				t.Helper()
-				r := runCLI(t, env, "", append([]string{"consume", "--topic", "orders", "--group", group, "--tenant", "acme", "--idle-exit", "1s"}, extra...)...)
-				if r.code != 0 {
-					t.Fatalf("consume: %+v", r)
-				}
-				var out []string
-				dec := json.NewDecoder(strings.NewReader(r.stdout))
-				for dec.More() {
-					var l struct {
-						Payload string `json:"payload"`
-					}
-					if err := dec.Decode(&l); err != nil {
-						t.Fatal(err)
-					}
-					out = append(out, l.Payload)
-				}
+				out := consumedPayloads(t, runCLI(t, env, "", append([]string{"consume", "--topic", "orders", "--group", group, "--tenant", "acme",
+					"--idle-exit", "1s"}, extra...)...))
 				slices.Sort(out) // partitions are read concurrently
 				return out
 			}
@@ -70,16 +57,11 @@ func TestGroupLifecycleCommands(t *testing.T) {
 				t.Fatal(r)
 			}
 			var noCursor []string
-			dec := json.NewDecoder(strings.NewReader(r.stdout))
-			for dec.More() {
-				var o struct {
-					Key      string `json:"partition_key"`
-					NoCursor bool   `json:"no_cursor"`
-					Lag      int    `json:"lag"`
-				}
-				if err := dec.Decode(&o); err != nil {
-					t.Fatal(err)
-				}
+			for _, o := range jsonLines[struct {
+				Key      string `json:"partition_key"`
+				NoCursor bool   `json:"no_cursor"`
+				Lag      int    `json:"lag"`
+			}](t, r.stdout) {
 				if o.NoCursor {
 					noCursor = append(noCursor, fmt.Sprintf("%s:%d", o.Key, o.Lag))
 				}
@@ -92,17 +74,12 @@ func TestGroupLifecycleCommands(t *testing.T) {
 				t.Fatal(r)
 			}
 			var groups []string
-			dec = json.NewDecoder(strings.NewReader(r.stdout))
-			for dec.More() {
-				var g struct {
-					Group      string `json:"group"`
-					Partitions int    `json:"partitions"`
-					Unread     int    `json:"unread_partitions"`
-					Lag        int    `json:"lag"`
-				}
-				if err := dec.Decode(&g); err != nil {
-					t.Fatal(err)
-				}
+			for _, g := range jsonLines[struct {
+				Group      string `json:"group"`
+				Partitions int    `json:"partitions"`
+				Unread     int    `json:"unread_partitions"`
+				Lag        int    `json:"lag"`
+			}](t, r.stdout) {
 				groups = append(groups, fmt.Sprintf("%s:%d/%d/%d", g.Group, g.Partitions, g.Unread, g.Lag))
 			}
 			// early read c: a has two messages for it, b one.
