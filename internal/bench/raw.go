@@ -367,6 +367,7 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 	if err != nil {
 		return rep{}, err
 	}
+	countLeft := "SELECT COUNT(*) FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = ''"
 	rec := newRecorder(p.Messages, len(ns.tenants))
 	rec.unordered = true
 	// claimBatch claims, records and deletes up to 100 rows of tenant; it
@@ -432,7 +433,16 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 					return fmt.Errorf("raw claim tenant %s: %w", tenant, err)
 				}
 				if n == 0 {
-					break
+					// SKIP LOCKED also finds nothing while the rows left
+					// are another worker's: stop only when none is left.
+					var left int
+					if err := e.d.DB().QueryRowContext(ctx, countLeft, tenant, ns.topic).Scan(&left); err != nil {
+						return fmt.Errorf("raw claim tenant %s: %w", tenant, err)
+					}
+					if left == 0 {
+						break
+					}
+					time.Sleep(time.Millisecond)
 				}
 			}
 		}
