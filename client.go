@@ -89,6 +89,12 @@ type Config struct {
 	// Vitess, this keeps a process on the shards it was deployed for.
 	Tenants []string
 
+	// ChangeFeed chooses how this client's consumers hear of messages
+	// published by other processes: FeedAuto (the default) runs the
+	// database's change feed when its driver has one (docs/feed.md), and
+	// FeedOff polls only.
+	ChangeFeed FeedMode
+
 	// Clock stamps CreatedAt on messages without one. Default time.Now.
 	Clock func() time.Time
 
@@ -135,7 +141,9 @@ type Client struct {
 	drv     driver.Driver
 	cfg     Config
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
-	local   wakeup.Registry // this process's subscribers, woken by its publishes
+	// local tells this client's consumers of heads that moved: its own
+	// publishes, and the change feed.
+	local wakeup.Registry
 	// served is the served tenant list as a set; nil when any tenant goes.
 	served     map[string]bool
 	servedList string
@@ -180,9 +188,27 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 	if err := cl.serveTenants(); err != nil {
 		return nil, fmt.Errorf("shardq: new client: %w", err)
 	}
+	switch feed, ok := drv.(driver.HeadFeed); {
+	case cl.cfg.ChangeFeed != FeedAuto && cl.cfg.ChangeFeed != FeedOff:
+		return nil, fmt.Errorf("shardq: new client: %w", &ident.Error{Field: "change feed", Rule: fmt.Sprintf("%d is not FeedAuto or FeedOff", cl.cfg.ChangeFeed)})
+	case ok && cl.cfg.ChangeFeed == FeedAuto:
+		cl.local.UseFeed(feed, cl.cfg.Logger.With("driver", drv.Name()))
+	}
 	cl.batcher = coalesce.New[string](cl.writeBatch, cl.cfg.PublishMaxBatch, cl.cfg.PublishMaxInflight, cl.cfg.PublishLinger, cl.cfg.PublishTimeout)
 	return cl, nil
 }
+
+// FeedMode chooses whether a client runs the database's change feed.
+type FeedMode int
+
+const (
+	FeedAuto FeedMode = iota // run the driver's change feed when it has one
+	FeedOff                  // poll only
+)
+
+// FeedUp reports whether the client's change feed streams now: its
+// consumers then poll only every FeedPollInterval, as a safety net.
+func (c *Client) FeedUp() bool { return c.local.Up() }
 
 // serveTenants settles the served tenant list: Config.Tenants, else
 // MQ_TENANTS when set, else none (any tenant).
@@ -295,6 +321,7 @@ func (c *Client) Close() error {
 		}
 		hs = hs[n:]
 	}
+	c.local.Close()
 	c.batcher.Close()
 	return errors.Join(errs...)
 }

@@ -29,12 +29,15 @@ const (
 	DefaultDiscoveryWindow       = 2 * DefaultPublishTimeout
 	DefaultFullDiscoveryInterval = 5 * time.Minute
 	DefaultPollInterval          = 200 * time.Millisecond
-	DefaultIdleRelease           = 30 * time.Second
-	DefaultCommitInterval        = time.Second
-	DefaultBatchSize             = 100
-	DefaultMaxPartitions         = 64
-	DefaultUngroupedConcurrency  = 16
-	DefaultVisibilityTimeout     = 30 * time.Second
+	// DefaultFeedPollInterval is the safety-net poll while the change
+	// feed streams: ten times PollInterval.
+	DefaultFeedPollInterval     = 2 * time.Second
+	DefaultIdleRelease          = 30 * time.Second
+	DefaultCommitInterval       = time.Second
+	DefaultBatchSize            = 100
+	DefaultMaxPartitions        = 64
+	DefaultUngroupedConcurrency = 16
+	DefaultVisibilityTimeout    = 30 * time.Second
 	// DefaultMaxVisibilityRenewal is Service Bus's default for
 	// MaxAutoLockRenewalDuration.
 	DefaultMaxVisibilityRenewal = 5 * time.Minute

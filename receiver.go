@@ -72,8 +72,12 @@ type ReceiverOptions struct {
 	// received while none is unsettled [60s].
 	IdleTimeout time.Duration
 	// PollInterval is how often Receive looks for a new message, and an
-	// accept with a wait tries again [200ms].
+	// accept with a wait tries again [200ms]. A Publish through the same
+	// Client, and the change feed, wake Receive at once.
 	PollInterval time.Duration
+	// FeedPollInterval replaces PollInterval in Receive while the
+	// client's change feed streams [2s].
+	FeedPollInterval time.Duration
 	// StartPosition is where the consumer group starts in a partition it
 	// has no cursor for, when this receiver is the first to register the
 	// group in the topic [StartEarliest] (see SubscriberConfig).
@@ -99,6 +103,7 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 	d(&r.LeaseTTL, DefaultLeaseTTL)
 	d(&r.IdleTimeout, DefaultReceiverIdleTimeout)
 	d(&r.PollInterval, DefaultPollInterval)
+	d(&r.FeedPollInterval, DefaultFeedPollInterval)
 	d(&r.BackoffMin, DefaultBackoffMin)
 	d(&r.BackoffMax, DefaultBackoffMax)
 	if err := c.settleDefaults(&r.MaxAttempts, &r.DLQSuffix, &r.Clock, &r.Logger, &r.Name, "receiver"); err != nil {
@@ -258,7 +263,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 	}
 	r := &GroupReceiver{c: c, o: o, log: o.Logger.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
 		"partition", ref.PartitionKey, "receiver", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
-		closing: make(chan struct{})}
+		closing: make(chan struct{}), wake: make(chan struct{}, 1)}
 	if nextOffset >= 0 || o.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {
@@ -272,6 +277,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 		}
 	}
 	r.alive = r.keepAlive()
+	c.local.Add(ref.Topic, []string{ref.Tenant}, r, receiverWake{r})
 	if err := c.track(r); err != nil {
 		r.shut(err)
 		r.alive.Stop(ctx)
@@ -303,6 +309,7 @@ type GroupReceiver struct {
 	closedErr  error // why the receiver is closed, once it is
 	closing    chan struct{}
 	closeOnce  sync.Once
+	wake       chan struct{}      // a wake-up: the group's head moved
 	alive      *keepalive.Service // renews the lease while open
 }
 
@@ -331,6 +338,7 @@ func (r *GroupReceiver) shut(reason error) {
 		r.closedErr = reason
 		r.mu.Unlock()
 		close(r.closing)
+		r.c.local.Remove(r.ref.Topic, r)
 	})
 }
 
@@ -405,6 +413,7 @@ func (r *GroupReceiver) fill(ctx context.Context) error {
 // message is unsettled, and with ErrReceiverClosed once the receiver is
 // closed, idle-released or has lost its lease.
 func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
+	rereads := 0 // reads after a wake-up that found nothing
 	for {
 		if _, err := r.current(); err != nil {
 			return nil, err
@@ -419,6 +428,9 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 			return nil, fmt.Errorf("shardq: receive %s: %w", r.ref, err)
 		}
 		wait := r.o.PollInterval
+		if r.c.local.Up() {
+			wait = max(wait, r.o.FeedPollInterval)
+		}
 		if len(r.buf) > 0 {
 			m := r.buf[0]
 			st := r.states[m.Offset]
@@ -439,15 +451,49 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 				return newDelivery(m, st.Attempts+1), nil
 			}
 		}
+		if len(r.buf) == 0 && rereads > 0 && rereads <= feedRereads {
+			// Woken, found nothing: the commit may not be visible yet
+			// (the binary log can run ahead of it). Look again soon.
+			wait = min(wait, feedReread<<(rereads-1))
+			rereads++
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
+		case <-r.wake:
+			rereads = 1
 		case <-r.closing:
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
 		}
 		t.Stop()
+	}
+}
+
+// A receiver woken for a head it then does not see reads again after
+// feedReread, doubling, feedRereads times (as a subscriber's worker does).
+const (
+	feedReread  = 2 * time.Millisecond
+	feedRereads = 5
+)
+
+// receiverWake is a receiver's side of wake-ups (internal/wakeup).
+type receiverWake struct{ r *GroupReceiver }
+
+func (w receiverWake) Moved(heads []driver.HeadChange) {
+	for _, h := range heads {
+		if h.PartitionKey == w.r.ref.PartitionKey {
+			w.Rescan()
+			return
+		}
+	}
+}
+
+func (w receiverWake) Rescan() {
+	select {
+	case w.r.wake <- struct{}{}:
+	default:
 	}
 }
 

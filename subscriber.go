@@ -105,10 +105,15 @@ type SubscriberConfig struct {
 	// that committed later than DiscoveryWindow [5m].
 	FullDiscoveryInterval time.Duration
 	// PollInterval is how often the heads of this member's idle partitions
-	// are checked for new messages, in one query per tenant [200ms]. (A
-	// Publish through the same Client wakes them at once.)
+	// are checked for new messages, in one query for all of them, and the
+	// tenants with ungrouped messages in another [200ms]. (A Publish
+	// through the same Client, and the change feed, wake them at once.)
 	PollInterval time.Duration
-	IdleRelease  time.Duration // a lease without work this long is released [30s]
+	// FeedPollInterval replaces PollInterval while the client's change
+	// feed streams: the feed wakes partitions within milliseconds, and
+	// this poll is only the net under a missed event [2s] (docs/feed.md).
+	FeedPollInterval time.Duration
+	IdleRelease      time.Duration // a lease without work this long is released [30s]
 	// CommitInterval bounds how long settled messages stay uncommitted
 	// while a batch is being delivered (a crash redelivers at most that
 	// much); the cursor is also committed after every batch [1s].
@@ -213,6 +218,7 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	d(&cfg.DiscoveryWindow, DefaultDiscoveryWindow)
 	d(&cfg.FullDiscoveryInterval, DefaultFullDiscoveryInterval)
 	d(&cfg.PollInterval, DefaultPollInterval)
+	d(&cfg.FeedPollInterval, DefaultFeedPollInterval)
 	d(&cfg.IdleRelease, DefaultIdleRelease)
 	d(&cfg.CommitInterval, DefaultCommitInterval)
 	d(&cfg.BackoffMin, DefaultBackoffMin)
@@ -348,6 +354,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		Handle: s.handle, Batch: cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
 		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StaleAfter: cfg.StaleAfter,
 		DiscoveryInterval: cfg.DiscoveryInterval, JoinWindow: cfg.JoinWindow, PollInterval: cfg.PollInterval,
+		FeedUp: c.local.Up, FeedPollInterval: cfg.FeedPollInterval,
 		DiscoveryWindow: cfg.DiscoveryWindow, FullDiscoveryInterval: cfg.FullDiscoveryInterval,
 		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
 		Take: consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
@@ -358,7 +365,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	c.local.Add(cfg.Topic, s, s.member.Wake)
+	c.local.Add(cfg.Topic, cfg.Tenants, s, s.member)
 	if err := c.track(s); err != nil {
 		s.Stop(ctx)
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)

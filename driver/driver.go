@@ -113,19 +113,23 @@ type Driver interface {
 	// head moved at or after since, by the publishers' clocks (an index
 	// serves it: its cost follows what moved), in no particular order.
 	PartitionsMovedSince(ctx context.Context, tenants []string, topic, group string, since time.Time) ([]Partition, error)
-	// PartitionsWithWorkOf is PartitionsWithWork of the named partitions
-	// of one tenant, in no particular order.
-	PartitionsWithWorkOf(ctx context.Context, tenant, topic, group string, keys []string) ([]Partition, error)
+	// PartitionsWithWorkOf is PartitionsWithWork of the partitions named
+	// by each of tenants with each of keys, in no particular order.
+	PartitionsWithWorkOf(ctx context.Context, tenants []string, topic, group string, keys []string) ([]Partition, error)
 	// PartitionHeads lists every partition of topic in the given tenants
 	// with its head offset (CommittedOffset is 0).
 	PartitionHeads(ctx context.Context, tenants []string, topic string) ([]Partition, error)
+	// TenantsWithPartitions lists those of tenants that have a head row
+	// in topic (one statement): the tenants discovery's sweep reads.
+	TenantsWithPartitions(ctx context.Context, tenants []string, topic string) ([]string, error)
 	// HeadsPage reads up to limit head rows of one tenant's topic in key
 	// order, after the key after[0] when after is not empty, each with the
 	// group's position (cursor, else start): drained ones included.
 	HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]Partition, error)
-	// HeadsOf reads the head offsets of the named partitions of one
-	// tenant's topic, keyed by partition key (absent: no such partition).
-	HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error)
+	// HeadsOf reads the head offsets of topic's partitions named by each
+	// of tenants with each of keys (absent: no such partition), in one
+	// statement for up to 500 keys.
+	HeadsOf(ctx context.Context, topic string, tenants, keys []string) (map[HeadKey]int64, error)
 	// ResetOffset sets a consumer group's cursor for one partition: an
 	// operator's tool. In the same transaction it fences the partition's
 	// lease (frees it with the next token), so a live holder's next write
@@ -149,6 +153,9 @@ var (
 	// ErrLeaseHeld means another subscriber holds an unexpired lease.
 	ErrLeaseHeld = errors.New("lease held by another subscriber")
 )
+
+// HeadKey names a partition of a topic known from context.
+type HeadKey struct{ Tenant, PartitionKey string }
 
 // PartitionRef names one partition as one consumer group reads it.
 type PartitionRef struct {

@@ -80,7 +80,7 @@ func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	of := func(keys ...string) []string {
-		return names(d.PartitionsWithWorkOf(ctx, "a", "orders", "g", keys))
+		return names(d.PartitionsWithWorkOf(ctx, []string{"a"}, "orders", "g", keys))
 	}
 	if got, want := of("k1", "k2", "k3", "absent"), []string{"a/k2@0", "a/k3@0"}; !slices.Equal(got, want) {
 		t.Fatalf("work of named partitions = %v, want %v", got, want)

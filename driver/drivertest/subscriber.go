@@ -736,9 +736,9 @@ func (d *countingDriver) FetchAfter(ctx context.Context, tenant, topic, key stri
 	return d.Driver.FetchAfter(ctx, tenant, topic, key, after, limit)
 }
 
-func (d *countingDriver) HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error) {
+func (d *countingDriver) HeadsOf(ctx context.Context, topic string, tenants, keys []string) (map[driver.HeadKey]int64, error) {
 	d.heads.Add(1)
-	return d.Driver.HeadsOf(ctx, tenant, topic, keys)
+	return d.Driver.HeadsOf(ctx, topic, tenants, keys)
 }
 
 // Idle partitions are watched by one head query per poll, not polled one

@@ -47,6 +47,7 @@ type Driver struct {
 	owned      bool
 	migrations []migrate.Migration
 	server     *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
+	feedCfg    *mysql.Config // the connection settings the change feed uses (Open's DSN); nil with New
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -130,6 +131,7 @@ func Open(dsn string) (*Driver, error) {
 		return nil, err
 	}
 	d.owned = true
+	d.feedCfg = cfg
 	return d, nil
 }
 

@@ -98,7 +98,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.PartitionHeads(ctx, []string{"a"}, "x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.HeadsOf(ctx, "a", "x", []string{"k", "l"}); err != nil {
+	if _, err := d.HeadsOf(ctx, "x", []string{"a"}, []string{"k", "l"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.ResetOffset(ctx, "a", "x", "k", "g", 1); err != nil {

@@ -43,6 +43,10 @@ type Options struct {
 	Synchronous string
 	// ReadConns bounds the read pool. Default max(4, GOMAXPROCS).
 	ReadConns int
+	// FeedInterval is how often the change feed checks whether another
+	// connection (of any process) committed to the file. Default 1 ms;
+	// each check is one PRAGMA on the feed's own connection.
+	FeedInterval time.Duration
 }
 
 // Driver is a SQLite file holding the queue's tables.
@@ -52,6 +56,8 @@ type Driver struct {
 	write      *sql.DB // one connection; every transaction is BEGIN IMMEDIATE
 	read       *sql.DB
 	migrations []migrate.Migration
+	readDSN    string        // the read pool's, for the feed's own connection
+	feedEvery  time.Duration // Options.FeedInterval
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -76,6 +82,9 @@ func Open(path string, opts *Options) (*Driver, error) {
 	}
 	if o.ReadConns <= 0 {
 		o.ReadConns = max(4, runtime.GOMAXPROCS(0))
+	}
+	if o.FeedInterval <= 0 {
+		o.FeedInterval = time.Millisecond
 	}
 	ms, err := migrate.Load(migrationFS, "migrations")
 	if err != nil {
@@ -102,14 +111,15 @@ func Open(path string, opts *Options) (*Driver, error) {
 	q.Del("_txlock")
 	q.Del("_journal_mode") // persistent in the file; setting it needs the write lock
 	q.Set("_query_only", "true")
-	read, err := sql.Open("sqlite", path+"?"+q.Encode())
+	readDSN := path + "?" + q.Encode()
+	read, err := sql.Open("sqlite", readDSN)
 	if err != nil {
 		write.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 	read.SetMaxOpenConns(o.ReadConns)
 	read.SetMaxIdleConns(o.ReadConns)
-	d := &Driver{write: write, read: read, migrations: ms}
+	d := &Driver{write: write, read: read, migrations: ms, readDSN: readDSN, feedEvery: o.FeedInterval}
 	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: read, Write: write, Insert: d.InsertMessages}
 	return d, nil
 }

@@ -23,11 +23,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 )
 
 // Scenarios are the names Run accepts.
-var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery"}
+var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery", "idle"}
 
 // Params are a run's knobs; zero values take the defaults of Defaults.
 type Params struct {
@@ -53,11 +54,14 @@ type Params struct {
 	// partitions (Active replaces Partitions there).
 	History int `json:"history"`
 	Active  int `json:"active"`
+	// Feed is the clients' change feed: "auto" (the driver's, when it has
+	// one; "" too) or "off" (poll only).
+	Feed string `json:"feed"`
 }
 
 // Defaults are the parameters of the issue's targets.
 var Defaults = Params{Messages: 20_000, Size: 256, Publishers: 16, Batch: 1, Partitions: 64, Tenants: 1,
-	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3, History: 100_000, Active: 1000}
+	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3, History: 100_000, Active: 1000, Feed: "auto"}
 
 // headerLen is the payload prefix every bench message carries: sequence in
 // its partition, the time it was meant to be published, its publisher.
@@ -86,6 +90,7 @@ func (p Params) Validate() error {
 		{"--poll", p.PollInterval >= 0, "not negative"},
 		{"--history", p.History >= 0 && p.History <= 10_000_000, "between 0 and 10000000"},
 		{"--active", p.Active >= 1 && p.Active <= 100_000, "between 1 and 100000"},
+		{"--feed", p.Feed == "" || p.Feed == "auto" || p.Feed == "off", "auto or off"},
 	} {
 		if !r.ok {
 			return fmt.Errorf("%s: must be %s", r.flag, r.want)
@@ -115,6 +120,9 @@ type Result struct {
 	Ratio         float64 `json:"ratio"`
 	Baseline      string  `json:"baseline,omitempty"`
 	BaselineP99Ms float64 `json:"baseline_p99_ms,omitempty"`
+	// StatementsPerMemberSec is the idle scenario's measure (its ratio is
+	// this over the baseline's).
+	StatementsPerMemberSec float64 `json:"statements_per_member_sec,omitempty"`
 }
 
 // Failed reports whether the result breaks the queue's guarantees: a lost
@@ -188,6 +196,9 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 		}
 		base, c := e.discoveryCases()
 		return e.compare(ctx, base, c, false)
+	case "idle":
+		e.p.Partitions = max(e.p.Partitions, e.p.Tenants)
+		return e.compare(ctx, scenCase{"idle-poll", e.idle(shardq.FeedOff)}, scenCase{"idle-feed", e.idle(shardq.FeedAuto)}, false)
 	default:
 		return e.compare(ctx, e.rawInsertCase(1), scenCase{"latency", e.latency}, true)
 	}
@@ -213,6 +224,7 @@ type rep struct {
 	latencies              []time.Duration
 	lost, dups, outOfOrder int64
 	extraParams            map[string]any
+	perMemberSec           float64 // idle: statements per member per second
 }
 
 func (e *env) compare(ctx context.Context, base, c scenCase, byLatency bool) ([]Result, error) {
@@ -225,6 +237,10 @@ func (e *env) compare(ctx context.Context, base, c scenCase, byLatency bool) ([]
 		return nil, err
 	}
 	res.Baseline, res.BaselineMsgsPerSec = b.Scenario, b.MsgsPerSec
+	if b.StatementsPerMemberSec > 0 {
+		res.Ratio = res.StatementsPerMemberSec / b.StatementsPerMemberSec
+		return []Result{b, res}, nil
+	}
 	if byLatency {
 		res.BaselineP99Ms = b.P99Ms
 		if b.P99Ms > 0 {
@@ -240,7 +256,7 @@ func (e *env) compare(ctx context.Context, base, c scenCase, byLatency bool) ([]
 // medians.
 func (e *env) repeat(ctx context.Context, c scenCase) (Result, error) {
 	res := Result{Scenario: c.name, Driver: e.d.Name(), Params: e.paramsMap()}
-	var rates, secs, p50s, p99s []float64
+	var rates, secs, p50s, p99s, stmts []float64
 	for i := range e.p.Reps {
 		ns, err := e.newNamespace(ctx)
 		if err != nil {
@@ -265,12 +281,16 @@ func (e *env) repeat(ctx context.Context, c scenCase) (Result, error) {
 		secs = append(secs, r.elapsed.Seconds())
 		p50, p99 := percentile(r.latencies, 0.50), percentile(r.latencies, 0.99)
 		p50s, p99s = append(p50s, p50), append(p99s, p99)
-		if e.Progress != nil {
+		stmts = append(stmts, r.perMemberSec)
+		if e.Progress != nil && r.perMemberSec > 0 {
+			fmt.Fprintf(e.Progress, "%s rep %d/%d: %.2f statements per member per second\n", c.name, i+1, e.p.Reps, r.perMemberSec)
+		} else if e.Progress != nil {
 			fmt.Fprintf(e.Progress, "%s rep %d/%d: %.0f msg/s, p99 %.2f ms, lost %d, dup %d, out of order %d\n",
 				c.name, i+1, e.p.Reps, rate, p99, r.lost, r.dups, r.outOfOrder)
 		}
 	}
 	res.MsgsPerSec, res.Seconds, res.P50Ms, res.P99Ms = median(rates), median(secs), median(p50s), median(p99s)
+	res.StatementsPerMemberSec = median(stmts)
 	return res, nil
 }
 

@@ -18,7 +18,11 @@ import (
 const stallTimeout = 60 * time.Second
 
 func (e *env) client() (*shardq.Client, error) {
-	return shardq.NewClient(e.d, &shardq.Config{Logger: e.Logger})
+	feed := shardq.FeedAuto
+	if e.p.Feed == "off" {
+		feed = shardq.FeedOff
+	}
+	return shardq.NewClient(e.d, &shardq.Config{Logger: e.Logger, ChangeFeed: feed})
 }
 
 // publish: --publishers goroutines publish --messages in calls of --batch

@@ -32,11 +32,16 @@ type WorkerConfig struct {
 	Ungrouped bool
 	Handlers  int
 	Delay     time.Duration
+	Feed      string // the worker client's change feed: auto or off
 }
 
 // Args are the command-line arguments of `shardq bench worker` for cfg.
 func (cfg WorkerConfig) Args() []string {
-	args := []string{"--name", cfg.Name, "--topic", cfg.Topic, "--poll", cfg.PollInterval.String()}
+	feed := cfg.Feed
+	if feed == "" {
+		feed = "auto"
+	}
+	args := []string{"--name", cfg.Name, "--topic", cfg.Topic, "--poll", cfg.PollInterval.String(), "--feed", feed}
 	for _, t := range cfg.Tenants {
 		args = append(args, "--tenant", t)
 	}
@@ -98,7 +103,8 @@ func (e *env) startSubscribers(ctx context.Context, c *shardq.Client, ns namespa
 	}
 	for i := range e.p.Subscribers {
 		cfg := WorkerConfig{Name: fmt.Sprintf("bench-%s-%d", ns.id, i), Topic: ns.topic, Tenants: ns.tenants,
-			PollInterval: e.p.PollInterval, Latency: latency, Ungrouped: ungrouped, Handlers: e.p.Handlers, Delay: e.p.HandlerDelay}
+			PollInterval: e.p.PollInterval, Latency: latency, Ungrouped: ungrouped, Handlers: e.p.Handlers, Delay: e.p.HandlerDelay,
+			Feed: e.p.Feed}
 		if !e.p.Processes {
 			s, err := c.Subscribe(ctx, cfg.subscriber(cfg.handler(rec.record)))
 			if err != nil {

@@ -27,7 +27,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var asJSON bool
 	var cpuProfile string
 	cmd := &cobra.Command{
-		Use:   "bench publish|consume|latency|ungrouped|discovery|raw [flags]",
+		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|raw [flags]",
 		Short: "Measure publish, consume, competing consumers and end-to-end latency against the database's own ceiling",
 		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
 			"medians next to the matching raw baseline measured in the same run:\n" +
@@ -46,11 +46,15 @@ func (a *app) benchCmd() *cobra.Command {
 			"           --messages: the discovery tick's cost (the first, the sweep's, and p50/p99 after it), the consume rate of the\n" +
 			"           active partitions (baseline: the same without the history), and metadata rows before and\n" +
 			"           after a retention pass (idle age 1h; the history is aged 2h), with each pass's time\n" +
+			"  idle     --subscribers members serving --tenants tenants of a topic nobody publishes to: the\n" +
+			"           statements per member per second the server counts (MySQL's Questions) over --duration,\n" +
+			"           with the change feed (baseline: the same polling, --feed off)\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: bench.Scenarios,
 		RunE: run(func(cmd *cobra.Command, args []string) error {
+			p.Feed = a.feedFlag
 			if err := p.Validate(); err != nil {
 				return usageError{err}
 			}
@@ -133,7 +137,7 @@ func (a *app) bench(ctx context.Context, scenario string, p bench.Params, asJSON
 
 func printResults(w io.Writer, results []bench.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tdriver\tmsgs\tseconds\tmsg/s\tp50 ms\tp99 ms\tlost\tdup\tout of order\tbaseline\tratio\t")
+	fmt.Fprintln(tw, "scenario\tdriver\tmsgs\tseconds\tmsg/s\tp50 ms\tp99 ms\tidle stmt/member/s\tlost\tdup\tout of order\tbaseline\tratio\t")
 	for _, r := range results {
 		ratio := "-"
 		if r.Ratio > 0 {
@@ -143,8 +147,12 @@ func printResults(w io.Writer, results []bench.Result) {
 		if r.Baseline != "" {
 			base = r.Baseline
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%d\t%s\t%s\t\n", r.Scenario, r.Driver, r.Msgs, r.Seconds,
-			r.MsgsPerSec, r.P50Ms, r.P99Ms, r.Lost, r.Duplicates, r.OutOfOrder, base, ratio)
+		idle := "-"
+		if r.StatementsPerMemberSec > 0 {
+			idle = fmt.Sprintf("%.2f", r.StatementsPerMemberSec)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%s\t%d\t%d\t%d\t%s\t%s\t\n", r.Scenario, r.Driver, r.Msgs, r.Seconds,
+			r.MsgsPerSec, r.P50Ms, r.P99Ms, idle, r.Lost, r.Duplicates, r.OutOfOrder, base, ratio)
 	}
 	tw.Flush()
 }
@@ -208,6 +216,7 @@ func (a *app) benchWorkerCmd() *cobra.Command {
 	fl.BoolVar(&cfg.Ungrouped, "ungrouped", false, "take ungrouped messages only")
 	fl.IntVar(&cfg.Handlers, "handlers", 1, "with --ungrouped, handlers at once")
 	durationFlag(fl, &cfg.Delay, "delay", 0, "how long each handler call takes")
+	// --feed is the root's flag (the client's change feed).
 	return cmd
 }
 

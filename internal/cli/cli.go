@@ -82,8 +82,9 @@ func Main(ctx context.Context, args []string, env Env) int {
 }
 
 type app struct {
-	env     Env
-	dsnFlag string // --dsn as given; see dsn()
+	env      Env
+	dsnFlag  string // --dsn as given; see dsn()
+	feedFlag string // --feed: auto or off
 }
 
 // dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
@@ -108,6 +109,8 @@ func newRoot(env Env) *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&a.dsnFlag, "dsn", "",
 		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (default $SHARDQ_DSN, else "+DefaultDSN+")")
+	root.PersistentFlags().StringVar(&a.feedFlag, "feed", "auto",
+		"how consumers hear of messages other processes publish: auto (the database's change feed, where it has one; docs/feed.md) or off (poll only)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.versionCmd())
 	return root
@@ -165,6 +168,14 @@ func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 		return nil, nil, nil, err
 	}
 	cfg := &shardq.Config{Logger: a.logger()}
+	switch a.feedFlag {
+	case "auto":
+	case "off":
+		cfg.ChangeFeed = shardq.FeedOff
+	default:
+		drv.Close()
+		return nil, nil, nil, usagef("--feed: %q must be auto or off", a.feedFlag)
+	}
 	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
 		// The served tenants: publishing elsewhere is refused before SQL.
 		ts, err := shardq.ParseTenants("MQ_TENANTS", v)

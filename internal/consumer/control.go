@@ -15,16 +15,24 @@ import (
 // manage is the subscriber's control loop: orphan sweep, discovery and
 // rebalancing, once per DiscoveryInterval; the first tick after the join
 // window, and the next one after the join window again when a peer took a
-// partition this one reached for.
+// partition this one reached for, or when a wake-up named a partition
+// that nobody held at the last tick (a new key).
 func (s *Member) manage() {
 	t := time.NewTimer(s.cfg.JoinWindow)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-s.life.Context().Done():
 			return
 		case <-t.C:
+		case <-s.kick:
+			if early := last.Add(s.cfg.JoinWindow); time.Now().Before(early) {
+				t.Reset(time.Until(early)) // at most one early tick per JoinWindow
+				continue
+			}
 		}
+		last = time.Now()
 		next := s.cfg.DiscoveryInterval
 		if s.tick() {
 			next = s.cfg.JoinWindow
@@ -70,12 +78,19 @@ func (s *Member) tick() (contended bool) {
 		}
 	}
 	s.sweep(ctx, leases, member, alive, now)
+	held := make(map[[2]string]bool, len(leases))
+	for _, l := range leases {
+		if l.Owner != "" && l.Owner != s.cfg.ID {
+			held[[2]string{l.Tenant, l.PartitionKey}] = true
+		}
+	}
 
 	// A lease in our name without a worker here is an acquisition whose
 	// commit succeeded while we saw an error (a cut connection): offer it
 	// to the plan as free, so that we acquire it again (new token) instead
 	// of holding it unused forever.
 	s.mu.Lock()
+	s.heldElsewhere = held
 	for i, l := range leases {
 		if l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil {
 			leases[i].Owner = ""

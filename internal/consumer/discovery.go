@@ -38,9 +38,13 @@ type discovery struct {
 type sweep struct {
 	on        bool
 	startedAt time.Time // the current, or last, sweep's start (wall clock)
-	tenant    int       // index in the member's tenants
-	after     []string  // the last key read in that tenant (nil: none yet)
-	done      int       // sweeps completed
+	// tenants are the member's tenants with partitions of the topic, read
+	// at the sweep's start (nil: not yet): tenants without any cost the
+	// sweep nothing.
+	tenants []string
+	tenant  int      // index in tenants
+	after   []string // the last key read in that tenant (nil: none yet)
+	done    int      // sweeps completed
 }
 
 // Rows and statements one tick's sweep may read: the first sweep, at
@@ -79,7 +83,7 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 		}
 	}
 	for tenant, keys := range again {
-		ps, err := s.drv.PartitionsWithWorkOf(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, keys)
+		ps, err := s.drv.PartitionsWithWorkOf(ctx, []string{tenant}, s.cfg.Topic, s.cfg.ConsumerGroup, keys)
 		if err != nil {
 			return nil, err
 		}
@@ -125,12 +129,24 @@ func (s *Member) sweepStep(ctx context.Context, busy bool) ([]driver.Partition, 
 	if sw.done == 0 && !busy {
 		budget = firstSweepRows
 	}
+	if sw.tenants == nil {
+		ts, err := s.drv.TenantsWithPartitions(ctx, s.cfg.Tenants, s.cfg.Topic)
+		if err != nil {
+			return nil, err
+		}
+		sw.tenants = append([]string{}, ts...)
+	}
 	var work []driver.Partition
 	for range sweepPages {
 		if budget == 0 || !sw.on {
 			break
 		}
-		tenant := s.cfg.Tenants[sw.tenant]
+		if sw.tenant == len(sw.tenants) { // none had partitions
+			sw.on, sw.tenant, sw.tenants = false, 0, nil
+			sw.done++
+			break
+		}
+		tenant := sw.tenants[sw.tenant]
 		page, err := s.drv.HeadsPage(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, sw.after, budget)
 		if err != nil {
 			return nil, err
@@ -146,8 +162,8 @@ func (s *Member) sweepStep(ctx context.Context, busy bool) ([]driver.Partition, 
 		}
 		if budget > 0 { // the tenant's last page
 			sw.tenant, sw.after = sw.tenant+1, nil
-			if sw.tenant == len(s.cfg.Tenants) {
-				sw.on, sw.tenant = false, 0
+			if sw.tenant == len(sw.tenants) {
+				sw.on, sw.tenant, sw.tenants = false, 0, nil
 				sw.done++
 			}
 		}

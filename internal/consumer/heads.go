@@ -4,56 +4,71 @@ package consumer
 
 import (
 	"context"
+	"time"
 
-	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/driver"
 )
 
 // idleFallback × PollInterval is how long an idle worker waits when
-// neither the head watcher nor a local publish wakes it.
+// neither the head watcher nor a wake-up wakes it.
 const idleFallback = 5
 
 // watchHeads wakes idle workers whose partition head moved: every
-// PollInterval, one query per tenant reads the heads of all of this
-// member's idle partitions, instead of each idle partition polling on its
-// own.
+// PollInterval (FeedPollInterval while the change feed streams), and at
+// once when the feed asks for a rescan, one query per tenant reads the
+// heads of all of this member's idle partitions, instead of each idle
+// partition polling on its own.
 func (s *Member) watchHeads() {
-	lifecycle.Every(s.life.Context(), s.cfg.PollInterval, false, s.wakeMovedHeads)
+	t := time.NewTimer(s.pollEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-s.life.Context().Done():
+			return
+		case <-t.C:
+		case <-s.rescan:
+		}
+		s.wakeMovedHeads()
+		t.Reset(s.pollEvery())
+	}
 }
 
-// wakeMovedHeads is one round of the head watcher.
+// wakeMovedHeads is one round of the head watcher: one statement for all
+// idle partitions of every tenant (up to 500 keys).
 func (s *Member) wakeMovedHeads() {
-	idle := map[string]map[string]*worker{} // tenant → key → worker
+	idle := map[driver.HeadKey]*worker{}
+	var tenants, keys []string
+	seenTenant, seenKey := map[string]bool{}, map[string]bool{}
 	s.mu.Lock()
 	for ref, w := range s.workers {
 		if w.idleAfter.Load() > 0 {
-			if idle[ref.Tenant] == nil {
-				idle[ref.Tenant] = map[string]*worker{}
+			idle[driver.HeadKey{Tenant: ref.Tenant, PartitionKey: ref.PartitionKey}] = w
+			if !seenTenant[ref.Tenant] {
+				seenTenant[ref.Tenant] = true
+				tenants = append(tenants, ref.Tenant)
 			}
-			idle[ref.Tenant][ref.PartitionKey] = w
+			if !seenKey[ref.PartitionKey] {
+				seenKey[ref.PartitionKey] = true
+				keys = append(keys, ref.PartitionKey)
+			}
 		}
 	}
 	s.mu.Unlock()
-	for tenant, ws := range idle {
-		keys := make([]string, 0, len(ws))
-		for k := range ws {
-			keys = append(keys, k)
+	if len(idle) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+	heads, err := s.drv.HeadsOf(ctx, s.cfg.Topic, tenants, keys)
+	cancel()
+	if err != nil {
+		if s.life.Context().Err() == nil {
+			s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenants", tenants, "err", err)
 		}
-		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-		heads, err := s.drv.HeadsOf(ctx, tenant, s.cfg.Topic, keys)
-		cancel()
-		if err != nil {
-			if s.life.Context().Err() == nil {
-				s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenant", tenant, "err", err)
-			}
-			continue
-		}
-		for k, w := range ws {
-			if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
-				select {
-				case w.wake <- struct{}{}:
-				default:
-				}
-			}
+		return
+	}
+	for k, w := range idle {
+		if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
+			signal(w.wake)
 		}
 	}
 }

@@ -54,6 +54,12 @@ type Config struct {
 	IdleRelease, CommitInterval                 time.Duration
 	MaxPartitions                               int
 
+	// FeedUp reports whether the client's change feed streams (nil: there
+	// is none); while it does, idle partitions are polled every
+	// FeedPollInterval instead of PollInterval.
+	FeedUp           func() bool
+	FeedPollInterval time.Duration
+
 	Take                 Take
 	UngroupedConcurrency int
 	VisibilityTimeout    time.Duration
@@ -81,6 +87,11 @@ type Member struct {
 	mu      sync.Mutex
 	workers map[driver.PartitionRef]*worker
 	disc    discovery // the control loop's
+	// heldElsewhere is the partitions other owners held at the last tick:
+	// a wake-up for one of those does not run a tick early.
+	heldElsewhere map[[2]string]bool
+	rescan        chan struct{} // the feed asks the head watcher to read now
+	kick          chan struct{} // the feed saw a partition nobody here holds move
 	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).
 	ungrouped  *ungrouped.Service
 	stopOnce   sync.Once
@@ -96,6 +107,8 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		cfg:     cfg,
 		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", cfg.ID),
 		workers: map[driver.PartitionRef]*worker{},
+		rescan:  make(chan struct{}, 1),
+		kick:    make(chan struct{}, 1),
 	}
 	// A member that takes grouped messages heartbeats (its first beat also
 	// proves the database reachable and migrated); one that takes only
@@ -125,7 +138,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		s.ungrouped = ungrouped.Start(ctx, drv, ungrouped.Config{ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants,
 			ID: cfg.ID, Handle: cfg.Handle, Concurrency: cfg.UngroupedConcurrency, Visibility: cfg.VisibilityTimeout,
 			MaxRenewal:   cfg.MaxVisibilityRenewal,
-			PollInterval: cfg.PollInterval, DiscoveryInterval: cfg.DiscoveryInterval, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix,
+			PollInterval: cfg.PollInterval, FeedUp: cfg.FeedUp, FeedPollInterval: cfg.FeedPollInterval, DiscoveryInterval: cfg.DiscoveryInterval, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix,
 			Clock: cfg.Clock, Log: s.log})
 	}
 	return s, nil
@@ -180,6 +193,15 @@ func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
 // to be delivered again after its visibility timeout.
 func (s *Member) retrying(ctx context.Context, write func() error) error {
 	return retry.Do(ctx, retry.SettleReruns, s.drv.Retryable, nil, write)
+}
+
+// pollEvery is how often idle work is polled: PollInterval, or the slower
+// FeedPollInterval while the change feed streams.
+func (s *Member) pollEvery() time.Duration {
+	if s.cfg.FeedUp != nil && s.cfg.FeedUp() {
+		return max(s.cfg.PollInterval, s.cfg.FeedPollInterval)
+	}
+	return s.cfg.PollInterval
 }
 
 // errorsIsLost reports a lost lease.

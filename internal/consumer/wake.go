@@ -6,26 +6,60 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-// Wake is the member's side of local wake-ups (internal/wakeup): it
-// nudges the idle workers of the rows' partitions.
-func (s *Member) Wake(rows []*driver.InsertMessage) {
+// Moved is the member's side of wake-ups (internal/wakeup): a local
+// publish or the change feed saw the heads of these partitions move. It
+// nudges their idle workers, or the ungrouped claimers; a partition that
+// nobody holds runs the control loop's next tick early, so that a new key
+// is leased within JoinWindow rather than DiscoveryInterval.
+func (s *Member) Moved(heads []driver.HeadChange) {
+	kick := false
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, r := range rows {
-		prev := rows[max(i-1, 0)]
-		if r.Topic != s.cfg.Topic || (i > 0 && r.Tenant == prev.Tenant && r.Topic == prev.Topic && r.PartitionKey == prev.PartitionKey) {
+	for _, h := range heads {
+		if h.Topic != s.cfg.Topic {
 			continue
 		}
-		if r.PartitionKey == "" && s.ungrouped != nil {
-			s.ungrouped.Wake()
-			continue
-		}
-		ref := driver.PartitionRef{Tenant: r.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: r.Topic, PartitionKey: r.PartitionKey}
-		if w := s.workers[ref]; w != nil {
-			select {
-			case w.wake <- struct{}{}:
-			default: // a wake-up is pending already
+		if h.PartitionKey == "" {
+			if s.ungrouped != nil {
+				s.ungrouped.Wake(h.Tenant)
 			}
+			continue
 		}
+		if s.cfg.Take == TakeUngrouped {
+			continue
+		}
+		ref := driver.PartitionRef{Tenant: h.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: h.Topic, PartitionKey: h.PartitionKey}
+		w := s.workers[ref]
+		if w == nil {
+			kick = kick || !s.heldElsewhere[[2]string{h.Tenant, h.PartitionKey}]
+			continue
+		}
+		if h.Head > w.expect.Load() { // s.mu serializes the writers
+			w.expect.Store(h.Head)
+		}
+		select {
+		case w.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
+	s.mu.Unlock()
+	if kick {
+		signal(s.kick)
+	}
+}
+
+// Rescan is the feed's "anything may have moved": the head watcher reads
+// the heads of every idle partition now, and the ungrouped claimers look.
+func (s *Member) Rescan() {
+	signal(s.rescan)
+	if s.ungrouped != nil {
+		s.ungrouped.Rescan()
+	}
+}
+
+// signal sends on a one-slot channel unless a signal is pending already.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }

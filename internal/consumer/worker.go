@@ -20,14 +20,17 @@ type worker struct {
 	cursor       int64                          // last settled offset
 	commit       int64                          // last committed offset
 	states       map[int64]driver.DeliveryState // earlier owners' bookkeeping beyond the cursor, read once
-	committedAt  time.Time
+	committedAt  time.Time                      // wall clock: CommitInterval bounds real time, whatever Clock says
 	ctx          context.Context
 	cancel       context.CancelFunc // cancels the handler: lease lost or hard stop
 	handback     chan struct{}      // closed to ask for a graceful hand-back
 	handbackOnce sync.Once
 	lost         chan struct{} // closed when the lease is lost
 	lostOnce     sync.Once
-	wake         chan struct{} // a local publish stored messages here, or the head watcher saw the head move
+	wake         chan struct{} // a wake-up, or the head watcher, saw the head move
+	// expect is the highest head a wake-up named (0: none): a fetch that
+	// finds nothing up to it reads again shortly (feedRereads).
+	expect atomic.Int64
 	// idleAfter is cursor+1 while the worker waits idle (0 otherwise):
 	// the head watcher wakes it when the partition's head passes cursor.
 	idleAfter atomic.Int64
@@ -42,7 +45,7 @@ func (w *worker) lose() {
 
 func (s *Member) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
-	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: s.cfg.Clock(), ctx: ctx, cancel: cancel,
+	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: time.Now(), ctx: ctx, cancel: cancel,
 		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.workers[l.PartitionRef] = w
@@ -80,7 +83,7 @@ func (w *worker) wait(d time.Duration) bool {
 	return false
 }
 
-// idle waits for d or until a local publish wakes the worker.
+// idle waits for d or until a wake-up wakes the worker.
 func (w *worker) idle(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -122,42 +125,87 @@ func (w *worker) run() {
 	s := w.s
 	defer w.finish()
 	idleSince := s.cfg.Clock()
+	rereads := 0
+	drained := false // the last fetch read to the head, and the feed streams
 	for !w.stopping() {
-		msgs, err := w.fetch()
-		if err != nil {
-			s.log.Warn("shardq: fetch failed; retrying", w.logArgs("err", err)...)
-			w.wait(s.cfg.PollInterval)
-			continue
+		var msgs []driver.Message
+		if !drained {
+			var err error
+			if msgs, err = w.fetch(); err != nil {
+				s.log.Warn("shardq: fetch failed; retrying", w.logArgs("err", err)...)
+				w.wait(s.cfg.PollInterval)
+				continue
+			}
 		}
+		drained = false
 		if len(msgs) == 0 {
-			if !w.commitCursor() {
+			if !w.commitDue() {
 				return
 			}
 			if s.cfg.Clock().Sub(idleSince) >= s.cfg.IdleRelease {
 				return // idle release: finish() commits and releases
 			}
+			if w.expect.Load() > w.cursor && rereads < feedRereads {
+				// A replica can read a commit from the binary log before
+				// it is visible to readers: read again soon.
+				w.wait(feedReread << rereads)
+				rereads++
+				continue
+			}
+			rereads = 0
 			// The head watcher checks every PollInterval, for all idle
 			// partitions at once; a worker fetches on its own only as a
 			// fallback.
+			// Wake up in time for the idle release, and to commit what
+			// is settled within CommitInterval.
+			wait := min(idleFallback*s.pollEvery(), s.cfg.IdleRelease-s.cfg.Clock().Sub(idleSince))
+			if w.cursor > w.commit {
+				wait = min(wait, max(0, s.cfg.CommitInterval-time.Since(w.committedAt)))
+			}
 			w.idleAfter.Store(w.cursor + 1)
-			w.idle(idleFallback * s.cfg.PollInterval)
+			w.idle(wait)
 			w.idleAfter.Store(0)
 			continue
 		}
-		idleSince = s.cfg.Clock()
+		idleSince, rereads = s.cfg.Clock(), 0
 		if !w.deliver(msgs) {
 			return
 		}
-		if !w.commitCursor() {
+		if !w.commitDue() {
 			return
 		}
+		// A short batch read up to the head. While the change feed
+		// streams, whatever was committed since has woken this worker
+		// already (a pending wake-up), so it waits for that instead of
+		// reading again for nothing: one read per message, not two.
+		drained = len(msgs) < s.cfg.BatchSize && s.cfg.FeedUp != nil && s.cfg.FeedUp()
 	}
 }
+
+// A worker woken for a head it then does not see reads again after
+// feedReread, doubling, feedRereads times (about 60 ms in all) before it
+// waits idle; what it still misses the head watcher finds.
+const (
+	feedReread  = 2 * time.Millisecond
+	feedRereads = 5
+)
 
 func (w *worker) fetch() ([]driver.Message, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
 	defer cancel()
 	return w.s.drv.FetchAfter(ctx, w.lease.Tenant, w.lease.Topic, w.lease.PartitionKey, w.cursor, w.s.cfg.BatchSize)
+}
+
+// commitDue commits settled progress once CommitInterval has passed since
+// the last commit: a partition woken for every message commits at most
+// once per interval, not once per message (a crash redelivers at most
+// what was settled in that interval). Hand-back, idle release and stop
+// commit at once (finish). False when the lease is lost.
+func (w *worker) commitDue() bool {
+	if w.cursor <= w.commit || time.Since(w.committedAt) < w.s.cfg.CommitInterval {
+		return true
+	}
+	return w.commitCursor()
 }
 
 // commitCursor commits settled progress; false when the lease is lost.
@@ -177,7 +225,7 @@ func (w *worker) commitCursor() bool {
 		w.s.log.Warn("shardq: commit failed; will retry", w.logArgs("offset", w.cursor, "err", err)...)
 		return true
 	}
-	w.commit, w.committedAt = w.cursor, w.s.cfg.Clock()
+	w.commit, w.committedAt = w.cursor, time.Now()
 	return true
 }
 
@@ -232,7 +280,7 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 		if !w.settle(msgs[i:i+1], states[msgs[i].Offset]) {
 			return false
 		}
-		if w.s.cfg.Clock().Sub(w.committedAt) >= w.s.cfg.CommitInterval && !w.commitCursor() {
+		if !w.commitDue() {
 			return false
 		}
 	}

@@ -17,12 +17,13 @@ type adminSQL struct {
 	fetch          string // a partition's messages after a cursor, in offset order
 	withWork       string // partitions whose head is past a group's cursor
 	withWorkMoved  string // withWork, of partitions whose head moved at or after :since
-	withWorkOf     string // withWork, of named partitions (:keys) of one tenant
+	withWorkOf     string // withWork, of named partitions (:tenants × :keys)
 	sweep          string // a page of one tenant's head rows with the group's position, in key order
+	sweepTenants   string // which of :tenants have a head row in :topic
 	sweepAfter     string // sweep, the page after :after
 	touchHead      string // mark a partition moved for discovery (a reset gave it work)
 	heads          string // every partition of a topic with its head
-	headsOf        string // the heads of named partitions (:keys)
+	headsOf        string // the heads of named partitions (:tenants × :keys)
 	resetOffset    string // set a cursor, back or forward
 	topics         scoped // head rows summarised per tenant and topic (paged)
 	offsetReport   scoped // cursors with their heads (paged, :group may be '' for all)
@@ -142,13 +143,14 @@ func newAdminSQL(s Syntax) adminSQL {
 		// the stamp index over those that moved (31 ms instead of 6 at
 		// 100,000 partitions).
 		withWorkMoved: withWork("p.tenant IN (:tenants) AND p.topic = :topic AND p.updated_at >= :since"),
-		withWorkOf:    withWork("p.tenant = :tenant AND p.topic = :topic AND p.partition_key IN (:keys)"),
+		withWorkOf:    withWork("p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key IN (:keys)"),
 		sweep:         sweepPage + " ORDER BY p.partition_key LIMIT :limit",
+		sweepTenants:  "SELECT DISTINCT tenant FROM queue_partitions WHERE tenant IN (:tenants) AND topic = :topic",
 		sweepAfter:    sweepPage + " AND p.partition_key > :after ORDER BY p.partition_key LIMIT :limit",
 		touchHead:     "UPDATE queue_partitions SET updated_at = :now WHERE tenant = :tenant AND topic = :topic AND partition_key = :key",
 		heads: "SELECT tenant, partition_key, head_offset, 0 FROM queue_partitions " +
 			"WHERE tenant IN (:tenants) AND topic = :topic ORDER BY tenant, partition_key",
-		headsOf: "SELECT partition_key, head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key IN (:keys)",
+		headsOf: "SELECT tenant, partition_key, head_offset FROM queue_partitions WHERE tenant IN (:tenants) AND topic = :topic AND partition_key IN (:keys)",
 		resetOffset: "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
 			"VALUES (:tenant, :topic, :key, :group, :offset, :now)" + s.upsert("tenant, topic, partition_key, consumer_group",
 			"committed_offset = "+s.excluded("committed_offset")+", updated_at = "+s.excluded("updated_at")),

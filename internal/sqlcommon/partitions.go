@@ -25,19 +25,40 @@ func (d *Store) PartitionsMovedSince(ctx context.Context, tenants []string, topi
 	return d.partitions(ctx, d.sql().admin.withWorkMoved, topic, tenants, Args{"group": group, "since": d.EncodeTime(since)})
 }
 
-// PartitionsWithWorkOf is PartitionsWithWork of the named partitions of
-// one tenant, 500 keys a statement.
-func (d *Store) PartitionsWithWorkOf(ctx context.Context, tenant, topic, group string, keys []string) ([]driver.Partition, error) {
+// PartitionsWithWorkOf is PartitionsWithWork of the partitions named by
+// each of tenants with each of keys, 500 keys a statement.
+func (d *Store) PartitionsWithWorkOf(ctx context.Context, tenants []string, topic, group string, keys []string) ([]driver.Partition, error) {
 	var out []driver.Partition
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), 500)]
 		keys = keys[len(chunk):]
-		ps, err := d.partitions(ctx, d.sql().admin.withWorkOf, topic, []string{tenant},
-			Args{"group": group, "tenant": tenant, "keys": textList(chunk)})
+		ps, err := d.partitions(ctx, d.sql().admin.withWorkOf, topic, tenants, Args{"group": group, "keys": textList(chunk)})
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, ps...)
+	}
+	return out, nil
+}
+
+// TenantsWithPartitions lists those of tenants with a head row in topic.
+func (d *Store) TenantsWithPartitions(ctx context.Context, tenants []string, topic string) ([]string, error) {
+	op := fmt.Sprintf("list the tenants with partitions of topic %q", topic)
+	rows, err := d.query(ctx, d.Read, d.sql().admin.sweepTenants, Args{"tenants": textList(tenants), "topic": topic})
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return out, nil
 }
@@ -58,21 +79,22 @@ func (d *Store) PartitionHeads(ctx context.Context, tenants []string, topic stri
 	return d.partitions(ctx, d.sql().admin.heads, topic, tenants, Args{})
 }
 
-// HeadsOf reads the heads of the named partitions, 500 keys a statement.
-func (d *Store) HeadsOf(ctx context.Context, tenant, topic string, keys []string) (map[string]int64, error) {
-	op := fmt.Sprintf("read partition heads of tenant %q topic %q", tenant, topic)
-	out := make(map[string]int64, len(keys))
+// HeadsOf reads the heads of the partitions keys (each tenant with each
+// key) of topic, in one statement for up to 500 keys.
+func (d *Store) HeadsOf(ctx context.Context, topic string, tenants, keys []string) (map[driver.HeadKey]int64, error) {
+	op := fmt.Sprintf("read partition heads of tenants %v topic %q", tenants, topic)
+	out := make(map[driver.HeadKey]int64, len(keys))
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), 500)]
 		keys = keys[len(chunk):]
-		rows, err := d.query(ctx, d.Read, d.sql().admin.headsOf, Args{"tenant": tenant, "topic": topic, "keys": textList(chunk)})
+		rows, err := d.query(ctx, d.Read, d.sql().admin.headsOf, Args{"tenants": textList(tenants), "topic": topic, "keys": textList(chunk)})
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		for rows.Next() {
-			var k string
+			var k driver.HeadKey
 			var h int64
-			if err := rows.Scan(&k, &h); err != nil {
+			if err := rows.Scan(&k.Tenant, &k.PartitionKey, &h); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("%s: %w", op, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,8 +35,12 @@ type Config struct {
 	Visibility  time.Duration // how long a claim hides its message
 	// MaxRenewal bounds how long a claim is held in all, renewed while its
 	// handler runs; at most Visibility means never renewed.
-	MaxRenewal        time.Duration
-	PollInterval      time.Duration
+	MaxRenewal   time.Duration
+	PollInterval time.Duration
+	// FeedUp reports whether the client's change feed streams (nil: none);
+	// while it does, the claimers poll every FeedPollInterval.
+	FeedUp            func() bool
+	FeedPollInterval  time.Duration
 	DiscoveryInterval time.Duration // how often the cursor advances
 	Policy            settle.Policy
 	DLQSuffix         string
@@ -47,11 +52,14 @@ const dbTimeout = lifecycle.CallTimeout
 
 // Service claims, handles and settles a group's ungrouped messages.
 type Service struct {
-	drv  driver.Driver
-	cfg  Config
-	log  *slog.Logger
-	life *lifecycle.Group
-	wake chan struct{} // a local publish of ungrouped messages
+	drv    driver.Driver
+	cfg    Config
+	log    *slog.Logger
+	life   *lifecycle.Group
+	wake   chan struct{} // a wake-up: ungrouped messages were published
+	mu     sync.Mutex
+	woken  map[string]bool // tenants woken since the loop last looked
+	rescan bool            // a rescan was asked for since
 	// acks coalesces the acks of ungrouped messages per tenant; a handler
 	// does not wait for its ack's commit, but holds one of ackSlots until
 	// it is flushed, so that unflushed acks stay bounded.
@@ -70,7 +78,7 @@ const (
 // Start runs the service until Stop.
 func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
 	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1),
-		ackSlots: make(chan struct{}, maxPendingAcks)}
+		woken: map[string]bool{}, ackSlots: make(chan struct{}, maxPendingAcks)}
 	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
 		// Acks run beside claims and cursor advances, and nobody waits on
 		// them: rerun a deadlock longer than other settlements (a lost ack
@@ -89,8 +97,24 @@ func (s *Service) Stop(ctx context.Context) {
 	s.acks.Close() // every handler has returned: no more acks
 }
 
-// Wake tells the service that ungrouped messages were published here.
-func (s *Service) Wake() {
+// Wake tells the service that ungrouped messages were published to
+// tenant (by this client, or as the change feed saw).
+func (s *Service) Wake(tenant string) {
+	s.mu.Lock()
+	s.woken[tenant] = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Rescan tells the service that any head may have moved: it reads the
+// tenants with work again.
+func (s *Service) Rescan() {
+	s.mu.Lock()
+	s.rescan = true
+	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -103,6 +127,14 @@ func (s *Service) Wake() {
 func (s *Service) retrying(ctx context.Context, write func() error) error {
 	return retry.Do(ctx, retry.SettleReruns, s.drv.Retryable, nil, write)
 }
+
+// After a wake-up whose claim found nothing, the loop claims again after
+// feedReread, doubling, up to feedRereads times (as a partition's worker
+// does).
+const (
+	feedReread  = 2 * time.Millisecond
+	feedRereads = 5
+)
 
 // maxPrefetch bounds the claims a member holds in its local queue.
 const maxPrefetch = 500
@@ -136,13 +168,32 @@ func (s *Service) ungrouped() {
 		}
 	}()
 	var advanced time.Time
+	var nextProbe time.Time     // when the tenants with work are read again
+	active := map[string]bool{} // tenants with work at the last probe, or woken since
+	rereads := 0                // claims after a wake-up that found nothing (feedRereads)
 	for {
 		if s.life.Context().Err() != nil {
 			return
 		}
+		woken, rescan := s.takeWoken()
+		for _, t := range woken {
+			active[t] = true
+		}
+		if now := time.Now(); rescan || !now.Before(nextProbe) {
+			if work, ok := s.probe(); ok {
+				active = work
+				for _, t := range woken {
+					active[t] = true
+				}
+			}
+			nextProbe = now.Add(s.pollEvery())
+		}
 		target := prefetch.target(handled.Load(), s.cfg.Clock())
 		claimed := 0
-		for _, tenant := range s.cfg.Tenants {
+		for _, tenant := range s.cfg.Tenants { // in the configured order
+			if !active[tenant] {
+				continue
+			}
 			room := target - len(queue)
 			if room < max(1, target/2) {
 				break
@@ -150,21 +201,81 @@ func (s *Service) ungrouped() {
 			claimed += s.claimInto(tenant, room, queue)
 		}
 		if now := s.cfg.Clock(); now.Sub(advanced) >= s.cfg.DiscoveryInterval {
-			s.advanceUngrouped(now)
+			s.advanceUngrouped(active, now)
 			advanced = now
 		}
 		if claimed > 0 && target-len(queue) >= max(1, target/2) {
 			continue // there may be more right away
 		}
-		wait := time.NewTimer(s.cfg.PollInterval)
+		wait := time.Until(nextProbe)
+		if claimed == 0 && rereads > 0 && rereads <= feedRereads {
+			// Woken, found nothing: the commit may not be visible yet
+			// (the binary log can run ahead of it). Look again soon.
+			wait = min(wait, feedReread<<(rereads-1))
+			rereads++
+		} else {
+			rereads = 0
+		}
+		t := time.NewTimer(wait)
 		select {
-		case <-wait.C:
+		case <-t.C:
 		case <-s.wake:
+			rereads = 1
 		case <-took: // the queue shrank: maybe room for a batch
 		case <-s.life.Context().Done():
 		}
-		wait.Stop()
+		t.Stop()
 	}
+}
+
+// pollEvery is how often the tenants with work are read: PollInterval, or
+// FeedPollInterval while the change feed streams.
+func (s *Service) pollEvery() time.Duration {
+	if s.cfg.FeedUp != nil && s.cfg.FeedUp() {
+		return max(s.cfg.PollInterval, s.cfg.FeedPollInterval)
+	}
+	return s.cfg.PollInterval
+}
+
+// probe reads, in one statement for all the member's tenants, those whose
+// ungrouped head is past the group's ungrouped cursor: only those are
+// claimed from and advanced until the next probe, so that an idle member
+// costs one statement per poll however many tenants it serves. On error
+// it reports false and the caller keeps the tenants it had.
+func (s *Service) probe() (map[string]bool, bool) {
+	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
+	defer cancel()
+	ps, err := s.drv.PartitionsWithWorkOf(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup, []string{""})
+	if err != nil {
+		if s.life.Context().Err() == nil {
+			s.log.Warn("shardq: reading the tenants with ungrouped messages failed; claiming in every tenant", "tenants", s.cfg.Tenants, "err", err)
+		}
+		all := make(map[string]bool, len(s.cfg.Tenants))
+		for _, t := range s.cfg.Tenants {
+			all[t] = true
+		}
+		return all, true
+	}
+	work := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		work[p.Tenant] = true
+	}
+	return work, true
+}
+
+// takeWoken returns, and forgets, the tenants woken since the last call
+// and whether a rescan was asked for.
+func (s *Service) takeWoken() ([]string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ts []string
+	for t := range s.woken {
+		ts = append(ts, t)
+	}
+	clear(s.woken)
+	r := s.rescan
+	s.rescan = false
+	return ts, r
 }
 
 // handleClaims is one handler goroutine. On stop, it gives back what it
@@ -230,8 +341,13 @@ func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) 
 	return len(claims)
 }
 
-func (s *Service) advanceUngrouped(now time.Time) {
+// advanceUngrouped moves the ungrouped cursor of the active tenants (the
+// others have nothing past it).
+func (s *Service) advanceUngrouped(active map[string]bool, now time.Time) {
 	for _, tenant := range s.cfg.Tenants {
+		if !active[tenant] {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		// Members advance together; a deadlock between them is rerun.
 		err := s.retrying(ctx, func() error {

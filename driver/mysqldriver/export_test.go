@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package mysqldriver
+
+import (
+	"context"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// FeedFrom runs the change feed from the binary log position (file, pos).
+func FeedFrom(ctx context.Context, d *Driver, sink driver.FeedSink, file string, pos uint32) error {
+	return d.feedFrom(ctx, sink, &gomysql.Position{Name: file, Pos: pos})
+}
+
+// BinlogPosition is the server's current binary log position.
+func BinlogPosition(ctx context.Context, d *Driver) (string, uint32, error) {
+	p, err := d.binlogPosition(ctx)
+	return p.Name, p.Pos, err
+}

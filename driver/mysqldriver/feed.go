@@ -1,0 +1,392 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package mysqldriver
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/shardq/shardq/driver"
+)
+
+var _ driver.HeadFeed = (*Driver)(nil)
+
+// headTable is the table whose row events the feed reads: a publish
+// writes its partition's head row in the same transaction as its messages.
+const headTable = "queue_partitions"
+
+// Server error numbers the feed acts on.
+const (
+	errAccessDenied      = 1045 // ER_ACCESS_DENIED_ERROR
+	errSpecificAccess    = 1227 // ER_SPECIFIC_ACCESS_DENIED_ERROR: a missing privilege
+	errReadingBinlog     = 1236 // ER_MASTER_FATAL_ERROR_READING_BINLOG: e.g. the position was purged
+	errNoBinaryLogging   = 1381 // ER_NO_BINARY_LOGGING
+	errDBAccessDenied    = 1044
+	errTableAccessDenied = 1142
+)
+
+// feedRetryMax bounds the pause between reconnects.
+const feedRetryMax = 5 * time.Second
+
+// FeedHeads is the MySQL/MariaDB change feed: it reads the server's binary
+// log as a replica does (github.com/go-mysql-org/go-mysql), decodes only
+// the row events of this database's head table, and reports each
+// transaction's partitions at its commit event (docs/feed.md). It needs
+// the binary log on in ROW format and, for the connecting user,
+// REPLICATION SLAVE and REPLICATION CLIENT (MariaDB: BINLOG MONITOR); a
+// server without them makes it return ErrFeedUnavailable naming what is
+// missing. After a cut it reconnects from the last commit it read; from a
+// position the server no longer has (purged logs) it starts at the
+// server's current position and rescans.
+func (d *Driver) FeedHeads(ctx context.Context, sink driver.FeedSink) error {
+	return d.feedFrom(ctx, sink, nil)
+}
+
+// binlogFeed is one FeedHeads run's state.
+type binlogFeed struct {
+	d        *Driver
+	cfg      replication.BinlogSyncerConfig
+	schema   string
+	cols     headColumns
+	pos      gomysql.Position
+	streamed bool // the last stream got as far as an event
+}
+
+// headColumns are the head table's column positions in a row image.
+type headColumns struct{ tenant, topic, key, head int }
+
+// feedFrom runs the feed from start, or from the server's current
+// position when start is nil (tests start from a stale one).
+func (d *Driver) feedFrom(ctx context.Context, sink driver.FeedSink, start *gomysql.Position) error {
+	f, err := d.newBinlogFeed(ctx)
+	if err != nil {
+		return err
+	}
+	if start != nil {
+		f.pos = *start
+	} else if f.pos, err = d.binlogPosition(ctx); err != nil {
+		return err
+	}
+	pause := 100 * time.Millisecond
+	for {
+		err := f.stream(ctx, sink)
+		if ctx.Err() != nil {
+			return nil
+		}
+		sink.Down(err)
+		var me *gomysql.MyError
+		switch {
+		case errors.As(err, &me) && me.Code == errReadingBinlog:
+			// The position is gone (purged, or a log reset): start at the
+			// server's current one; Up's rescan finds what was missed.
+			pos, perr := d.binlogPosition(ctx)
+			if perr != nil {
+				err = perr
+				break
+			}
+			sink.Note("shardq: change feed position no longer on the server; continuing from the current one and rescanning",
+				"was", f.pos.String(), "now", pos.String(), "err", me.Message)
+			f.pos = pos
+			continue
+		case errors.As(err, &me) && isPrivilegeError(me.Code):
+			return fmt.Errorf("mysql change feed: %w: reading the binary log needs REPLICATION SLAVE: %w", driver.ErrFeedUnavailable, err)
+		}
+		if f.streamed {
+			pause = 100 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, feedRetryMax)
+	}
+}
+
+func isPrivilegeError(code uint16) bool {
+	switch code {
+	case errAccessDenied, errSpecificAccess, errDBAccessDenied, errTableAccessDenied:
+		return true
+	}
+	return false
+}
+
+// unavailable wraps why the feed cannot run.
+func unavailable(why string, err error) error {
+	if err != nil {
+		return fmt.Errorf("mysql change feed: %w: %s: %w", driver.ErrFeedUnavailable, why, err)
+	}
+	return fmt.Errorf("mysql change feed: %w: %s", driver.ErrFeedUnavailable, why)
+}
+
+// newBinlogFeed checks what the feed needs, naming what is missing, and
+// reads the head table's column positions.
+func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
+	c := d.feedCfg
+	if c == nil {
+		return nil, unavailable("the driver was made with New over a caller's pool; Open it with a DSN to give the feed its connection settings", nil)
+	}
+	if c.Net != "tcp" {
+		return nil, unavailable(fmt.Sprintf("the DSN's network is %q; the feed connects over tcp only", c.Net), nil)
+	}
+	host, portText, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		return nil, unavailable("the DSN's address "+c.Addr, err)
+	}
+	port, err := strconv.ParseUint(portText, 10, 16)
+	if err != nil {
+		return nil, unavailable("the DSN's port "+portText, err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var version, logBin, format string
+	if err := d.db.QueryRowContext(qctx, "SELECT @@version, @@log_bin, @@binlog_format").Scan(&version, &logBin, &format); err != nil {
+		return nil, unavailable("reading @@version, @@log_bin and @@binlog_format", err)
+	}
+	switch {
+	case strings.Contains(strings.ToLower(version), "vitess"):
+		return nil, unavailable("this is Vitess (vtgate); its VStream is not read yet, so consumers poll (docs/feed.md)", nil)
+	case logBin != "1" && !strings.EqualFold(logBin, "ON"):
+		return nil, unavailable("the binary log is off (log_bin); start the server with log_bin and binlog_format=ROW", nil)
+	case !strings.EqualFold(format, "ROW"):
+		return nil, unavailable(fmt.Sprintf("binlog_format is %s; the feed needs ROW", format), nil)
+	}
+	cols, err := d.headColumns(qctx, c.DBName)
+	if err != nil {
+		return nil, err
+	}
+	flavor := gomysql.MySQLFlavor
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		flavor = gomysql.MariaDBFlavor
+	}
+	f := &binlogFeed{d: d, schema: c.DBName, cols: cols}
+	f.cfg = replication.BinlogSyncerConfig{
+		// A replica's id must be unique among the server's replicas: the
+		// server drops an older connection with the same id.
+		ServerID: 1<<31 + rand.Uint32N(1<<31-1),
+		Flavor:   flavor, Host: host, Port: uint16(port), User: c.User, Password: c.Passwd, TLSConfig: c.TLS,
+		// Heartbeats from an idle server keep the read deadline from
+		// firing; a connection that stays silent past it is cut.
+		HeartbeatPeriod: time.Second, ReadTimeout: 5 * time.Second,
+		DisableRetrySync: true, // we reconnect, from the last commit read
+		Logger:           slog.New(slog.DiscardHandler),
+		// Only the head table's rows are decoded: the messages' payloads
+		// pass through undecoded.
+		RowsEventDecodeFunc: f.decodeRows,
+	}
+	return f, nil
+}
+
+// headColumns reads the head table's column positions (a row image lists
+// columns by position, and binlog_row_metadata=FULL is not the default).
+func (d *Driver) headColumns(ctx context.Context, schema string) (headColumns, error) {
+	rows, err := d.db.QueryContext(ctx, "SELECT column_name, ordinal_position FROM information_schema.columns WHERE table_schema = ? AND table_name = ?", schema, headTable)
+	if err != nil {
+		return headColumns{}, unavailable("reading the head table's columns", err)
+	}
+	defer rows.Close()
+	pos := map[string]int{}
+	for rows.Next() {
+		var name string
+		var n int
+		if err := rows.Scan(&name, &n); err != nil {
+			return headColumns{}, unavailable("reading the head table's columns", err)
+		}
+		pos[strings.ToLower(name)] = n - 1
+	}
+	if err := rows.Err(); err != nil {
+		return headColumns{}, unavailable("reading the head table's columns", err)
+	}
+	cols := headColumns{tenant: -1, topic: -1, key: -1, head: -1}
+	for name, p := range map[string]*int{"tenant": &cols.tenant, "topic": &cols.topic, "partition_key": &cols.key, "head_offset": &cols.head} {
+		v, ok := pos[name]
+		if !ok {
+			return headColumns{}, unavailable(fmt.Sprintf("%s.%s has no column %s: is the database migrated?", schema, headTable, name), driver.ErrNotMigrated)
+		}
+		*p = v
+	}
+	return cols, nil
+}
+
+// binlogPosition is the server's current binary log position.
+func (d *Driver) binlogPosition(ctx context.Context) (gomysql.Position, error) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var pos gomysql.Position
+	var errs []error
+	// SHOW MASTER STATUS is SHOW BINARY LOG STATUS from MySQL 8.2 on (and
+	// gone in 8.4); MariaDB knows the first.
+	for _, stmt := range []string{"SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"} {
+		rows, err := d.db.QueryContext(qctx, stmt)
+		if err != nil {
+			var me *mysql.MySQLError
+			if errors.As(err, &me) && (isPrivilegeError(me.Number) || me.Number == errNoBinaryLogging) {
+				return pos, unavailable("reading the binary log position needs REPLICATION CLIENT (MariaDB: BINLOG MONITOR)", err)
+			}
+			errs = append(errs, err)
+			continue
+		}
+		cols, _ := rows.Columns()
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		found := false
+		if rows.Next() && len(cols) >= 2 {
+			if err = rows.Scan(ptrs...); err == nil {
+				var n uint64
+				n, err = strconv.ParseUint(string(vals[1]), 10, 32)
+				pos, found = gomysql.Position{Name: string(vals[0]), Pos: uint32(n)}, err == nil
+			}
+		}
+		if err = errors.Join(err, rows.Err(), rows.Close()); err == nil && !found {
+			return pos, unavailable("the server reports no binary log position (log_bin off?)", nil)
+		}
+		if found {
+			return pos, nil
+		}
+		errs = append(errs, err)
+	}
+	return pos, fmt.Errorf("mysql change feed: reading the binary log position: %w", errors.Join(errs...))
+}
+
+// decodeRows decodes a rows event only when it is the head table's.
+func (f *binlogFeed) decodeRows(e *replication.RowsEvent, data []byte) error {
+	pos, err := e.DecodeHeader(data)
+	if err != nil {
+		return err
+	}
+	if string(e.Table.Table) != headTable || string(e.Table.Schema) != f.schema {
+		return nil
+	}
+	return e.DecodeData(pos, data)
+}
+
+// stream reads the binary log from f.pos until an error or ctx ends,
+// reporting each committed transaction's head changes. f.pos follows the
+// commits read, so that a reconnect never starts inside a transaction.
+func (f *binlogFeed) stream(ctx context.Context, sink driver.FeedSink) error {
+	f.streamed = false
+	syncer := replication.NewBinlogSyncer(f.cfg)
+	defer syncer.Close()
+	st, err := syncer.StartSync(f.pos)
+	if err != nil {
+		return err
+	}
+	tx := &feedTx{index: map[[3]string]int{}}
+	for {
+		ev, err := st.GetEvent(ctx)
+		if err != nil {
+			return err
+		}
+		if !f.streamed {
+			// The server accepted the position: its first event (a
+			// rotate naming the file) has arrived.
+			f.streamed = true
+			sink.Up()
+		}
+		switch e := ev.Event.(type) {
+		case *replication.RotateEvent:
+			f.pos = gomysql.Position{Name: string(e.NextLogName), Pos: uint32(e.Position)}
+		case *replication.RowsEvent:
+			if e.Table != nil && e.Rows != nil && string(e.Table.Table) == headTable && string(e.Table.Schema) == f.schema {
+				f.heads(e, tx)
+			}
+		case *replication.XIDEvent:
+			f.pos.Pos = ev.Header.LogPos
+			tx.commit(sink)
+		case *replication.QueryEvent:
+			if q := string(e.Query); q != "BEGIN" {
+				f.pos.Pos = ev.Header.LogPos // DDL and other statements commit on their own
+				if q == "COMMIT" {
+					tx.commit(sink)
+				}
+			}
+		}
+	}
+}
+
+// heads adds the partitions e's row images name to tx, once each with
+// the highest head seen. An UPDATE lists a before and an after image; with
+// binlog_row_image=MINIMAL only the before image holds the key and only
+// the after image the new head.
+func (f *binlogFeed) heads(e *replication.RowsEvent, tx *feedTx) {
+	var prev int = -1 // the partition of the previous image
+	for _, row := range e.Rows {
+		h, ok := f.head(row)
+		if !ok {
+			if prev >= 0 {
+				tx.heads[prev].Head = max(tx.heads[prev].Head, h.Head) // an after image without the key
+			}
+			continue
+		}
+		k := [3]string{h.Tenant, h.Topic, h.PartitionKey}
+		i, seen := tx.index[k]
+		if !seen {
+			i = len(tx.heads)
+			tx.index[k] = i
+			tx.heads = append(tx.heads, h)
+		}
+		tx.heads[i].Head = max(tx.heads[i].Head, h.Head)
+		prev = i
+	}
+}
+
+// feedTx is the head changes of the transaction being read.
+type feedTx struct {
+	heads []driver.HeadChange
+	index map[[3]string]int
+}
+
+// commit reports the transaction's changes, if any, and starts the next.
+func (tx *feedTx) commit(sink driver.FeedSink) {
+	if len(tx.heads) > 0 {
+		sink.Moved(tx.heads)
+		tx.heads, tx.index = nil, map[[3]string]int{}
+	}
+}
+
+// head reads one row image; ok is false when it lacks the key columns.
+func (f *binlogFeed) head(row []any) (driver.HeadChange, bool) {
+	at := func(i int) any {
+		if i < len(row) {
+			return row[i]
+		}
+		return nil
+	}
+	var h driver.HeadChange
+	switch v := at(f.cols.head).(type) {
+	case int64:
+		h.Head = v
+	case uint64:
+		h.Head = int64(v)
+	}
+	var ok [3]bool
+	h.Tenant, ok[0] = text(at(f.cols.tenant))
+	h.Topic, ok[1] = text(at(f.cols.topic))
+	h.PartitionKey, ok[2] = text(at(f.cols.key))
+	return h, ok[0] && ok[1] && ok[2]
+}
+
+func text(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case []byte:
+		return string(v), true
+	}
+	return "", false
+}

@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/driver/sqlitedriver"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// logLines keeps the messages logged through it.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logLines) WithGroup(string) slog.Handler            { return l }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, b.String())
+	return nil
+}
+
+// count is the number of lines containing s.
+func (l *logLines) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// feedPair is a publishing client and a consuming client over drivers of
+// their own, as two processes have: only the change feed (or a poll) can
+// tell the consumer of the publisher's messages.
+type feedPair struct {
+	pub, sub *shardq.Client
+	log      *logLines
+}
+
+func openFeedPair(t *testing.T, db string) feedPair {
+	t.Helper()
+	var pubDrv, subDrv driver.Driver
+	switch db {
+	case "mysql":
+		dsn := testdb.MySQLDatabase(t)
+		pubDrv, subDrv = openMySQL(t, dsn), openMySQL(t, dsn)
+	case "sqlite":
+		path := filepath.Join(t.TempDir(), "shardq.db")
+		pubDrv, subDrv = openSQLite(t, path), openSQLite(t, path)
+	}
+	p := feedPair{log: &logLines{}}
+	p.pub = newTestClient(t, pubDrv, nil)
+	if err := p.pub.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p.sub = newTestClient(t, subDrv, &shardq.Config{Logger: slog.New(p.log)})
+	return p
+}
+
+func openMySQL(t *testing.T, dsn string) *mysqldriver.Driver {
+	t.Helper()
+	d, err := mysqldriver.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func openSQLite(t *testing.T, path string) *sqlitedriver.Driver {
+	t.Helper()
+	d, err := sqlitedriver.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func newTestClient(t *testing.T, d driver.Driver, cfg *shardq.Config) *shardq.Client {
+	t.Helper()
+	c, err := shardq.NewClient(d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// never is a poll interval no test lasts: what arrives came by the feed.
+const never = time.Hour
+
+// waitFor polls cond until it holds or 30 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A subscriber, a group receiver and an ungrouped consumer that never
+// poll still get every message another client publishes, one at a time,
+// in order: the change feed wakes them.
+func TestFeedWakesAcrossClients(t *testing.T) {
+	for _, db := range []string{"sqlite", "mysql"} {
+		t.Run(db, func(t *testing.T) {
+			ctx := context.Background()
+			p := openFeedPair(t, db)
+			var mu sync.Mutex
+			var got []string
+			record := func(_ context.Context, d *shardq.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				got = append(got, string(d.Payload))
+				return nil
+			}
+			received := func() []string {
+				mu.Lock()
+				defer mu.Unlock()
+				return append([]string(nil), got...)
+			}
+			sub, err := p.sub.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Handler: record,
+				DiscoveryInterval: 20 * time.Millisecond, PollInterval: never, FeedPollInterval: never})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Stop(ctx)
+			waitFor(t, "the feed to come up", p.sub.FeedUp)
+
+			publish := func(key, payload string) {
+				t.Helper()
+				if _, err := p.pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, Payload: []byte(payload)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The first message is found by discovery, which leases the
+			// partition; every later one finds its worker idle, and only
+			// a wake-up can start it.
+			var want []string
+			for i := range 20 {
+				msg := fmt.Sprintf("grouped %d", i)
+				want = append(want, msg)
+				publish("k", msg)
+				waitFor(t, msg, func() bool { return len(received()) == len(want) })
+			}
+			// Ungrouped messages: the claimers' only poll is at start.
+			for i := range 5 {
+				msg := fmt.Sprintf("ungrouped %d", i)
+				want = append(want, msg)
+				publish("", msg)
+				waitFor(t, msg, func() bool { return len(received()) == len(want) })
+			}
+			if g := received(); strings.Join(g, ",") != strings.Join(want, ",") {
+				t.Fatalf("delivered %q; want %q", g, want)
+			}
+
+			// A group receiver waiting in Receive.
+			r, err := p.sub.AcceptGroup(ctx, "t", "x", "receivers", "r", &shardq.ReceiverOptions{PollInterval: never, FeedPollInterval: never})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close(ctx)
+			for i := range 5 {
+				msg := fmt.Sprintf("received %d", i)
+				done := make(chan error, 1)
+				go func() {
+					rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					defer cancel()
+					d, err := r.Receive(rctx)
+					if err == nil && string(d.Payload) != msg {
+						err = fmt.Errorf("received %q, want %q", d.Payload, msg)
+					}
+					if err == nil {
+						err = r.Ack(rctx, d)
+					}
+					done <- err
+				}()
+				publish("r", msg)
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := p.log.count("change feed unavailable"); n != 0 {
+				t.Fatalf("the feed said it was unavailable %d times", n)
+			}
+		})
+	}
+}
+
+// The feed's connection is cut again and again while messages flow: the
+// poll takes over while it is down, it reconnects from where it was, and
+// nothing is lost or reordered.
+func TestFeedSurvivesCuts(t *testing.T) {
+	ctx := context.Background()
+	direct := testdb.MySQLDatabase(t)
+	cfg, err := mysql.ParseDSN(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCutProxy(t, cfg.Addr)
+	defer proxy.close()
+	cfg.Addr = proxy.ln.Addr().String()
+	pub := newTestClient(t, openMySQL(t, direct), nil)
+	if err := pub.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log := &logLines{}
+	subClient := newTestClient(t, openMySQL(t, cfg.FormatDSN()), &shardq.Config{Logger: slog.New(log)})
+
+	var mu sync.Mutex
+	last := map[string]int{}
+	var disorder []string
+	delivered := 0
+	sc := faultSubscriberConfig(func(_ context.Context, d *shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		var seq int
+		fmt.Sscan(string(d.Payload), &seq)
+		if seq < last[d.PartitionKey] {
+			disorder = append(disorder, fmt.Sprintf("%s: %d after %d", d.PartitionKey, seq, last[d.PartitionKey]))
+		}
+		if seq > last[d.PartitionKey] {
+			delivered++
+			last[d.PartitionKey] = seq
+		}
+		return nil
+	})
+	sc.FeedPollInterval = never
+	sub, err := subClient.Subscribe(ctx, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop(ctx)
+	waitFor(t, "the feed to come up", subClient.FeedUp)
+
+	const keys, perKey = 4, 60
+	for i := 1; i <= perKey; i++ {
+		for k := range keys {
+			if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprint("k", k), Payload: []byte(fmt.Sprint(i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%10 == 0 {
+			proxy.cut()
+			time.Sleep(20 * time.Millisecond) // let messages flow while it is down
+		}
+	}
+	waitFor(t, "every message", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return delivered == keys*perKey
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(disorder) > 0 {
+		t.Fatalf("out of order: %v", disorder)
+	}
+	waitFor(t, "the feed to come back", subClient.FeedUp)
+	if down, up := log.count("change feed down"), log.count("change feed up"); down < 2 || up < 3 {
+		t.Fatalf("feed went down %d and up %d times over six cuts; want it to notice and reconnect", down, up)
+	}
+}
+
+// A user without the replication privileges gets one log line naming
+// what is missing, and its consumers poll as without a feed: without any
+// (the position cannot be read), and with the position but without the
+// right to read the log.
+func TestFeedWithoutPrivilegeFallsBack(t *testing.T) {
+	for _, tc := range []struct{ name, grant, names string }{
+		{"none", "", "REPLICATION CLIENT"},
+		{"monitor only", "GRANT BINLOG MONITOR ON *.* TO ", "REPLICATION SLAVE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testFeedWithoutPrivilege(t, tc.grant, tc.names) })
+	}
+}
+
+func testFeedWithoutPrivilege(t *testing.T, grant, names string) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	user := "'nofeed_" + strings.TrimPrefix(cfg.DBName, "shardq_test_") + "'@'%'"
+	stmts := []string{"CREATE USER " + user + " IDENTIFIED BY 'pw'", "GRANT ALL PRIVILEGES ON `" + cfg.DBName + "`.* TO " + user}
+	if grant != "" {
+		stmts = append(stmts, grant+user)
+	}
+	for _, stmt := range stmts {
+		if _, err := admin.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP USER "+user) })
+	pub := newTestClient(t, openMySQL(t, dsn), nil)
+	if err := pub.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd = strings.Trim(strings.Split(user, "@")[0], "'"), "pw"
+	log := &logLines{}
+	c := newTestClient(t, openMySQL(t, cfg.FormatDSN()), &shardq.Config{Logger: slog.New(log)})
+	got := make(chan string, 10)
+	sub, err := c.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
+		DiscoveryInterval: 20 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, d *shardq.Delivery) error { got <- string(d.Payload); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop(ctx)
+	waitFor(t, "the fallback line", func() bool { return log.count("change feed unavailable") > 0 })
+	for i := range 3 {
+		if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if m != fmt.Sprint(i) {
+				t.Fatalf("got %q, want %d", m, i)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("message %d not delivered by polling", i)
+		}
+	}
+	if n := log.count("change feed unavailable"); n != 1 || c.FeedUp() {
+		t.Fatalf("%d fallback lines, feed up %v; want one line and no feed", n, c.FeedUp())
+	}
+	if log.count(names) != 1 {
+		t.Fatalf("the fallback line does not name %s: %q", names, log.lines)
+	}
+}

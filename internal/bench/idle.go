@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardq/shardq"
+)
+
+// idleSettle is how long the members run before counting: their first
+// rebalance, discovery sweep and heartbeat are start-up, not idle cost.
+const idleSettle = 5 * time.Second
+
+// idle: --subscribers members of one group (one client in this process,
+// or one process each with --processes) serve --tenants tenants of a
+// topic that receives nothing. After idleSettle, the statements the
+// server counts (MySQL's Questions status) over --duration, less this
+// measurement's own, are the members' idle cost: statements per member
+// per second. The baseline is the same with the change feed off.
+func (e *env) idle(feed shardq.FeedMode) func(ctx context.Context, ns namespace) (rep, error) {
+	return func(ctx context.Context, ns namespace) (rep, error) {
+		db := e.d.DB()
+		if _, err := questions(ctx, db); err != nil {
+			return rep{}, fmt.Errorf("idle counts statements with MySQL's Questions status (%s has none): %w", e.d.Name(), err)
+		}
+		saved := e.p.Feed
+		defer func() { e.p.Feed = saved }()
+		e.p.Feed = map[shardq.FeedMode]string{shardq.FeedAuto: "auto", shardq.FeedOff: "off"}[feed]
+		c, err := e.client()
+		if err != nil {
+			return rep{}, err
+		}
+		defer c.Close()
+		rec := newRecorder(0, 0)
+		stop, err := e.startSubscribers(ctx, c, ns, rec, false, false)
+		if err != nil {
+			return rep{}, err
+		}
+		defer func() {
+			if stop != nil {
+				stop()
+			}
+		}()
+		select {
+		case <-time.After(idleSettle):
+		case <-ctx.Done():
+			return rep{}, ctx.Err()
+		}
+		start := time.Now()
+		before, err := questions(ctx, db)
+		if err != nil {
+			return rep{}, err
+		}
+		select {
+		case <-time.After(e.p.Duration):
+		case <-ctx.Done():
+			return rep{}, ctx.Err()
+		}
+		after, err := questions(ctx, db)
+		if err != nil {
+			return rep{}, err
+		}
+		elapsed := time.Since(start)
+		extra := map[string]any{}
+		if !e.p.Processes {
+			extra["feed_up"] = c.FeedUp()
+		}
+		err = stop()
+		stop = nil
+		if err != nil {
+			return rep{}, err
+		}
+		if rec.count() != 0 {
+			return rep{}, errors.New("idle: a message was delivered from a topic nobody published to")
+		}
+		n := float64(after - before - 1) // the second SHOW is counted
+		return rep{elapsed: elapsed, perMemberSec: n / float64(e.p.Subscribers) / elapsed.Seconds(), extraParams: extra}, nil
+	}
+}
+
+// questions is the server's count of statements sent by clients.
+func questions(ctx context.Context, db *sql.DB) (int64, error) {
+	var name string
+	var n int64
+	err := db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &n)
+	return n, err
+}
