@@ -3,10 +3,12 @@
 package shardq_test
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -42,6 +44,12 @@ func (l *logLines) Handle(_ context.Context, r slog.Record) error {
 	defer l.mu.Unlock()
 	l.lines = append(l.lines, b.String())
 	return nil
+}
+
+func (l *logLines) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
 }
 
 // count is the number of lines containing s.
@@ -362,6 +370,81 @@ func testFeedWithoutPrivilege(t *testing.T, grant, names string) {
 		t.Fatalf("%d fallback lines, feed up %v; want one line and no feed", n, c.FeedUp())
 	}
 	if log.count(names) != 1 {
-		t.Fatalf("the fallback line does not name %s: %q", names, log.lines)
+		t.Fatalf("the fallback line does not name %s: %q", names, log.all())
 	}
+}
+
+// feedHelperEnv makes the test binary a subscriber process whose polls
+// are an hour apart: it prints "up" once its feed streams, then each
+// payload it is handed, until killed.
+const feedHelperEnv = "SHARDQ_FEED_HELPER_DSN"
+
+func runFeedHelper(url string) int {
+	c, _, err := openURL(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var mu sync.Mutex
+	_, err = c.Subscribe(context.Background(), shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
+		DiscoveryInterval: 20 * time.Millisecond, PollInterval: never, FeedPollInterval: never,
+		Handler: func(_ context.Context, d *shardq.Delivery) error {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintln(os.Stdout, string(d.Payload)) // unbuffered
+			return nil
+		}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for !c.FeedUp() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	fmt.Fprintln(os.Stdout, "up")
+	mu.Unlock()
+	select {} // until killed
+}
+
+// A subscriber in another process, which never polls, is handed every
+// message this process publishes, one at a time, in order.
+func TestFeedWakesAcrossProcesses(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, url string, _ driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		cmd, stdout := startHelper(t, feedHelperEnv, url)
+		defer func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}()
+		lines := make(chan string, 100)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		next := func(want string) {
+			t.Helper()
+			select {
+			case got, ok := <-lines:
+				if !ok || got != want {
+					t.Fatalf("the subscriber process said %q (open %v), want %q", got, ok, want)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the subscriber process did not say %q within 30 s", want)
+			}
+		}
+		next("up")
+		// The first message is found by discovery; each later one finds
+		// the partition's worker idle, and only the feed can wake it.
+		for i := range 10 {
+			msg := fmt.Sprint("m", i)
+			if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte(msg)}); err != nil {
+				t.Fatal(err)
+			}
+			next(msg)
+		}
+	})
 }

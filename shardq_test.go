@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv(memberHelperEnv); dsn != "" {
 		os.Exit(runMemberHelper(dsn))
 	}
+	if dsn := os.Getenv(feedHelperEnv); dsn != "" {
+		os.Exit(runFeedHelper(dsn))
+	}
 	if dsn := os.Getenv(txKillHelperEnv); dsn != "" {
 		os.Exit(runTxKillHelper(dsn))
 	}

@@ -354,7 +354,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		Handle: s.handle, Batch: cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
 		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StaleAfter: cfg.StaleAfter,
 		DiscoveryInterval: cfg.DiscoveryInterval, JoinWindow: cfg.JoinWindow, PollInterval: cfg.PollInterval,
-		FeedUp: c.local.Up, FeedPollInterval: cfg.FeedPollInterval,
+		FeedUp: c.local.Up, FeedNames: c.local.Names, FeedPollInterval: cfg.FeedPollInterval,
 		DiscoveryWindow: cfg.DiscoveryWindow, FullDiscoveryInterval: cfg.FullDiscoveryInterval,
 		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
 		Take: consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,

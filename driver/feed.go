@@ -37,8 +37,10 @@ type FeedSink interface {
 	// consumers read their heads again.
 	Rescan()
 	// Up reports that the feed streams. Events between a consumer's last
-	// read and Up may be missing, so Up implies Rescan.
-	Up()
+	// read and Up may be missing, so Up implies Rescan. names says
+	// whether the feed names each partition that moves (Moved), or only
+	// that something changed (Rescan).
+	Up(names bool)
 	// Down reports that the feed stopped streaming, with why.
 	Down(err error)
 	// Note logs what the feed did that an operator may want to know (a

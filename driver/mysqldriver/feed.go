@@ -296,7 +296,7 @@ func (f *binlogFeed) stream(ctx context.Context, sink driver.FeedSink) error {
 			// The server accepted the position: its first event (a
 			// rotate naming the file) has arrived.
 			f.streamed = true
-			sink.Up()
+			sink.Up(true)
 		}
 		switch e := ev.Event.(type) {
 		case *replication.RotateEvent:

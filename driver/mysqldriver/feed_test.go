@@ -5,6 +5,7 @@ package mysqldriver_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -25,7 +26,7 @@ func (e feedEvents) Moved(hs []driver.HeadChange) {
 	}
 }
 func (e feedEvents) Rescan()                      { e <- "rescan" }
-func (e feedEvents) Up()                          { e <- "up" }
+func (e feedEvents) Up(bool)                      { e <- "up" }
 func (e feedEvents) Down(err error)               { e <- "down" }
 func (e feedEvents) Note(msg string, args ...any) { e <- "note " + msg }
 
@@ -183,5 +184,15 @@ func purge(t *testing.T, admin *sql.DB, file string) {
 			t.Fatalf("binary log %s still listed after purging to %s", file, current)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Through vtgate there is no binary log to read: the feed says so (one
+// log line, by the client) and consumers poll.
+func TestVitessFeedUnavailable(t *testing.T) {
+	d := testdb.Vitess(t)
+	err := d.FeedHeads(context.Background(), make(feedEvents, 10))
+	if !errors.Is(err, driver.ErrFeedUnavailable) || !strings.Contains(err.Error(), "Vitess") {
+		t.Fatalf("feed on vtgate: %v; want ErrFeedUnavailable naming Vitess", err)
 	}
 }

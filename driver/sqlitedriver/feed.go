@@ -60,7 +60,7 @@ func (d *Driver) FeedHeads(ctx context.Context, sink driver.FeedSink) error {
 			// Up rescans: whatever committed before this first read is
 			// found by the consumers' own reads.
 			up, last = true, v
-			sink.Up()
+			sink.Up(false)
 		case v != last:
 			last = v
 			sink.Rescan()

@@ -297,7 +297,7 @@ func (e *env) repeat(ctx context.Context, c scenCase) (Result, error) {
 func (e *env) paramsMap() map[string]any {
 	p := e.p
 	return map[string]any{"messages": p.Messages, "size": p.Size, "publishers": p.Publishers, "batch": p.Batch,
-		"partitions": p.Partitions, "tenants": p.Tenants, "subscribers": p.Subscribers, "processes": p.Processes,
+		"partitions": p.Partitions, "tenants": p.Tenants, "subscribers": p.Subscribers, "processes": p.Processes, "feed": p.Feed,
 		"handlers": p.Handlers, "handler_delay": p.HandlerDelay.String(),
 		"rate": p.Rate, "duration": p.Duration.String(), "reps": p.Reps, "history": p.History, "active": p.Active}
 }

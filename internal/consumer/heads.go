@@ -15,9 +15,9 @@ const idleFallback = 5
 
 // watchHeads wakes idle workers whose partition head moved: every
 // PollInterval (FeedPollInterval while the change feed streams), and at
-// once when the feed asks for a rescan, one query per tenant reads the
-// heads of all of this member's idle partitions, instead of each idle
-// partition polling on its own.
+// once when the feed asks for a rescan, one query reads the heads of all
+// of this member's idle partitions, in all its tenants, instead of each
+// idle partition polling on its own.
 func (s *Member) watchHeads() {
 	t := time.NewTimer(s.pollEvery())
 	defer t.Stop()

@@ -59,6 +59,10 @@ type Config struct {
 	// FeedPollInterval instead of PollInterval.
 	FeedUp           func() bool
 	FeedPollInterval time.Duration
+	// FeedNames reports whether the feed streams and names each partition
+	// that moves (nil: no feed): a worker that read up to the head then
+	// waits for its wake-up instead of reading again.
+	FeedNames func() bool
 
 	Take                 Take
 	UngroupedConcurrency int

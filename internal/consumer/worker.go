@@ -174,11 +174,13 @@ func (w *worker) run() {
 		if !w.commitDue() {
 			return
 		}
-		// A short batch read up to the head. While the change feed
-		// streams, whatever was committed since has woken this worker
-		// already (a pending wake-up), so it waits for that instead of
-		// reading again for nothing: one read per message, not two.
-		drained = len(msgs) < s.cfg.BatchSize && s.cfg.FeedUp != nil && s.cfg.FeedUp()
+		// A short batch read up to the head. While a feed that names
+		// partitions streams, whatever was committed since has woken
+		// this worker already (a pending wake-up), so it waits for that
+		// instead of reading again for nothing: one read per message, not
+		// two. (A feed that only says "something changed", SQLite's,
+		// wakes idle workers only, through the head watcher.)
+		drained = len(msgs) < s.cfg.BatchSize && s.cfg.FeedNames != nil && s.cfg.FeedNames()
 	}
 }
 

@@ -168,9 +168,9 @@ func (s *Service) ungrouped() {
 		}
 	}()
 	var advanced time.Time
-	var nextProbe time.Time     // when the tenants with work are read again
-	active := map[string]bool{} // tenants with work at the last probe, or woken since
-	rereads := 0                // claims after a wake-up that found nothing (feedRereads)
+	var nextProbe, lastProbe time.Time // when the tenants with work are read again, and were last
+	active := map[string]bool{}        // tenants with work at the last probe, or woken since
+	rereads := 0                       // claims after a wake-up that found nothing (feedRereads)
 	for {
 		if s.life.Context().Err() != nil {
 			return
@@ -179,14 +179,18 @@ func (s *Service) ungrouped() {
 		for _, t := range woken {
 			active[t] = true
 		}
-		if now := time.Now(); rescan || !now.Before(nextProbe) {
-			if work, ok := s.probe(); ok {
-				active = work
-				for _, t := range woken {
-					active[t] = true
-				}
+		now := time.Now()
+		if rescan {
+			// A feed that cannot name partitions (SQLite's) asks after
+			// every commit: probe at most once per rescanGap.
+			nextProbe = minTime(nextProbe, lastProbe.Add(rescanGap))
+		}
+		if !now.Before(nextProbe) {
+			active = s.probe()
+			for _, t := range woken {
+				active[t] = true
 			}
-			nextProbe = now.Add(s.pollEvery())
+			lastProbe, nextProbe = now, now.Add(s.pollEvery())
 		}
 		target := prefetch.target(handled.Load(), s.cfg.Clock())
 		claimed := 0
@@ -228,6 +232,18 @@ func (s *Service) ungrouped() {
 	}
 }
 
+// rescanGap bounds how often rescans make the loop read the tenants with
+// work: SQLite's feed asks after every commit of any connection (500 a
+// second and more under load), and the read is a join per tenant.
+const rescanGap = 10 * time.Millisecond
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // pollEvery is how often the tenants with work are read: PollInterval, or
 // FeedPollInterval while the change feed streams.
 func (s *Service) pollEvery() time.Duration {
@@ -241,8 +257,8 @@ func (s *Service) pollEvery() time.Duration {
 // ungrouped head is past the group's ungrouped cursor: only those are
 // claimed from and advanced until the next probe, so that an idle member
 // costs one statement per poll however many tenants it serves. On error
-// it reports false and the caller keeps the tenants it had.
-func (s *Service) probe() (map[string]bool, bool) {
+// it returns every tenant (and logs why).
+func (s *Service) probe() map[string]bool {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	ps, err := s.drv.PartitionsWithWorkOf(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup, []string{""})
@@ -254,13 +270,13 @@ func (s *Service) probe() (map[string]bool, bool) {
 		for _, t := range s.cfg.Tenants {
 			all[t] = true
 		}
-		return all, true
+		return all
 	}
 	work := make(map[string]bool, len(ps))
 	for _, p := range ps {
 		work[p.Tenant] = true
 	}
-	return work, true
+	return work
 }
 
 // takeWoken returns, and forgets, the tenants woken since the last call

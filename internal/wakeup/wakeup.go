@@ -41,6 +41,7 @@ type Registry struct {
 	done   chan struct{}      // closed when the running feed returned
 
 	up      atomic.Bool
+	names   atomic.Bool  // the feed names the partitions that move
 	moved   atomic.Int64 // head changes the feed reported
 	rescans atomic.Int64
 }
@@ -113,6 +114,11 @@ func (r *Registry) Close() {
 // Up reports whether the feed streams: consumers then poll at their
 // slower safety-net interval.
 func (r *Registry) Up() bool { return r.up.Load() }
+
+// Names reports whether the feed streams and names each partition that
+// moves: a consumer then knows that whatever committed after its last
+// read has woken it, or will.
+func (r *Registry) Names() bool { return r.up.Load() && r.names.Load() }
 
 // FeedStats are what the feed reported so far: head changes and rescans.
 func (r *Registry) FeedStats() (moved, rescans int64) { return r.moved.Load(), r.rescans.Load() }
@@ -222,8 +228,9 @@ func (s sink) Moved(heads []driver.HeadChange) {
 
 func (s sink) Rescan() { s.r.rescan() }
 
-func (s sink) Up() {
+func (s sink) Up(names bool) {
 	s.r.log.Info("shardq: change feed up; consumers poll only as a safety net")
+	s.r.names.Store(names)
 	s.r.up.Store(true)
 	s.r.rescan()
 }

@@ -94,18 +94,18 @@ func TestFeedRunsWhileConsumersAre(t *testing.T) {
 	c := &recorder{}
 	r.Add("x", nil, 1, c)
 	<-f.running
-	f.events <- func(s driver.FeedSink) { s.Up() }
+	f.events <- func(s driver.FeedSink) { s.Up(true) }
 	f.events <- func(s driver.FeedSink) {
 		s.Moved([]driver.HeadChange{{Tenant: "a", Topic: "x", PartitionKey: "k", Head: 3}})
 	}
 	f.events <- func(driver.FeedSink) {} // the previous event was handled
 	heads, rescans := c.got()
-	if !r.Up() || rescans != 1 || len(heads) != 1 || heads[0].Head != 3 {
+	if !r.Up() || !r.Names() || rescans != 1 || len(heads) != 1 || heads[0].Head != 3 {
 		t.Fatalf("up %v, rescans %d, heads %v; want up, one rescan, the head change", r.Up(), rescans, heads)
 	}
 	f.events <- func(s driver.FeedSink) { s.Down(context.DeadlineExceeded) }
 	f.events <- func(driver.FeedSink) {}
-	if r.Up() {
+	if r.Up() || r.Names() {
 		t.Fatal("up after Down")
 	}
 	r.Remove("x", 1)
