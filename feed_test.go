@@ -448,3 +448,39 @@ func TestFeedWakesAcrossProcesses(t *testing.T) {
 		}
 	})
 }
+
+// A message to a key that no member holds runs the control loop's next
+// tick early: with rebalancing an hour apart, each new key published by
+// another client is still leased and delivered.
+func TestFeedLeasesNewKeysEarly(t *testing.T) {
+	for _, db := range []string{"sqlite", "mysql"} {
+		t.Run(db, func(t *testing.T) {
+			ctx := context.Background()
+			p := openFeedPair(t, db)
+			got := make(chan string, 10)
+			sub, err := p.sub.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
+				DiscoveryInterval: never, JoinWindow: 10 * time.Millisecond, PollInterval: never, FeedPollInterval: never,
+				Handler: func(_ context.Context, d *shardq.Delivery) error { got <- d.PartitionKey; return nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Stop(ctx)
+			waitFor(t, "the feed to come up", p.sub.FeedUp)
+			time.Sleep(50 * time.Millisecond) // past the first tick, which found nothing
+			for i := range 3 {
+				key := fmt.Sprint("new-", i)
+				if _, err := p.pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, Payload: []byte("x")}); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case k := <-got:
+					if k != key {
+						t.Fatalf("delivered key %q, want %q", k, key)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatalf("key %q not leased within 30 s: the wake-up did not run a tick", key)
+				}
+			}
+		})
+	}
+}

@@ -70,16 +70,37 @@ type headColumns struct{ tenant, topic, key, head int }
 // feedFrom runs the feed from start, or from the server's current
 // position when start is nil (tests start from a stale one).
 func (d *Driver) feedFrom(ctx context.Context, sink driver.FeedSink, start *gomysql.Position) error {
-	f, err := d.newBinlogFeed(ctx)
-	if err != nil {
-		return err
-	}
-	if start != nil {
-		f.pos = *start
-	} else if f.pos, err = d.binlogPosition(ctx); err != nil {
-		return err
-	}
 	pause := 100 * time.Millisecond
+	var f *binlogFeed
+	for f == nil {
+		// A server that cannot feed says so for good; one that does not
+		// answer (restarting, a cut) is asked again.
+		var err error
+		if f, err = d.newBinlogFeed(ctx); err == nil {
+			if start != nil {
+				f.pos = *start
+			} else {
+				f.pos, err = d.binlogPosition(ctx)
+			}
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, driver.ErrFeedUnavailable):
+			return err
+		case ctx.Err() != nil:
+			return nil
+		}
+		f = nil
+		sink.Note("shardq: change feed cannot start yet; retrying", "err", err, "retry_in", pause)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, feedRetryMax)
+	}
+	pause = 100 * time.Millisecond
 	for {
 		err := f.stream(ctx, sink)
 		if ctx.Err() != nil {
@@ -153,7 +174,7 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 	defer cancel()
 	var version, logBin, format string
 	if err := d.db.QueryRowContext(qctx, "SELECT @@version, @@log_bin, @@binlog_format").Scan(&version, &logBin, &format); err != nil {
-		return nil, unavailable("reading @@version, @@log_bin and @@binlog_format", err)
+		return nil, fmt.Errorf("mysql change feed: reading @@version, @@log_bin and @@binlog_format: %w", err)
 	}
 	switch {
 	case strings.Contains(strings.ToLower(version), "vitess"):
@@ -194,7 +215,7 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 func (d *Driver) headColumns(ctx context.Context, schema string) (headColumns, error) {
 	rows, err := d.db.QueryContext(ctx, "SELECT column_name, ordinal_position FROM information_schema.columns WHERE table_schema = ? AND table_name = ?", schema, headTable)
 	if err != nil {
-		return headColumns{}, unavailable("reading the head table's columns", err)
+		return headColumns{}, fmt.Errorf("mysql change feed: reading the head table's columns: %w", err)
 	}
 	defer rows.Close()
 	pos := map[string]int{}
@@ -202,12 +223,12 @@ func (d *Driver) headColumns(ctx context.Context, schema string) (headColumns, e
 		var name string
 		var n int
 		if err := rows.Scan(&name, &n); err != nil {
-			return headColumns{}, unavailable("reading the head table's columns", err)
+			return headColumns{}, fmt.Errorf("mysql change feed: reading the head table's columns: %w", err)
 		}
 		pos[strings.ToLower(name)] = n - 1
 	}
 	if err := rows.Err(); err != nil {
-		return headColumns{}, unavailable("reading the head table's columns", err)
+		return headColumns{}, fmt.Errorf("mysql change feed: reading the head table's columns: %w", err)
 	}
 	cols := headColumns{tenant: -1, topic: -1, key: -1, head: -1}
 	for name, p := range map[string]*int{"tenant": &cols.tenant, "topic": &cols.topic, "partition_key": &cols.key, "head_offset": &cols.head} {

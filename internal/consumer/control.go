@@ -20,7 +20,8 @@ import (
 func (s *Member) manage() {
 	t := time.NewTimer(s.cfg.JoinWindow)
 	defer t.Stop()
-	var last time.Time
+	last := time.Now() // a wake-up never runs the first tick before the join window
+
 	for {
 		select {
 		case <-s.life.Context().Done():

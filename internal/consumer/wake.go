@@ -48,9 +48,14 @@ func (s *Member) Moved(heads []driver.HeadChange) {
 }
 
 // Rescan is the feed's "anything may have moved": the head watcher reads
-// the heads of every idle partition now, and the ungrouped claimers look.
+// the heads of every idle partition now, the ungrouped claimers look, and
+// the control loop ticks early (at most once per JoinWindow), since a new
+// key may be among what moved.
 func (s *Member) Rescan() {
 	signal(s.rescan)
+	if s.cfg.Take != TakeUngrouped {
+		signal(s.kick)
+	}
 	if s.ungrouped != nil {
 		s.ungrouped.Rescan()
 	}
