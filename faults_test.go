@@ -78,6 +78,21 @@ func (p *cutProxy) close() {
 	p.wg.Wait()
 }
 
+// proxiedDatabase is a new MariaDB database's DSN, the same DSN through a
+// cutProxy, and the proxy (closed when t ends).
+func proxiedDatabase(t *testing.T) (direct, proxied string, proxy *cutProxy) {
+	t.Helper()
+	direct = testdb.MySQLDatabase(t)
+	cfg, err := mysql.ParseDSN(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy = newCutProxy(t, cfg.Addr)
+	t.Cleanup(proxy.close)
+	cfg.Addr = proxy.ln.Addr().String()
+	return direct, cfg.FormatDSN(), proxy
+}
+
 // faultSubscriberConfig is the member the fault tests run: short
 // intervals, a lease long enough to outlive one outage.
 func faultSubscriberConfig(h shardq.Handler) shardq.SubscriberConfig {
@@ -91,14 +106,7 @@ func faultSubscriberConfig(h shardq.Handler) shardq.SubscriberConfig {
 // the subscriber recovers each time and nothing is lost or reordered.
 func TestSubscriberSurvivesConnectionCuts(t *testing.T) {
 	ctx := context.Background()
-	direct := testdb.MySQLDatabase(t)
-	cfg, err := mysql.ParseDSN(direct)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCutProxy(t, cfg.Addr)
-	defer proxy.close()
-	cfg.Addr = proxy.ln.Addr().String()
+	direct, proxied, proxy := proxiedDatabase(t)
 
 	pubDrv, err := mysqldriver.Open(direct)
 	if err != nil {
@@ -113,7 +121,7 @@ func TestSubscriberSurvivesConnectionCuts(t *testing.T) {
 	if err := pub.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	subDrv, err := mysqldriver.Open(cfg.FormatDSN())
+	subDrv, err := mysqldriver.Open(proxied)
 	if err != nil {
 		t.Fatal(err)
 	}

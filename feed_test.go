@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -232,20 +233,13 @@ func TestFeedWakesAcrossClients(t *testing.T) {
 // nothing is lost or reordered.
 func TestFeedSurvivesCuts(t *testing.T) {
 	ctx := context.Background()
-	direct := testdb.MySQLDatabase(t)
-	cfg, err := mysql.ParseDSN(direct)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCutProxy(t, cfg.Addr)
-	defer proxy.close()
-	cfg.Addr = proxy.ln.Addr().String()
+	direct, proxied, proxy := proxiedDatabase(t)
 	pub := newTestClient(t, openMySQL(t, direct), nil)
 	if err := pub.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	log := &logLines{}
-	subClient := newTestClient(t, openMySQL(t, cfg.FormatDSN()), &shardq.Config{Logger: slog.New(log)})
+	subClient := newTestClient(t, openMySQL(t, proxied), &shardq.Config{Logger: slog.New(log)})
 
 	var mu sync.Mutex
 	last := map[string]int{}
@@ -482,5 +476,15 @@ func TestFeedLeasesNewKeysEarly(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A ChangeFeed that is neither FeedAuto nor FeedOff is refused, naming
+// the field.
+func TestChangeFeedModeIsChecked(t *testing.T) {
+	_, err := shardq.NewClient(testdb.SQLite(t), &shardq.Config{ChangeFeed: 7})
+	var ve *shardq.ValidationError
+	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "change feed") {
+		t.Fatalf("NewClient with ChangeFeed 7: %v; want a validation error naming the change feed", err)
 	}
 }

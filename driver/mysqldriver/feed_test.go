@@ -22,13 +22,22 @@ type feedEvents chan string
 
 func (e feedEvents) Moved(hs []driver.HeadChange) {
 	for _, h := range hs {
-		e <- fmt.Sprintf("moved %s/%s/%s@%d", h.Tenant, h.Topic, h.PartitionKey, h.Head)
+		e.send(fmt.Sprintf("moved %s/%s/%s@%d", h.Tenant, h.Topic, h.PartitionKey, h.Head))
 	}
 }
-func (e feedEvents) Rescan()                      { e <- "rescan" }
-func (e feedEvents) Up(bool)                      { e <- "up" }
-func (e feedEvents) Down(err error)               { e <- "down" }
-func (e feedEvents) Note(msg string, args ...any) { e <- "note " + msg }
+func (e feedEvents) Rescan()                      { e.send("rescan") }
+func (e feedEvents) Up(bool)                      { e.send("up") }
+func (e feedEvents) Down(err error)               { e.send("down") }
+func (e feedEvents) Note(msg string, args ...any) { e.send("note " + msg) }
+
+// send never blocks the feed (a sink must not): a test that reads
+// nothing does not hold the feed past its cancellation.
+func (e feedEvents) send(ev string) {
+	select {
+	case e <- ev:
+	default:
+	}
+}
 
 // next waits for the next event that starts with prefix, skipping others.
 func (e feedEvents) next(t *testing.T, prefix string) string {
@@ -46,30 +55,45 @@ func (e feedEvents) next(t *testing.T, prefix string) string {
 	}
 }
 
-// The feed names exactly the partitions a committed publish moved, with
-// their new heads, once per transaction; a rolled-back one names nothing.
-func TestFeedNamesCommittedHeads(t *testing.T) {
-	ctx := context.Background()
+// feedDriver is a migrated database and a client that publishes to it
+// (its own feed off: the test runs the feed itself).
+func feedDriver(t *testing.T) (*mysqldriver.Driver, *shardq.Client) {
+	t.Helper()
 	d := testdb.Migrated(t, testdb.MySQL(t))
 	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	file, pos, err := mysqldriver.BinlogPosition(ctx, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { c.Close() })
+	return d, c
+}
+
+// startFeed runs d's feed from (file, pos) until the test ends.
+func startFeed(t *testing.T, d *mysqldriver.Driver, file string, pos uint32) feedEvents {
+	t.Helper()
 	events := make(feedEvents, 100)
-	fctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- mysqldriver.FeedFrom(fctx, d, events, file, pos) }()
-	defer func() {
+	go func() { done <- mysqldriver.FeedFrom(ctx, d, events, file, pos) }()
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("feed: %v", err)
 		}
-	}()
+	})
+	return events
+}
+
+// The feed names exactly the partitions a committed publish moved, with
+// their new heads, once per transaction; a rolled-back one names nothing.
+func TestFeedNamesCommittedHeads(t *testing.T) {
+	ctx := context.Background()
+	d, c := feedDriver(t)
+	file, pos, err := mysqldriver.BinlogPosition(ctx, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := startFeed(t, d, file, pos)
 	events.next(t, "up")
 
 	tx, err := d.DB().BeginTx(ctx, nil)
@@ -99,12 +123,7 @@ func TestFeedNamesCommittedHeads(t *testing.T) {
 // current position with a rescan (Up), not silently from nowhere.
 func TestFeedStalePositionRescans(t *testing.T) {
 	ctx := context.Background()
-	d := testdb.Migrated(t, testdb.MySQL(t))
-	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	d, c := feedDriver(t)
 	stale, pos, err := mysqldriver.BinlogPosition(ctx, d)
 	if err != nil {
 		t.Fatal(err)
@@ -116,16 +135,7 @@ func TestFeedStalePositionRescans(t *testing.T) {
 	defer admin.Close()
 	purge(t, admin, stale)
 
-	events := make(feedEvents, 100)
-	fctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mysqldriver.FeedFrom(fctx, d, events, stale, pos) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("feed: %v", err)
-		}
-	}()
+	events := startFeed(t, d, stale, pos)
 	if note := events.next(t, "note"); !strings.Contains(note, "no longer on the server") {
 		t.Fatalf("note %q; want the position given up", note)
 	}

@@ -28,8 +28,8 @@ type Consumer interface {
 }
 
 // Registry holds a client's consumers by topic and runs the change feed
-// while any consumer is registered. The zero value is ready and has no
-// feed.
+// from the first registration until Close. The zero value is ready and
+// has no feed.
 type Registry struct {
 	mu      sync.Mutex
 	byTopic map[string]map[any]entry
@@ -40,10 +40,8 @@ type Registry struct {
 	cancel context.CancelFunc // stops the running feed (nil: none runs)
 	done   chan struct{}      // closed when the running feed returned
 
-	up      atomic.Bool
-	names   atomic.Bool  // the feed names the partitions that move
-	moved   atomic.Int64 // head changes the feed reported
-	rescans atomic.Int64
+	up    atomic.Bool
+	names atomic.Bool // the feed names the partitions that move
 }
 
 type entry struct {
@@ -120,9 +118,6 @@ func (r *Registry) Up() bool { return r.up.Load() }
 // read has woken it, or will.
 func (r *Registry) Names() bool { return r.up.Load() && r.names.Load() }
 
-// FeedStats are what the feed reported so far: head changes and rescans.
-func (r *Registry) FeedStats() (moved, rescans int64) { return r.moved.Load(), r.rescans.Load() }
-
 // Committed tells the consumers of the rows' topics (one call, or one
 // shared transaction, may span several) that the rows are stored.
 func (r *Registry) Committed(rows []*driver.InsertMessage) {
@@ -190,7 +185,6 @@ func (r *Registry) byTopicOf(heads []driver.HeadChange) []topicEntry {
 
 // rescan tells every consumer to read its heads again.
 func (r *Registry) rescan() {
-	r.rescans.Add(1)
 	var cs []Consumer
 	r.mu.Lock()
 	for _, es := range r.byTopic {
@@ -222,7 +216,6 @@ func (r *Registry) runFeed(ctx context.Context, done chan struct{}) {
 type sink struct{ r *Registry }
 
 func (s sink) Moved(heads []driver.HeadChange) {
-	s.r.moved.Add(int64(len(heads)))
 	s.r.dispatch(heads)
 }
 
