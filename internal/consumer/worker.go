@@ -129,7 +129,8 @@ func (w *worker) run() {
 	drained := false // the last fetch read to the head, and the feed streams
 	for !w.stopping() {
 		var msgs []driver.Message
-		if !drained {
+		fetched := !drained
+		if fetched {
 			var err error
 			if msgs, err = w.fetch(); err != nil {
 				s.log.Warn("shardq: fetch failed; retrying", w.logArgs("err", err)...)
@@ -145,7 +146,7 @@ func (w *worker) run() {
 			if s.cfg.Clock().Sub(idleSince) >= s.cfg.IdleRelease {
 				return // idle release: finish() commits and releases
 			}
-			if w.expect.Load() > w.cursor && rereads < feedRereads {
+			if fetched && w.expect.Load() > w.cursor && rereads < feedRereads {
 				// A replica can read a commit from the binary log before
 				// it is visible to readers: read again soon.
 				w.wait(feedReread << rereads)
