@@ -345,7 +345,7 @@ func (f *binlogFeed) stream(ctx context.Context, sink driver.FeedSink) error {
 // binlog_row_image=MINIMAL only the before image holds the key and only
 // the after image the new head.
 func (f *binlogFeed) heads(e *replication.RowsEvent, tx *feedTx) {
-	var prev int = -1 // the partition of the previous image
+	prev := -1 // the partition of the previous image
 	for _, row := range e.Rows {
 		h, ok := f.head(row)
 		if !ok {

@@ -48,19 +48,7 @@ func (d *Store) TenantsWithPartitions(ctx context.Context, tenants []string, top
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
-		}
-		out = append(out, t)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	return out, nil
+	return scanStrings(rows, op)
 }
 
 // HeadsPage reads up to limit head rows of one tenant's topic in key

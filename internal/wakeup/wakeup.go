@@ -119,8 +119,15 @@ func (r *Registry) Up() bool { return r.up.Load() }
 func (r *Registry) Names() bool { return r.up.Load() && r.names.Load() }
 
 // Committed tells the consumers of the rows' topics (one call, or one
-// shared transaction, may span several) that the rows are stored.
+// shared transaction, may span several) that the rows are stored. A
+// client with no consumer pays one lock for it.
 func (r *Registry) Committed(rows []*driver.InsertMessage) {
+	r.mu.Lock()
+	none := len(r.byTopic) == 0
+	r.mu.Unlock()
+	if none {
+		return
+	}
 	heads := make([]driver.HeadChange, 0, len(rows))
 	for i, row := range rows {
 		if i > 0 && row.Tenant == rows[i-1].Tenant && row.Topic == rows[i-1].Topic && row.PartitionKey == rows[i-1].PartitionKey {
@@ -140,47 +147,29 @@ func (r *Registry) dispatch(heads []driver.HeadChange) {
 		heads []driver.HeadChange
 	}
 	var calls []call
+	seen := map[string]bool{}
 	r.mu.Lock()
-	if len(r.byTopic) == 0 {
-		r.mu.Unlock()
-		return
-	}
-	for _, e := range r.byTopicOf(heads) {
-		var mine []driver.HeadChange
-		for _, h := range heads {
-			if h.Topic == e.topic && (e.tenants == nil || e.tenants[h.Tenant]) {
-				mine = append(mine, h)
-			}
+	for _, t := range heads {
+		if seen[t.Topic] {
+			continue
 		}
-		if len(mine) > 0 {
-			calls = append(calls, call{e.c, mine})
+		seen[t.Topic] = true
+		for _, e := range r.byTopic[t.Topic] {
+			var mine []driver.HeadChange
+			for _, h := range heads {
+				if h.Topic == t.Topic && (e.tenants == nil || e.tenants[h.Tenant]) {
+					mine = append(mine, h)
+				}
+			}
+			if len(mine) > 0 {
+				calls = append(calls, call{e.c, mine})
+			}
 		}
 	}
 	r.mu.Unlock()
 	for _, c := range calls {
 		c.c.Moved(c.heads)
 	}
-}
-
-type topicEntry struct {
-	entry
-	topic string
-}
-
-// byTopicOf lists the entries of the topics heads name; r.mu is held.
-func (r *Registry) byTopicOf(heads []driver.HeadChange) []topicEntry {
-	var out []topicEntry
-	seen := map[string]bool{}
-	for _, h := range heads {
-		if seen[h.Topic] {
-			continue
-		}
-		seen[h.Topic] = true
-		for _, e := range r.byTopic[h.Topic] {
-			out = append(out, topicEntry{e, h.Topic})
-		}
-	}
-	return out
 }
 
 // rescan tells every consumer to read its heads again.
