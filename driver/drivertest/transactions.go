@@ -300,10 +300,13 @@ func testTxConcurrentSendsInCommitOrder(t *testing.T, open Open) {
 	go func() { // an ordinary publisher on the same partition
 		defer wg.Done()
 		for i := range 40 {
-			if _, err := c.Publish(context.Background(), shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "hot", ID: fmt.Sprintf("plain-%d", i)}); err != nil {
+			id := fmt.Sprintf("plain-%d", i)
+			res, err := c.Publish(context.Background(), shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "hot", ID: id})
+			if err != nil {
 				errs <- err
 				return
 			}
+			committed.Store(id, res[0].Offset)
 		}
 	}()
 	wg.Wait()
@@ -312,7 +315,27 @@ func testTxConcurrentSendsInCommitOrder(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	want := 40 + senders*each*3/4
-	waitFor(t, "every committed message", time.Minute, func() bool { return rec.total.Load() >= int64(want) })
+	deadline := time.Now().Add(time.Minute)
+	for rec.total.Load() < int64(want) {
+		if time.Now().After(deadline) {
+			// Say whether this is a loss (the cursor passed a missing
+			// offset) or a stall (the head is past the cursor).
+			var missing []string
+			rec.mu.Lock()
+			committed.Range(func(id, off any) bool {
+				if !rec.seen[id.(string)] {
+					missing = append(missing, fmt.Sprintf("%s@%d", id, off))
+				}
+				return true
+			})
+			rec.mu.Unlock()
+			ps, perr := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+			ls, lerr := d.HeldLeases(context.Background(), []string{"t"}, "g", "x")
+			t.Fatalf("after a minute %d of %d delivered; committed and missing: %v; partitions with work %+v (%v); leases %+v (%v)",
+				rec.total.Load(), want, missing, ps, perr, ls, lerr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	waitFor(t, "the cursor at the head", 30*time.Second, func() bool {
 		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
 		return err == nil && len(ps) == 0
