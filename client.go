@@ -44,9 +44,13 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/telemetry"
 	"github.com/shardq/shardq/internal/wakeup"
 )
 
@@ -101,6 +105,13 @@ type Config struct {
 	// Logger receives what the client does not return to a caller.
 	// Default slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider and MeterProvider receive the client's spans and
+	// metrics (docs/observability.md). Default: the OpenTelemetry
+	// globals, which record nothing until the application installs an
+	// SDK. shardq imports only the OpenTelemetry API.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 func (c Config) withDefaults() Config {
@@ -140,6 +151,7 @@ type Client struct {
 
 	drv     driver.Driver
 	cfg     Config
+	tel     *telemetry.T
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
 	// local tells this client's consumers of heads that moved: its own
 	// publishes, and the change feed.
@@ -185,6 +197,10 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
+	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
+	if l, ok := drv.(driver.Logged); ok {
+		l.UseLogger(cl.cfg.Logger)
+	}
 	if err := cl.serveTenants(); err != nil {
 		return nil, fmt.Errorf("shardq: new client: %w", err)
 	}

@@ -76,15 +76,7 @@ type feedPair struct {
 
 func openFeedPair(t *testing.T, db string) feedPair {
 	t.Helper()
-	var pubDrv, subDrv driver.Driver
-	switch db {
-	case "mysql":
-		dsn := testdb.MySQLDatabase(t)
-		pubDrv, subDrv = openMySQL(t, dsn), openMySQL(t, dsn)
-	case "sqlite":
-		path := filepath.Join(t.TempDir(), "shardq.db")
-		pubDrv, subDrv = openSQLite(t, path), openSQLite(t, path)
-	}
+	pubDrv, subDrv := openTwoDrivers(t, db)
 	p := feedPair{log: &logLines{}}
 	p.pub = newTestClient(t, pubDrv, nil)
 	if err := p.pub.Migrate(context.Background()); err != nil {
@@ -92,6 +84,22 @@ func openFeedPair(t *testing.T, db string) feedPair {
 	}
 	p.sub = newTestClient(t, subDrv, &shardq.Config{Logger: slog.New(p.log)})
 	return p
+}
+
+// openTwoDrivers opens two drivers (connection pools) on one fresh
+// database: "mysql" or "sqlite".
+func openTwoDrivers(t *testing.T, db string) (driver.Driver, driver.Driver) {
+	t.Helper()
+	switch db {
+	case "mysql":
+		dsn := testdb.MySQLDatabase(t)
+		return openMySQL(t, dsn), openMySQL(t, dsn)
+	case "sqlite":
+		path := filepath.Join(t.TempDir(), "shardq.db")
+		return openSQLite(t, path), openSQLite(t, path)
+	}
+	t.Fatalf("no database %q", db)
+	return nil, nil
 }
 
 func openMySQL(t *testing.T, dsn string) *mysqldriver.Driver {
@@ -104,7 +112,7 @@ func openMySQL(t *testing.T, dsn string) *mysqldriver.Driver {
 	return d
 }
 
-func openSQLite(t *testing.T, path string) *sqlitedriver.Driver {
+func openSQLite(t testing.TB, path string) *sqlitedriver.Driver {
 	t.Helper()
 	d, err := sqlitedriver.Open(path, nil)
 	if err != nil {

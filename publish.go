@@ -16,6 +16,7 @@ import (
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/retry"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // HeaderQueueName is the header that mirrors a message's tenant.
@@ -74,8 +75,12 @@ type PublishResult struct {
 // If ctx ends before the commit is confirmed, Publish returns ctx's error and
 // the messages may or may not be stored; publishing them again with the same
 // ids is safe.
-func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult, error) {
-	rows, err := c.prepare(msgs)
+func (c *Client) Publish(ctx context.Context, msgs ...Message) (_ []PublishResult, err error) {
+	start := time.Now()
+	ctx, span := c.tel.StartSend(ctx, false)
+	var sent []*driver.InsertMessage // what reached the database
+	defer func() { c.tel.EndSend(ctx, span, start, sent, err) }()
+	rows, err := c.prepare(ctx, msgs)
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +93,7 @@ func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult,
 				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)})
 		}
 	}
+	sent = rows
 	if err := c.batcher.Submit(ctx, rows[0].Tenant, rows); err != nil {
 		if errors.Is(err, coalesce.ErrClosed) {
 			return nil, ErrClosed
@@ -102,14 +108,18 @@ func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult,
 // partition are serialised by a row lock held until tx ends, so keep such
 // transactions short. On SQLite, begin tx on the driver's DB() (its write
 // connection).
-func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]PublishResult, error) {
+func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) (_ []PublishResult, err error) {
 	if tx == nil {
 		return nil, fmt.Errorf("shardq: PublishTx: %w", &ident.Error{Field: "tx", Rule: "must not be nil"})
 	}
-	rows, err := c.prepare(msgs)
+	start := time.Now()
+	ctx, span := c.tel.StartSend(ctx, true)
+	rows, err := c.prepare(ctx, msgs)
 	if err != nil {
+		c.tel.EndSend(ctx, span, start, nil, err)
 		return nil, err
 	}
+	defer func() { c.tel.EndSend(ctx, span, start, rows, err) }()
 	if len(rows) == 0 {
 		return nil, nil
 	}
@@ -122,12 +132,13 @@ func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]
 }
 
 // prepare validates every message, runs selectors, fills ids, headers and
-// times, and returns the rows to insert. Nothing touches the database.
-func (c *Client) prepare(msgs []Message) ([]*driver.InsertMessage, error) {
+// times, and returns the rows to insert; each carries ctx's trace context
+// (the send span's) in its headers. Nothing touches the database.
+func (c *Client) prepare(ctx context.Context, msgs []Message) ([]*driver.InsertMessage, error) {
 	rows := make([]*driver.InsertMessage, len(msgs))
 	now := c.cfg.Clock().UTC().Truncate(time.Microsecond)
 	for i := range msgs {
-		r, err := c.prepareOne(&msgs[i], now)
+		r, err := c.prepareOne(ctx, &msgs[i], now)
 		if err != nil {
 			return nil, fmt.Errorf("shardq: message %d: %w", i, err)
 		}
@@ -136,7 +147,7 @@ func (c *Client) prepare(msgs []Message) ([]*driver.InsertMessage, error) {
 	return rows, nil
 }
 
-func (c *Client) prepareOne(m *Message, now time.Time) (*driver.InsertMessage, error) {
+func (c *Client) prepareOne(ctx context.Context, m *Message, now time.Time) (*driver.InsertMessage, error) {
 	if err := ident.Tenant(m.Tenant); err != nil {
 		return nil, err
 	}
@@ -184,6 +195,9 @@ func (c *Client) prepareOne(m *Message, now time.Time) (*driver.InsertMessage, e
 	headers := make(map[string]string, len(m.Headers)+1)
 	maps.Copy(headers, m.Headers)
 	headers[HeaderQueueName] = m.Tenant
+	// Like queue_name, the trace context shardq adds does not count
+	// against the caller's header limits.
+	telemetry.Inject(ctx, headers)
 	created := now
 	if !m.CreatedAt.IsZero() {
 		created = m.CreatedAt.UTC().Truncate(time.Microsecond)
@@ -197,10 +211,14 @@ func (c *Client) prepareOne(m *Message, now time.Time) (*driver.InsertMessage, e
 // writeBatch is the coalescer's flush: one write transaction, run again on
 // a retryable error (deadlock, busy file). Running it again is safe because
 // publish is idempotent by id.
-func (c *Client) writeBatch(ctx context.Context, rows []*driver.InsertMessage) error {
-	return retry.Do(ctx, c.cfg.PublishRetries, c.drv.Retryable, func(n int, err error) {
+func (c *Client) writeBatch(ctx context.Context, rows []*driver.InsertMessage, calls int) error {
+	err := retry.Do(ctx, c.cfg.PublishRetries, c.drv.Retryable, func(n int, err error) {
 		c.cfg.Logger.Warn("shardq: publish transaction retried", "tenant", rows[0].Tenant, "attempt", n, "err", err)
 	}, func() error { return c.writeOnce(ctx, rows) })
+	if err == nil {
+		c.tel.Batch(ctx, rows[0].Tenant, len(rows), calls)
+	}
+	return err
 }
 
 func (c *Client) writeOnce(ctx context.Context, rows []*driver.InsertMessage) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/keepalive"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // Errors of message-group receivers.
@@ -262,7 +263,8 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 		return nil, fmt.Errorf("shardq: accept %s: %w", ref, err)
 	}
 	r := &GroupReceiver{c: c, o: o, log: o.Logger.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
-		"partition", ref.PartitionKey, "receiver", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
+		"partition_key", ref.PartitionKey, "member", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
+		metrics: c.tel.Group(ref.Topic, ref.ConsumerGroup),
 		closing: make(chan struct{}), wake: make(chan struct{}, 1)}
 	if nextOffset >= 0 || o.RequireReady {
 		ready, err := r.ready(ctx)
@@ -276,6 +278,7 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 			return nil, err
 		}
 	}
+	r.metrics.LeaseAcquired(ref.Tenant) // shut counts its end
 	r.alive = r.keepAlive()
 	c.local.Add(ref.Topic, []string{ref.Tenant}, r, receiverWake{r})
 	if err := c.track(r); err != nil {
@@ -297,6 +300,8 @@ type GroupReceiver struct {
 	id  string // lease owner: ident.MemberID(o.Name)
 	ref driver.PartitionRef
 	log *slog.Logger
+	// metrics counts the lease, retries and dead letters.
+	metrics *telemetry.Group
 
 	cursor int64                          // last settled offset
 	buf    []driver.Message               // fetched after the cursor, not handed out
@@ -339,6 +344,7 @@ func (r *GroupReceiver) shut(reason error) {
 		r.mu.Unlock()
 		close(r.closing)
 		r.c.local.Remove(r.ref.Topic, r)
+		r.metrics.LeaseEnded(r.ref.Tenant, errors.Is(reason, driver.ErrLeaseLost))
 	})
 }
 
@@ -413,6 +419,7 @@ func (r *GroupReceiver) fill(ctx context.Context) error {
 // message is unsettled, and with ErrReceiverClosed once the receiver is
 // closed, idle-released or has lost its lease.
 func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
+	start := time.Now()
 	rereads := 0 // reads after a wake-up that found nothing
 	for {
 		if _, err := r.current(); err != nil {
@@ -448,6 +455,7 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 				r.held = &m
 				r.lastActive = r.o.Clock()
 				r.mu.Unlock()
+				r.c.tel.Received(ctx, m, r.ref.ConsumerGroup, start)
 				return newDelivery(m, st.Attempts+1), nil
 			}
 		}
@@ -552,6 +560,7 @@ func (r *GroupReceiver) Nack(ctx context.Context, d *Delivery, cause error) erro
 	if err := r.c.drv.RecordAttempt(ctx, l, d.Offset, st, now); err != nil {
 		return r.fail("nack", err)
 	}
+	r.metrics.Retry(r.ref.Tenant)
 	r.mu.Lock()
 	r.buf = append([]driver.Message{*r.held}, r.buf...)
 	if r.states == nil {
@@ -580,6 +589,7 @@ func (r *GroupReceiver) deadLetter(ctx context.Context, l driver.Lease, d *Deliv
 	if err := r.c.drv.DeadLetter(ctx, l, settle.DeadLetterCopy(*r.held, r.o.DLQSuffix, d.Attempt, cause), d.Offset, r.o.Clock()); err != nil {
 		return r.fail("dead-letter", err)
 	}
+	r.metrics.DeadLettered(r.ref.Tenant, 1)
 	r.log.Warn("shardq: message dead-lettered", "offset", d.Offset, "id", d.ID, "attempts", d.Attempt, "err", cause)
 	r.settled(d.Offset)
 	return nil

@@ -92,7 +92,7 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
 		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
 	}
-	rep, err := retention.Run(ctx, a.c.drv, a.c.cfg.Clock, s.toDriver(), cfg.pass())
+	rep, err := retention.Run(ctx, a.c.drv, a.c.cfg.Clock, s.toDriver(), a.c.retentionPass(cfg))
 	return RetentionReport(rep), err
 }
 
@@ -111,6 +111,14 @@ func (c RetentionConfig) pass() retention.Config {
 	return retention.Config{Default: conv(c.Default), DeadLetters: conv(c.DeadLetters), Topics: topics, DLQSuffix: c.DLQSuffix,
 		BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL, PageLimit: DefaultPageLimit, Owner: ident.MemberID(c.Name),
 		PartitionIdle: max(c.PartitionIdle, 0), RemoveBatch: removeBatch}
+}
+
+// retentionPass is cfg as one pass of this client's, counting what it
+// deletes in the metrics.
+func (c *Client) retentionPass(cfg RetentionConfig) retention.Config {
+	p := cfg.pass()
+	p.Deleted = c.tel.RetentionDeleted
+	return p
 }
 
 // Cleaner runs retention passes in the background (internal/retention).
@@ -137,7 +145,7 @@ func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval ti
 	scope := driver.Scope{Tenants: tenants}
 	cl := &Cleaner{c: c, svc: retention.Start(ctx, interval, c.cfg.Logger.With("cleaner", cfg.Name), tenants,
 		func(ctx context.Context) (retention.Report, error) {
-			return retention.Run(ctx, c.drv, c.cfg.Clock, scope, cfg.pass())
+			return retention.Run(ctx, c.drv, c.cfg.Clock, scope, c.retentionPass(cfg))
 		})}
 	if err := c.track(cl); err != nil {
 		cl.svc.Stop(ctx)

@@ -15,6 +15,7 @@ import (
 	"github.com/shardq/shardq/internal/consumer"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // Delivery is a message handed to a subscriber's handler.
@@ -333,6 +334,7 @@ type Subscriber struct {
 	cfg      SubscriberConfig
 	id       string // this instance's identity: ident.MemberID(cfg.Name)
 	member   *consumer.Member
+	lag      *telemetry.LagSource // nil when taking ungrouped messages only
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -361,9 +363,14 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		MaxVisibilityRenewal: cfg.MaxVisibilityRenewal,
 		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
 		DLQSuffix:            cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
+		Metrics: c.tel.Group(cfg.Topic, cfg.ConsumerGroup),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
+	}
+	if cfg.Take != TakeUngrouped { // a member without leases runs no ticks to learn the lag from
+		s.lag = &telemetry.LagSource{Topic: cfg.Topic, Group: cfg.ConsumerGroup, Read: s.member.Lag}
+		c.tel.AddLag(s.lag)
 	}
 	c.local.Add(cfg.Topic, cfg.Tenants, s, s.member)
 	if err := c.track(s); err != nil {
@@ -374,12 +381,17 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 }
 
 // handle runs the handler (the batch handler with all of msgs, or the
-// handler with the one message), turning a panic into an error.
+// handler with the one message) in a process span, turning a panic into
+// an error.
 func (s *Subscriber) handle(ctx context.Context, msgs []driver.Message, attempt int) (err error) {
+	start := time.Now()
+	tenant := msgs[0].Tenant
+	ctx, span := s.client.tel.StartProcess(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, msgs, attempt)
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panicked: %v", r)
 		}
+		s.client.tel.EndProcess(ctx, span, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, len(msgs), start, err)
 	}()
 	if s.cfg.BatchHandler != nil {
 		ds := make([]*Delivery, len(msgs))
@@ -413,6 +425,9 @@ func (s *Subscriber) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		defer s.client.untrack(s)
 		s.client.local.Remove(s.cfg.Topic, s)
+		if s.lag != nil {
+			s.client.tel.RemoveLag(s.lag)
+		}
 		if err := s.member.Stop(ctx); err != nil {
 			s.stopErr = fmt.Errorf("shardq: %w", err)
 		}

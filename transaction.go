@@ -13,6 +13,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/checkback"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // TxState is the outcome of a local transaction, as the sender or the
@@ -120,6 +121,8 @@ type TransactionProducer struct {
 	id  string // half-message claim owner: ident.MemberID(cfg.Name)
 	log *slog.Logger
 	svc *checkback.Service // the group's check-back, run by this member
+	// halves reports the group's pending half messages to the metrics.
+	halves *telemetry.HalfSource
 
 	committed, rolledBack atomic.Int64
 }
@@ -166,12 +169,14 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
 	}
 	id := ident.MemberID(cfg.Name)
-	p := &TransactionProducer{c: c, cfg: cfg, id: id, log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "producer", id)}
+	p := &TransactionProducer{c: c, cfg: cfg, id: id, log: cfg.Logger.With("producer_group", cfg.ProducerGroup, "member", id)}
 	p.svc = checkback.Start(ctx, c.drv, checkback.Config{Tenants: cfg.Tenants, Group: cfg.ProducerGroup, Owner: id,
 		Poll: cfg.PollInterval, ClaimTTL: cfg.ClaimTTL, CheckInterval: cfg.CheckInterval, MaxChecks: cfg.MaxChecks,
 		DeadLetterExhausted: cfg.WhenExhausted == DeadLetterWhenExhausted, Timeout: dbTimeout, Clock: cfg.Clock, Log: p.log,
 		Check: func(ctx context.Context, h driver.HalfMessage) (checkback.Outcome, error) {
+			ctx, span := c.tel.StartCheck(ctx, cfg.ProducerGroup, h.Tenant, h.Topic, h.Headers)
 			state, err := runLocal(ctx, cfg.Checker, toHalf(&h))
+			c.tel.EndCheck(span, cfg.ProducerGroup, h.Tenant, state.String(), err)
 			switch state {
 			case TxCommit:
 				return checkback.Commit, err
@@ -180,17 +185,44 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 			}
 			return checkback.Unknown, err
 		}})
+	p.halves = &telemetry.HalfSource{ProducerGroup: cfg.ProducerGroup, Read: p.pendingHalves}
+	c.tel.AddHalves(p.halves)
 	if err := c.track(p); err != nil {
-		p.svc.Stop(ctx)
+		p.Stop(ctx)
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
 	}
 	return p, nil
 }
 
+// pendingHalves counts the group's pending half messages per tenant (the
+// half-message gauge), reading at most maxHalvesCounted.
+func (p *TransactionProducer) pendingHalves(ctx context.Context) (map[string]int64, error) {
+	hs, err := p.c.drv.ListHalves(ctx, driver.Scope{Tenants: p.cfg.Tenants, Limit: maxHalvesCounted})
+	if err != nil {
+		return nil, fmt.Errorf("count half messages of producer group %q: %w", p.cfg.ProducerGroup, err)
+	}
+	counts := make(map[string]int64, len(p.cfg.Tenants))
+	for _, t := range p.cfg.Tenants {
+		counts[t] = 0
+	}
+	for _, h := range hs {
+		if h.ProducerGroup == p.cfg.ProducerGroup {
+			counts[h.Tenant]++
+		}
+	}
+	return counts, nil
+}
+
+// maxHalvesCounted bounds the half messages one reading of the gauge
+// lists: a few are normal, thousands mean a stuck producer group, which
+// the gauge shows either way.
+const maxHalvesCounted = 10_000
+
 // Stop ends the check-back loop, letting a running check finish until ctx
 // ends.
 func (p *TransactionProducer) Stop(ctx context.Context) error {
 	defer p.c.untrack(p)
+	p.c.tel.RemoveHalves(p.halves)
 	p.svc.Stop(ctx)
 	return nil
 }
@@ -212,7 +244,11 @@ func (p *TransactionProducer) Stats() TxStats {
 // partition with a fresh offset), rolls back, or leaves it unknown for the
 // check-back. A commit or rollback that finds the half message already
 // resolved returns ErrTxResolved.
-func (p *TransactionProducer) SendInTransaction(ctx context.Context, msg Message, sel Selector, arg any, local LocalTransaction) (TxResult, error) {
+func (p *TransactionProducer) SendInTransaction(ctx context.Context, msg Message, sel Selector, arg any, local LocalTransaction) (_ TxResult, err error) {
+	start := time.Now()
+	ctx, span := p.c.tel.StartSend(ctx, true)
+	var sent []*driver.InsertMessage
+	defer func() { p.c.tel.EndSend(ctx, span, start, sent, err) }()
 	if sel != nil {
 		if msg.Selector != nil {
 			return TxResult{}, fmt.Errorf("shardq: send in transaction: %w",
@@ -223,7 +259,7 @@ func (p *TransactionProducer) SendInTransaction(ctx context.Context, msg Message
 	if local == nil {
 		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", &ident.Error{Field: "local transaction", Rule: "must not be nil"})
 	}
-	rows, err := p.c.prepare([]Message{msg})
+	rows, err := p.c.prepare(ctx, []Message{msg})
 	if err != nil {
 		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", err)
 	}
@@ -235,6 +271,7 @@ func (p *TransactionProducer) SendInTransaction(ctx context.Context, msg Message
 	now := p.cfg.Clock()
 	half := &driver.HalfMessage{InsertMessage: *row, ProducerGroup: p.cfg.ProducerGroup, NextCheckAt: now.Add(p.cfg.TransactionTimeout)}
 	res := TxResult{Tenant: row.Tenant, Topic: row.Topic, PartitionKey: row.PartitionKey, ID: row.ID}
+	sent = rows
 	if err := p.c.drv.InsertHalf(ctx, half); err != nil {
 		return res, fmt.Errorf("shardq: send in transaction: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -314,6 +315,12 @@ type HalfMessages interface {
 	ListHalves(ctx context.Context, s Scope) ([]HalfMessage, error)
 }
 
+// Logged is a driver with log lines of its own (its database library's,
+// its change feed's): shardq.NewClient sends them to the client's logger.
+type Logged interface {
+	UseLogger(l *slog.Logger)
+}
+
 // Scope selects tenants for an operator's listing: an explicit list, or
 // every tenant when AllTenants is set. Neither is never "all".
 type Scope struct {
@@ -349,6 +356,13 @@ type OffsetRow struct {
 	NoCursor bool
 }
 
+// PartitionLag is a partition's backlog after a cursor.
+type PartitionLag struct {
+	Lag              int64
+	Capped           bool
+	OldestUnconsumed time.Time // zero when Lag is 0
+}
+
 // LagCountLimit bounds the messages an offset report counts per cursor:
 // a report reads at most this many rows of each partition.
 const LagCountLimit = 10000
@@ -369,6 +383,11 @@ type Admin interface {
 	// (only group when it is not empty) with lag (counted up to
 	// LagCountLimit). Sort key: (tenant, topic, group, partition key).
 	OffsetReport(ctx context.Context, s Scope, group string) ([]OffsetRow, error)
+	// PartitionLag counts the messages of one partition after offset
+	// after (up to LagCountLimit: Capped says there are more), with the
+	// first one's time: what the lag metrics read for a partition with
+	// work.
+	PartitionLag(ctx context.Context, tenant, topic, partitionKey string, after int64) (PartitionLag, error)
 	// TopicCursors lists every group's cursor in one tenant's topic: what
 	// retention and offset resets need, without counting messages.
 	TopicCursors(ctx context.Context, tenant, topic string) ([]Cursor, error)

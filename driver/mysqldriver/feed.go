@@ -202,7 +202,7 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 		// firing; a connection that stays silent past it is cut.
 		HeartbeatPeriod: time.Second, ReadTimeout: 5 * time.Second,
 		DisableRetrySync: true, // we reconnect, from the last commit read
-		Logger:           slog.New(slog.DiscardHandler),
+		Logger:           slog.New(quieter{d.logs.logger().Handler()}).With("driver", "mysql", "component", "binlog"),
 		// Only the head table's rows are decoded: the messages' payloads
 		// pass through undecoded.
 		RowsEventDecodeFunc: f.decodeRows,

@@ -19,6 +19,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -48,7 +49,15 @@ type Driver struct {
 	migrations []migrate.Migration
 	server     *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
 	feedCfg    *mysql.Config // the connection settings the change feed uses (Open's DSN); nil with New
+	logs       *logSink      // the driver's own log lines: go-sql-driver's (with Open) and the feed's
 }
+
+var _ driver.Logged = (*Driver)(nil)
+
+// UseLogger sends the driver's own log lines (go-sql-driver's, the change
+// feed's replication library's) to l; shardq.NewClient gives it the
+// client's Config.Logger.
+func (d *Driver) UseLogger(l *slog.Logger) { d.logs.p.Store(l) }
 
 var _ driver.Driver = (*Driver)(nil)
 
@@ -71,7 +80,7 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Driver{db: db, migrations: ms, server: limits}
+	d := &Driver{db: db, migrations: ms, server: limits, logs: &logSink{}}
 	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages}
 	return d, nil
 }
@@ -96,7 +105,8 @@ func Open(dsn string) (*Driver, error) {
 	if err := checkDSNCharset(dsn, cfg); err != nil {
 		return nil, err
 	}
-	cfg.Logger = slogLogger{}
+	logs := &logSink{}
+	cfg.Logger = logs
 	cfg.InterpolateParams = false // values never become SQL text
 	cfg.Loc = time.UTC
 	if cfg.Params == nil {
@@ -132,6 +142,7 @@ func Open(dsn string) (*Driver, error) {
 	}
 	d.owned = true
 	d.feedCfg = cfg
+	d.logs = logs // go-sql-driver writes to it too
 	return d, nil
 }
 

@@ -238,11 +238,52 @@ func (l *serverLimits) store(step, packet int64) error {
 	return nil
 }
 
-// slogLogger routes go-sql-driver's own messages (a broken connection it
-// retries, say) to slog at debug level: the error that matters reaches the
-// caller through database/sql, once.
-type slogLogger struct{}
+// logSink is where the driver's own log lines go: the client's logger
+// once it gives one (UseLogger), slog.Default() until then.
+type logSink struct{ p atomic.Pointer[slog.Logger] }
 
-func (slogLogger) Print(v ...any) {
-	slog.Debug("mysql driver: " + strings.TrimSpace(fmt.Sprint(v...)))
+func (s *logSink) logger() *slog.Logger {
+	if l := s.p.Load(); l != nil {
+		return l
+	}
+	return slog.Default()
 }
+
+// Print is go-sql-driver's logger: its own messages (a broken connection
+// it retries, say) go at debug level, since the error that matters
+// reaches the caller through database/sql, once.
+func (s *logSink) Print(v ...any) {
+	s.logger().Debug("shardq: mysql driver: "+strings.TrimSpace(fmt.Sprint(v...)), "driver", "mysql")
+}
+
+// quieter is the replication library's handler: its lines (each
+// connection and position) one level lower, Info becoming Debug, since
+// the feed itself says once what matters; and never its configuration,
+// which holds the password.
+type quieter struct{ slog.Handler }
+
+func quieterLevel(l slog.Level) slog.Level {
+	if l < slog.LevelError {
+		return l - 4
+	}
+	return l
+}
+
+func (q quieter) Enabled(ctx context.Context, l slog.Level) bool {
+	return q.Handler.Enabled(ctx, quieterLevel(l))
+}
+
+func (q quieter) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, quieterLevel(r.Level), r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "config" {
+			a = slog.String("config", "(not logged: it holds the password)")
+		}
+		out.AddAttrs(a)
+		return true
+	})
+	return q.Handler.Handle(ctx, out)
+}
+
+func (q quieter) WithAttrs(as []slog.Attr) slog.Handler { return quieter{q.Handler.WithAttrs(as)} }
+func (q quieter) WithGroup(name string) slog.Handler    { return quieter{q.Handler.WithGroup(name)} }

@@ -96,7 +96,7 @@ func (s *Service) checkDue() {
 func (s *Service) check(h driver.HalfMessage) {
 	ctx, cancel := context.WithTimeout(s.life.HardContext(), s.cfg.Timeout)
 	defer cancel()
-	args := []any{"tenant", h.Tenant, "topic", h.Topic, "partition", h.PartitionKey, "id", h.ID, "checks", h.Checks + 1}
+	args := []any{"tenant", h.Tenant, "topic", h.Topic, "partition_key", h.PartitionKey, "id", h.ID, "checks", h.Checks + 1}
 	outcome, err := s.cfg.Check(ctx, h)
 	if err != nil {
 		s.cfg.Log.Warn("shardq: transaction check failed; counted as unknown", append(args, "err", err)...)

@@ -85,6 +85,8 @@ type app struct {
 	env      Env
 	dsnFlag  string // --dsn as given; see dsn()
 	feedFlag string // --feed: auto or off
+	// --metrics-addr and --otlp-endpoint (telemetry.go)
+	metricsAddr, otlpEndpoint string
 }
 
 // dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
@@ -111,6 +113,10 @@ func newRoot(env Env) *cobra.Command {
 		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (default $SHARDQ_DSN, else "+DefaultDSN+")")
 	root.PersistentFlags().StringVar(&a.feedFlag, "feed", "auto",
 		"how consumers hear of messages other processes publish: auto (the database's change feed, where it has one; docs/feed.md) or off (poll only)")
+	root.PersistentFlags().StringVar(&a.metricsAddr, "metrics-addr", "",
+		"serve Prometheus metrics at http://HOST:PORT/metrics while the command runs (for consume and other long-running commands)")
+	root.PersistentFlags().StringVar(&a.otlpEndpoint, "otlp-endpoint", "",
+		"send traces and metrics over OTLP/HTTP to this URL (like http://localhost:4318); the OTEL_EXPORTER_OTLP_* variables work too")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.versionCmd())
 	return root
@@ -155,6 +161,9 @@ func (a *app) client() (*shardq.Client, func(), error) {
 
 // open opens the driver (which the CLI owns) and a client over it.
 func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
+	if err := a.checkTelemetryFlags(); err != nil {
+		return nil, nil, nil, err
+	}
 	spec, err := a.spec(create)
 	if err != nil {
 		return nil, nil, nil, err
@@ -185,12 +194,24 @@ func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 		}
 		cfg.Tenants = ts
 	}
-	c, err := shardq.NewClient(drv, cfg)
+	tel, err := a.startTelemetry(context.Background(), cfg)
 	if err != nil {
 		drv.Close()
 		return nil, nil, nil, err
 	}
-	return c, drv, func() { c.Close(); drv.Close() }, nil
+	c, err := shardq.NewClient(drv, cfg)
+	if err != nil {
+		drv.Close()
+		tel.shutdown()
+		return nil, nil, nil, err
+	}
+	return c, drv, func() {
+		c.Close()
+		drv.Close()
+		if err := tel.shutdown(); err != nil {
+			a.logger().Warn("shardq: flushing telemetry failed", "err", err)
+		}
+	}, nil
 }
 
 // firstErr returns the first failed check: flags are validated, in order,

@@ -28,8 +28,9 @@ import (
 // ErrClosed is returned by Submit after Close.
 var ErrClosed = errors.New("coalesce: closed")
 
-// FlushFunc writes items in one transaction.
-type FlushFunc[T any] func(ctx context.Context, items []T) error
+// FlushFunc writes items, submitted by calls submissions, in one
+// transaction.
+type FlushFunc[T any] func(ctx context.Context, items []T, calls int) error
 
 // Batcher coalesces submissions. Create it with New.
 type Batcher[K comparable, T any] struct {
@@ -155,28 +156,28 @@ func (b *Batcher[K, T]) lingerFor(q *queue[T]) {
 
 func (b *Batcher[K, T]) run(reqs []*request[T], n int) {
 	if len(reqs) == 1 {
-		reqs[0].done(b.flushOnce(reqs[0].items))
+		reqs[0].done(b.flushOnce(reqs[0].items, 1))
 		return
 	}
 	items := make([]T, 0, n)
 	for _, r := range reqs {
 		items = append(items, r.items...)
 	}
-	if err := b.flushOnce(items); err == nil {
+	if err := b.flushOnce(items, len(reqs)); err == nil {
 		for _, r := range reqs {
 			r.done(nil)
 		}
 		return
 	}
 	for _, r := range reqs {
-		r.done(b.flushOnce(r.items))
+		r.done(b.flushOnce(r.items, 1))
 	}
 }
 
-func (b *Batcher[K, T]) flushOnce(items []T) error {
+func (b *Batcher[K, T]) flushOnce(items []T, calls int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	return b.flush(ctx, items)
+	return b.flush(ctx, items, calls)
 }
 
 // Close refuses new submissions and waits until everything queued is

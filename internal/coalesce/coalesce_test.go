@@ -19,12 +19,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type recorder struct {
 	mu      sync.Mutex
 	calls   [][]int
+	subs    []int         // submissions each flush carried
 	gate    chan struct{} // each flush waits for one receive when non-nil
 	started chan struct{}
 	fail    func(items []int) error
 }
 
-func (r *recorder) flush(ctx context.Context, items []int) error {
+func (r *recorder) flush(ctx context.Context, items []int, submissions int) error {
 	if r.started != nil {
 		r.started <- struct{}{}
 	}
@@ -33,6 +34,7 @@ func (r *recorder) flush(ctx context.Context, items []int) error {
 	}
 	r.mu.Lock()
 	r.calls = append(r.calls, slices.Clone(items))
+	r.subs = append(r.subs, submissions)
 	r.mu.Unlock()
 	if r.fail != nil {
 		return r.fail(items)
@@ -87,6 +89,9 @@ func TestQueuedSubmissionsShareOneFlush(t *testing.T) {
 	b.Close()
 	if len(rec.calls) != 2 || len(rec.calls[0]) != 1 || len(rec.calls[1]) != 10 {
 		t.Fatalf("flushes = %v, want one of 1 item then one of 10", rec.calls)
+	}
+	if !slices.Equal(rec.subs, []int{1, 10}) {
+		t.Fatalf("flushes carried %v submissions, want 1 then 10", rec.subs)
 	}
 }
 

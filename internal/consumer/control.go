@@ -38,6 +38,7 @@ func (s *Member) manage() {
 		if s.tick() {
 			next = s.cfg.JoinWindow
 		}
+		s.cfg.Metrics.Tick(time.Since(last))
 		t.Reset(next)
 	}
 }
@@ -92,6 +93,7 @@ func (s *Member) tick() (contended bool) {
 	// of holding it unused forever.
 	s.mu.Lock()
 	s.heldElsewhere = held
+	s.work = work
 	for i, l := range leases {
 		if l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil {
 			leases[i].Owner = ""
@@ -151,6 +153,7 @@ func (s *Member) tick() (contended bool) {
 			s.tickFailed(fmt.Sprintf("acquiring the lease of tenant %q partition %q failed", p.Tenant, p.PartitionKey), err)
 			continue
 		}
+		s.cfg.Metrics.LeaseAcquired(l.Tenant)
 		s.startWorker(l)
 	}
 	return contended

@@ -69,7 +69,7 @@ func (s *Member) renew(ctx context.Context, now time.Time) {
 	}
 	for _, l := range lost {
 		if w := s.workers[l.PartitionRef]; w != nil && w.lease.Token == l.Token {
-			s.log.Warn("shardq: lease lost; stopping the partition", "tenant", l.Tenant, "partition", l.PartitionKey, "token", l.Token)
+			s.log.Warn("shardq: lease lost; stopping the partition", "tenant", l.Tenant, "partition_key", l.PartitionKey, "token", l.Token)
 			w.lose()
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/telemetry"
 	"github.com/shardq/shardq/internal/ungrouped"
 )
 
@@ -74,6 +75,8 @@ type Config struct {
 
 	Clock  func() time.Time
 	Logger *slog.Logger
+	// Metrics records leases, ticks, retries and dead letters (nil: none).
+	Metrics *telemetry.Group
 }
 
 const dbTimeout = lifecycle.CallTimeout
@@ -94,8 +97,11 @@ type Member struct {
 	// heldElsewhere is the partitions other owners held at the last tick:
 	// a wake-up for one of those does not run a tick early.
 	heldElsewhere map[[2]string]bool
-	rescan        chan struct{} // the feed asks the head watcher to read now
-	kick          chan struct{} // the feed saw a partition nobody here holds move
+	// work is the partitions with work at the last tick: what the lag
+	// metrics count.
+	work   []driver.Partition
+	rescan chan struct{} // the feed asks the head watcher to read now
+	kick   chan struct{} // the feed saw a partition nobody here holds move
 	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).
 	ungrouped  *ungrouped.Service
 	stopOnce   sync.Once
@@ -109,7 +115,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 	s := &Member{
 		drv:     drv,
 		cfg:     cfg,
-		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "subscriber", cfg.ID),
+		log:     cfg.Logger.With("group", cfg.ConsumerGroup, "topic", cfg.Topic, "member", cfg.ID),
 		workers: map[driver.PartitionRef]*worker{},
 		rescan:  make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
@@ -143,7 +149,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 			ID: cfg.ID, Handle: cfg.Handle, Concurrency: cfg.UngroupedConcurrency, Visibility: cfg.VisibilityTimeout,
 			MaxRenewal:   cfg.MaxVisibilityRenewal,
 			PollInterval: cfg.PollInterval, FeedUp: cfg.FeedUp, FeedPollInterval: cfg.FeedPollInterval, DiscoveryInterval: cfg.DiscoveryInterval, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix,
-			Clock: cfg.Clock, Log: s.log})
+			Clock: cfg.Clock, Log: s.log, Metrics: cfg.Metrics})
 	}
 	return s, nil
 }

@@ -118,7 +118,7 @@ func (w *worker) leaseLive() bool {
 }
 
 func (w *worker) logArgs(args ...any) []any {
-	return append([]any{"tenant", w.lease.Tenant, "partition", w.lease.PartitionKey}, args...)
+	return append([]any{"tenant", w.lease.Tenant, "partition_key", w.lease.PartitionKey}, args...)
 }
 
 func (w *worker) run() {
@@ -235,11 +235,13 @@ func (w *worker) commitCursor() bool {
 // finish commits and releases the lease, unless it was lost.
 func (w *worker) finish() {
 	s := w.s
+	lost := true
 	defer func() {
 		s.mu.Lock()
 		delete(s.workers, w.lease.PartitionRef)
 		s.mu.Unlock()
 		w.cancel()
+		s.cfg.Metrics.LeaseEnded(w.lease.Tenant, lost)
 	}()
 	select {
 	case <-w.lost:
@@ -249,6 +251,7 @@ func (w *worker) finish() {
 	if !w.commitCursor() {
 		return
 	}
+	lost = false
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	if err := s.drv.ReleaseLease(ctx, w.leaseNow(), s.cfg.Clock()); err != nil && !errorsIsLost(err) {
@@ -333,6 +336,7 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		if rerr != nil {
 			s.log.Warn("shardq: recording a failed attempt failed", w.logArgs("offset", first, "err", rerr)...)
 		}
+		s.cfg.Metrics.Retry(w.lease.Tenant)
 		s.log.Info("shardq: handler failed; retrying after backoff", w.logArgs("offset", first, "attempt", attempt, "delay", delay, "err", err)...)
 		if !w.commitCursor() || !w.wait(delay) {
 			return false
@@ -362,6 +366,7 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bo
 			s.log.Warn("shardq: dead-lettering failed; retrying", w.logArgs("offset", m.Offset, "err", err)...)
 			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, attempts, cause)
 		}
+		s.cfg.Metrics.DeadLettered(w.lease.Tenant, 1)
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
 	}
 	return true

@@ -40,6 +40,9 @@ type Config struct {
 	PartitionIdle        time.Duration // a drained partition idle this long is removed; 0: never
 	RemoveBatch          int           // partitions removed per transaction
 	Owner                string        // the claims' owner: one identity per pass
+	// Deleted hears how many messages a pass deleted in a tenant's topic
+	// (the retention metric); nil: nobody.
+	Deleted func(tenant string, n int64)
 }
 
 func (c Config) policy(topic string) Policy {
@@ -81,6 +84,9 @@ func Run(ctx context.Context, drv driver.Driver, clock func() time.Time, s drive
 	var errs []error
 	for _, t := range topics {
 		r, skipped, err := retainTopic(ctx, drv, clock, t.Tenant, t.Topic, cfg)
+		if cfg.Deleted != nil && r.Deleted > 0 {
+			cfg.Deleted(t.Tenant, r.Deleted)
+		}
 		rep.Deleted += r.Deleted
 		rep.Removed += r.Removed
 		switch {

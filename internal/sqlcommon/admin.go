@@ -94,6 +94,14 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 	return out, nil
 }
 
+// PartitionLag counts one partition's messages after a cursor: one
+// bounded read (at most LagCountLimit+1 rows of the primary key).
+func (d *Store) PartitionLag(ctx context.Context, tenant, topic, partitionKey string, after int64) (driver.PartitionLag, error) {
+	r := driver.OffsetRow{Tenant: tenant, Topic: topic, PartitionKey: partitionKey, CommittedOffset: after}
+	err := d.countLag(ctx, &r)
+	return driver.PartitionLag{Lag: r.Lag, Capped: r.LagCapped, OldestUnconsumed: r.OldestUnconsumed}, err
+}
+
 func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
 	op := fmt.Sprintf("count lag of group %q in tenant %q topic %q partition %q", r.ConsumerGroup, r.Tenant, r.Topic, r.PartitionKey)
 	var oldest any

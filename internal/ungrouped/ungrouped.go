@@ -21,6 +21,7 @@ import (
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // Config is the service's settings, validated and with defaults filled.
@@ -46,6 +47,7 @@ type Config struct {
 	DLQSuffix         string
 	Clock             func() time.Time
 	Log               *slog.Logger
+	Metrics           *telemetry.Group // retries and dead letters (nil: none)
 }
 
 const dbTimeout = lifecycle.CallTimeout
@@ -79,7 +81,7 @@ const (
 func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
 	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1),
 		woken: map[string]bool{}, ackSlots: make(chan struct{}, maxPendingAcks)}
-	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim) error {
+	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim, _ int) error {
 		// Acks run beside claims and cursor advances, and nobody waits on
 		// them: rerun a deadlock longer than other settlements (a lost ack
 		// redelivers its message after the visibility timeout).
@@ -415,11 +417,15 @@ func (s *Service) handleClaim(c driver.Claim) {
 			return s.drv.DeadLetterClaim(ctx, c, settle.DeadLetterCopy(m, s.cfg.DLQSuffix, c.Attempts, v.Cause), now)
 		})
 		if err == nil {
+			s.cfg.Metrics.DeadLettered(m.Tenant, 1)
 			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", v.Cause)
 		}
 	default:
 		lastErr := settle.ErrText(err)
 		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.Delay), lastErr, now) })
+		if err == nil {
+			s.cfg.Metrics.Retry(m.Tenant)
+		}
 	}
 	s.settled(c, op, err)
 }
