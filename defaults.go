@@ -41,7 +41,11 @@ const (
 	// DefaultMaxVisibilityRenewal is Service Bus's default for
 	// MaxAutoLockRenewalDuration.
 	DefaultMaxVisibilityRenewal = 5 * time.Minute
-	DefaultMaxAttempts          = 10
+	// DefaultHandlerTimeout bounds one handler call: as long as an
+	// ungrouped message's claim may be renewed, so that a handler that
+	// times out does so before its claim lapses to another member.
+	DefaultHandlerTimeout = DefaultMaxVisibilityRenewal
+	DefaultMaxAttempts    = 10
 	DefaultBackoffMin           = time.Second
 	DefaultBackoffMax           = 5 * time.Minute
 	DefaultDLQSuffix            = ".dlq"
@@ -64,6 +68,10 @@ const (
 
 // dbTimeout bounds one database call of a handle's background work.
 const dbTimeout = lifecycle.CallTimeout
+
+// NoHandlerTimeout as HandlerTimeout lets a handler run for as long as it
+// takes.
+const NoHandlerTimeout time.Duration = -1
 
 // UnlimitedAttempts as MaxAttempts retries a failing message forever: it
 // is never dead-lettered for its attempts (a DeadLetter result still

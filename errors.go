@@ -18,6 +18,11 @@ var (
 	ErrNotMigrated = driver.ErrNotMigrated
 	// ErrClosed is returned by calls on a closed Client.
 	ErrClosed = errors.New("shardq: client closed")
+	// ErrHandlerTimeout is the failure of a handler call that ran past
+	// SubscriberConfig.HandlerTimeout: its context was cancelled with this
+	// cause (context.Cause) and the attempt counts as failed, whatever the
+	// handler returned after.
+	ErrHandlerTimeout = errors.New("shardq: handler timed out")
 )
 
 // ValidationError names the field and the rule that input broke, as in

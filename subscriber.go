@@ -145,6 +145,14 @@ type SubscriberConfig struct {
 	// VisibilityTimeout to never renew [5m].
 	MaxVisibilityRenewal time.Duration
 
+	// HandlerTimeout bounds one handler call: then its context is
+	// cancelled (context.Cause is ErrHandlerTimeout) and the attempt
+	// counts as failed, retried after a backoff or dead-lettered like any
+	// failure. The partition waits for the handler to return: a handler
+	// that ignores its context holds it until it does [5m, as
+	// MaxVisibilityRenewal]; NoHandlerTimeout: no limit.
+	HandlerTimeout time.Duration
+
 	MaxAttempts int           // after this many failed attempts a message is dead-lettered [10]; UnlimitedAttempts never
 	BackoffMin  time.Duration // first retry delay, doubling per attempt, with jitter [1s]
 	BackoffMax  time.Duration // [5m]
@@ -229,6 +237,11 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 	n(&cfg.UngroupedConcurrency, DefaultUngroupedConcurrency)
 	d(&cfg.VisibilityTimeout, DefaultVisibilityTimeout)
 	d(&cfg.MaxVisibilityRenewal, DefaultMaxVisibilityRenewal)
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = DefaultHandlerTimeout
+	} else if cfg.HandlerTimeout < 0 && cfg.HandlerTimeout != NoHandlerTimeout {
+		return cfg, &ident.Error{Field: "handler timeout", Rule: fmt.Sprintf("%s is negative; NoHandlerTimeout (-1ns) means no limit", cfg.HandlerTimeout)}
+	}
 	if err := cfg.StartPosition.check(); err != nil {
 		return cfg, err
 	}
@@ -335,6 +348,8 @@ type Subscriber struct {
 	id       string // this instance's identity: ident.MemberID(cfg.Name)
 	member   *consumer.Member
 	lag      *telemetry.LagSource // nil when taking ungrouped messages only
+	unwatch  func() bool          // stops watching Subscribe's context
+	done     chan struct{}        // closed once stopped
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -350,7 +365,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err := c.registerGroup(ctx, cfg.Tenants, cfg.Topic, cfg.ConsumerGroup, cfg.StartPosition, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	s := &Subscriber{client: c, cfg: cfg, id: ident.MemberID(cfg.Name)}
+	s := &Subscriber{client: c, cfg: cfg, id: ident.MemberID(cfg.Name), done: make(chan struct{})}
 	s.member, err = consumer.Start(ctx, c.drv, consumer.Config{
 		ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants, ID: s.id,
 		Handle: s.handle, Batch: cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
@@ -377,6 +392,17 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		s.Stop(ctx)
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
+	// The subscriber lives as long as ctx, as in watermill and River:
+	// ending ctx stops it as Stop does, with DefaultCloseTimeout for the
+	// handlers in flight.
+	s.unwatch = context.AfterFunc(ctx, func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
+		defer cancel()
+		if err := s.stop(stopCtx); err != nil {
+			s.cfg.Logger.Warn("shardq: stopping the subscriber when its context ended failed", "group", cfg.ConsumerGroup,
+				"topic", cfg.Topic, "member", s.id, "err", err)
+		}
+	})
 	return s, nil
 }
 
@@ -387,9 +413,17 @@ func (s *Subscriber) handle(ctx context.Context, msgs []driver.Message, attempt 
 	start := time.Now()
 	tenant := msgs[0].Tenant
 	ctx, span := s.client.tel.StartProcess(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, msgs, attempt)
+	if s.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, s.cfg.HandlerTimeout, ErrHandlerTimeout)
+		defer cancel()
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panicked: %v", r)
+		}
+		if context.Cause(ctx) == ErrHandlerTimeout {
+			err = fmt.Errorf("%w after %s (it returned %v)", ErrHandlerTimeout, s.cfg.HandlerTimeout, err)
 		}
 		s.client.tel.EndProcess(ctx, span, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, len(msgs), start, err)
 	}()
@@ -422,7 +456,19 @@ func (s *Subscriber) ID() string { return s.id }
 // cancels them), commits what was acked, releases the leases and deletes
 // the heartbeat. No goroutine of the subscriber outlives it.
 func (s *Subscriber) Stop(ctx context.Context) error {
+	if s.unwatch != nil {
+		s.unwatch()
+	}
+	return s.stop(ctx)
+}
+
+// Done is closed once the subscriber has stopped: by Stop, by the end of
+// the context given to Subscribe, or by Client.Close.
+func (s *Subscriber) Done() <-chan struct{} { return s.done }
+
+func (s *Subscriber) stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
+		defer close(s.done)
 		defer s.client.untrack(s)
 		s.client.local.Remove(s.cfg.Topic, s)
 		if s.lag != nil {
