@@ -43,11 +43,12 @@ type StoredMessage struct {
 	Headers                         map[string]string
 	Payload                         []byte
 	CreatedAt                       time.Time
+	NotBefore                       time.Time // scheduled: not delivered before then (zero: at once)
 }
 
 func storedMessage(m driver.Message) StoredMessage {
 	return StoredMessage{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
-		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt}
+		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore}
 }
 
 // DeliveryState is a consumer group's retry bookkeeping of one message.

@@ -80,6 +80,14 @@ type Config struct {
 	// detached from any single caller's context. Default 30 s.
 	PublishTimeout time.Duration
 
+	// MaxDelay bounds how far ahead Message.NotBefore (or Delay) may be.
+	// Default 24 h: a delayed message is stored like any other, so a delay
+	// must stay well under the retention that would delete it
+	// (MaxRetention, 7 days by default) and under what an ordered
+	// partition may reasonably wait behind. (SQS caps its delay at 15
+	// minutes for the same kind of reason: the queue is not a scheduler.)
+	MaxDelay time.Duration
+
 	// PublishRetries is how many times a publish transaction that failed
 	// with a retryable error (a deadlock, a busy SQLite file) is run again.
 	// Default 5.
@@ -126,6 +134,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.MaxDelay <= 0 {
+		c.MaxDelay = DefaultMaxDelay
 	}
 	if c.PublishRetries <= 0 {
 		c.PublishRetries = DefaultPublishRetries

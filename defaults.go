@@ -46,9 +46,10 @@ const (
 	// times out does so before its claim lapses to another member.
 	DefaultHandlerTimeout = DefaultMaxVisibilityRenewal
 	DefaultMaxAttempts    = 10
-	DefaultBackoffMin           = time.Second
-	DefaultBackoffMax           = 5 * time.Minute
-	DefaultDLQSuffix            = ".dlq"
+	DefaultMaxDelay       = 24 * time.Hour
+	DefaultBackoffMin     = time.Second
+	DefaultBackoffMax     = 5 * time.Minute
+	DefaultDLQSuffix      = ".dlq"
 
 	DefaultReceiverIdleTimeout = time.Minute
 

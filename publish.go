@@ -45,6 +45,14 @@ type Message struct {
 	// CreatedAt defaults to the client's clock. Stored in UTC with
 	// microsecond precision.
 	CreatedAt time.Time
+	// NotBefore delays delivery until then; Delay does the same relative
+	// to the client's clock (set at most one). In an ordered partition the
+	// messages after a delayed one wait behind it, as in a FIFO group;
+	// an ungrouped one becomes claimable at its time without holding up
+	// others. At most Config.MaxDelay ahead; a time already past means at
+	// once.
+	NotBefore time.Time
+	Delay     time.Duration
 
 	// Selector, when set, chooses PartitionKey from the message and
 	// SelectorArg before anything is written; PartitionKey must then be
@@ -202,10 +210,38 @@ func (c *Client) prepareOne(ctx context.Context, m *Message, now time.Time) (*dr
 	if !m.CreatedAt.IsZero() {
 		created = m.CreatedAt.UTC().Truncate(time.Microsecond)
 	}
+	notBefore, err := c.notBefore(m, now)
+	if err != nil {
+		return nil, err
+	}
 	return &driver.InsertMessage{
 		Tenant: m.Tenant, Topic: m.Topic, PartitionKey: key, ID: id,
-		Headers: headers, Payload: m.Payload, CreatedAt: created,
+		Headers: headers, Payload: m.Payload, CreatedAt: created, NotBefore: notBefore,
 	}, nil
+}
+
+// notBefore is when m may be delivered: zero for at once.
+func (c *Client) notBefore(m *Message, now time.Time) (time.Time, error) {
+	at := m.NotBefore
+	switch {
+	case m.Delay < 0:
+		return time.Time{}, &ident.Error{Field: "delay", Rule: fmt.Sprintf("%s is negative", m.Delay)}
+	case m.Delay > 0 && !at.IsZero():
+		return time.Time{}, &ident.Error{Field: "delay", Rule: "set Delay or NotBefore, not both"}
+	case m.Delay > 0:
+		at = now.Add(m.Delay)
+	}
+	if at.IsZero() || !at.After(now) {
+		return time.Time{}, nil
+	}
+	if ahead := at.Sub(now); ahead > c.cfg.MaxDelay {
+		field := "not before"
+		if m.Delay > 0 {
+			field = "delay"
+		}
+		return time.Time{}, &ident.Error{Field: field, Rule: fmt.Sprintf("%s ahead, limit %s (Config.MaxDelay)", ahead.Round(time.Second), c.cfg.MaxDelay)}
+	}
+	return at.UTC().Truncate(time.Microsecond), nil
 }
 
 // writeBatch is the coalescer's flush: one write transaction, run again on

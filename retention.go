@@ -75,6 +75,32 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 	return c
 }
 
+// check refuses policies that cannot mean what they say, defaults filled:
+// a minimum longer than the maximum (the maximum would delete what the
+// minimum keeps).
+func (c RetentionConfig) check() error {
+	policies := []struct {
+		name string
+		p    RetentionPolicy
+	}{{"default", c.Default}, {"dead letters", c.DeadLetters}}
+	for t, p := range c.Topics {
+		policies = append(policies, struct {
+			name string
+			p    RetentionPolicy
+		}{fmt.Sprintf("topic %q", t), p})
+	}
+	for _, p := range policies {
+		min, max := p.p.MinRetention, p.p.MaxRetention
+		if min <= 0 {
+			min = DefaultMinRetention
+		}
+		if max > 0 && min > max {
+			return &ident.Error{Field: "retention (" + p.name + ")", Rule: fmt.Sprintf("minimum %s is longer than maximum %s", min, max)}
+		}
+	}
+	return nil
+}
+
 // RetentionReport counts what a pass did.
 type RetentionReport struct {
 	Deleted int64 // messages deleted
@@ -89,6 +115,9 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	if err := cfg.check(); err != nil {
+		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
+	}
 	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
 		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
 	}
@@ -139,6 +168,9 @@ func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval ti
 		interval = DefaultCleanerInterval
 	}
 	cfg = cfg.withDefaults()
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("shardq: cleaner: %w", err)
+	}
 	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
 		return nil, fmt.Errorf("shardq: cleaner: %w", err)
 	}

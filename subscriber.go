@@ -28,6 +28,7 @@ type Delivery struct {
 	Headers      map[string]string
 	Payload      []byte
 	CreatedAt    time.Time
+	NotBefore    time.Time // when the message was delayed until (zero: not delayed)
 	// Attempt is 1 on the message's first delivery to the consumer group,
 	// 2 on its first retry, and so on (across subscribers).
 	Attempt int
@@ -439,7 +440,7 @@ func (s *Subscriber) handle(ctx context.Context, msgs []driver.Message, attempt 
 
 func newDelivery(m driver.Message, attempt int) *Delivery {
 	return &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
-		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, Attempt: attempt}
+		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Attempt: attempt}
 }
 
 func (s *Subscriber) stopOrder() int                         { return 0 }

@@ -46,6 +46,9 @@ type InsertMessage struct {
 	Headers      map[string]string
 	Payload      []byte
 	CreatedAt    time.Time // UTC, microsecond precision
+	// NotBefore delays delivery until then (zero: none); UTC, microsecond
+	// precision.
+	NotBefore time.Time
 
 	Offset    int64
 	Duplicate bool
@@ -61,6 +64,7 @@ type Message struct {
 	Headers      map[string]string
 	Payload      []byte
 	CreatedAt    time.Time
+	NotBefore    time.Time // delivery waits until then (zero: none)
 }
 
 // Partition is one partition's head and, where a consumer group was named,

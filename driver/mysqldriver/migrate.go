@@ -50,15 +50,17 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	return migrate.Apply(ctx, indexOnce{conn}, d.migrations, current, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
 }
 
-// indexOnce runs migration statements; a CREATE INDEX whose index exists
-// (MySQL has no CREATE INDEX IF NOT EXISTS) is done already: a migration
-// cut short after it is completed by the next run.
+// indexOnce runs migration statements; a CREATE INDEX whose index exists,
+// or an ADD COLUMN whose column does (MySQL has no IF NOT EXISTS for
+// either), is done already: a migration cut short after it is completed
+// by the next run.
 type indexOnce struct{ conn *sql.Conn }
 
 func (e indexOnce) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	res, err := e.conn.ExecContext(ctx, query, args...)
 	var me *mysql.MySQLError
-	if errors.As(err, &me) && me.Number == errDuplicateKeyName && strings.HasPrefix(query, "CREATE INDEX ") {
+	if errors.As(err, &me) && (me.Number == errDuplicateKeyName && strings.HasPrefix(query, "CREATE INDEX ") ||
+		me.Number == errDuplicateColumn && strings.HasPrefix(query, "ALTER TABLE ") && strings.Contains(query, " ADD COLUMN ")) {
 		return sqldriver.RowsAffected(0), nil
 	}
 	return res, err

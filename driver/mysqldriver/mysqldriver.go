@@ -179,6 +179,7 @@ func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
 const (
 	errDuplicateKey     = 1062
 	errDuplicateKeyName = 1061
+	errDuplicateColumn  = 1060 // ER_DUP_FIELDNAME
 	errNoSuchTable      = 1146
 	errDeadlock         = 1213
 )

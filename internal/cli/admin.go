@@ -4,7 +4,9 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -139,13 +141,16 @@ func (a *app) adminRetention() *cobra.Command {
 	var cfg shardq.RetentionConfig
 	run := a.listing("run", "Run one retention pass and report the rows deleted", func(cmd *cobra.Command) {
 		fl := cmd.Flags()
-		durationFlag(fl, &cfg.Default.MinRetention, "min", time.Hour, "keep messages every group has passed this long")
-		durationFlag(fl, &cfg.Default.MaxRetention, "max", 7*24*time.Hour, "delete any message older than this")
-		durationFlag(fl, &cfg.DeadLetters.MaxRetention, "dlq-max", 14*24*time.Hour, "delete any dead letter older than this")
+		positiveDurationFlag(fl, &cfg.Default.MinRetention, "min", shardq.DefaultMinRetention, "keep messages every group has passed this long")
+		positiveDurationFlag(fl, &cfg.Default.MaxRetention, "max", shardq.DefaultMaxRetention, "delete any message older than this")
+		positiveDurationFlag(fl, &cfg.DeadLetters.MaxRetention, "dlq-max", shardq.DefaultDeadLetterRetention, "delete any dead letter older than this")
 		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
 		durationFlag(fl, &cfg.PartitionIdle, "partition-idle", time.Hour, "remove a drained partition (no message, no live lease) once no publish touched it this long")
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 		rep, err := admin.RunRetention(cmd.Context(), s, cfg)
+		if errors.Is(err, shardq.ErrInvalid) {
+			return err // refused before any pass: nothing to report
+		}
 		if asJSON {
 			json.NewEncoder(a.env.Stdout).Encode(map[string]any{"deleted": rep.Deleted, "removed_partitions": rep.Removed, "topics": rep.Topics, "skipped": rep.Skipped})
 		} else {
@@ -399,6 +404,9 @@ func (a *app) adminInspect() *cobra.Command {
 			}
 			out := map[string]any{"tenant": m.Tenant, "topic": m.Topic, "partition_key": m.PartitionKey, "id": m.ID, "offset": m.Offset,
 				"created_at": m.CreatedAt, "headers": m.Headers, "delivery_state": states}
+			if !m.NotBefore.IsZero() {
+				out["scheduled"] = m.NotBefore // delivered no earlier
+			}
 			if utf8.Valid(m.Payload) {
 				out["payload"] = string(m.Payload)
 			} else {
@@ -461,7 +469,8 @@ func (a *app) adminDLQ() *cobra.Command {
 			h := m.Headers
 			rows = append(rows, []string{m.Tenant, fmt.Sprintf("%q", m.PartitionKey), m.ID, h[shardq.HeaderDLQOriginalOffset], h[shardq.HeaderDLQAttempts], h[shardq.HeaderDLQLastError]})
 			objs = append(objs, map[string]any{"tenant": m.Tenant, "topic": topic, "partition_key": m.PartitionKey, "id": m.ID, "dlq_offset": m.Offset,
-				"original_offset": h[shardq.HeaderDLQOriginalOffset], "attempts": h[shardq.HeaderDLQAttempts], "last_error": h[shardq.HeaderDLQLastError]})
+				"original_offset": number(h[shardq.HeaderDLQOriginalOffset]), "attempts": number(h[shardq.HeaderDLQAttempts]),
+				"last_error": h[shardq.HeaderDLQLastError]})
 		}
 		return a.table(asJSON, []string{"TENANT", "KEY", "ID", "ORIGINAL OFFSET", "ATTEMPTS", "LAST ERROR"}, rows, objs)
 	})
@@ -587,4 +596,16 @@ func (a *app) adminReset() *cobra.Command {
 		cmd.MarkFlagRequired(f)
 	}
 	return cmd
+}
+
+// number is a header that holds a count as a JSON number; a header that
+// does not (set by hand) stays the text it is, and a missing one is null.
+func number(h string) any {
+	if h == "" {
+		return nil
+	}
+	if n, err := strconv.ParseInt(h, 10, 64); err == nil {
+		return n
+	}
+	return h
 }

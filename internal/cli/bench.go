@@ -51,7 +51,7 @@ func (a *app) benchCmd() *cobra.Command {
 			"           with the change feed (baseline: the same polling, --feed off)\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
-		Args:      cobra.ExactArgs(1),
+		Args:      oneOf("scenario", bench.Scenarios...),
 		ValidArgs: bench.Scenarios,
 		RunE: run(func(cmd *cobra.Command, args []string) error {
 			p.Feed = a.feedFlag

@@ -155,6 +155,9 @@ func TestPublishFlow(t *testing.T) {
 
 func TestUsageErrors(t *testing.T) {
 	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+		t.Fatal(r) // so that the refusals below come from the rules, not a missing file
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -169,6 +172,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bogus"}, `unknown command "bogus"`},
 		{[]string{"publish", "--nope"}, "unknown flag: --nope"},
 		{[]string{"--dsn", "postgres://x/y", "migrate"}, "want sqlite://PATH or mysql://"},
+		{[]string{"bench"}, "want one scenario (raw, publish, consume, latency, ungrouped, discovery, idle), got 0 arguments"},
+		{[]string{"tx", "resolve", "--tenant", "t", "--topic", "x", "--key", "k", "--id", "i"}, "want one decision (commit, rollback), got 0"},
+		{[]string{"tx", "resolve", "--tenant", "t", "--topic", "x", "--key", "k", "--id", "i", "maybe"}, `decision "maybe": want one of commit, rollback`},
+		{[]string{"admin", "retention", "run", "--all-tenants", "--min", "0s"}, "must be positive (omit the flag for the default, 1h0m0s)"},
+		{[]string{"admin", "retention", "run", "--all-tenants", "--min", "2h", "--max", "1h"}, "minimum 2h0m0s is longer than maximum 1h0m0s"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--delay", "1m", "--not-before", "2030-01-01T00:00:00Z", "p"}, "--delay and --not-before both say when"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--not-before", "tomorrow", "p"}, `--not-before "tomorrow": want an RFC 3339 time`},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--delay", "48h", "p"}, "delay: 48h0m0s ahead, limit 24h0m0s (Config.MaxDelay)"},
 	} {
 		args := append([]string{"--dsn", dsn}, tc.args...)
 		if tc.args[0] == "--dsn" {
@@ -270,8 +281,12 @@ func TestConsume(t *testing.T) {
 				return n
 			}
 			// --max stops after exactly N; the rest stays for the next run.
-			if n := read(runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--tenant", "acme", "--max", "40")); n != 40 {
+			r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--tenant", "acme", "--max", "40")
+			if n := read(r); n != 40 {
 				t.Fatalf("--max 40 printed %d", n)
+			}
+			if r.stderr != "" {
+				t.Fatalf("--max 40 ended with warnings: %s", r.stderr)
 			}
 			env["MQ_TENANTS"] = "acme"
 			if n := read(runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--idle-exit", "1s")); n != 51 {
@@ -400,6 +415,10 @@ func TestAdminCommands(t *testing.T) {
 	r = runCLI(t, env, "", "admin", "dlq", "list", "--tenant", "acme", "--topic", "orders")
 	if r.code != 0 || !strings.Contains(r.stdout, "dead1") {
 		t.Fatalf("dlq list: %+v", r)
+	}
+	r = runCLI(t, env, "", "admin", "dlq", "list", "--tenant", "acme", "--topic", "orders", "--json")
+	if dl := jsonLines[map[string]any](t, r.stdout); r.code != 0 || len(dl) != 1 || dl[0]["attempts"] != 10.0 || dl[0]["original_offset"] != nil {
+		t.Fatalf("dlq list --json: %+v; want attempts as the number 10 and no original offset (null)", r)
 	}
 	if r := runCLI(t, env, "", "admin", "dlq", "requeue", "--tenant", "acme", "--topic", "orders"); r.code != 2 {
 		t.Fatalf("requeue without --id or --all: %+v", r)

@@ -4,9 +4,13 @@ package cli
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/shardq/shardq"
@@ -82,4 +86,50 @@ func (f *startFlag) Set(s string) error {
 	p, err := shardq.ParseStartPosition(s)
 	*f = startFlag(p)
 	return err
+}
+
+// oneOf accepts exactly one argument among choices, and says which they
+// are when it gets another count or value (cobra's own message, "accepts 1
+// arg(s), received 0", names none).
+func oneOf(what string, choices ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		list := strings.Join(choices, ", ")
+		switch {
+		case len(args) != 1:
+			return usagef("want one %s (%s), got %d arguments", what, list, len(args))
+		case !slices.Contains(choices, args[0]):
+			return usagef("%s %q: want one of %s", what, args[0], list)
+		}
+		return nil
+	}
+}
+
+// positiveDurationFlag is durationFlag for a setting whose zero would only
+// mean "the default": a 0 given on the command line is refused instead of
+// silently becoming the default.
+func positiveDurationFlag(fl *pflag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fl.Var(positive{nonNegative[time.Duration]{p, "duration", func(s string) (time.Duration, error) {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, errors.New("want a duration such as 1.5s or 2m")
+		}
+		return d, nil
+	}}, def}, name, usage)
+}
+
+// positive refuses 0 as well as negatives; def is named in the error.
+type positive struct {
+	nonNegative[time.Duration]
+	def time.Duration
+}
+
+func (v positive) Set(s string) error {
+	if err := v.nonNegative.Set(s); err != nil {
+		return err
+	}
+	if *v.p == 0 {
+		return fmt.Errorf("must be positive (omit the flag for the default, %s)", v.def)
+	}
+	return nil
 }

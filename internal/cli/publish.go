@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +21,8 @@ type publishFlags struct {
 	headers                []string
 	json, lines            bool
 	batch                  int
+	delay                  time.Duration
+	notBefore              string // RFC 3339
 }
 
 func (a *app) publishCmd() *cobra.Command {
@@ -41,6 +44,8 @@ func (a *app) publishCmd() *cobra.Command {
 	fl.BoolVar(&f.json, "json", false, "print one JSON object per message")
 	fl.BoolVar(&f.lines, "lines", false, "publish every line of stdin as one message")
 	countFlag(fl, &f.batch, "batch", 100, "with --lines, messages per transaction")
+	durationFlag(fl, &f.delay, "delay", 0, "deliver no earlier than this long from now (at most the client's MaxDelay, 24h)")
+	fl.StringVar(&f.notBefore, "not-before", "", "deliver no earlier than this RFC 3339 time (like 2026-12-01T18:00:00Z)")
 	cmd.MarkFlagRequired("tenant")
 	cmd.MarkFlagRequired("topic")
 	return cmd
@@ -72,7 +77,18 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 	if err := firstErr(ident.Tenant(f.tenant), ident.Topic(f.topic), ident.PartitionKey(f.key), idErr, ident.Headers(headers)); err != nil {
 		return err
 	}
-	base := shardq.Message{Tenant: f.tenant, Topic: f.topic, PartitionKey: f.key, ID: f.id, Headers: headers}
+	var notBefore time.Time
+	if f.notBefore != "" {
+		t, err := time.Parse(time.RFC3339Nano, f.notBefore)
+		if err != nil {
+			return usagef("--not-before %q: want an RFC 3339 time such as 2026-12-01T18:00:00Z", f.notBefore)
+		}
+		if f.delay > 0 {
+			return usagef("--delay and --not-before both say when; give one")
+		}
+		notBefore = t
+	}
+	base := shardq.Message{Tenant: f.tenant, Topic: f.topic, PartitionKey: f.key, ID: f.id, Headers: headers, Delay: f.delay, NotBefore: notBefore}
 	c, done, err := a.client()
 	if err != nil {
 		return err

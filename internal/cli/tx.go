@@ -69,11 +69,8 @@ func (a *app) txResolveCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "resolve --tenant T --topic X --key K --id ID (commit|rollback)",
 		Short: "Commit or roll back one pending half message by hand",
-		Args:  cobra.ExactArgs(1),
+		Args:  oneOf("decision", "commit", "rollback"),
 		RunE: run(func(cmd *cobra.Command, args []string) error {
-			if args[0] != "commit" && args[0] != "rollback" {
-				return usagef("want commit or rollback, got %q", args[0])
-			}
 			for _, check := range []error{ident.Tenant(ref.Tenant), ident.Topic(ref.Topic), ident.PartitionKey(ref.PartitionKey), ident.MessageID(ref.ID)} {
 				if check != nil {
 					return check

@@ -133,6 +133,9 @@ func (w *worker) run() {
 		if fetched {
 			var err error
 			if msgs, err = w.fetch(); err != nil {
+				if w.stopping() || w.ctx.Err() != nil {
+					continue // a stop cancelled the read: nothing to say
+				}
 				s.log.Warn("shardq: fetch failed; retrying", w.logArgs("err", err)...)
 				w.wait(s.cfg.PollInterval)
 				continue
@@ -270,6 +273,9 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 		states, err := w.s.drv.DeliveryStates(ctx, w.lease.PartitionRef, w.cursor, math.MaxInt64)
 		cancel()
 		if err != nil {
+			if w.stopping() || w.ctx.Err() != nil {
+				return false
+			}
 			w.s.log.Warn("shardq: reading retry state failed; retrying", w.logArgs("err", err)...)
 			return w.wait(w.s.cfg.PollInterval)
 		}
@@ -277,6 +283,15 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 	}
 	states := w.states
 	if w.s.cfg.Batch {
+		// A batch stops before a message delayed past its first one's
+		// time: the partition waits there, as a FIFO group does.
+		ready := later(w.s.cfg.Clock(), msgs[0].NotBefore)
+		for i, m := range msgs[1:] {
+			if m.NotBefore.After(ready) {
+				msgs = msgs[:i+1]
+				break
+			}
+		}
 		return w.settle(msgs, states[msgs[0].Offset])
 	}
 	for i := range msgs {
@@ -298,7 +313,9 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 	s := w.s
 	first, last := msgs[0].Offset, msgs[len(msgs)-1].Offset
 	attempt := st.Attempts + 1
-	if wait := st.NextAttemptAt.Sub(s.cfg.Clock()); wait > 0 {
+	// A retry waits for its time, and a delayed message for its
+	// NotBefore: the partition waits with it.
+	if wait := later(st.NextAttemptAt, msgs[0].NotBefore).Sub(s.cfg.Clock()); wait > 0 {
 		if !w.commitCursor() || !w.wait(wait) {
 			return false
 		}
@@ -370,4 +387,12 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bo
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
 	}
 	return true
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -209,13 +209,16 @@ func (d *Store) scanMessages(rows *sql.Rows, op string) ([]driver.Message, error
 	for rows.Next() {
 		var m driver.Message
 		var headers []byte
-		var created any
-		if err := rows.Scan(&m.Offset, &m.Tenant, &m.Topic, &m.PartitionKey, &m.ID, &headers, &m.Payload, &created); err != nil {
+		var created, notBefore any
+		if err := rows.Scan(&m.Offset, &m.Tenant, &m.Topic, &m.PartitionKey, &m.ID, &headers, &m.Payload, &created, &notBefore); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		var err error
 		if m.Headers, err = DecodeHeaders(headers); err == nil {
 			m.CreatedAt, err = d.DecodeTime(created)
+		}
+		if err == nil {
+			m.NotBefore, err = d.decodeNotBefore(notBefore)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)

@@ -95,9 +95,9 @@ func limitOf(s driver.Scope) int64 {
 }
 
 const (
-	messageColumns = "tenant, topic, partition_key, id, headers, payload, created_at"
+	messageColumns = "tenant, topic, partition_key, id, headers, payload, created_at, not_before"
 	messageKey     = "tenant = :tenant AND topic = :topic AND partition_key = :key AND id = :id"
-	halfColumns    = "tenant, topic, partition_key, id, producer_group, headers, payload, created_at, check_count, next_check_at, claim_owner, claim_token"
+	halfColumns    = "tenant, topic, partition_key, id, producer_group, headers, payload, created_at, check_count, next_check_at, claim_owner, claim_token, not_before"
 )
 
 // groupJoin joins head row p with the registry row g of :group, and
@@ -135,7 +135,7 @@ func newAdminSQL(s Syntax) adminSQL {
 			"AND " + o + " <= :up_to ORDER BY " + o + " LIMIT :limit)"
 	}
 	return adminSQL{
-		fetch: "SELECT " + o + ", id, headers, payload, created_at FROM queue_messages" + s.partitionOrder() + " " +
+		fetch: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() + " " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
 		withWork: withWork("p.tenant IN (:tenants) AND p.topic = :topic") + " ORDER BY p.tenant, p.partition_key",
 		// Unordered (the member sorts): ordered by key, MariaDB was seen to
@@ -179,7 +179,7 @@ func newAdminSQL(s Syntax) adminSQL {
 		offsetBefore: "SELECT MAX(" + o + ") FROM queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND created_at < :before",
 		deleteBatch:  deleteBatch,
 		halfInsert: "INSERT INTO queue_half_messages (" + halfColumns + ", claim_expires_at) VALUES (:tenant, :topic, :key, :id, :producer_group, " +
-			":headers, :payload, :created_at, 0, :next_check_at, '', 0, :created_at)",
+			":headers, :payload, :created_at, 0, :next_check_at, '', 0, :not_before, :created_at)",
 		halfLock:   "SELECT " + halfColumns + " FROM queue_half_messages WHERE " + messageKey + s.forUpdate(),
 		halfDelete: "DELETE FROM queue_half_messages WHERE " + messageKey,
 		halfDue: "SELECT " + halfColumns + " FROM queue_half_messages WHERE tenant IN (:tenants) AND producer_group = :producer_group " +

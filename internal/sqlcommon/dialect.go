@@ -65,16 +65,39 @@ func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey stri
 	return out, nil
 }
 
-// scanMessage reads the columns offset, id, headers, payload, created_at.
+// scanMessage reads the columns offset, id, headers, payload, created_at,
+// not_before.
 func (d *Store) scanMessage(rows *sql.Rows, m *driver.Message, op string) error {
 	var headers []byte
-	var created any
-	if err := rows.Scan(&m.Offset, &m.ID, &headers, &m.Payload, &created); err != nil {
+	var created, notBefore any
+	if err := rows.Scan(&m.Offset, &m.ID, &headers, &m.Payload, &created, &notBefore); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	var err error
-	*m, err = d.decodeMessage(*m, headers, created, op)
-	return err
+	if *m, err = d.decodeMessage(*m, headers, created, op); err != nil {
+		return err
+	}
+	m.NotBefore, err = d.decodeNotBefore(notBefore)
+	if err != nil {
+		return fmt.Errorf("%s offset %d: not_before: %w", op, m.Offset, err)
+	}
+	return nil
+}
+
+// encodeNotBefore is t as a not_before value: NULL when zero.
+func (d *Store) encodeNotBefore(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return d.EncodeTime(t)
+}
+
+// decodeNotBefore reads a not_before column (NULL: zero).
+func (d *Store) decodeNotBefore(v any) (time.Time, error) {
+	if v == nil {
+		return time.Time{}, nil
+	}
+	return d.DecodeTime(v)
 }
 
 // decodeMessage decodes the stored headers and created_at into m.

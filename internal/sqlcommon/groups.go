@@ -216,6 +216,24 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		if err != nil {
 			return nil, err
 		}
+		// A delayed message gets a claim row that nobody holds, visible
+		// from its NotBefore: it is claimed then as a retry is, and the
+		// messages after it are claimed meanwhile.
+		var delayed Rows
+		ready := fresh[:0]
+		for _, o := range fresh {
+			if m := msgs[o.(int64)]; m.NotBefore.After(now) {
+				delayed = append(delayed, []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(m.NotBefore), 0, d.EncodeTime(now)})
+				continue
+			}
+			ready = append(ready, o)
+		}
+		fresh = ready
+		if len(delayed) > 0 {
+			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": delayed}); err != nil {
+				return nil, d.Wrap(op, err)
+			}
+		}
 		if len(again)+len(fresh) == 0 {
 			return nil, nil
 		}

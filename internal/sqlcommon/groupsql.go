@@ -62,9 +62,9 @@ func newGroupSQL(s Syntax) groupSQL {
 		positions: "SELECT " + ungroupedCursor + ", " + highestClaim,
 		again: "SELECT message_offset FROM queue_message_claims" + open + " WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor " +
 			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
-		fresh: "SELECT " + o + ", id, headers, payload, created_at FROM queue_messages" + s.partitionOrder() +
+		fresh: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
-		messagesAt: "SELECT " + o + ", id, headers, payload, created_at FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
+		messagesAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND " + o + " IN (:offsets)",
 		reclaim: "UPDATE queue_message_claims SET owner = :owner, token = :token, attempts = attempts + 1, visible_at = :visible_at, updated_at = :now " +
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",

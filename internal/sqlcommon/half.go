@@ -22,7 +22,8 @@ func (d *Store) InsertHalf(ctx context.Context, h *driver.HalfMessage) error {
 		payload = []byte{}
 	}
 	_, err = d.exec(ctx, d.Write, d.sql().admin.halfInsert, messageNamed(h.Ref()).with(Args{"producer_group": h.ProducerGroup,
-		"headers": string(headers), "payload": payload, "created_at": d.EncodeTime(h.CreatedAt), "next_check_at": d.EncodeTime(h.NextCheckAt)}))
+		"headers": string(headers), "payload": payload, "created_at": d.EncodeTime(h.CreatedAt), "next_check_at": d.EncodeTime(h.NextCheckAt),
+		"not_before": d.encodeNotBefore(h.NotBefore)}))
 	if err != nil {
 		return d.Wrap(fmt.Sprintf("write half message tenant %q topic %q partition %q id %q", h.Tenant, h.Topic, h.PartitionKey, h.ID), err)
 	}
@@ -177,9 +178,9 @@ func (d *Store) scanHalves(rows *sql.Rows, op string) ([]driver.HalfMessage, err
 	for rows.Next() {
 		var h driver.HalfMessage
 		var headers []byte
-		var created, next any
+		var created, next, notBefore any
 		if err := rows.Scan(&h.Tenant, &h.Topic, &h.PartitionKey, &h.ID, &h.ProducerGroup, &headers, &h.Payload, &created,
-			&h.Checks, &next, &h.ClaimOwner, &h.ClaimToken); err != nil {
+			&h.Checks, &next, &h.ClaimOwner, &h.ClaimToken, &notBefore); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		var err error
@@ -190,6 +191,9 @@ func (d *Store) scanHalves(rows *sql.Rows, op string) ([]driver.HalfMessage, err
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		if h.NextCheckAt, err = d.DecodeTime(next); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if h.NotBefore, err = d.decodeNotBefore(notBefore); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		if h.Payload == nil {

@@ -44,7 +44,7 @@ func (d *Store) messageRows(g *Group, msgs []*driver.InsertMessage) (Rows, error
 		if payload == nil {
 			payload = []byte{} // NOT NULL column; an empty payload is legal
 		}
-		rows[i] = []any{g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, d.EncodeTime(m.CreatedAt)}
+		rows[i] = []any{g.Tenant, g.Topic, m.PartitionKey, m.ID, string(h), payload, d.EncodeTime(m.CreatedAt), d.encodeNotBefore(m.NotBefore)}
 	}
 	return rows, nil
 }

@@ -12,7 +12,7 @@ type publishSQL struct {
 	advanceHeads string // raise head rows (:rows of tenant, topic, key, head, now, now)
 }
 
-const messageInsert = "INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at) VALUES :rows"
+const messageInsert = "INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at, not_before) VALUES :rows"
 
 func newPublishSQL(s Syntax) publishSQL {
 	const heads = "INSERT INTO queue_partitions (tenant, topic, partition_key, head_offset, created_at, updated_at) VALUES :rows"
