@@ -360,12 +360,24 @@ type ResetRequest struct {
 	Time                         time.Time
 	// Force resets even while a live subscriber holds an affected lease.
 	Force bool
+	// DryRun computes the changes and changes nothing: the preview that
+	// `shardq admin reset-offsets` shows without --execute.
+	DryRun bool
+	// Create allows a group that has never read the topic (no registry
+	// row, cursor, lease or member): without it such a name, likely a
+	// typo, is refused.
+	Create bool
 }
 
-// OffsetChange is one cursor a reset moved.
+// OffsetChange is one cursor a reset moves (or, with DryRun, would move).
 type OffsetChange struct {
 	PartitionKey string
 	From, To     int64
+	// Replay counts the messages the group reads again (To before From);
+	// Skip those it never reads (To after From). Each is counted up to
+	// LagCountLimit; Capped says there are more.
+	Replay, Skip int64
+	Capped       bool
 }
 
 // ResetOffsets moves cursors as r says and returns what changed. It refuses
@@ -384,6 +396,17 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset", Rule: fmt.Sprintf("%d: must not be negative", r.Offset)})
 	}
 	scope := Scope{Tenants: []string{r.Tenant}}
+	if !r.Create {
+		groups, err := a.c.drv.TopicGroups(ctx, r.Tenant, r.Topic)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(groups, r.ConsumerGroup) {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "consumer group",
+				Rule: fmt.Sprintf("%q has never read tenant %q topic %q (known: %s); set Create (--create) to start it at the new position",
+					r.ConsumerGroup, r.Tenant, r.Topic, strings.Join(groups, ", "))})
+		}
+	}
 	heads, err := a.c.drv.PartitionHeads(ctx, scope.Tenants, r.Topic)
 	if err != nil {
 		return nil, err
@@ -441,12 +464,43 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 				return changes, err
 			}
 		}
-		if err := a.c.drv.ResetOffset(ctx, r.Tenant, r.Topic, h.PartitionKey, r.ConsumerGroup, to); err != nil {
+		ch := OffsetChange{PartitionKey: h.PartitionKey, From: current[h.PartitionKey], To: to}
+		if err := a.countBetween(ctx, r, &ch); err != nil {
 			return changes, err
 		}
-		changes = append(changes, OffsetChange{PartitionKey: h.PartitionKey, From: current[h.PartitionKey], To: to})
+		if !r.DryRun {
+			if err := a.c.drv.ResetOffset(ctx, r.Tenant, r.Topic, h.PartitionKey, r.ConsumerGroup, to); err != nil {
+				return changes, err
+			}
+		}
+		changes = append(changes, ch)
 	}
 	return changes, nil
+}
+
+// countBetween fills ch's Replay or Skip: the messages between its two
+// cursors, as the difference of two bounded lag counts.
+func (a *Admin) countBetween(ctx context.Context, r ResetRequest, ch *OffsetChange) error {
+	lo, hi := min(ch.From, ch.To), max(ch.From, ch.To)
+	if lo == hi {
+		return nil
+	}
+	fromLo, err := a.c.drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, lo)
+	if err != nil {
+		return err
+	}
+	fromHi, err := a.c.drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, hi)
+	if err != nil {
+		return err
+	}
+	n := fromLo.Lag - fromHi.Lag
+	ch.Capped = fromLo.Capped
+	if ch.To < ch.From {
+		ch.Replay = n
+	} else {
+		ch.Skip = n
+	}
+	return nil
 }
 
 func filterKey(ps []driver.Partition, key string) []driver.Partition {

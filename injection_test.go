@@ -266,7 +266,7 @@ func attackAndCheck(t *testing.T, victimDrv, attackDrv driver.Driver) {
 		if _, err := a.Requeue(ctx, ref, ""); !errors.Is(err, shardq.ErrNoMessage) {
 			t.Fatalf("requeue injection %d = %v, want ErrNoMessage", i, err)
 		}
-		if _, err := a.ResetOffsets(ctx, shardq.ResetRequest{Tenant: "attacker", Topic: topic, ConsumerGroup: "g", To: shardq.ResetToOffset, Key: v, Offset: 0}); err != nil {
+		if _, err := a.ResetOffsets(ctx, shardq.ResetRequest{Tenant: "attacker", Topic: topic, ConsumerGroup: "g", Create: true, To: shardq.ResetToOffset, Key: v, Offset: 0}); err != nil {
 			t.Fatalf("reset injection %d: %v", i, err)
 		}
 		ghost := ref

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,10 +211,26 @@ func testAdminResetOffsets(t *testing.T, open Open) {
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b", CreatedAt: t0.Add(2 * time.Hour)})
 	admin := c.Admin()
 	req := shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", To: shardq.ResetToLatest}
+	// A group that never read the topic is likely a typo: refused, unless
+	// Create.
+	if _, err := admin.ResetOffsets(ctx, req); !errors.Is(err, shardq.ErrInvalid) || !strings.Contains(err.Error(), "never read") {
+		t.Fatalf("reset of an unknown group = %v; want it refused", err)
+	}
+	// A dry run reports the changes, with what they skip, and moves nothing.
+	req.Create, req.DryRun = true, true
 	changes, err := admin.ResetOffsets(ctx, req)
+	if err != nil || len(changes) != 2 || changes[0].To != res[1].Offset || changes[0].Skip != 2 || changes[1].Skip != 1 {
+		t.Fatalf("dry run to latest: %+v, %v; want a and b to their heads, skipping 2 and 1", changes, err)
+	}
+	if work, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(work) != 2 {
+		t.Fatalf("a dry run moved cursors: work %+v", work)
+	}
+	req.DryRun = false
+	changes, err = admin.ResetOffsets(ctx, req)
 	if err != nil || len(changes) != 2 || changes[0].To != res[1].Offset || changes[1].To != res[2].Offset {
 		t.Fatalf("to latest: %+v, %v", changes, err)
 	}
+	req.Create = false // the group exists now
 	// A live subscriber's lease on an affected partition refuses it.
 	if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}, "live", time.Now(), time.Hour); err != nil {
 		t.Fatal(err)
@@ -227,8 +244,8 @@ func testAdminResetOffsets(t *testing.T, open Open) {
 	}
 	// Only partition b, which nobody holds: allowed.
 	changes, err = admin.ResetOffsets(ctx, shardq.ResetRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", To: shardq.ResetToOffset, Key: "b", Offset: 0})
-	if err != nil || len(changes) != 1 || changes[0].From != res[2].Offset || changes[0].To != 0 {
-		t.Fatalf("to offset 0 in b: %+v, %v", changes, err)
+	if err != nil || len(changes) != 1 || changes[0].From != res[2].Offset || changes[0].To != 0 || changes[0].Replay != 1 {
+		t.Fatalf("to offset 0 in b: %+v, %v; want b's one message replayed", changes, err)
 	}
 	req.Force = true
 	req.To = shardq.ResetToTime

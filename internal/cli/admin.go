@@ -525,10 +525,16 @@ func (a *app) adminReset() *cobra.Command {
 	var earliest, latest bool
 	var toOffset int64
 	var toTime string
+	var execute, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "reset-offsets --tenant T --topic X --group G (--to-earliest | --to-latest | --to-offset N --key K | --to-time RFC3339) [--force]",
-		Short: "Move a consumer group's cursors; refused while a live subscriber holds an affected lease unless --force",
-		Args:  cobra.NoArgs,
+		Use:   "reset-offsets --tenant T --topic X --group G (--to-earliest | --to-latest | --to-offset N --key K | --to-time RFC3339) [--execute] [--create] [--force]",
+		Short: "Preview (or, with --execute, make) a move of a consumer group's cursors",
+		Long: "Shows each partition's current and new cursor and how many messages the group would read again (REPLAY)\n" +
+			"or never read (SKIP), and changes nothing, as Kafka's kafka-consumer-groups --reset-offsets does without\n" +
+			"--execute. With --execute it moves them. A group that has never read the topic is refused unless --create\n" +
+			"(a typo would otherwise start a new group); a live subscriber's lease on an affected partition refuses it\n" +
+			"unless --force.",
+		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			n := 0
 			for _, set := range []bool{earliest, latest, cmd.Flags().Changed("to-offset"), toTime != ""} {
@@ -571,12 +577,32 @@ func (a *app) adminReset() *cobra.Command {
 				return err
 			}
 			defer done()
+			r.DryRun = !execute
 			changes, err := c.Admin().ResetOffsets(cmd.Context(), r)
 			if err != nil {
 				return err
 			}
+			var rows [][]string
+			var objs []any
+			count := func(n int64, capped bool) string {
+				if capped && n > 0 {
+					return fmt.Sprintf("%d+", n)
+				}
+				return fmt.Sprint(n)
+			}
 			for _, ch := range changes {
-				fmt.Fprintf(a.env.Stdout, "partition %q: %d -> %d\n", ch.PartitionKey, ch.From, ch.To)
+				rows = append(rows, []string{fmt.Sprintf("%q", ch.PartitionKey), fmt.Sprint(ch.From), fmt.Sprint(ch.To),
+					count(ch.Replay, ch.Capped), count(ch.Skip, ch.Capped)})
+				objs = append(objs, map[string]any{"partition_key": ch.PartitionKey, "current": ch.From, "new": ch.To,
+					"replay": ch.Replay, "skip": ch.Skip, "capped": ch.Capped, "executed": execute})
+			}
+			if err := a.table(asJSON, []string{"PARTITION", "CURRENT", "NEW", "REPLAY", "SKIP"}, rows, objs); err != nil || asJSON {
+				return err
+			}
+			if !execute {
+				fmt.Fprintf(a.env.Stdout, "preview: nothing changed; run again with --execute to move %d cursors of group %s (tenant %s topic %s)\n",
+					len(changes), display(r.ConsumerGroup), display(r.Tenant), display(r.Topic))
+				return nil
 			}
 			fmt.Fprintf(a.env.Stdout, "reset %d partitions of tenant %s topic %s for group %s\n", len(changes), display(r.Tenant), display(r.Topic), display(r.ConsumerGroup))
 			return nil
@@ -592,6 +618,9 @@ func (a *app) adminReset() *cobra.Command {
 	fl.StringVar(&r.Key, "key", "", "partition for --to-offset")
 	fl.StringVar(&toTime, "to-time", "", "before the first message created at or after this RFC 3339 time")
 	fl.BoolVar(&r.Force, "force", false, "reset even while a live subscriber holds an affected lease")
+	fl.BoolVar(&execute, "execute", false, "move the cursors (without it: a preview that changes nothing)")
+	fl.BoolVar(&r.Create, "create", false, "allow a group that has never read the topic")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object per partition")
 	for _, f := range []string{"tenant", "topic", "group"} {
 		cmd.MarkFlagRequired(f)
 	}

@@ -386,10 +386,27 @@ func TestAdminCommands(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, `"lag":2`) || !strings.Contains(r.stdout, `"committed_offset":1`) {
 		t.Fatalf("offsets: %+v", r)
 	}
-	// Reset to earliest, then inspect and delete by full identity.
-	r = runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-earliest")
-	if r.code != 0 || !strings.Contains(r.stdout, `partition "k": 1 -> 0`) {
-		t.Fatalf("reset-offsets: %+v", r)
+	// Reset to earliest: a preview first, which changes nothing; then
+	// --execute. Inspect and delete by full identity after.
+	reset := []string{"admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-earliest"}
+	r = runCLI(t, env, "", reset...)
+	if r.code != 0 || !strings.Contains(r.stdout, "PARTITION  CURRENT  NEW  REPLAY  SKIP") || !strings.Contains(r.stdout, `"k"        1        0    1       0`) ||
+		!strings.Contains(r.stdout, "preview: nothing changed") {
+		t.Fatalf("reset-offsets preview: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "offsets", "--tenant", "acme", "--group", "g", "--json"); !strings.Contains(r.stdout, `"committed_offset":1`) {
+		t.Fatalf("the preview moved the cursor: %+v", r)
+	}
+	r = runCLI(t, env, "", append(reset, "--execute", "--json")...)
+	if rows := jsonLines[map[string]any](t, r.stdout); r.code != 0 || len(rows) != 1 || rows[0]["current"] != 1.0 || rows[0]["new"] != 0.0 || rows[0]["replay"] != 1.0 {
+		t.Fatalf("reset-offsets --execute: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "offsets", "--tenant", "acme", "--group", "g", "--json"); !strings.Contains(r.stdout, `"committed_offset":0`) {
+		t.Fatalf("--execute did not move the cursor: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "typo", "--to-earliest"); r.code != 2 ||
+		!strings.Contains(r.stderr, `"typo" has never read`) || !strings.Contains(r.stderr, "--create") {
+		t.Fatalf("reset of an unknown group: %+v", r)
 	}
 	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-offset", "2"); r.code != 2 || !strings.Contains(r.stderr, "--key") {
 		t.Fatalf("reset --to-offset without --key: %+v", r)
@@ -432,7 +449,7 @@ func TestAdminCommands(t *testing.T) {
 	// Group g has passed everything of acme; a minimum retention of 0
 	// lets the pass delete all four (a, b, c and the requeued dead letter),
 	// and nothing of globex, where no group has a cursor.
-	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-latest"); r.code != 0 {
+	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-latest", "--execute"); r.code != 0 {
 		t.Fatal(r)
 	}
 	r = runCLI(t, env, "", "admin", "retention", "run", "--all-tenants", "--min", "1ns", "--json")

@@ -157,7 +157,7 @@ func TestHostileInputMigrated(t *testing.T) {
 			if r := runCLI(t, env, "", "publish", "--tenant", "t", "--topic", "x", "--key", "k", "p"); r.code != 0 {
 				t.Fatal(r)
 			}
-			args := []string{"admin", "reset-offsets", "--tenant", "t", "--topic", "x", "--group", "g", "--key", "k", "--to-offset", "999999"}
+			args := []string{"admin", "reset-offsets", "--tenant", "t", "--topic", "x", "--group", "g", "--create", "--key", "k", "--to-offset", "999999"}
 			oneLine(t, runCLI(t, env, "", args...), args, "offset: 999999 is outside partition")
 			// 64 caller headers are legal; queue_name is shardq's.
 			hargs := []string{"publish", "--tenant", "t", "--topic", "x", "--key", "h"}
