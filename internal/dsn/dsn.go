@@ -5,6 +5,7 @@
 //	sqlite://relative/path.db
 //	sqlite:///absolute/path.db[?synchronous=NORMAL&busy_timeout=5s]
 //	mysql://user:pass@host:port/db[?param=value]   (go-sql-driver parameters)
+//	user:pass@tcp(host:port)/db[?param=value]       (a go-sql-driver DSN, as mysqldriver.Open takes)
 package dsn
 
 import (
@@ -37,8 +38,13 @@ func Parse(s string) (Spec, error) {
 		return parseSQLite(strings.TrimPrefix(s, "sqlite://"))
 	case strings.HasPrefix(s, "mysql://"):
 		return parseMySQL(s)
+	case !strings.Contains(s, "://") && strings.Contains(s, "/"):
+		// The Go quick start's form: what mysqldriver.Open takes.
+		if _, err := mysql.ParseDSN(s); err == nil {
+			return Spec{Driver: "mysql", MySQL: s}, nil
+		}
 	}
-	return Spec{}, fmt.Errorf("dsn %q: want sqlite://PATH or mysql://USER:PASS@HOST:PORT/DB", redact(s))
+	return Spec{}, fmt.Errorf("dsn %q: want sqlite://PATH, mysql://USER:PASS@HOST:PORT/DB or a go-sql-driver DSN (USER:PASS@tcp(HOST:PORT)/DB)", redact(s))
 }
 
 func parseSQLite(rest string) (Spec, error) {
@@ -112,7 +118,17 @@ func Open(sp Spec) (driver.Driver, error) {
 // redact hides a password in a URL for error messages.
 func redact(s string) string {
 	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
+	if err != nil || !strings.Contains(s, "://") {
+		// Not a URL (a go-sql-driver DSN, or garbage): hide whatever sits
+		// between the first ':' and the last '@' before the address.
+		if at := strings.LastIndex(s, "@"); at > 0 {
+			if colon := strings.Index(s[:at], ":"); colon >= 0 {
+				return s[:colon+1] + "xxxxx" + s[at:]
+			}
+		}
+		return s
+	}
+	if u.User == nil {
 		return s
 	}
 	if _, ok := u.User.Password(); ok {

@@ -31,8 +31,15 @@ func TestParse(t *testing.T) {
 	if sp, _ := Parse("mysql://root@127.0.0.1/q"); !strings.Contains(sp.MySQL, "127.0.0.1:3306") {
 		t.Fatalf("default port missing: %s", sp.MySQL)
 	}
+	// The go-sql-driver form the Go quick start uses works here too.
+	sp, err = Parse("app:s3cret@tcp(db.internal:3307)/queue?timeout=5s")
+	if err != nil || sp.Driver != "mysql" || sp.MySQL != "app:s3cret@tcp(db.internal:3307)/queue?timeout=5s" {
+		t.Fatalf("go-sql-driver DSN: %+v %v", sp, err)
+	}
 	for in, want := range map[string]string{
-		"postgres://x/y":                    "want sqlite://PATH or mysql://",
+		"u:secret@tcp(h:1)/db?timeout=x":    "xxxxx@tcp(h:1)",
+		"u:secret@tcp(h:1/db":               "xxxxx@tcp(h:1/db",
+		"postgres://x/y":                    "want sqlite://PATH, mysql://",
 		"sqlite://":                         "needs a file path",
 		"sqlite://a.db?journal=off":         `unknown sqlite parameter "journal"`,
 		"sqlite://a.db?synchronous=maybe":   "synchronous",
@@ -54,7 +61,7 @@ func TestParse(t *testing.T) {
 // take (a go-sql-driver DSN that parses, or a non-empty path).
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"sqlite://shardq.db", "sqlite:///a/b.db?synchronous=FULL", "mysql://root@127.0.0.1:3306/q?timeout=1s",
-		"mysql://u:p@h/d", "mysql://[::1]:3306/q", "sqlite://?", "mysql://%zz"} {
+		"mysql://u:p@h/d", "mysql://[::1]:3306/q", "sqlite://?", "mysql://%zz", "u:p@tcp(h:3306)/d", "u@unix(/tmp/s)/d"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
