@@ -26,6 +26,7 @@ type consumeFlags struct {
 	key                string        // --key: accept this message group
 	wait               time.Duration // --wait: for --key and --next-group
 	nextGroup          bool          // --next-group: accept the next free group with a ready message
+	groupIdle          time.Duration // --group-idle: with --next-group, move on after this long without a message
 	ungrouped          bool          // --ungrouped: only messages without a partition key
 	start              startFlag     // --start: where a new group begins
 }
@@ -42,7 +43,8 @@ func (a *app) consumeCmd() *cobra.Command {
 			"Exits 0 after --max messages or after --idle-exit without one; SIGINT/SIGTERM stop it gracefully.\n" +
 			"By default it takes a fair share of every partition (and ungrouped messages). --key K attaches to the one\n" +
 			"message group K of the single --tenant (waiting up to --wait while another consumer holds it);\n" +
-			"--next-group takes the free group whose next message is oldest (waiting up to --wait for one);\n" +
+			"--next-group takes the free group whose next message is oldest (waiting up to --wait for the first), serves it\n" +
+			"until it has been quiet for --group-idle, releases it and takes the next, until --idle-exit, --max or a signal;\n" +
 			"--ungrouped takes only messages without a partition key, competing with the group's other members.\n" +
 			"--start decides where a group new to the topic begins in partitions it has no cursor for: every stored\n" +
 			"message (earliest) or only those published from now on (latest); a group that exists keeps its own.",
@@ -58,7 +60,8 @@ func (a *app) consumeCmd() *cobra.Command {
 	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
 	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
 	durationFlag(fl, &f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
-	fl.BoolVar(&f.nextGroup, "next-group", false, "accept the next free message group that has a message ready")
+	fl.BoolVar(&f.nextGroup, "next-group", false, "serve free message groups one after another, each while it has messages (until --idle-exit, --max or a signal)")
+	positiveDurationFlag(fl, &f.groupIdle, "group-idle", time.Second, "with --next-group: release a group after this long without a message and take the next")
 	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
 	fl.Var(&f.start, "start", "where a group new to the topic starts: earliest or latest")
 	cmd.MarkFlagRequired("topic")
@@ -218,54 +221,111 @@ wait:
 	return sub.Stop(stopCtx)
 }
 
-// receive consumes one message group through a GroupReceiver: print each
-// message, then ack it.
+// receive consumes message groups through GroupReceivers: the one group
+// --key names, or with --next-group one free group after another. Each
+// message is printed, then acked.
 func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, tenants []string) error {
-	opts := &shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start)}
-	var r *shardq.GroupReceiver
-	var err error
+	opts := shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start)}
+	out := bufio.NewWriter(a.env.Stdout)
+	s := &groupServer{a: a, f: f, enc: json.NewEncoder(out), out: out, last: time.Now()}
 	if f.key != "" {
-		r, err = c.AcceptGroup(ctx, tenants[0], f.topic, f.group, f.key, opts)
-	} else {
-		r, err = c.AcceptNextGroup(ctx, tenants, f.topic, f.group, opts)
-	}
-	if err != nil {
+		r, err := c.AcceptGroup(ctx, tenants[0], f.topic, f.group, f.key, &opts)
+		if err != nil {
+			return err
+		}
+		_, err = s.serve(ctx, r, 0)
 		return err
 	}
+	for first := true; f.max == 0 || s.printed < f.max; first = false {
+		if !first {
+			// Later groups: wait for one until --idle-exit (or, without
+			// it, until stopped), as long as the command runs.
+			opts.Wait = time.Minute
+			if f.idleExit > 0 {
+				if opts.Wait = f.idleExit - time.Since(s.last); opts.Wait <= 0 {
+					return nil // --idle-exit
+				}
+			}
+		}
+		r, err := c.AcceptNextGroup(ctx, tenants, f.topic, f.group, &opts)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil // SIGINT/SIGTERM
+		case errors.Is(err, shardq.ErrNoReadyGroup) && !first:
+			continue // waited: look again (the idle exit decides)
+		case err != nil:
+			return err
+		}
+		done, err := s.serve(ctx, r, f.groupIdle)
+		if err != nil || done {
+			return err
+		}
+	}
+	return nil
+}
+
+// groupServer prints and acks the messages of accepted groups.
+type groupServer struct {
+	a       *app
+	f       consumeFlags
+	enc     *json.Encoder
+	out     *bufio.Writer
+	printed int
+	last    time.Time // the last message's time, for --idle-exit
+}
+
+// serve delivers r's messages until --max, --idle-exit, a stop, or (when
+// groupIdle > 0) groupIdle without a message in this group; it closes r.
+// done says the command should end.
+func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupIdle time.Duration) (done bool, err error) {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if cerr := r.Close(cctx); cerr != nil {
-			fmt.Fprintln(a.env.Stderr, "error:", cerr)
+			fmt.Fprintln(s.a.env.Stderr, "error:", cerr)
 		}
 	}()
-	fmt.Fprintf(a.env.Stderr, "accepted message group %q of tenant %q\n", r.PartitionKey(), r.Tenant())
-	out := bufio.NewWriter(a.env.Stdout)
-	enc := json.NewEncoder(out)
-	for n := 0; f.max == 0 || n < f.max; n++ {
+	fmt.Fprintf(s.a.env.Stderr, "accepted message group %q of tenant %q\n", r.PartitionKey(), r.Tenant())
+	for s.f.max == 0 || s.printed < s.f.max {
+		wait := groupIdle
+		if s.f.idleExit > 0 {
+			left := s.f.idleExit - time.Since(s.last)
+			if left <= 0 {
+				return true, nil // --idle-exit
+			}
+			if wait == 0 || left < wait {
+				wait = left
+			}
+		}
 		rctx, cancel := ctx, context.CancelFunc(func() {})
-		if f.idleExit > 0 {
-			rctx, cancel = context.WithTimeout(ctx, f.idleExit)
+		if wait > 0 {
+			rctx, cancel = context.WithTimeout(ctx, wait)
 		}
 		d, err := r.Receive(rctx)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return nil // SIGINT/SIGTERM
+			return true, nil // SIGINT/SIGTERM
 		case errors.Is(err, context.DeadlineExceeded):
-			return nil // --idle-exit
+			// This group went quiet: the next one (--next-group), or the
+			// end (--idle-exit).
+			return s.f.idleExit > 0 && time.Since(s.last) >= s.f.idleExit, nil
+		case errors.Is(err, shardq.ErrReceiverClosed) && groupIdle > 0:
+			return false, nil // idle-released or lost: take the next group
 		case err != nil:
-			return err
+			return true, err
 		}
-		if err := enc.Encode(newConsumeLine(d)); err != nil {
-			return err
+		if err := s.enc.Encode(newConsumeLine(d)); err != nil {
+			return true, err
 		}
-		if err := out.Flush(); err != nil {
-			return fmt.Errorf("write stdout: %w", err) // not acked: delivered again to the next owner
+		if err := s.out.Flush(); err != nil {
+			return true, fmt.Errorf("write stdout: %w", err) // not acked: delivered again to the next owner
 		}
 		if err := r.Ack(ctx, d); err != nil {
-			return err
+			return true, err
 		}
+		s.printed++
+		s.last = time.Now()
 	}
-	return nil
+	return true, nil // --max
 }

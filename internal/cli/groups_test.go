@@ -37,14 +37,24 @@ func TestConsumeMessageGroups(t *testing.T) {
 			if fmt.Sprint(got) != "[a-0 a-1]" {
 				t.Fatalf("--key a --max 2: %v", got)
 			}
-			// a still has a-2 and is older than b: the next group is a again.
-			got = consumedPayloads(t, runCLI(t, env, "", append(base, "--next-group", "--idle-exit", "500ms")...))
-			if fmt.Sprint(got) != "[a-2]" {
+			// a still has a-2 and is older than b: the first group is a
+			// again; once a is quiet for --group-idle, the same run takes
+			// b, until --idle-exit.
+			r := runCLI(t, env, "", append(base, "--next-group", "--group-idle", "100ms", "--idle-exit", "1s")...)
+			if got = consumedPayloads(t, r); fmt.Sprint(got) != "[a-2 b-0 b-1]" {
 				t.Fatalf("--next-group: %v", got)
 			}
-			got = consumedPayloads(t, runCLI(t, env, "", append(base, "--next-group", "--wait", "1s", "--idle-exit", "500ms")...))
-			if fmt.Sprint(got) != "[b-0 b-1]" {
-				t.Fatalf("second --next-group: %v", got)
+			if strings.Count(r.stderr, "accepted message group") != 2 {
+				t.Fatalf("--next-group accepted: %s; want a, then b", r.stderr)
+			}
+			// --max counts across groups.
+			publish("c", 2)
+			publish("d", 2)
+			if got = consumedPayloads(t, runCLI(t, env, "", append(base, "--next-group", "--group-idle", "100ms", "--max", "3")...)); fmt.Sprint(got) != "[c-0 c-1 d-0]" {
+				t.Fatalf("--next-group --max 3: %v", got)
+			}
+			if got = consumedPayloads(t, runCLI(t, env, "", append(base, "--next-group", "--idle-exit", "500ms")...)); fmt.Sprint(got) != "[d-1]" {
+				t.Fatalf("--next-group after --max: %v", got)
 			}
 			if r := runCLI(t, env, "", append(base, "--next-group")...); r.code != 1 || !strings.Contains(r.stderr, "no free message group") {
 				t.Fatalf("--next-group with nothing ready: %+v", r)
@@ -58,6 +68,7 @@ func TestConsumeMessageGroups(t *testing.T) {
 				{"--key", "a", "--tenant", "other"},
 				{"--wait", "1s"},
 				{"--next-group", "--wait", "-1s"},
+				{"--next-group", "--group-idle", "0s"},
 			} {
 				if r := runCLI(t, env, "", append(base, bad...)...); r.code != 2 {
 					t.Errorf("%v: exit %d, want 2 (%s)", bad, r.code, r.stderr)
