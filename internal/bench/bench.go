@@ -103,18 +103,23 @@ func (p Params) Validate() error {
 // correctness counts summed over them. Its JSON form is one line of
 // `shardq bench --json`.
 type Result struct {
-	Scenario           string         `json:"scenario"`
-	Driver             string         `json:"driver"`
-	Params             map[string]any `json:"params"`
-	Msgs               int64          `json:"msgs"`
-	Seconds            float64        `json:"seconds"`
-	MsgsPerSec         float64        `json:"msgs_per_sec"`
-	P50Ms              float64        `json:"p50_ms"`
-	P99Ms              float64        `json:"p99_ms"`
-	Lost               int64          `json:"lost"`
-	Duplicates         int64          `json:"duplicates"`
-	OutOfOrder         int64          `json:"out_of_order"`
-	BaselineMsgsPerSec float64        `json:"baseline_msgs_per_sec"`
+	Scenario   string         `json:"scenario"`
+	Driver     string         `json:"driver"`
+	Params     map[string]any `json:"params"`
+	Msgs       int64          `json:"msgs"`
+	Seconds    float64        `json:"seconds"`
+	MsgsPerSec float64        `json:"msgs_per_sec"`
+	// P50Ms and P99Ms are the latency percentiles of the scenarios that
+	// measure one (publish, latency, raw); absent from the others.
+	P50Ms float64 `json:"p50_ms,omitempty"`
+	P99Ms float64 `json:"p99_ms,omitempty"`
+	// Latency counts every repetition's latencies in buckets (upper bound
+	// in ms; the last bucket is everything above the bound before it).
+	Latency            []Bucket `json:"latency_histogram,omitempty"`
+	Lost               int64    `json:"lost"`
+	Duplicates         int64    `json:"duplicates"`
+	OutOfOrder         int64    `json:"out_of_order"`
+	BaselineMsgsPerSec float64  `json:"baseline_msgs_per_sec"`
 	// Ratio is MsgsPerSec / BaselineMsgsPerSec; for latency it is
 	// P99Ms / BaselineP99Ms (lower is better).
 	Ratio         float64 `json:"ratio"`
@@ -280,7 +285,10 @@ func (e *env) repeat(ctx context.Context, c scenCase) (Result, error) {
 		rates = append(rates, rate)
 		secs = append(secs, r.elapsed.Seconds())
 		p50, p99 := percentile(r.latencies, 0.50), percentile(r.latencies, 0.99)
-		p50s, p99s = append(p50s, p50), append(p99s, p99)
+		if len(r.latencies) > 0 {
+			p50s, p99s = append(p50s, p50), append(p99s, p99)
+			res.Latency = histogram(res.Latency, r.latencies)
+		}
 		stmts = append(stmts, r.perMemberSec)
 		if e.Progress != nil && r.perMemberSec > 0 {
 			fmt.Fprintf(e.Progress, "%s rep %d/%d: %.2f statements per member per second\n", c.name, i+1, e.p.Reps, r.perMemberSec)
@@ -292,6 +300,32 @@ func (e *env) repeat(ctx context.Context, c scenCase) (Result, error) {
 	res.MsgsPerSec, res.Seconds, res.P50Ms, res.P99Ms = median(rates), median(secs), median(p50s), median(p99s)
 	res.StatementsPerMemberSec = median(stmts)
 	return res, nil
+}
+
+// Bucket is one bar of a latency histogram: latencies up to LeMs (the
+// last bucket: above the previous bound, LeMs 0).
+type Bucket struct {
+	LeMs  float64 `json:"le_ms"`
+	Count int     `json:"count"`
+}
+
+// latencyBounds are the histogram's upper bounds, in ms.
+var latencyBounds = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}
+
+// histogram adds lat to h (made on first use).
+func histogram(h []Bucket, lat []time.Duration) []Bucket {
+	if h == nil {
+		h = make([]Bucket, len(latencyBounds)+1)
+		for i, b := range latencyBounds {
+			h[i].LeMs = b
+		}
+	}
+	for _, l := range lat {
+		ms := float64(l) / float64(time.Millisecond)
+		i, _ := slices.BinarySearch(latencyBounds, ms)
+		h[i].Count++
+	}
+	return h
 }
 
 func (e *env) paramsMap() map[string]any {
@@ -315,6 +349,9 @@ func percentile(ds []time.Duration, q float64) float64 {
 }
 
 func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
 	s := slices.Clone(xs)
 	sort.Float64s(s)
 	if len(s)%2 == 1 {

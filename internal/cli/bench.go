@@ -151,10 +151,40 @@ func printResults(w io.Writer, results []bench.Result) {
 		if r.StatementsPerMemberSec > 0 {
 			idle = fmt.Sprintf("%.2f", r.StatementsPerMemberSec)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%s\t%d\t%d\t%d\t%s\t%s\t\n", r.Scenario, r.Driver, r.Msgs, r.Seconds,
-			r.MsgsPerSec, r.P50Ms, r.P99Ms, idle, r.Lost, r.Duplicates, r.OutOfOrder, base, ratio)
+		p50, p99 := "-", "-" // not measured: the scenario has no latency
+		if len(r.Latency) > 0 {
+			p50, p99 = fmt.Sprintf("%.2f", r.P50Ms), fmt.Sprintf("%.2f", r.P99Ms)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t\n", r.Scenario, r.Driver, r.Msgs, r.Seconds,
+			r.MsgsPerSec, p50, p99, idle, r.Lost, r.Duplicates, r.OutOfOrder, base, ratio)
 	}
 	tw.Flush()
+	for _, r := range results {
+		if len(r.Latency) > 0 {
+			fmt.Fprintf(w, "%s (%s) latency, all repetitions: %s\n", r.Scenario, r.Driver, histogramLine(r.Latency))
+		}
+	}
+}
+
+// histogramLine is a latency histogram on one line: "≤1ms 12  ≤2ms 40 …
+// >1000ms 0", empty buckets at either end left out.
+func histogramLine(h []bench.Bucket) string {
+	lo, hi := 0, len(h)-1
+	for lo < hi && h[lo].Count == 0 {
+		lo++
+	}
+	for hi > lo && h[hi].Count == 0 {
+		hi--
+	}
+	var parts []string
+	for i := lo; i <= hi; i++ {
+		if i == len(h)-1 {
+			parts = append(parts, fmt.Sprintf(">%gms %d", h[i-1].LeMs, h[i].Count))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("≤%gms %d", h[i].LeMs, h[i].Count))
+	}
+	return strings.Join(parts, "  ")
 }
 
 // startWorker runs `shardq bench worker` as a child process of this

@@ -41,6 +41,11 @@ func TestBenchConsumeInProcesses(t *testing.T) {
 			if c.Msgs != 400 || c.Lost != 0 || c.OutOfOrder != 0 || c.Ratio <= 0 || c.Params["processes"] != true {
 				t.Fatalf("consume result %+v", c)
 			}
+			// A backlog's consumption measures a rate, no latency: none is
+			// reported (not a column of zeros).
+			if c.P99Ms != 0 || c.Latency != nil || strings.Contains(res.stdout, "p99_ms") {
+				t.Fatalf("consume reports a latency it did not measure: %s", res.stdout)
+			}
 		})
 	}
 }
@@ -55,5 +60,24 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		if res.code != 2 || !strings.Contains(res.stderr, "error:") {
 			t.Errorf("%v: exit %d, stderr %q", args, res.code, res.stderr)
 		}
+	}
+}
+
+// The table shows "-" where nothing was measured, and a latency histogram
+// for the scenarios that measure latency.
+func TestBenchTableSaysWhatWasMeasured(t *testing.T) {
+	var buf strings.Builder
+	printResults(&buf, []bench.Result{
+		{Scenario: "consume", Driver: "sqlite", Msgs: 10, Seconds: 1, MsgsPerSec: 10},
+		{Scenario: "publish", Driver: "sqlite", Msgs: 3, Seconds: 1, MsgsPerSec: 3, P50Ms: 1.5, P99Ms: 4,
+			Latency: []bench.Bucket{{LeMs: 1}, {LeMs: 2, Count: 2}, {LeMs: 5, Count: 1}, {LeMs: 10}, {}}},
+	})
+	out := buf.String()
+	lines := strings.Split(out, "\n")
+	if !strings.Contains(lines[1], " -  ") || strings.Contains(lines[1], "0.00") {
+		t.Fatalf("consume row %q: want - for p50 and p99", lines[1])
+	}
+	if !strings.Contains(lines[2], "1.50") || !strings.Contains(out, "publish (sqlite) latency, all repetitions: ≤2ms 2  ≤5ms 1\n") {
+		t.Fatalf("publish row and histogram:\n%s", out)
 	}
 }

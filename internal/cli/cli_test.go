@@ -171,7 +171,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"publish", "--tenant", "t", "--topic", "x", "--key", strings.Repeat("k", 256), "p"}, "partition key: 256 characters, limit 255"},
 		{[]string{"bogus"}, `unknown command "bogus"`},
 		{[]string{"publish", "--nope"}, "unknown flag: --nope"},
-		{[]string{"--dsn", "postgres://x/y", "migrate"}, "want sqlite://PATH or mysql://"},
+		{[]string{"--dsn", "postgres://x/y", "migrate"}, "want sqlite://PATH, mysql://USER:PASS@HOST:PORT/DB or a go-sql-driver DSN"},
 		{[]string{"bench"}, "want one scenario (raw, publish, consume, latency, ungrouped, discovery, idle), got 0 arguments"},
 		{[]string{"tx", "resolve", "--tenant", "t", "--topic", "x", "--key", "k", "--id", "i"}, "want one decision (commit, rollback), got 0"},
 		{[]string{"tx", "resolve", "--tenant", "t", "--topic", "x", "--key", "k", "--id", "i", "maybe"}, `decision "maybe": want one of commit, rollback`},
