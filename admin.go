@@ -511,3 +511,61 @@ func filterKey(ps []driver.Partition, key string) []driver.Partition {
 	}
 	return nil
 }
+
+// Where a consumer group stands with one message (MessageStatus).
+const (
+	StatusConsumed = "consumed"    // the group's cursor is past it
+	StatusRetrying = "retrying"    // it failed and waits for another attempt
+	StatusPending  = "not reached" // the group has not got to it yet (or is handling it now)
+)
+
+// GroupStatus is one consumer group's standing with a message.
+type GroupStatus struct {
+	ConsumerGroup string
+	Status        string // StatusConsumed, StatusRetrying or StatusPending
+	// Cursor is the group's committed cursor in the message's partition
+	// (0 when it has none).
+	Cursor int64
+	// State is the group's retry bookkeeping of the message (zero when it
+	// has none).
+	State DeliveryState
+}
+
+// MessageStatus reads one message and where each consumer group that
+// reads its topic stands with it: consumed (its cursor is past the
+// message), retrying (a failed attempt is recorded), or not reached.
+func (a *Admin) MessageStatus(ctx context.Context, ref MessageRef) (*StoredMessage, []GroupStatus, error) {
+	m, states, err := a.Inspect(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	groups, err := a.c.drv.TopicGroups(ctx, ref.Tenant, ref.Topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	cursors, err := a.c.drv.TopicCursors(ctx, ref.Tenant, ref.Topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	cursor := map[string]int64{}
+	for _, c := range cursors {
+		if c.PartitionKey == ref.PartitionKey {
+			cursor[c.ConsumerGroup] = c.Committed
+		}
+	}
+	var out []GroupStatus
+	for _, g := range groups {
+		if g == RetentionGroup {
+			continue
+		}
+		gs := GroupStatus{ConsumerGroup: g, Cursor: cursor[g], State: states[g], Status: StatusPending}
+		switch {
+		case gs.Cursor >= m.Offset:
+			gs.Status = StatusConsumed
+		case gs.State.Attempts > 0:
+			gs.Status = StatusRetrying
+		}
+		out = append(out, gs)
+	}
+	return m, out, nil
+}

@@ -5,6 +5,8 @@ package shardq
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -30,6 +32,8 @@ type GroupInfo struct {
 	// more).
 	Lag       int64
 	LagCapped bool
+	// Paused says the group is paused in this tenant's topic (PauseGroup).
+	Paused bool
 	// LastActivity is the latest of the members' heartbeats and the
 	// cursors' commits (zero when there was none).
 	LastActivity time.Time
@@ -78,6 +82,11 @@ func (a *Admin) topicGroups(ctx context.Context, cursors groupCursors, tenant, t
 	var out []GroupInfo
 	for _, g := range names {
 		info := GroupInfo{Tenant: tenant, Topic: topic, ConsumerGroup: g}
+		paused, err := a.c.drv.PausedTenants(ctx, []string{tenant}, topic, g)
+		if err != nil {
+			return nil, err
+		}
+		info.Paused = len(paused) > 0
 		members, err := a.c.drv.Subscribers(ctx, []string{tenant}, g, topic)
 		if err != nil {
 			return nil, err
@@ -175,5 +184,80 @@ func (a *Admin) DeleteGroup(ctx context.Context, tenant, topic, group string, st
 		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
 	a.c.registered.Delete([3]string{tenant, topic, group})
+	return nil
+}
+
+// PauseGroup pauses consumer group on topic in the tenants of s (every
+// tenant with the topic, for AllTenants) where the group reads it: within
+// one DiscoveryInterval its members deliver nothing more after the
+// message in hand and claim no ungrouped message there, keeping their
+// leases; messages keep arriving. It reports the tenants paused. A group
+// that has never read the topic in a tenant of s is refused there (a
+// typo), as is one known nowhere.
+func (a *Admin) PauseGroup(ctx context.Context, s Scope, topic, group string) ([]string, error) {
+	return a.setPaused(ctx, s, topic, group, true)
+}
+
+// ResumeGroup undoes PauseGroup: the members go on where they stopped, in
+// order, within one DiscoveryInterval.
+func (a *Admin) ResumeGroup(ctx context.Context, s Scope, topic, group string) ([]string, error) {
+	return a.setPaused(ctx, s, topic, group, false)
+}
+
+func (a *Admin) setPaused(ctx context.Context, s Scope, topic, group string, paused bool) ([]string, error) {
+	op := "resume"
+	if paused {
+		op = "pause"
+	}
+	if err := checkScope(s); err != nil {
+		return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
+	}
+	if err := firstInvalid(ident.Topic(topic), ident.ConsumerGroup(group)); err != nil {
+		return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
+	}
+	var tenants []string
+	if s.AllTenants {
+		if err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
+			if t.Topic == topic {
+				tenants = append(tenants, t.Tenant)
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
+		}
+	} else {
+		tenants = s.Tenants
+	}
+	var known []string
+	for _, t := range tenants {
+		groups, err := a.c.drv.TopicGroups(ctx, t, topic)
+		if err != nil {
+			return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
+		}
+		switch {
+		case slices.Contains(groups, group):
+			known = append(known, t)
+		case !s.AllTenants:
+			return nil, fmt.Errorf("shardq: admin %s: %w", op, &ident.Error{Field: "consumer group",
+				Rule: fmt.Sprintf("%q has never read tenant %q topic %q (known: %s)", group, t, topic, strings.Join(groups, ", "))})
+		}
+	}
+	if len(known) == 0 {
+		return nil, fmt.Errorf("shardq: admin %s: %w", op, &ident.Error{Field: "consumer group",
+			Rule: fmt.Sprintf("%q reads topic %q in none of the tenants", group, topic)})
+	}
+	if err := a.c.drv.SetGroupPaused(ctx, known, topic, group, paused, a.c.cfg.Clock()); err != nil {
+		return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
+	}
+	return known, nil
+}
+
+// firstInvalid returns the first non-nil error.
+func firstInvalid(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }

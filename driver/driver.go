@@ -544,6 +544,12 @@ type Lifecycle interface {
 	// one, starting at 0, or, when latest is set and the group has no
 	// cursor there, at the topic's highest head.
 	RegisterGroup(ctx context.Context, tenants []string, topic, group string, latest bool, now time.Time) error
+	// SetGroupPaused marks (or unmarks) the group paused on topic in each
+	// of tenants, in its registry row (made, starting at 0, where none is).
+	SetGroupPaused(ctx context.Context, tenants []string, topic, group string, paused bool, now time.Time) error
+	// PausedTenants lists those of tenants where the group is paused on
+	// topic: one statement, read by members at each rebalance tick.
+	PausedTenants(ctx context.Context, tenants []string, topic, group string) ([]string, error)
 	// StaleLeaseKeys lists the keys of a topic's lease rows of groups freed
 	// or expired before before.
 	StaleLeaseKeys(ctx context.Context, tenant, topic string, groups []string, before time.Time) ([]string, error)

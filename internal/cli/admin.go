@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -132,7 +134,7 @@ func ts(t time.Time) string {
 func (a *app) adminCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Operator commands: listings, messages by identity, offsets (all scoped by tenant)"}
 	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminGroups(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
-		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention())
+		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false))
 	return cmd
 }
 
@@ -277,15 +279,64 @@ func (a *app) adminGroups() *cobra.Command {
 				if g.LagCapped {
 					lag = ">" + lag
 				}
-				rows = append(rows, []string{g.Tenant, g.Topic, g.ConsumerGroup, fmt.Sprintf("%d/%d", g.Live, g.Members),
+				state := "running"
+				if g.Paused {
+					state = "paused"
+				}
+				rows = append(rows, []string{g.Tenant, g.Topic, g.ConsumerGroup, state, fmt.Sprintf("%d/%d", g.Live, g.Members),
 					fmt.Sprint(g.Partitions), fmt.Sprint(g.Unread), lag, ts(g.LastActivity)})
-				objs = append(objs, map[string]any{"tenant": g.Tenant, "topic": g.Topic, "group": g.ConsumerGroup, "members": g.Members,
+				objs = append(objs, map[string]any{"tenant": g.Tenant, "topic": g.Topic, "group": g.ConsumerGroup, "paused": g.Paused, "members": g.Members,
 					"live_members": g.Live, "partitions": g.Partitions, "unread_partitions": g.Unread, "lag": g.Lag, "lag_capped": g.LagCapped,
 					"last_activity": g.LastActivity})
 			}
-			return a.table(asJSON, []string{"TENANT", "TOPIC", "GROUP", "LIVE/MEMBERS", "PARTITIONS", "UNREAD", "LAG", "LAST ACTIVITY"}, rows, objs)
+			return a.table(asJSON, []string{"TENANT", "TOPIC", "GROUP", "STATE", "LIVE/MEMBERS", "PARTITIONS", "UNREAD", "LAG", "LAST ACTIVITY"}, rows, objs)
 		})
 	cmd.AddCommand(a.adminGroupsDelete())
+	return cmd
+}
+
+// adminPause is `admin pause` (paused true) or `admin resume`.
+func (a *app) adminPause(paused bool) *cobra.Command {
+	use, short := "resume", "Resume a paused consumer group on a topic: its members go on where they stopped, in order"
+	if paused {
+		use, short = "pause", "Pause a consumer group on a topic: within one discovery interval its members deliver nothing more, keeping their leases; messages keep arriving"
+	}
+	sf := scopeFlags{limit: shardq.DefaultPageLimit}
+	var topic, group string
+	cmd := &cobra.Command{Use: use + " (--tenant T ... | --all-tenants) --topic X --group G", Short: short, Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			s, err := sf.scope()
+			if err != nil {
+				return err
+			}
+			if err := firstErr(ident.Topic(topic), ident.ConsumerGroup(group)); err != nil {
+				return err
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			admin := c.Admin()
+			set := admin.ResumeGroup
+			if paused {
+				set = admin.PauseGroup
+			}
+			tenants, err := set(cmd.Context(), s, topic, group)
+			if err != nil {
+				return err
+			}
+			for _, t := range tenants {
+				fmt.Fprintf(a.env.Stdout, "%sd group %s on topic %s of tenant %s\n", use, display(group), display(topic), display(t))
+			}
+			return nil
+		})}
+	cmd.Flags().StringArrayVar(&sf.tenants, "tenant", nil, "tenant (repeatable)")
+	cmd.Flags().BoolVar(&sf.all, "all-tenants", false, "every tenant with the topic")
+	cmd.Flags().StringVar(&topic, "topic", "", "topic (required)")
+	cmd.Flags().StringVar(&group, "group", "", "consumer group (required)")
+	cmd.MarkFlagRequired("topic")
+	cmd.MarkFlagRequired("group")
 	return cmd
 }
 
@@ -388,8 +439,10 @@ func (a *app) adminSubscribers() *cobra.Command {
 
 func (a *app) adminInspect() *cobra.Command {
 	var ref shardq.MessageRef
-	cmd := &cobra.Command{Use: "inspect --tenant T --topic X --key K --id ID", Short: "Print one message and its delivery state per consumer group",
-		Args: cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
+	var asJSON bool
+	cmd := &cobra.Command{Use: "inspect --tenant T --topic X --key K --id ID [--json]",
+		Short: "Print one message and, per consumer group, whether it consumed it, is retrying it, or has not reached it",
+		Args:  cobra.NoArgs, RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if err := refErr(ref); err != nil {
 				return err
 			}
@@ -398,26 +451,72 @@ func (a *app) adminInspect() *cobra.Command {
 				return err
 			}
 			defer done()
-			m, states, err := c.Admin().Inspect(cmd.Context(), ref)
+			m, groups, err := c.Admin().MessageStatus(cmd.Context(), ref)
 			if err != nil {
 				return err
 			}
-			out := map[string]any{"tenant": m.Tenant, "topic": m.Topic, "partition_key": m.PartitionKey, "id": m.ID, "offset": m.Offset,
-				"created_at": m.CreatedAt, "headers": m.Headers, "delivery_state": states}
+			if asJSON {
+				return a.inspectJSON(m, groups)
+			}
+			scheduled := ""
 			if !m.NotBefore.IsZero() {
-				out["scheduled"] = m.NotBefore // delivered no earlier
+				scheduled = "  scheduled " + ts(m.NotBefore)
+			}
+			fmt.Fprintf(a.env.Stdout, "tenant %s  topic %s  partition %q  id %q  offset %d  created %s%s\n", display(m.Tenant), display(m.Topic),
+				m.PartitionKey, m.ID, m.Offset, ts(m.CreatedAt), scheduled)
+			keys := slices.Sorted(maps.Keys(m.Headers))
+			for _, k := range keys {
+				fmt.Fprintf(a.env.Stdout, "header %q: %q\n", k, m.Headers[k])
 			}
 			if utf8.Valid(m.Payload) {
-				out["payload"] = string(m.Payload)
+				fmt.Fprintf(a.env.Stdout, "payload (%d bytes): %q\n\n", len(m.Payload), m.Payload)
 			} else {
-				out["payload_base64"] = m.Payload
+				fmt.Fprintf(a.env.Stdout, "payload (%d bytes, not UTF-8; --json has it in base64)\n\n", len(m.Payload))
 			}
-			enc := json.NewEncoder(a.env.Stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(out)
+			var rows [][]string
+			for _, g := range groups {
+				next, attempts, lastErr := "-", "-", "-"
+				if g.State.Attempts > 0 {
+					next, attempts, lastErr = ts(g.State.NextAttemptAt), fmt.Sprint(g.State.Attempts), g.State.LastError
+				}
+				rows = append(rows, []string{g.ConsumerGroup, g.Status, fmt.Sprint(g.Cursor), attempts, next, lastErr})
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(a.env.Stdout, "no consumer group reads this topic")
+				return nil
+			}
+			return a.table(false, []string{"GROUP", "STATUS", "CURSOR", "ATTEMPTS", "NEXT ATTEMPT", "LAST ERROR"}, rows, nil)
 		})}
 	refFlags(cmd, &ref)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// inspectJSON prints a message and its groups' standing as one JSON object.
+func (a *app) inspectJSON(m *shardq.StoredMessage, groups []shardq.GroupStatus) error {
+	var gs []map[string]any
+	states := map[string]shardq.DeliveryState{}
+	for _, g := range groups {
+		o := map[string]any{"group": g.ConsumerGroup, "status": g.Status, "cursor": g.Cursor}
+		if g.State.Attempts > 0 {
+			o["attempts"], o["next_attempt_at"], o["last_error"] = g.State.Attempts, g.State.NextAttemptAt, g.State.LastError
+			states[g.ConsumerGroup] = g.State
+		}
+		gs = append(gs, o)
+	}
+	out := map[string]any{"tenant": m.Tenant, "topic": m.Topic, "partition_key": m.PartitionKey, "id": m.ID, "offset": m.Offset,
+		"created_at": m.CreatedAt, "headers": m.Headers, "delivery_state": states, "groups": gs}
+	if !m.NotBefore.IsZero() {
+		out["scheduled"] = m.NotBefore // delivered no earlier
+	}
+	if utf8.Valid(m.Payload) {
+		out["payload"] = string(m.Payload)
+	} else {
+		out["payload_base64"] = m.Payload
+	}
+	enc := json.NewEncoder(a.env.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }
 
 func (a *app) adminDelete() *cobra.Command {

@@ -412,9 +412,19 @@ func TestAdminCommands(t *testing.T) {
 		t.Fatalf("reset --to-offset without --key: %+v", r)
 	}
 	pub := decodeLines(t, runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1", "--json", "payload").stdout)[0]
-	r = runCLI(t, env, "", "admin", "inspect", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1")
-	if r.code != 0 || !strings.Contains(r.stdout, `"payload": "payload"`) || !strings.Contains(r.stdout, fmt.Sprintf(`"offset": %d`, pub.Offset)) {
-		t.Fatalf("inspect: %+v", r)
+	inspect := []string{"admin", "inspect", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "x1"}
+	r = runCLI(t, env, "", append(inspect, "--json")...)
+	if r.code != 0 || !strings.Contains(r.stdout, `"payload": "payload"`) || !strings.Contains(r.stdout, fmt.Sprintf(`"offset": %d`, pub.Offset)) ||
+		!strings.Contains(r.stdout, `"status": "not reached"`) {
+		t.Fatalf("inspect --json: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-latest", "--execute"); r.code != 0 {
+		t.Fatal(r)
+	}
+	r = runCLI(t, env, "", inspect...)
+	if r.code != 0 || !strings.Contains(r.stdout, `payload (7 bytes): "payload"`) || !strings.Contains(r.stdout, "GROUP  STATUS") ||
+		!strings.Contains(r.stdout, "\ng      consumed") {
+		t.Fatalf("inspect (table) after the group passed it: %+v", r)
 	}
 	if r := runCLI(t, env, "", "admin", "delete", "--tenant", "acme", "--topic", "orders", "--key", "k"); r.code != 2 || !strings.Contains(r.stderr, `"id" not set`) {
 		t.Fatalf("delete without --id: %+v", r)

@@ -86,6 +86,24 @@ func TestGroupLifecycleCommands(t *testing.T) {
 			if fmt.Sprint(groups) != "[early:1/2/3 late:2/0/0]" {
 				t.Fatalf("admin groups: %v\n%s", groups, r.stdout)
 			}
+			// Pause and resume, shown by admin groups.
+			if r := runCLI(t, env, "", "admin", "pause", "--tenant", "acme", "--topic", "orders", "--group", "late"); r.code != 0 ||
+				r.stdout != "paused group late on topic orders of tenant acme\n" {
+				t.Fatalf("pause: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "groups", "--tenant", "acme"); !strings.Contains(r.stdout, "STATE") || !strings.Contains(r.stdout, "paused") {
+				t.Fatalf("groups while late is paused: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "pause", "--tenant", "acme", "--topic", "orders", "--group", "lat"); r.code != 2 || !strings.Contains(r.stderr, `"lat" has never read`) {
+				t.Fatalf("pause of an unknown group: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "resume", "--all-tenants", "--topic", "orders", "--group", "late"); r.code != 0 ||
+				!strings.Contains(r.stdout, "resumed group late") {
+				t.Fatalf("resume: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "groups", "--tenant", "acme", "--json"); strings.Contains(r.stdout, `"paused":true`) {
+				t.Fatalf("groups after resume: %+v", r)
+			}
 			if r := runCLI(t, env, "", "admin", "groups", "delete", "--tenant", "acme", "--topic", "orders", "--group", "early"); r.code != 0 {
 				t.Fatal(r)
 			}

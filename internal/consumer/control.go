@@ -49,6 +49,7 @@ func (s *Member) tick() (contended bool) {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
+	s.refreshPaused(ctx)
 	subs, leases, work, err := s.tickInputs(ctx, s.cfg.Tenants)
 	if err != nil {
 		// One tenant list failed (a shard down, say): list tenant by
@@ -136,6 +137,9 @@ func (s *Member) tick() (contended bool) {
 		}
 		if s.life.Context().Err() != nil {
 			break
+		}
+		if s.isPaused(p.Tenant) {
+			continue // no new work while the group is paused there
 		}
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
 		if errors.Is(err, driver.ErrLeaseHeld) {

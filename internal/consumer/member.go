@@ -99,7 +99,10 @@ type Member struct {
 	heldElsewhere map[[2]string]bool
 	// work is the partitions with work at the last tick: what the lag
 	// metrics count.
-	work   []driver.Partition
+	work []driver.Partition
+	// paused is the tenants where the group is paused, as last read
+	// (pause.go).
+	paused map[string]bool
 	rescan chan struct{} // the feed asks the head watcher to read now
 	kick   chan struct{} // the feed saw a partition nobody here holds move
 	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).
@@ -143,13 +146,15 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		s.life.Go(s.beat)
 		s.life.Go(s.manage)
 		s.life.Go(s.watchHeads)
+	} else {
+		s.life.Go(s.watchPaused)
 	}
 	if cfg.Take != TakeGrouped {
 		s.ungrouped = ungrouped.Start(ctx, drv, ungrouped.Config{ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants,
 			ID: cfg.ID, Handle: cfg.Handle, Concurrency: cfg.UngroupedConcurrency, Visibility: cfg.VisibilityTimeout,
 			MaxRenewal:   cfg.MaxVisibilityRenewal,
 			PollInterval: cfg.PollInterval, FeedUp: cfg.FeedUp, FeedPollInterval: cfg.FeedPollInterval, DiscoveryInterval: cfg.DiscoveryInterval, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix,
-			Clock: cfg.Clock, Log: s.log, Metrics: cfg.Metrics})
+			Clock: cfg.Clock, Log: s.log, Metrics: cfg.Metrics, Paused: s.isPaused})
 	}
 	return s, nil
 }

@@ -128,6 +128,16 @@ func (w *worker) run() {
 	rereads := 0
 	drained := false // the last fetch read to the head, and the feed streams
 	for !w.stopping() {
+		if s.isPaused(w.lease.Tenant) {
+			// Paused: commit what is settled, keep the lease (not idle),
+			// and wait for the tick that reads the resume.
+			if !w.commitCursor() {
+				return
+			}
+			idleSince, drained = s.cfg.Clock(), false
+			w.idle(s.cfg.DiscoveryInterval)
+			continue
+		}
 		var msgs []driver.Message
 		fetched := !drained
 		if fetched {
@@ -297,6 +307,9 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 	for i := range msgs {
 		if i > 0 && w.stopping() {
 			return false // the rest is redelivered by the next owner
+		}
+		if i > 0 && w.s.isPaused(w.lease.Tenant) {
+			return true // the rest is read again after the resume
 		}
 		if !w.settle(msgs[i:i+1], states[msgs[i].Offset]) {
 			return false

@@ -348,3 +348,30 @@ func (d *Store) DeleteGroup(ctx context.Context, tenant, topic, group string, li
 	})
 	return err
 }
+
+// SetGroupPaused sets (or clears) the paused mark of group on topic in
+// each of tenants, making the group's registry row where it has none (it
+// then starts at the earliest message, as a first member would).
+func (d *Store) SetGroupPaused(ctx context.Context, tenants []string, topic, group string, paused bool, now time.Time) error {
+	op := fmt.Sprintf("set paused=%t of consumer group %q of topic %q", paused, group, topic)
+	var at any
+	if paused {
+		at = d.EncodeTime(now)
+	}
+	rows := make(Rows, len(tenants))
+	for i, t := range tenants {
+		rows[i] = []any{t, topic, group, 0, d.EncodeTime(now), at}
+	}
+	_, err := d.exec(ctx, d.Write, d.lifecycle().pause, Args{"rows": rows})
+	return d.wrapNil(op, err)
+}
+
+// PausedTenants lists those of tenants where group is paused on topic.
+func (d *Store) PausedTenants(ctx context.Context, tenants []string, topic, group string) ([]string, error) {
+	op := fmt.Sprintf("read whether consumer group %q of topic %q is paused", group, topic)
+	rows, err := d.query(ctx, d.Read, d.lifecycle().paused, Args{"tenants": textList(tenants), "topic": topic, "group": group})
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	return scanStrings(rows, op)
+}

@@ -14,6 +14,8 @@ type lifecycleSQL struct {
 	hasCursor  string   // has the group a cursor in the topic
 	topicHead  string   // the topic's highest head
 	register   string   // add group rows (:rows), keeping any that exist
+	pause      string   // add group rows (:rows) or set paused_at of those that exist
+	paused     string   // which of :tenants have the group paused
 	staleKeys  string   // keys of lease rows of :groups free or expired before :before
 	lockHeads  string   // head rows of :keys, locked
 	liveLeases string   // which of :keys a group of :groups holds unexpired; locks every row read
@@ -65,6 +67,9 @@ func newLifecycleSQL(s Syntax) lifecycleSQL {
 		topicHead:  "SELECT COALESCE(MAX(head_offset), 0) FROM queue_partitions WHERE " + topicScope,
 		register: "INSERT INTO queue_consumer_groups (tenant, topic, consumer_group, start_offset, created_at) VALUES :rows" +
 			s.upsert("tenant, topic, consumer_group", ""),
+		pause: "INSERT INTO queue_consumer_groups (tenant, topic, consumer_group, start_offset, created_at, paused_at) VALUES :rows" +
+			s.upsert("tenant, topic, consumer_group", "paused_at = "+s.excluded("paused_at")),
+		paused: "SELECT tenant FROM queue_consumer_groups WHERE tenant IN (:tenants) AND topic = :topic AND consumer_group = :group AND paused_at IS NOT NULL",
 		staleKeys: "SELECT DISTINCT partition_key FROM queue_partition_leases WHERE tenant = :tenant AND consumer_group IN (:groups) " +
 			"AND topic = :topic AND expires_at < :before",
 		// The head rows locked, each with whether a message is left (one

@@ -48,6 +48,9 @@ type Config struct {
 	Clock             func() time.Time
 	Log               *slog.Logger
 	Metrics           *telemetry.Group // retries and dead letters (nil: none)
+	// Paused reports whether the group is paused in a tenant: nothing is
+	// claimed there meanwhile (nil: never).
+	Paused func(tenant string) bool
 }
 
 const dbTimeout = lifecycle.CallTimeout
@@ -344,6 +347,9 @@ func (p *prefetch) target(handled int64, now time.Time) int {
 }
 
 func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
+	if s.cfg.Paused != nil && s.cfg.Paused(tenant) {
+		return 0
+	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, room)
 	cancel()
