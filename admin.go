@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -568,4 +569,67 @@ func (a *Admin) MessageStatus(ctx context.Context, ref MessageRef) (*StoredMessa
 		out = append(out, gs)
 	}
 	return m, out, nil
+}
+
+// BrowseRequest selects messages to read without a consumer group.
+type BrowseRequest struct {
+	Tenant, Topic string
+	// OnePartition limits the read to partition PartitionKey ("" is the
+	// ungrouped one); otherwise every partition of the topic, in offset
+	// order.
+	OnePartition bool
+	PartitionKey string
+	// AfterOffset starts after this offset (0: from the first message).
+	AfterOffset int64
+	// FromTime, with OnePartition, starts at the first message created at
+	// or after it (offsets order a partition, not a topic, by time).
+	FromTime time.Time
+	Limit    int // [DefaultPageLimit], at most MaxPageLimit
+}
+
+// Messages reads messages as they are stored, moving no cursor and
+// touching no consumer group's state: Kafka's console consumer without a
+// group, SQS's peek.
+func (a *Admin) Messages(ctx context.Context, r BrowseRequest) ([]StoredMessage, error) {
+	op := "shardq: admin: browse"
+	if err := firstInvalid(ident.Tenant(r.Tenant), ident.Topic(r.Topic)); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if r.OnePartition {
+		if err := ident.PartitionKey(r.PartitionKey); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	switch {
+	case r.AfterOffset < 0:
+		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "from offset", Rule: fmt.Sprintf("%d is negative", r.AfterOffset)})
+	case !r.FromTime.IsZero() && r.AfterOffset > 0:
+		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "from time", Rule: "give an offset or a time, not both"})
+	case !r.FromTime.IsZero() && !r.OnePartition:
+		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "from time",
+			Rule: "needs a partition key: offsets order a partition by time, not a topic"})
+	case r.Limit < 0 || r.Limit > MaxPageLimit:
+		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "limit", Rule: fmt.Sprintf("%d: want 1 to %d", r.Limit, MaxPageLimit)})
+	}
+	if r.Limit == 0 {
+		r.Limit = DefaultPageLimit
+	}
+	var ms []driver.Message
+	var err error
+	if r.OnePartition {
+		after := r.AfterOffset
+		if !r.FromTime.IsZero() {
+			if after, err = a.c.drv.OffsetBefore(ctx, r.Tenant, r.Topic, r.PartitionKey, r.FromTime); err != nil {
+				return nil, err
+			}
+		}
+		ms, err = a.c.drv.FetchAfter(ctx, r.Tenant, r.Topic, r.PartitionKey, after, r.Limit)
+	} else {
+		ms, err = a.c.drv.TopicMessages(ctx, driver.Scope{Tenants: []string{r.Tenant}, Limit: r.Limit,
+			After: []string{r.Tenant, strconv.FormatInt(r.AfterOffset, 10)}}, r.Topic)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return mapSlice(ms, storedMessage), nil
 }

@@ -134,7 +134,7 @@ func ts(t time.Time) string {
 func (a *app) adminCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Operator commands: listings, messages by identity, offsets (all scoped by tenant)"}
 	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminGroups(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
-		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false))
+		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false), a.adminMessages())
 	return cmd
 }
 
@@ -736,4 +736,81 @@ func number(h string) any {
 		return n
 	}
 	return h
+}
+
+// adminMessages is `admin messages`: browse a topic without a group.
+func (a *app) adminMessages() *cobra.Command {
+	var r shardq.BrowseRequest
+	var fromTime string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "messages --tenant T --topic X [--key K] [--from-offset N | --from-time RFC3339] [--limit N] [--json]",
+		Short: "Print a topic's (or one partition's) messages as stored, moving no cursor",
+		Long: "Reads messages without a consumer group: no cursor moves, no lease or claim is taken. Without --key,\n" +
+			"every partition of the topic in offset order; --key K (\"\" for ungrouped messages) one partition, where\n" +
+			"--from-time finds the first message created at or after a time. --json prints one JSON line per message,\n" +
+			"as consume does.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			r.OnePartition = cmd.Flags().Changed("key")
+			if fromTime != "" {
+				t, err := time.Parse(time.RFC3339Nano, fromTime)
+				if err != nil {
+					return usagef("--from-time %q: want RFC 3339, like 2026-11-30T12:00:00Z", fromTime)
+				}
+				r.FromTime = t
+			}
+			if r.Limit < 1 || r.Limit > shardq.MaxPageLimit {
+				return usagef("--limit %d: want 1 to %d", r.Limit, shardq.MaxPageLimit)
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ms, err := c.Admin().Messages(cmd.Context(), r)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.env.Stdout)
+				for _, m := range ms {
+					d := &shardq.Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
+						Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore}
+					if err := enc.Encode(newConsumeLine(d)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			var rows [][]string
+			for _, m := range ms {
+				payload := fmt.Sprintf("(%d bytes, not UTF-8)", len(m.Payload))
+				if utf8.Valid(m.Payload) {
+					payload = fmt.Sprintf("%q", truncate(string(m.Payload), 60))
+				}
+				rows = append(rows, []string{fmt.Sprint(m.Offset), fmt.Sprintf("%q", m.PartitionKey), m.ID, ts(m.CreatedAt), ts(m.NotBefore), payload})
+			}
+			return a.table(false, []string{"OFFSET", "KEY", "ID", "CREATED", "SCHEDULED", "PAYLOAD"}, rows, nil)
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&r.Tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&r.Topic, "topic", "", "topic (required)")
+	fl.StringVar(&r.PartitionKey, "key", "", "only this partition (\"\" for ungrouped messages)")
+	fl.Int64Var(&r.AfterOffset, "from-offset", 0, "messages after this offset")
+	fl.StringVar(&fromTime, "from-time", "", "with --key: from the first message created at or after this RFC 3339 time")
+	countFlag(fl, &r.Limit, "limit", shardq.DefaultPageLimit, fmt.Sprintf("most messages to print (at most %d)", shardq.MaxPageLimit))
+	fl.BoolVar(&asJSON, "json", false, "print one JSON line per message")
+	cmd.MarkFlagRequired("tenant")
+	cmd.MarkFlagRequired("topic")
+	return cmd
+}
+
+// truncate shortens s to at most n runes, marking the cut.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
 }
