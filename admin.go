@@ -218,13 +218,21 @@ func (a *Admin) Subscribers(ctx context.Context, s Scope) ([]Member, error) {
 // PendingHalves lists pending transactional half messages. Sort key:
 // (tenant, topic, partition key, id).
 func (a *Admin) PendingHalves(ctx context.Context, s Scope) ([]PendingHalf, error) {
+	now := a.c.cfg.Clock()
 	return scoped(s, func(s Scope) ([]PendingHalf, error) {
 		hs, err := a.c.drv.ListHalves(ctx, s.toDriver())
 		return mapSlice(hs, func(h driver.HalfMessage) PendingHalf {
-			return PendingHalf{HalfMessage: *toHalf(&h), NextCheckAt: h.NextCheckAt, ClaimOwner: h.ClaimOwner}
+			return PendingHalf{HalfMessage: *toHalf(&h), NextCheckAt: h.NextCheckAt, ClaimOwner: h.ClaimOwner,
+				Overdue: h.ClaimOwner == "" && now.Sub(h.NextCheckAt) > HalfOverdueAfter}
 		}), err
 	})
 }
+
+// HalfOverdueAfter is how long past its check time an unclaimed half
+// message counts as overdue: a running producer of its group claims a
+// due one within its poll interval (1 s by default), so one left this
+// long means that none seems to be running.
+const HalfOverdueAfter = time.Minute
 
 // Inspect reads one message and its retry bookkeeping per consumer group.
 func (a *Admin) Inspect(ctx context.Context, ref MessageRef) (*StoredMessage, map[string]DeliveryState, error) {

@@ -102,6 +102,9 @@ type PendingHalf struct {
 	HalfMessage
 	NextCheckAt time.Time
 	ClaimOwner  string // the producer checking it now ("" when none)
+	// Overdue says its check is more than HalfOverdueAfter late and no
+	// producer has claimed it: no producer of its group seems to run.
+	Overdue bool
 }
 
 func mapSlice[T, U any](in []T, f func(T) U) []U {

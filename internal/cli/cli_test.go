@@ -314,7 +314,8 @@ func TestTxCommands(t *testing.T) {
 	for _, h := range []driver.HalfMessage{
 		{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "a", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
 		{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "b", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
-		{InsertMessage: driver.InsertMessage{Tenant: "globex", Topic: "orders", PartitionKey: "k", ID: "c", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(time.Hour)},
+		// c's check is two hours late: no producer of pg runs.
+		{InsertMessage: driver.InsertMessage{Tenant: "globex", Topic: "orders", PartitionKey: "k", ID: "c", CreatedAt: time.Now()}, ProducerGroup: "pg", NextCheckAt: time.Now().Add(-2 * time.Hour)},
 	} {
 		if err := drv.InsertHalf(context.Background(), &h); err != nil {
 			t.Fatal(err)
@@ -330,8 +331,14 @@ func TestTxCommands(t *testing.T) {
 	if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || strings.Contains(r.stdout, "globex") || !strings.Contains(r.stdout, "unknown") {
 		t.Fatalf("tx list --tenant acme: %+v", r)
 	}
+	r = runCLI(t, env, "", "tx", "list", "--tenant", "globex")
+	if r.code != 0 || !strings.Contains(r.stdout, "check overdue") ||
+		!strings.Contains(r.stdout, "producer group pg: check-backs more than 1m0s overdue; no producer of this group seems to be running") {
+		t.Fatalf("tx list of an overdue half message: %+v", r)
+	}
 	r = runCLI(t, env, "", "tx", "list", "--all-tenants", "--json")
-	if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || !strings.Contains(r.stdout, `"tenant":"globex"`) || !strings.Contains(r.stdout, `"checks":0`) {
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || !strings.Contains(r.stdout, `"tenant":"globex"`) || !strings.Contains(r.stdout, `"checks":0`) ||
+		strings.Count(r.stdout, `"overdue":true`) != 1 {
 		t.Fatalf("tx list --all-tenants: %+v", r)
 	}
 	r = runCLI(t, env, "", "tx", "resolve", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "a", "commit")

@@ -5,6 +5,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,6 +30,7 @@ type halfLine struct {
 	AgeSeconds    float64   `json:"age_seconds"`
 	Checks        int       `json:"checks"`
 	NextCheckAt   time.Time `json:"next_check_at"`
+	Overdue       bool      `json:"overdue"`
 }
 
 func (a *app) txListCmd() *cobra.Command {
@@ -45,23 +47,37 @@ func (a *app) txListCmd() *cobra.Command {
 			now := time.Now()
 			var rows [][]string
 			var objs []any
+			var idle []string // producer groups with an overdue half message
 			for _, h := range hs {
 				l := halfLineOf(h, now)
 				rows = append(rows, []string{l.Tenant, l.Topic, fmt.Sprintf("%q", l.PartitionKey), l.ID, l.ProducerGroup, l.State,
 					time.Duration(l.AgeSeconds * float64(time.Second)).Round(time.Second).String(), fmt.Sprint(l.Checks), ts(l.NextCheckAt)})
 				objs = append(objs, l)
+				if l.Overdue && !slices.Contains(idle, l.ProducerGroup) {
+					idle = append(idle, l.ProducerGroup)
+				}
 			}
-			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "ID", "GROUP", "STATE", "AGE", "CHECKS", "NEXT CHECK"}, rows, objs)
+			if err := a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "ID", "GROUP", "STATE", "AGE", "CHECKS", "NEXT CHECK"}, rows, objs); err != nil || asJSON {
+				return err
+			}
+			for _, g := range idle {
+				fmt.Fprintf(a.env.Stdout, "producer group %s: check-backs more than %s overdue; no producer of this group seems to be running\n",
+					display(g), shardq.HalfOverdueAfter)
+			}
+			return nil
 		})
 }
 
 func halfLineOf(h shardq.PendingHalf, now time.Time) halfLine {
 	state := "unknown"
-	if h.ClaimOwner != "" {
+	switch {
+	case h.ClaimOwner != "":
 		state = "checking by " + h.ClaimOwner
+	case h.Overdue:
+		state = "check overdue"
 	}
 	return halfLine{Tenant: h.Tenant, Topic: h.Topic, PartitionKey: h.PartitionKey, ID: h.ID, ProducerGroup: h.ProducerGroup,
-		State: state, AgeSeconds: now.Sub(h.CreatedAt).Seconds(), Checks: h.Checks, NextCheckAt: h.NextCheckAt}
+		State: state, AgeSeconds: now.Sub(h.CreatedAt).Seconds(), Checks: h.Checks, NextCheckAt: h.NextCheckAt, Overdue: h.Overdue}
 }
 
 func (a *app) txResolveCmd() *cobra.Command {
