@@ -110,8 +110,8 @@ func (a *app) bench(ctx context.Context, scenario string, p bench.Params, asJSON
 		Worker: a.startWorker,
 		Logger: a.logger(),
 	}
-	if !asJSON {
-		r.Progress = a.env.Stderr
+	if !asJSON && a.env.StderrTerminal {
+		r.Progress = a.env.Stderr // quiet in pipes and logs
 	}
 	results, err := r.Run(ctx, scenario, p)
 	if err != nil {

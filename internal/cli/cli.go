@@ -37,6 +37,9 @@ type Env struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Getenv func(string) string
+	// StderrTerminal says Stderr is a terminal: long work then shows its
+	// progress there (progress.go).
+	StderrTerminal bool
 }
 
 // usageError marks an error as the caller's mistake (exit code 2).

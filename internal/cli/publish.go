@@ -106,6 +106,8 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 	sc := bufio.NewScanner(a.env.Stdin)
 	sc.Buffer(make([]byte, 64<<10), maxLineBytes+1)
 	batch := make([]shardq.Message, 0, f.batch)
+	prog := a.progress("published", f.json)
+	dups := 0
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -114,9 +116,16 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 		if err != nil {
 			return err
 		}
+		for _, r := range res {
+			if r.Duplicate {
+				dups++
+			}
+		}
+		prog.add(int64(len(batch)))
 		batch = batch[:0]
 		return a.printResults(f, res)
 	}
+	defer func() { prog.done(fmt.Sprintf("published %d messages (%d duplicates)", prog.n, dups)) }()
 	line := 0
 	for sc.Scan() {
 		line++

@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// On a terminal, publish --lines shows its progress on stderr and ends
+// with a summary; in a pipe (every other test) or with --json it says
+// nothing there.
+func TestPublishProgressOnATerminal(t *testing.T) {
+	env := map[string]string{"SHARDQ_DSN": databases[0].dsn(t)}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	lines := strings.Repeat("x\n", 2500)
+	run := func(args ...string) (string, int) {
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), args, Env{Stdin: strings.NewReader(lines), Stdout: &out, Stderr: &errb,
+			Getenv: func(k string) string { return env[k] }, StderrTerminal: true})
+		return errb.String(), code
+	}
+	stderr, code := run("publish", "--tenant", "acme", "--topic", "orders", "--lines")
+	if code != 0 || !strings.Contains(stderr, "\rpublished 2500 messages (0 duplicates) in ") {
+		t.Fatalf("exit %d, stderr %q; want a summary of 2500 messages", code, stderr)
+	}
+	if stderr, code := run("publish", "--tenant", "acme", "--topic", "orders", "--lines", "--json"); code != 0 || stderr != "" {
+		t.Fatalf("--json: exit %d, stderr %q; want nothing on stderr", code, stderr)
+	}
+	if r := runCLI(t, env, lines, "publish", "--tenant", "acme", "--topic", "orders", "--lines"); r.code != 0 || r.stderr != "" {
+		t.Fatalf("not a terminal: %+v; want nothing on stderr", r)
+	}
+}
