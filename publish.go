@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -83,12 +84,18 @@ type PublishResult struct {
 // If ctx ends before the commit is confirmed, Publish returns ctx's error and
 // the messages may or may not be stored; publishing them again with the same
 // ids is safe.
-func (c *Client) Publish(ctx context.Context, msgs ...Message) (_ []PublishResult, err error) {
+func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult, error) {
+	return c.publish(ctx, msgs, false)
+}
+
+// publish is Publish; reserved allows shardq's own headers (large
+// messages' chunks and end markers).
+func (c *Client) publish(ctx context.Context, msgs []Message, reserved bool) (_ []PublishResult, err error) {
 	start := time.Now()
 	ctx, span := c.tel.StartSend(ctx, false)
 	var sent []*driver.InsertMessage // what reached the database
 	defer func() { c.tel.EndSend(ctx, span, start, sent, err) }()
-	rows, err := c.prepare(ctx, msgs)
+	rows, err := c.prepare(ctx, msgs, reserved)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +129,7 @@ func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) (_ 
 	}
 	start := time.Now()
 	ctx, span := c.tel.StartSend(ctx, true)
-	rows, err := c.prepare(ctx, msgs)
+	rows, err := c.prepare(ctx, msgs, false)
 	if err != nil {
 		c.tel.EndSend(ctx, span, start, nil, err)
 		return nil, err
@@ -142,10 +149,19 @@ func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) (_ 
 // prepare validates every message, runs selectors, fills ids, headers and
 // times, and returns the rows to insert; each carries ctx's trace context
 // (the send span's) in its headers. Nothing touches the database.
-func (c *Client) prepare(ctx context.Context, msgs []Message) ([]*driver.InsertMessage, error) {
+// Headers starting with shardq-large- are refused unless reserved.
+func (c *Client) prepare(ctx context.Context, msgs []Message, reserved bool) ([]*driver.InsertMessage, error) {
 	rows := make([]*driver.InsertMessage, len(msgs))
 	now := c.cfg.Clock().UTC().Truncate(time.Microsecond)
 	for i := range msgs {
+		if !reserved {
+			for k := range msgs[i].Headers {
+				if strings.HasPrefix(k, largeHeaderPrefix) {
+					return nil, fmt.Errorf("shardq: message %d: %w", i, &ident.Error{Field: fmt.Sprintf("header %q", k),
+						Rule: "the prefix " + largeHeaderPrefix + " is shardq's (PublishLarge)"})
+				}
+			}
+		}
 		r, err := c.prepareOne(ctx, &msgs[i], now)
 		if err != nil {
 			return nil, fmt.Errorf("shardq: message %d: %w", i, err)

@@ -307,6 +307,9 @@ type GroupReceiver struct {
 	buf    []driver.Message               // fetched after the cursor, not handed out
 	states map[int64]driver.DeliveryState // retry bookkeeping of buf
 	held   *driver.Message                // handed out, not settled
+	// heldEnd is, while held is a large message's first chunk
+	// (ReceiveLarge), its end marker: what settling it settles (0: none).
+	heldEnd *driver.Message
 
 	mu         sync.Mutex
 	lease      driver.Lease // ExpiresAt renewed by keepAlive
@@ -528,7 +531,10 @@ func (r *GroupReceiver) settled(cursor int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cursor = cursor
-	r.held = nil
+	r.held, r.heldEnd = nil, nil
+	for len(r.buf) > 0 && r.buf[0].Offset <= cursor { // a large message's chunks
+		r.buf = r.buf[1:]
+	}
 	r.lastActive = r.o.Clock()
 }
 
@@ -538,10 +544,14 @@ func (r *GroupReceiver) Ack(ctx context.Context, d *Delivery) error {
 	if err != nil {
 		return err
 	}
-	if err := r.c.drv.CommitOffset(ctx, l, d.Offset, r.o.Clock()); err != nil {
+	upTo := d.Offset
+	if r.heldEnd != nil {
+		upTo = r.heldEnd.Offset // a large message: its chunks and end marker
+	}
+	if err := r.c.drv.CommitOffset(ctx, l, upTo, r.o.Clock()); err != nil {
 		return r.fail("ack", err)
 	}
-	r.settled(d.Offset)
+	r.settled(upTo)
 	return nil
 }
 
@@ -573,7 +583,7 @@ func (r *GroupReceiver) Nack(ctx context.Context, d *Delivery, cause error) erro
 		r.states = map[int64]driver.DeliveryState{}
 	}
 	r.states[d.Offset] = st
-	r.held = nil
+	r.held, r.heldEnd = nil, nil
 	r.lastActive = now
 	r.mu.Unlock()
 	return nil
@@ -592,12 +602,18 @@ func (r *GroupReceiver) DeadLetter(ctx context.Context, d *Delivery, reason erro
 }
 
 func (r *GroupReceiver) deadLetter(ctx context.Context, l driver.Lease, d *Delivery, cause error) error {
-	if err := r.c.drv.DeadLetter(ctx, l, settle.DeadLetterCopy(*r.held, r.o.DLQSuffix, d.Attempt, cause), d.Offset, r.o.Clock()); err != nil {
+	// A large message goes to the dead-letter topic as its end marker
+	// (its id, headers, size and checksum); the cursor passes its chunks.
+	copied, upTo := *r.held, d.Offset
+	if r.heldEnd != nil {
+		copied, upTo = *r.heldEnd, r.heldEnd.Offset
+	}
+	if err := r.c.drv.DeadLetter(ctx, l, settle.DeadLetterCopy(copied, r.o.DLQSuffix, d.Attempt, cause), upTo, r.o.Clock()); err != nil {
 		return r.fail("dead-letter", err)
 	}
 	r.metrics.DeadLettered(r.ref.Tenant, 1)
 	r.log.Warn("shardq: message dead-lettered", "offset", d.Offset, "id", d.ID, "attempts", d.Attempt, "err", cause)
-	r.settled(d.Offset)
+	r.settled(upTo)
 	return nil
 }
 

@@ -259,7 +259,7 @@ func (p *TransactionProducer) SendInTransaction(ctx context.Context, msg Message
 	if local == nil {
 		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", &ident.Error{Field: "local transaction", Rule: "must not be nil"})
 	}
-	rows, err := p.c.prepare(ctx, []Message{msg})
+	rows, err := p.c.prepare(ctx, []Message{msg}, false)
 	if err != nil {
 		return TxResult{}, fmt.Errorf("shardq: send in transaction: %w", err)
 	}

@@ -3,6 +3,10 @@
 package cli
 
 import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,3 +64,38 @@ func TestBrowseMessages(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// publish --file stores a file as one large message; consume --key K
+// --assemble --max 1 writes it back whole on stdout.
+func TestLargeMessageThroughTheCLI(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			data := make([]byte, 3<<20+17)
+			rand.NewChaCha8([32]byte{9}).Read(data)
+			path := filepath.Join(t.TempDir(), "blob.bin")
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "files", "--id", "blob", "--file", path, "--chunk", "100000", "--json")
+			var res struct {
+				Key    string `json:"partition_key"`
+				Chunks int    `json:"chunks"`
+				Bytes  int64  `json:"bytes"`
+			}
+			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil || res.Bytes != int64(len(data)) || res.Chunks != len(data)/100000+1 {
+				t.Fatalf("publish --file: %+v (%+v)", r, res)
+			}
+			r = runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--key", res.Key, "--assemble", "--max", "1")
+			if r.code != 0 || r.stdout != string(data) || !strings.Contains(r.stderr, `"id":"blob"`) {
+				t.Fatalf("consume --assemble: exit %d, %d bytes out of %d, stderr %s", r.code, len(r.stdout), len(data), r.stderr)
+			}
+			if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--assemble"); r.code != 2 {
+				t.Fatalf("--assemble without --key: %+v", r)
+			}
+		})
+	}
+}

@@ -5,9 +5,12 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -27,6 +30,7 @@ type consumeFlags struct {
 	wait               time.Duration // --wait: for --key and --next-group
 	nextGroup          bool          // --next-group: accept the next free group with a ready message
 	groupIdle          time.Duration // --group-idle: with --next-group, move on after this long without a message
+	assemble           bool          // --assemble: large messages whole, payloads raw on stdout
 	ungrouped          bool          // --ungrouped: only messages without a partition key
 	start              startFlag     // --start: where a new group begins
 }
@@ -62,6 +66,8 @@ func (a *app) consumeCmd() *cobra.Command {
 	durationFlag(fl, &f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
 	fl.BoolVar(&f.nextGroup, "next-group", false, "serve free message groups one after another, each while it has messages (until --idle-exit, --max or a signal)")
 	positiveDurationFlag(fl, &f.groupIdle, "group-idle", time.Second, "with --next-group: release a group after this long without a message and take the next")
+	fl.BoolVar(&f.assemble, "assemble", false, "with --key or --next-group: put large messages (publish --file) back together and write each payload raw "+
+		"to stdout (one JSON line about it on stderr); use --max 1 for one file")
 	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
 	fl.Var(&f.start, "start", "where a group new to the topic starts: earliest or latest")
 	cmd.MarkFlagRequired("topic")
@@ -120,6 +126,8 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		return usagef("--wait applies to --key and --next-group only")
 	case f.key != "" && len(tenants) != 1:
 		return usagef("--key needs exactly one tenant, got %d", len(tenants))
+	case f.assemble && f.key == "" && !f.nextGroup:
+		return usagef("--assemble reads one message group at a time: give --key or --next-group")
 	}
 	nameErr := error(nil)
 	if f.name != "" {
@@ -301,7 +309,15 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 		if wait > 0 {
 			rctx, cancel = context.WithTimeout(ctx, wait)
 		}
-		d, err := r.Receive(rctx)
+		var d *shardq.Delivery
+		var ld *shardq.LargeDelivery
+		if s.f.assemble {
+			if ld, err = r.ReceiveLarge(rctx); err == nil {
+				d = ld.Delivery
+			}
+		} else {
+			d, err = r.Receive(rctx)
+		}
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -315,7 +331,12 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 		case err != nil:
 			return true, err
 		}
-		if err := s.enc.Encode(newConsumeLine(d)); err != nil {
+		if ld != nil {
+			err = s.writeWhole(ld)
+		} else {
+			err = s.enc.Encode(newConsumeLine(d))
+		}
+		if err != nil {
 			return true, err
 		}
 		if err := s.out.Flush(); err != nil {
@@ -328,4 +349,17 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 		s.last = time.Now()
 	}
 	return true, nil // --max
+}
+
+// writeWhole writes a message's payload raw to stdout, reading a large
+// one chunk by chunk, and one JSON line about it to stderr.
+func (s *groupServer) writeWhole(ld *shardq.LargeDelivery) error {
+	sum := sha256.New()
+	n, err := io.Copy(io.MultiWriter(s.out, sum), ld.Body)
+	if err != nil {
+		return fmt.Errorf("write stdout: %w", err) // not acked: delivered again
+	}
+	return json.NewEncoder(s.a.env.Stderr).Encode(map[string]any{"tenant": ld.Tenant, "topic": ld.Topic, "partition_key": ld.PartitionKey,
+		"id": ld.ID, "offset": ld.Offset, "attempt": ld.Attempt, "headers": ld.Headers, "bytes": n, "chunks": ld.Chunks,
+		"sha256": hex.EncodeToString(sum.Sum(nil))})
 }

@@ -4,9 +4,12 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -23,6 +26,8 @@ type publishFlags struct {
 	batch                  int
 	delay                  time.Duration
 	notBefore              string // RFC 3339
+	file                   string // --file: a large message from this file ("-": stdin)
+	chunk                  int    // --chunk: bytes per chunk of --file
 }
 
 func (a *app) publishCmd() *cobra.Command {
@@ -46,6 +51,8 @@ func (a *app) publishCmd() *cobra.Command {
 	countFlag(fl, &f.batch, "batch", 100, "with --lines, messages per transaction")
 	durationFlag(fl, &f.delay, "delay", 0, "deliver no earlier than this long from now (at most the client's MaxDelay, 24h)")
 	fl.StringVar(&f.notBefore, "not-before", "", "deliver no earlier than this RFC 3339 time (like 2026-12-01T18:00:00Z)")
+	fl.StringVar(&f.file, "file", "", "publish this file (\"-\": stdin) as one large message: chunks in one message group, read back whole by consume --assemble")
+	countFlag(fl, &f.chunk, "chunk", shardq.DefaultLargeChunkSize, "with --file: bytes per chunk (at most the payload limit, 1 MiB)")
 	cmd.MarkFlagRequired("tenant")
 	cmd.MarkFlagRequired("topic")
 	return cmd
@@ -67,7 +74,11 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 		return usagef("--id names one message; with --lines ids are generated")
 	case f.lines && f.batch < 1:
 		return usagef("--batch must be at least 1")
-	case !f.lines && len(args) != 1:
+	case f.file != "" && (f.lines || len(args) > 0):
+		return usagef("--file is the payload: do not also give PAYLOAD or --lines")
+	case f.file != "" && (f.delay > 0 || f.notBefore != ""):
+		return usagef("--file: a large message cannot be delayed")
+	case f.file == "" && !f.lines && len(args) != 1:
 		return usagef("want exactly one PAYLOAD argument (or --lines), got %d", len(args))
 	}
 	idErr := error(nil)
@@ -94,6 +105,9 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 		return err
 	}
 	defer done()
+	if f.file != "" {
+		return a.publishFile(cmd.Context(), c, f, base)
+	}
 	if !f.lines {
 		base.Payload = []byte(args[0])
 		res, err := c.Publish(cmd.Context(), base)
@@ -179,4 +193,38 @@ func (a *app) printResults(f publishFlags, res []shardq.PublishResult) error {
 		}
 	}
 	return nil
+}
+
+// publishFile publishes --file as one large message (PublishLarge).
+func (a *app) publishFile(ctx context.Context, c *shardq.Client, f publishFlags, m shardq.Message) error {
+	var body io.Reader = a.env.Stdin
+	if f.file != "-" {
+		file, err := os.Open(f.file)
+		if err != nil {
+			return usageError{fmt.Errorf("--file: %w", err)}
+		}
+		defer file.Close()
+		body = file
+	}
+	prog := a.progress("published bytes", f.json)
+	res, err := c.PublishLarge(ctx, m, io.TeeReader(body, progressWriter{prog}), &shardq.LargeOptions{ChunkSize: f.chunk})
+	if err != nil {
+		return err
+	}
+	prog.done(fmt.Sprintf("published %d bytes in %d chunks", res.Bytes, res.Chunks))
+	if f.json {
+		return json.NewEncoder(a.env.Stdout).Encode(map[string]any{"tenant": res.Tenant, "topic": res.Topic, "partition_key": res.PartitionKey,
+			"id": res.ID, "chunks": res.Chunks, "bytes": res.Bytes, "sha256": res.SHA256, "end_offset": res.EndOffset})
+	}
+	fmt.Fprintf(a.env.Stdout, "large message id=%s key=%q chunks=%d bytes=%d sha256=%s end_offset=%d\n",
+		display(res.ID), res.PartitionKey, res.Chunks, res.Bytes, res.SHA256, res.EndOffset)
+	return nil
+}
+
+// progressWriter counts what passes through it.
+type progressWriter struct{ p *progress }
+
+func (w progressWriter) Write(b []byte) (int, error) {
+	w.p.add(int64(len(b)))
+	return len(b), nil
 }
