@@ -73,6 +73,7 @@ type GroupOffset struct {
 	// LagCapped says there are more.
 	Lag              int64
 	LagCapped        bool
+	Scheduled        int64     // of those, delayed past now (Message.NotBefore)
 	OldestUnconsumed time.Time // the first unconsumed message's; zero when Lag is 0
 	// NoCursor: the group has not committed in this partition yet;
 	// CommittedOffset is where it starts (its start position).

@@ -351,8 +351,11 @@ type OffsetRow struct {
 	HeadOffset, CommittedOffset                int64
 	// Lag counts the messages after the cursor, up to LagCountLimit;
 	// LagCapped says there are more.
-	Lag              int64
-	LagCapped        bool
+	Lag       int64
+	LagCapped bool
+	// Scheduled counts those of the Lag messages delayed past now
+	// (Message.NotBefore).
+	Scheduled        int64
 	OldestUnconsumed time.Time // the first unconsumed message's; zero when Lag is 0
 	CommittedAt      time.Time // when the cursor last moved
 	// NoCursor: the group has not committed in this partition yet, and

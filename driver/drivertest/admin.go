@@ -22,6 +22,7 @@ var adminTests = []struct {
 }{
 	{"AdminListingsAreScoped", testAdminListingsAreScoped},
 	{"AdminOffsetsShowLag", testAdminOffsetsShowLag},
+	{"AdminOffsetsCountScheduled", testAdminOffsetsCountScheduled},
 	{"AdminInspectAndDeleteOneRow", testAdminInspectAndDeleteOneRow},
 	{"AdminRequeueDeadLetter", testAdminRequeueDeadLetter},
 	{"AdminResetOffsets", testAdminResetOffsets},
@@ -517,5 +518,22 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 		if !r.NoCursor || r.Topic != "x" || r.Lag != 1 {
 			t.Fatalf("after the cursors, %+v: want partitions of x without a cursor of g", r)
 		}
+	}
+}
+
+// testAdminOffsetsCountScheduled: the offset report says how many of the
+// messages after a cursor are delayed past now.
+func testAdminOffsetsCountScheduled(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s", Delay: time.Hour},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s", NotBefore: time.Now().Add(2 * time.Hour)})
+	if err := d.ResetOffset(ctx, "t", "x", "s", "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	offsets, err := c.Admin().Offsets(ctx, shardq.Scope{Tenants: []string{"t"}}, "g")
+	if err != nil || len(offsets) != 1 || offsets[0].Lag != 3 || offsets[0].Scheduled != 2 {
+		t.Fatalf("offsets %+v, %v; want a lag of 3, 2 of them scheduled", offsets, err)
 	}
 }

@@ -106,7 +106,7 @@ func (d *Store) countLag(ctx context.Context, r *driver.OffsetRow) error {
 	op := fmt.Sprintf("count lag of group %q in tenant %q topic %q partition %q", r.ConsumerGroup, r.Tenant, r.Topic, r.PartitionKey)
 	var oldest any
 	if err := d.queryRow(ctx, d.Read, d.sql().admin.lag, Args{"tenant": r.Tenant, "topic": r.Topic, "key": r.PartitionKey,
-		"after": r.CommittedOffset, "limit": driver.LagCountLimit + 1}).Scan(&r.Lag, &oldest); err != nil {
+		"after": r.CommittedOffset, "limit": driver.LagCountLimit + 1, "now": d.EncodeTime(time.Now())}).Scan(&r.Lag, &oldest, &r.Scheduled); err != nil {
 		return d.Wrap(op, err)
 	}
 	if r.Lag > driver.LagCountLimit {

@@ -160,7 +160,7 @@ func newAdminSQL(s Syntax) adminSQL {
 			"FROM queue_offsets o "+
 			"LEFT JOIN queue_partitions p ON p.tenant = o.tenant AND p.topic = o.topic AND p.partition_key = o.partition_key "+
 			"WHERE {scope} AND (:group = '' OR o.consumer_group = :group)"+paged("o.tenant, o.topic, o.consumer_group, o.partition_key")),
-		lag: "SELECT COUNT(*), MIN(created_at) FROM (SELECT created_at FROM queue_messages " +
+		lag: "SELECT COUNT(*), MIN(created_at), COALESCE(SUM(CASE WHEN not_before > :now THEN 1 ELSE 0 END), 0) FROM (SELECT created_at, not_before FROM queue_messages " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit) unconsumed",
 		cursors: "SELECT consumer_group, partition_key, committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic",
 		leases: scopedOn("tenant", "SELECT tenant, consumer_group, topic, partition_key, owner, token, expires_at FROM queue_partition_leases "+
