@@ -47,24 +47,74 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	return migrate.Apply(ctx, indexOnce{conn}, d.migrations, current, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
+	var version string
+	if err := conn.QueryRowContext(ctx, "SELECT @@version").Scan(&version); err != nil {
+		return nil, fmt.Errorf("migrate: read the server version: %w", err)
+	}
+	exec := migrationExec{conn: conn, vitess: strings.Contains(strings.ToLower(version), "vitess")}
+	return migrate.Apply(ctx, exec, d.migrations, current, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
 }
 
-// indexOnce runs migration statements; a CREATE INDEX whose index exists,
-// or an ADD COLUMN whose column does (MySQL has no IF NOT EXISTS for
-// either), is done already: a migration cut short after it is completed
-// by the next run.
-type indexOnce struct{ conn *sql.Conn }
+// migrationExec runs migration statements. A CREATE INDEX whose index
+// exists, or an ADD COLUMN whose column does (MySQL has no IF NOT EXISTS
+// for either), is done already: a migration cut short after it is
+// completed by the next run. Through Vitess, a table that gained a column
+// is rebuilt (ALTER TABLE … FORCE): vttablet reloads a table's columns
+// only when its create_time moves, which an instant ADD COLUMN does not do
+// (vttablet/tabletserver/schema/engine.go), and vtgate would refuse
+// statements naming the new column.
+type migrationExec struct {
+	conn   *sql.Conn
+	vitess bool
+}
 
-func (e indexOnce) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+func (e migrationExec) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	res, err := e.conn.ExecContext(ctx, query, args...)
 	var me *mysql.MySQLError
+	addColumn := strings.HasPrefix(query, "ALTER TABLE ") && strings.Contains(query, " ADD COLUMN ")
 	if errors.As(err, &me) && (me.Number == errDuplicateKeyName && strings.HasPrefix(query, "CREATE INDEX ") ||
-		me.Number == errDuplicateColumn && strings.HasPrefix(query, "ALTER TABLE ") && strings.Contains(query, " ADD COLUMN ")) {
-		return sqldriver.RowsAffected(0), nil
+		me.Number == errDuplicateColumn && addColumn) {
+		res, err = sqldriver.RowsAffected(0), nil
+	}
+	if err == nil && addColumn && e.vitess {
+		f := strings.Fields(query) // ALTER TABLE t ADD COLUMN c ...
+		table, column := f[2], f[5]
+		if _, err := e.conn.ExecContext(ctx, "ALTER TABLE "+table+" FORCE"); err != nil {
+			return nil, fmt.Errorf("rebuild %s so that Vitess sees its new column: %w", table, err)
+		}
+		if err := e.waitForColumn(ctx, table, column); err != nil {
+			return nil, err
+		}
 	}
 	return res, err
 }
+
+// waitForColumn waits until vtgate plans a statement naming the new
+// column: its schema tracking learns of the change asynchronously, and
+// until then refuses such statements (error 1054).
+func (e migrationExec) waitForColumn(ctx context.Context, table, column string) error {
+	deadline := time.Now().Add(vitessSchemaWait)
+	for {
+		// Routed to one shard by the (never empty) tenant: the planner,
+		// not a shard, is what has to know the column.
+		rows, err := e.conn.QueryContext(ctx, "SELECT "+column+" FROM "+table+" WHERE tenant = ''")
+		if err == nil {
+			return rows.Close()
+		}
+		var me *mysql.MySQLError
+		if !errors.As(err, &me) || me.Number != errBadField || time.Now().After(deadline) {
+			return fmt.Errorf("wait for Vitess to see column %s of %s: %w", column, table, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// vitessSchemaWait bounds the wait for vtgate's schema tracking.
+const vitessSchemaWait = 60 * time.Second
 
 // SchemaVersion reports the applied and the embedded versions; a database
 // without the migrations table is at version 0.

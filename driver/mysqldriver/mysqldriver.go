@@ -180,6 +180,7 @@ const (
 	errDuplicateKey     = 1062
 	errDuplicateKeyName = 1061
 	errDuplicateColumn  = 1060 // ER_DUP_FIELDNAME
+	errBadField         = 1054 // ER_BAD_FIELD_ERROR
 	errNoSuchTable      = 1146
 	errDeadlock         = 1213
 )
