@@ -122,3 +122,57 @@ func TestSubscribeContextStopsTheSubscriber(t *testing.T) {
 		}
 	})
 }
+
+// A group receiver's message left unsettled past HandlerTimeout counts as
+// a failed attempt and the receiver lets the group go: the next owner
+// gets it again (attempt 2), and after the last attempt it is
+// dead-lettered; the late Ack fails with ErrHandlerTimeout.
+func TestReceiverHandlerTimeout(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, _ driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		for _, id := range []string{"stuck", "next"} {
+			if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		opts := &shardq.ReceiverOptions{HandlerTimeout: 200 * time.Millisecond, MaxAttempts: 2, BackoffMin: time.Millisecond,
+			BackoffMax: 2 * time.Millisecond, Wait: 10 * time.Second}
+		for attempt := 1; attempt <= 2; attempt++ {
+			r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := r.Receive(ctx)
+			if err != nil || d.ID != "stuck" || d.Attempt != attempt {
+				t.Fatalf("attempt %d: %+v, %v", attempt, d, err)
+			}
+			waitFor(t, "the timeout to close the receiver", func() bool {
+				_, err := r.State(ctx)
+				return errors.Is(err, shardq.ErrReceiverClosed)
+			})
+			if err := r.Ack(ctx, d); !errors.Is(err, shardq.ErrHandlerTimeout) {
+				t.Fatalf("a late Ack = %v; want ErrHandlerTimeout", err)
+			}
+			if err := r.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Two attempts timed out: dead-lettered; the group goes on.
+		r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close(ctx)
+		d, err := r.Receive(ctx)
+		if err != nil || d.ID != "next" {
+			t.Fatalf("after the dead letter: %+v, %v", d, err)
+		}
+		if err := r.Ack(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		dl, err := c.Admin().DeadLetters(ctx, shardq.Scope{Tenants: []string{"t"}}, "x", "")
+		if err != nil || len(dl) != 1 || dl[0].ID != "stuck" {
+			t.Fatalf("dead letters %+v, %v; want stuck", dl, err)
+		}
+	})
+}

@@ -46,6 +46,7 @@ var ErrLargeCorrupt = errors.New("shardq: large message corrupt")
 // Nack, Close or a crash before Ack deliver it again from its first chunk
 // (the next reader starts over; nothing resumes mid-message).
 func (r *GroupReceiver) ReceiveLarge(ctx context.Context) (*LargeDelivery, error) {
+	r.large = true
 	for {
 		d, err := r.Receive(ctx)
 		if err != nil {
@@ -188,5 +189,6 @@ func (r *GroupReceiver) unhold() {
 	if r.held != nil {
 		r.buf = append([]driver.Message{*r.held}, r.buf...)
 		r.held, r.heldEnd = nil, nil
+		r.stopHeldTimer()
 	}
 }

@@ -83,12 +83,20 @@ type ReceiverOptions struct {
 	// has no cursor for, when this receiver is the first to register the
 	// group in the topic [StartEarliest] (see SubscriberConfig).
 	StartPosition StartPosition
-	MaxAttempts   int           // after this many failed attempts a message is dead-lettered [10]
-	BackoffMin    time.Duration // first retry delay, doubling per attempt, with jitter [1s]
-	BackoffMax    time.Duration // [5m]
-	DLQSuffix     string        // dead-letter topic = topic + DLQSuffix [".dlq"]
-	Clock         func() time.Time
-	Logger        *slog.Logger
+	// HandlerTimeout bounds how long a received message may stay
+	// unsettled: then the attempt counts as failed (retried after the
+	// backoff by the group's next owner, or dead-lettered after the last
+	// attempt) and the receiver closes, releasing the group, so that a
+	// stuck application does not hold it; a later Ack fails with
+	// ErrHandlerTimeout [5m, as SubscriberConfig]. NoHandlerTimeout: no
+	// limit.
+	HandlerTimeout time.Duration
+	MaxAttempts    int           // after this many failed attempts a message is dead-lettered [10]
+	BackoffMin     time.Duration // first retry delay, doubling per attempt, with jitter [1s]
+	BackoffMax     time.Duration // [5m]
+	DLQSuffix      string        // dead-letter topic = topic + DLQSuffix [".dlq"]
+	Clock          func() time.Time
+	Logger         *slog.Logger
 }
 
 func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOptions, error) {
@@ -107,6 +115,12 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 	d(&r.FeedPollInterval, DefaultFeedPollInterval)
 	d(&r.BackoffMin, DefaultBackoffMin)
 	d(&r.BackoffMax, DefaultBackoffMax)
+	switch {
+	case r.HandlerTimeout == 0:
+		r.HandlerTimeout = DefaultHandlerTimeout
+	case r.HandlerTimeout < 0 && r.HandlerTimeout != NoHandlerTimeout:
+		return r, &ident.Error{Field: "handler timeout", Rule: fmt.Sprintf("%s is negative; NoHandlerTimeout (-1ns) means no limit", r.HandlerTimeout)}
+	}
 	if err := c.settleDefaults(&r.MaxAttempts, &r.DLQSuffix, &r.Clock, &r.Logger, &r.Name, "receiver"); err != nil {
 		return r, err
 	}
@@ -307,6 +321,12 @@ type GroupReceiver struct {
 	buf    []driver.Message               // fetched after the cursor, not handed out
 	states map[int64]driver.DeliveryState // retry bookkeeping of buf
 	held   *driver.Message                // handed out, not settled
+	// large: ReceiveLarge is in use, so the prefetch stays small.
+	large bool
+	// heldTimer ends the attempt in hand at HandlerTimeout (expireHeld);
+	// expiring counts expiries running, which Close waits for.
+	heldTimer *time.Timer
+	expiring  sync.WaitGroup
 	// heldEnd is, while held is a large message's first chunk
 	// (ReceiveLarge), its end marker: what settling it settles (0: none).
 	heldEnd *driver.Message
@@ -405,7 +425,11 @@ func (r *GroupReceiver) fill(ctx context.Context) error {
 	if len(r.buf) > 0 {
 		return nil
 	}
-	msgs, err := r.c.drv.FetchAfter(ctx, r.ref.Tenant, r.ref.Topic, r.ref.PartitionKey, r.cursor, 100)
+	limit := 100
+	if r.large {
+		limit = 8 // chunks of large messages: a few, not 100 × 256 KiB
+	}
+	msgs, err := r.c.drv.FetchAfter(ctx, r.ref.Tenant, r.ref.Topic, r.ref.PartitionKey, r.cursor, limit)
 	if err != nil || len(msgs) == 0 {
 		return err
 	}
@@ -463,6 +487,7 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 				r.mu.Lock()
 				r.held = &m
 				r.lastActive = r.o.Clock()
+				r.startHeldTimer(m.Offset, st.Attempts+1)
 				r.mu.Unlock()
 				r.c.tel.Received(ctx, m, r.ref.ConsumerGroup, start)
 				return newDelivery(m, st.Attempts+1), nil
@@ -532,6 +557,7 @@ func (r *GroupReceiver) settled(cursor int64) {
 	defer r.mu.Unlock()
 	r.cursor = cursor
 	r.held, r.heldEnd = nil, nil
+	r.stopHeldTimer()
 	for len(r.buf) > 0 && r.buf[0].Offset <= cursor { // a large message's chunks
 		r.buf = r.buf[1:]
 	}
@@ -584,6 +610,7 @@ func (r *GroupReceiver) Nack(ctx context.Context, d *Delivery, cause error) erro
 	}
 	r.states[d.Offset] = st
 	r.held, r.heldEnd = nil, nil
+	r.stopHeldTimer()
 	r.lastActive = now
 	r.mu.Unlock()
 	return nil
@@ -654,6 +681,10 @@ func (r *GroupReceiver) stopForClose(ctx context.Context) error { return r.Close
 // the group's next owner. Close is safe to call more than once.
 func (r *GroupReceiver) Close(ctx context.Context) error {
 	defer r.c.untrack(r)
+	r.mu.Lock()
+	r.stopHeldTimer()
+	r.mu.Unlock()
+	r.expiring.Wait() // an expiry already running finishes first
 	_, err := r.current()
 	r.shut(ErrReceiverClosed)
 	r.alive.Stop(ctx) // it sees closing and returns
@@ -665,4 +696,66 @@ func (r *GroupReceiver) Close(ctx context.Context) error {
 		return fmt.Errorf("shardq: close %s: %w", r.ref, err)
 	}
 	return nil
+}
+
+// startHeldTimer arms the handler timeout of the message at offset,
+// handed out as its attempt-th delivery. r.mu is held.
+func (r *GroupReceiver) startHeldTimer(offset int64, attempt int) {
+	if r.o.HandlerTimeout <= 0 {
+		return
+	}
+	r.expiring.Add(1)
+	r.heldTimer = time.AfterFunc(r.o.HandlerTimeout, func() {
+		defer r.expiring.Done()
+		r.expireHeld(offset, attempt)
+	})
+}
+
+// stopHeldTimer disarms the handler timeout. r.mu is held.
+func (r *GroupReceiver) stopHeldTimer() {
+	if r.heldTimer != nil && r.heldTimer.Stop() {
+		r.expiring.Done()
+	}
+	r.heldTimer = nil
+}
+
+// expireHeld ends an attempt the application did not settle within
+// HandlerTimeout: it counts as failed (recorded, or the message
+// dead-lettered after its last attempt), and the receiver closes and
+// releases the group, so that its next owner delivers the message again.
+func (r *GroupReceiver) expireHeld(offset int64, attempt int) {
+	r.mu.Lock()
+	if r.held == nil || r.held.Offset != offset || r.closedErr != nil {
+		r.mu.Unlock()
+		return // settled meanwhile
+	}
+	held, end, l := *r.held, r.heldEnd, r.lease
+	r.heldTimer = nil
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	now := r.o.Clock()
+	cause := fmt.Errorf("%w after %s", ErrHandlerTimeout, r.o.HandlerTimeout)
+	v := settle.Policy{MaxAttempts: r.o.MaxAttempts, BackoffMin: r.o.BackoffMin, BackoffMax: r.o.BackoffMax}.Decide(cause, attempt)
+	var err error
+	if v.DeadLetter {
+		copied, upTo := held, offset
+		if end != nil {
+			copied, upTo = *end, end.Offset
+		}
+		if err = r.c.drv.DeadLetter(ctx, l, settle.DeadLetterCopy(copied, r.o.DLQSuffix, attempt, v.Cause), upTo, now); err == nil {
+			r.metrics.DeadLettered(r.ref.Tenant, 1)
+		}
+	} else {
+		st := driver.DeliveryState{Attempts: attempt, NextAttemptAt: now.Add(v.Delay), LastError: settle.ErrText(cause)}
+		if err = r.c.drv.RecordAttempt(ctx, l, offset, st, now); err == nil {
+			r.metrics.Retry(r.ref.Tenant)
+		}
+	}
+	r.shut(fmt.Errorf("%w: %w", ErrReceiverClosed, cause))
+	r.log.Warn("shardq: a received message was not settled in time; the attempt failed and the group is released",
+		"offset", offset, "id", held.ID, "attempt", attempt, "timeout", r.o.HandlerTimeout, "dead_lettered", v.DeadLetter && err == nil, "err", err)
+	if rerr := r.c.drv.ReleaseLease(ctx, l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+		r.log.Warn("shardq: releasing the group lease failed; it expires by itself", "err", rerr)
+	}
 }
