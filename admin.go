@@ -32,10 +32,28 @@ var ErrPartitionLeased = errors.New("partition leased by a live subscriber")
 // Admin is the operator's API; the `shardq admin` commands wrap it. Every
 // statement is scoped by tenant, except listings an operator asked to run
 // across all tenants by name.
-type Admin struct{ c *Client }
+type Admin struct {
+	c        *Client
+	progress func(done int64) // WithProgress
+}
 
 // Admin returns the client's operator API.
 func (c *Client) Admin() *Admin { return &Admin{c: c} }
+
+// WithProgress returns an Admin whose long operations (RequeueAll,
+// RunRetention) call fn as they go with how much more they did: messages
+// requeued, messages deleted. fn runs on the caller's goroutine.
+func (a *Admin) WithProgress(fn func(done int64)) *Admin {
+	b := *a
+	b.progress = fn
+	return &b
+}
+
+func (a *Admin) advance(n int64) {
+	if a.progress != nil && n > 0 {
+		a.progress(n)
+	}
+}
 
 func checkScope(s Scope) error {
 	if (len(s.Tenants) > 0) == s.AllTenants {
@@ -323,6 +341,7 @@ func (a *Admin) RequeueAll(ctx context.Context, tenant, topic, suffix string) (i
 				return n, err
 			}
 			n++
+			a.advance(1)
 		}
 	}
 }

@@ -121,7 +121,13 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
 		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
 	}
-	rep, err := retention.Run(ctx, a.c.drv, a.c.cfg.Clock, s.toDriver(), a.c.retentionPass(cfg))
+	pass := a.c.retentionPass(cfg)
+	counted := pass.Deleted
+	pass.Deleted = func(tenant string, n int64) {
+		counted(tenant, n)
+		a.advance(n)
+	}
+	rep, err := retention.Run(ctx, a.c.drv, a.c.cfg.Clock, s.toDriver(), pass)
 	return RetentionReport(rep), err
 }
 

@@ -149,7 +149,9 @@ func (a *app) adminRetention() *cobra.Command {
 		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
 		durationFlag(fl, &cfg.PartitionIdle, "partition-idle", time.Hour, "remove a drained partition (no message, no live lease) once no publish touched it this long")
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
-		rep, err := admin.RunRetention(cmd.Context(), s, cfg)
+		prog := a.progress("deleted", asJSON)
+		rep, err := admin.WithProgress(prog.add).RunRetention(cmd.Context(), s, cfg)
+		prog.done(fmt.Sprintf("deleted %d messages", rep.Deleted))
 		if errors.Is(err, shardq.ErrInvalid) {
 			return err // refused before any pass: nothing to report
 		}
@@ -595,7 +597,9 @@ func (a *app) adminDLQ() *cobra.Command {
 			}
 			defer done()
 			if all {
-				n, err := c.Admin().RequeueAll(cmd.Context(), ref.Tenant, ref.Topic, suffix)
+				prog := a.progress("requeued", false)
+				n, err := c.Admin().WithProgress(prog.add).RequeueAll(cmd.Context(), ref.Tenant, ref.Topic, suffix)
+				prog.done(fmt.Sprintf("requeued %d dead letters", n))
 				fmt.Fprintf(a.env.Stdout, "requeued %d dead letters\n", n)
 				return err
 			}

@@ -35,3 +35,29 @@ func TestPublishProgressOnATerminal(t *testing.T) {
 		t.Fatalf("not a terminal: %+v; want nothing on stderr", r)
 	}
 }
+
+// dlq requeue --all and retention run report progress and a summary on a
+// terminal, through Admin.WithProgress.
+func TestAdminProgressOnATerminal(t *testing.T) {
+	env := map[string]string{"SHARDQ_DSN": databases[0].dsn(t)}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	if r := runCLI(t, env, "a\nb\nc\n", "publish", "--tenant", "acme", "--topic", "orders.dlq", "--key", "k", "--lines"); r.code != 0 {
+		t.Fatal(r)
+	}
+	run := func(args ...string) (string, int) {
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), args, Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb,
+			Getenv: func(k string) string { return env[k] }, StderrTerminal: true})
+		return errb.String(), code
+	}
+	if stderr, code := run("admin", "dlq", "requeue", "--tenant", "acme", "--topic", "orders", "--all"); code != 0 ||
+		!strings.Contains(stderr, "\rrequeued 3 dead letters in ") {
+		t.Fatalf("requeue --all: exit %d, stderr %q", code, stderr)
+	}
+	if stderr, code := run("admin", "retention", "run", "--tenant", "acme", "--min", "1ns", "--max", "1ns"); code != 0 ||
+		!strings.Contains(stderr, "\rdeleted 3 messages in ") {
+		t.Fatalf("retention run: exit %d, stderr %q", code, stderr)
+	}
+}
