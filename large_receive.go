@@ -62,7 +62,9 @@ func (r *GroupReceiver) ReceiveLarge(ctx context.Context) (*LargeDelivery, error
 			return nil, err
 		}
 		if end.Headers[HeaderLargeAborted] == "true" {
+			r.mu.Lock()
 			r.heldEnd = end
+			r.mu.Unlock()
 			if err := r.Ack(ctx, d); err != nil { // pass over the aborted chunks
 				return nil, err
 			}
@@ -113,8 +115,8 @@ func (r *GroupReceiver) largeDelivery(ctx context.Context, d *Delivery, id strin
 	if err := errors.Join(err1, err2); err != nil || d.Headers[HeaderLargeChunk] != "0" {
 		return nil, fmt.Errorf("%w: %s id %q: end marker %v, first chunk numbered %q", ErrLargeCorrupt, r.ref, id, end.Headers, d.Headers[HeaderLargeChunk])
 	}
-	r.heldEnd = end
 	r.mu.Lock()
+	r.heldEnd = end
 	r.buf = nil // the body reads chunk by chunk; what was prefetched would only hold memory
 	r.mu.Unlock()
 	headers := make(map[string]string, len(end.Headers))

@@ -328,7 +328,8 @@ type GroupReceiver struct {
 	heldTimer *time.Timer
 	expiring  sync.WaitGroup
 	// heldEnd is, while held is a large message's first chunk
-	// (ReceiveLarge), its end marker: what settling it settles (0: none).
+	// (ReceiveLarge), its end marker: what settling it settles (nil:
+	// none). Guarded by mu, as held is (the handler timeout reads them).
 	heldEnd *driver.Message
 
 	mu         sync.Mutex
