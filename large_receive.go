@@ -56,6 +56,11 @@ func (r *GroupReceiver) ReceiveLarge(ctx context.Context) (*LargeDelivery, error
 		if !ok {
 			return &LargeDelivery{Delivery: d, Body: bytes.NewReader(d.Payload), Size: int64(len(d.Payload))}, nil
 		}
+		// Waiting for the writer is not the application's time: the
+		// handler timeout starts when the message is handed out.
+		r.mu.Lock()
+		r.stopHeldTimer()
+		r.mu.Unlock()
 		end, err := r.waitLargeEnd(ctx, id)
 		if err != nil {
 			r.unhold() // not handed out: the next call starts here again
@@ -118,6 +123,7 @@ func (r *GroupReceiver) largeDelivery(ctx context.Context, d *Delivery, id strin
 	r.mu.Lock()
 	r.heldEnd = end
 	r.buf = nil // the body reads chunk by chunk; what was prefetched would only hold memory
+	r.startHeldTimer(d.Offset, d.Attempt)
 	r.mu.Unlock()
 	headers := make(map[string]string, len(end.Headers))
 	for k, v := range end.Headers {

@@ -257,3 +257,46 @@ func TestLargeMessageIsAllOrNothing(t *testing.T) {
 type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// Waiting for a slow writer's end marker is not the reader's handler
+// time: a HandlerTimeout shorter than the wait does not expire it.
+func TestLargeMessageWaitIsNotHandlerTime(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, _ driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		stall, release := make(chan struct{}), make(chan struct{})
+		body := io.MultiReader(payload(64<<10*2, 6), readerFunc(func([]byte) (int, error) {
+			close(stall)
+			<-release
+			return 0, io.EOF
+		}))
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.PublishLarge(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "slow"}, body,
+				&shardq.LargeOptions{ChunkSize: 64 << 10, ChunksPerTx: 1})
+			done <- err
+		}()
+		<-stall
+		r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", &shardq.ReceiverOptions{HandlerTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close(ctx)
+		go func() {
+			time.Sleep(500 * time.Millisecond) // five handler timeouts
+			close(release)
+		}()
+		ld, err := r.ReceiveLarge(ctx)
+		if err != nil {
+			t.Fatalf("ReceiveLarge across a slow writer: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(io.Discard, ld.Body); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Ack(ctx, ld.Delivery); err != nil {
+			t.Fatalf("Ack right after reading: %v", err)
+		}
+	})
+}
