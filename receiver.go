@@ -471,11 +471,7 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 			st := r.states[m.Offset]
 			// A retry waits for its time, a delayed message for its
 			// NotBefore.
-			ready := st.NextAttemptAt
-			if m.NotBefore.After(ready) {
-				ready = m.NotBefore
-			}
-			if wait = ready.Sub(r.o.Clock()); wait <= 0 {
+			if wait = later(st.NextAttemptAt, m.NotBefore).Sub(r.o.Clock()); wait <= 0 {
 				// Never hand out a message once the lease may have
 				// expired by this receiver's clock.
 				if l, _ := r.current(); !r.o.Clock().Before(l.ExpiresAt) {

@@ -56,13 +56,16 @@ func (v nonNegative[T]) Set(s string) error {
 // durationFlag is DurationVar for a duration that may not be negative.
 func durationFlag(fl *pflag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fl.Var(nonNegative[time.Duration]{p, "duration", func(s string) (time.Duration, error) {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return 0, errors.New("want a duration such as 1.5s or 2m")
-		}
-		return d, nil
-	}}, name, usage)
+	fl.Var(nonNegative[time.Duration]{p, "duration", parseDuration}, name, usage)
+}
+
+// parseDuration reads a flag's duration, saying what it wants.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errors.New("want a duration such as 1.5s or 2m")
+	}
+	return d, nil
 }
 
 // countFlag is IntVar for a count that may not be negative.
@@ -109,13 +112,7 @@ func oneOf(what string, choices ...string) cobra.PositionalArgs {
 // silently becoming the default.
 func positiveDurationFlag(fl *pflag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fl.Var(positive{nonNegative[time.Duration]{p, "duration", func(s string) (time.Duration, error) {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return 0, errors.New("want a duration such as 1.5s or 2m")
-		}
-		return d, nil
-	}}, def}, name, usage)
+	fl.Var(positive{nonNegative[time.Duration]{p, "duration", parseDuration}, def}, name, usage)
 }
 
 // positive refuses 0 as well as negatives; def is named in the error.

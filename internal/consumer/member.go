@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -102,7 +103,8 @@ type Member struct {
 	work []driver.Partition
 	// paused is the tenants where the group is paused, as last read
 	// (pause.go).
-	paused map[string]bool
+	// Read without s.mu: workers ask before every message.
+	paused atomic.Pointer[map[string]bool]
 	rescan chan struct{} // the feed asks the head watcher to read now
 	kick   chan struct{} // the feed saw a partition nobody here holds move
 	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).

@@ -34,18 +34,21 @@ func (s *Member) refreshPaused(ctx context.Context) {
 		paused[t] = true
 	}
 	var resumed, newly []string
-	s.mu.Lock()
-	for t := range s.paused {
+	var was map[string]bool // nil map reads as empty
+	if p := s.paused.Swap(&paused); p != nil {
+		was = *p
+	}
+	for t := range was {
 		if !paused[t] {
 			resumed = append(resumed, t)
 		}
 	}
 	for t := range paused {
-		if !s.paused[t] {
+		if !was[t] {
 			newly = append(newly, t)
 		}
 	}
-	s.paused = paused
+	s.mu.Lock()
 	for ref, w := range s.workers {
 		if slices.Contains(resumed, ref.Tenant) {
 			signal(w.wake)
@@ -65,9 +68,8 @@ func (s *Member) refreshPaused(ctx context.Context) {
 
 // isPaused reports whether the group is paused in tenant, as last read.
 func (s *Member) isPaused(tenant string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.paused[tenant]
+	p := s.paused.Load()
+	return p != nil && (*p)[tenant]
 }
 
 // watchPaused reads the paused marks every DiscoveryInterval: the tick's

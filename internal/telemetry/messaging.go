@@ -152,16 +152,20 @@ func (t *T) EndProcess(ctx context.Context, span trace.Span, tenant, topic, grou
 // context, the consumed counter and the operation's duration.
 func (t *T) Received(ctx context.Context, m driver.Message, group string, start time.Time) {
 	sc := Extract(m.Headers)
-	opts := []trace.SpanStartOption{consumerKind[0], trace.WithTimestamp(start), trace.WithAttributes(
-		systemAttr, opNameKey.String(OpReceive), opTypeKey.String("receive"), TenantKey.String(m.Tenant),
-		destKey.String(m.Topic), groupKey.String(group))}
+	opts := []trace.SpanStartOption{consumerKind[0], trace.WithTimestamp(start)}
 	if sc.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 	}
 	_, span := t.start(ctx, OpReceive+" "+m.Topic, opts...)
+	if span.IsRecording() { // without an SDK, build nothing
+		span.SetAttributes(systemAttr, opNameKey.String(OpReceive), opTypeKey.String("receive"), TenantKey.String(m.Tenant),
+			destKey.String(m.Topic), groupKey.String(group))
+	}
 	span.End()
-	set := t.dest(OpReceive, m.Tenant, m.Topic, group, "")
-	t.consumed.AddSet(ctx, 1, set)
-	t.opDuration.RecordSet(ctx, seconds(time.Since(start)), set)
+	if t.consumed.Enabled(ctx) || t.opDuration.Enabled(ctx) {
+		set := t.dest(OpReceive, m.Tenant, m.Topic, group, "")
+		t.consumed.AddSet(ctx, 1, set)
+		t.opDuration.RecordSet(ctx, seconds(time.Since(start)), set)
+	}
 }
