@@ -488,6 +488,11 @@ type Groups interface {
 	// RetryClaim makes c's message claimable again at retryAt, recording
 	// lastError, or returns ErrLeaseLost.
 	RetryClaim(ctx context.Context, c Claim, retryAt time.Time, lastError string, now time.Time) error
+	// ReleaseClaim gives c's message back unhandled: claimable at once, and
+	// the claim's attempt uncounted (a stopping member's queue, or a
+	// handler that a stop cancelled, is not the message's failure), or
+	// returns ErrLeaseLost.
+	ReleaseClaim(ctx context.Context, c Claim, now time.Time) error
 	// DeadLetterClaim appends dlq and marks c's message done in one
 	// transaction, or returns ErrLeaseLost and changes nothing.
 	DeadLetterClaim(ctx context.Context, c Claim, dlq *InsertMessage, now time.Time) error

@@ -36,6 +36,7 @@ var groupTests = []struct {
 	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
 	{"UngroupedGapIsRepaired", testUngroupedGapIsRepaired},
+	{"UngroupedStopGivesBackUncounted", testUngroupedStopGivesBack},
 	{"MixedSubscribers", testMixedSubscribers},
 }
 
@@ -744,6 +745,56 @@ func testUngroupedGapIsRepaired(t *testing.T, open Open) {
 	}
 	if cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", t0.Add(time.Second)); err != nil || cur != res[2].Offset {
 		t.Fatalf("cursor %d (%v), want %d once all three are done", cur, err, res[2].Offset)
+	}
+}
+
+// A stop that cancels a handler (a hard stop) is not the message's
+// failure: the claims in hand and in the member's queue are given back
+// visible at once, their attempts uncounted, and the next member gets
+// them as first deliveries at once, not after the visibility timeout.
+func testUngroupedStopGivesBack(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u0"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"},
+		shardq.Message{Tenant: "t", Topic: "x", ID: "u2"})
+	g := newGate()
+	defer g.open()
+	cfg := ungroupedConfig("stopped", func(ctx context.Context, _ *shardq.Delivery) error { return g.hold(ctx) })
+	cfg.UngroupedConcurrency, cfg.VisibilityTimeout = 1, time.Hour
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.waitHeld(t, "the first message")
+	hard, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Stop(hard); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[string]int{}
+	next := ungroupedConfig("next", func(_ context.Context, d *shardq.Delivery) error {
+		mu.Lock()
+		got[d.ID] = d.Attempt
+		mu.Unlock()
+		return nil
+	})
+	next.VisibilityTimeout = time.Hour // a claim left to lapse would never come back in this test
+	s2, err := c.Subscribe(context.Background(), next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s2)
+	waitFor(t, "all three delivered to the next member", 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, attempt := range got {
+		if attempt != 1 {
+			t.Errorf("%s delivered as attempt %d after a stop gave it back; want 1 (deliveries %v)", id, attempt, got)
+		}
 	}
 }
 

@@ -402,6 +402,12 @@ func (d *Store) RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Tim
 	return d.claimWrite(ctx, d.Write, c, claimOp("retry", c), d.sql().group.retry, Args{"retry_at": d.EncodeTime(retryAt), "last_error": lastError, "now": d.EncodeTime(now)})
 }
 
+// ReleaseClaim makes c's message claimable at once and uncounts the
+// claim's attempt.
+func (d *Store) ReleaseClaim(ctx context.Context, c driver.Claim, now time.Time) error {
+	return d.claimWrite(ctx, d.Write, c, claimOp("release", c), d.sql().group.release, Args{"now": d.EncodeTime(now)})
+}
+
 // DeadLetterClaim marks c's message done and appends dlq, atomically.
 func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error {
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {

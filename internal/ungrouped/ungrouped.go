@@ -399,6 +399,13 @@ func (s *Service) handleClaim(c driver.Claim) {
 	err := s.cfg.Handle(hctx, []driver.Message{m}, c.Attempts)
 	close(handled)
 	<-renewing // no renewal runs beside the settlement
+	if err != nil && s.life.HardContext().Err() != nil {
+		// A stop cancelled the handler: not the message's failure. Give
+		// it back uncounted, as a partition's worker leaves its message
+		// to the next owner without recording an attempt.
+		s.giveBack(c)
+		return
+	}
 	v := s.cfg.Policy.Decide(err, c.Attempts)
 	if v.Ack {
 		// The ack coalescer stamps its own time: acks of one flush share
@@ -495,12 +502,13 @@ func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, los
 	}
 }
 
-// giveBack makes a claim visible again at once.
+// giveBack makes a claim visible again at once, its attempt uncounted.
 func (s *Service) giveBack(c driver.Claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := s.cfg.Clock()
-	if err := s.drv.RetryClaim(ctx, c, now, c.LastError, now); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+	err := s.retrying(ctx, func() error { return s.drv.ReleaseClaim(ctx, c, now) })
+	if err != nil && !errors.Is(err, driver.ErrLeaseLost) {
 		s.log.Warn("shardq: giving back an ungrouped claim failed; it is delivered again after its visibility timeout",
 			"tenant", c.Message.Tenant, "offset", c.Message.Offset, "err", err)
 	}
