@@ -4,6 +4,7 @@ package shardq
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
@@ -28,3 +29,15 @@ var (
 // ValidationError names the field and the rule that input broke, as in
 // "message 2: partition key: 256 characters, limit 255". Use errors.As.
 type ValidationError = ident.Error
+
+// MessageError says which message of a Publish call (or PublishTx,
+// PublishLarge) was refused: Index counts from 0 in the call's
+// arguments. Err is the reason, usually a ValidationError, and errors.As
+// finds it through MessageError.
+type MessageError struct {
+	Index int
+	Err   error
+}
+
+func (e *MessageError) Error() string { return fmt.Sprintf("shardq: message %d: %v", e.Index, e.Err) }
+func (e *MessageError) Unwrap() error { return e.Err }

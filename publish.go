@@ -104,8 +104,8 @@ func (c *Client) publish(ctx context.Context, msgs []Message, reserved bool) (_ 
 	}
 	for i, r := range rows[1:] {
 		if r.Tenant != rows[0].Tenant {
-			return nil, fmt.Errorf("shardq: message %d: %w", i+1, &ident.Error{Field: "tenant",
-				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)})
+			return nil, &MessageError{Index: i + 1, Err: &ident.Error{Field: "tenant",
+				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)}}
 		}
 	}
 	sent = rows
@@ -157,14 +157,14 @@ func (c *Client) prepare(ctx context.Context, msgs []Message, reserved bool) ([]
 		if !reserved {
 			for k := range msgs[i].Headers {
 				if strings.HasPrefix(k, largeHeaderPrefix) {
-					return nil, fmt.Errorf("shardq: message %d: %w", i, &ident.Error{Field: fmt.Sprintf("header %q", k),
-						Rule: "the prefix " + largeHeaderPrefix + " is shardq's (PublishLarge)"})
+					return nil, &MessageError{Index: i, Err: &ident.Error{Field: fmt.Sprintf("header %q", k),
+						Rule: "the prefix " + largeHeaderPrefix + " is shardq's (PublishLarge)"}}
 				}
 			}
 		}
 		r, err := c.prepareOne(ctx, &msgs[i], now)
 		if err != nil {
-			return nil, fmt.Errorf("shardq: message %d: %w", i, err)
+			return nil, &MessageError{Index: i, Err: err}
 		}
 		rows[i] = r
 	}

@@ -438,12 +438,17 @@ func testInvalidInputStoresNothing(t *testing.T, open Open) {
 		{shardq.Message{Tenant: "u", Topic: "x"}, `message 1: tenant: "u" differs from message 0's "t"`},
 		{shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Selector: shardq.KeySelector, SelectorArg: "k"}, "message 1: partition key: must be empty when a Selector chooses it"},
 		{shardq.Message{Tenant: "t", Topic: "x", Selector: shardq.KeySelector, SelectorArg: 7}, "message 1: partition key: selector: KeySelector: argument is int, want string"},
+		{shardq.Message{Tenant: "t", Topic: "x", Headers: map[string]string{"": "v"}}, `message 1: header "": the key must not be empty`},
+		{shardq.Message{Tenant: "t", Topic: "x", Headers: map[string]string{"k\xff": "v"}}, `message 1: header key "k\xff": invalid UTF-8 at byte 1`},
 	}
 	for _, tc := range cases {
 		_, err := c.Publish(ctx, good, tc.msg)
 		var ve *shardq.ValidationError
 		if !errors.Is(err, shardq.ErrInvalid) || !errors.As(err, &ve) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Publish(%+v) = %v, want a validation error containing %q", tc.msg, err, tc.want)
+		}
+		if me := (*shardq.MessageError)(nil); !errors.As(err, &me) || me.Index != 1 {
+			t.Errorf("Publish(%+v) = %v, want a MessageError of index 1", tc.msg, err)
 		}
 		tx, err := d.BeginWrite(ctx)
 		if err != nil {

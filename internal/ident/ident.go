@@ -169,15 +169,18 @@ func Headers(h map[string]string) error {
 	}
 	for k, v := range h {
 		if k == "" {
-			return fail("header key", "must not be empty")
+			return fail(`header ""`, "the key must not be empty")
 		}
+		// The field names the key, cut short: a key too long to store is
+		// too long to print whole.
+		field := fmt.Sprintf("header key %q", clip(k, 40))
 		if len(k) > MaxHeaderKeyBytes {
-			return fail("header key", "%d bytes, limit %d", len(k), MaxHeaderKeyBytes)
+			return fail(field, "%d bytes, limit %d", len(k), MaxHeaderKeyBytes)
 		}
-		if err := utf8Text("header key", k, MaxHeaderKeyBytes); err != nil {
+		if err := utf8Text(field, k, MaxHeaderKeyBytes); err != nil {
 			return err
 		}
-		field := fmt.Sprintf("header %q", k)
+		field = fmt.Sprintf("header %q", k)
 		if len(v) > MaxHeaderValueBytes {
 			return fail(field, "value %d bytes, limit %d", len(v), MaxHeaderValueBytes)
 		}
@@ -186,6 +189,14 @@ func Headers(h map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// clip is s cut to at most n bytes, with "…" when cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // Payload checks a payload against the configured limit.

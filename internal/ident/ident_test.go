@@ -83,8 +83,16 @@ func TestHeadersAndPayload(t *testing.T) {
 	if err := Headers(map[string]string{"trace": "abc"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := Headers(map[string]string{"": "x"}); err == nil || err.Error() != "header key: must not be empty" {
+	if err := Headers(map[string]string{"": "x"}); err == nil || err.Error() != `header "": the key must not be empty` {
 		t.Errorf("empty key = %v", err)
+	}
+	long := strings.Repeat("k", MaxHeaderKeyBytes+1)
+	if err := Headers(map[string]string{long: "x"}); err == nil ||
+		err.Error() != `header key "`+long[:40]+`…": 256 bytes, limit 255` {
+		t.Errorf("long key = %v", err)
+	}
+	if err := Headers(map[string]string{"a\xffb": "x"}); err == nil || err.Error() != `header key "a\xffb": invalid UTF-8 at byte 1` {
+		t.Errorf("bad key = %v", err)
 	}
 	if err := Headers(map[string]string{"k": strings.Repeat("v", MaxHeaderValueBytes+1)}); err == nil ||
 		err.Error() != `header "k": value 8193 bytes, limit 8192` {
