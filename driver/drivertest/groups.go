@@ -37,6 +37,7 @@ var groupTests = []struct {
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
 	{"UngroupedGapIsRepaired", testUngroupedGapIsRepaired},
 	{"UngroupedStopGivesBackUncounted", testUngroupedStopGivesBack},
+	{"UngroupedRetryDueBeforePoll", testUngroupedRetryDueBeforePoll},
 	{"MixedSubscribers", testMixedSubscribers},
 }
 
@@ -794,6 +795,37 @@ func testUngroupedStopGivesBack(t *testing.T, open Open) {
 	for id, attempt := range got {
 		if attempt != 1 {
 			t.Errorf("%s delivered as attempt %d after a stop gave it back; want 1 (deliveries %v)", id, attempt, got)
+		}
+	}
+}
+
+// A retry due before the member's next poll is claimed when due: nothing
+// else (no feed) announces it.
+func testUngroupedRetryDueBeforePoll(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u0"})
+	attempts := make(chan int, 2)
+	cfg := ungroupedConfig("retrier", func(_ context.Context, d *shardq.Delivery) error {
+		attempts <- d.Attempt
+		if d.Attempt == 1 {
+			return shardq.RetryAfter(300*time.Millisecond, errors.New("nack")) // past the rereads after a wake-up (about 60 ms)
+		}
+		return nil
+	})
+	cfg.PollInterval, cfg.FeedPollInterval = time.Hour, time.Hour
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	for want := 1; want <= 2; want++ {
+		select {
+		case got := <-attempts:
+			if got != want {
+				t.Fatalf("delivery as attempt %d, want %d", got, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("attempt %d not delivered: a retry waited for the hourly poll", want)
 		}
 	}
 }

@@ -114,6 +114,21 @@ func (s *Service) Wake(tenant string) {
 	}
 }
 
+// wakeAt wakes the claim loop for tenant once a retry that this member
+// scheduled is due, when that comes before its next poll: no feed
+// announces a claim's retry, and a redelivery (a watermill Nack, say)
+// should not wait for a poll that the feed has slowed to seconds.
+func (s *Service) wakeAt(tenant string, delay time.Duration) {
+	if delay >= s.pollEvery() || s.life.Context().Err() != nil {
+		return
+	}
+	if delay <= 0 {
+		s.Wake(tenant)
+		return
+	}
+	time.AfterFunc(delay, func() { s.Wake(tenant) }) // Wake only signals: harmless after a stop
+}
+
 // Rescan tells the service that any head may have moved: it reads the
 // tenants with work again.
 func (s *Service) Rescan() {
@@ -438,6 +453,7 @@ func (s *Service) handleClaim(c driver.Claim) {
 		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.Delay), lastErr, now) })
 		if err == nil {
 			s.cfg.Metrics.Retry(m.Tenant)
+			s.wakeAt(m.Tenant, v.Delay)
 		}
 	}
 	s.settled(c, op, err)
