@@ -75,9 +75,9 @@ func newGroupSQL(s Syntax) groupSQL {
 			"AND partition_key = '' AND consumer_group = :group" + s.forShare(),
 		claimed: "SELECT message_offset, attempts, last_error FROM queue_message_claims WHERE " + claimKey +
 			" AND message_offset IN (:offsets) AND token = :token AND message_offset > :cursor ORDER BY message_offset",
-		retry:  "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
+		retry:   "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
 		release: "UPDATE queue_message_claims SET visible_at = :now, attempts = attempts - 1, updated_at = :now WHERE " + claimFence,
-		settle: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
+		settle:  "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
 		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND " +
 			s.inRows("message_offset, token", "claims"),
 		head:   "SELECT head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key = ''",
