@@ -147,6 +147,7 @@ type Driver interface {
 	Lifecycle
 	HalfMessages
 	Admin
+	Tokens
 }
 
 // Errors of the lease protocol.
@@ -574,4 +575,36 @@ type Lifecycle interface {
 	// force it returns *GroupLiveError while a lease is unexpired by now or
 	// a heartbeat is at or after liveSince.
 	DeleteGroup(ctx context.Context, tenant, topic, group string, liveSince, now time.Time, force bool) error
+}
+
+// APIToken is a bearer token of `shardq serve` (docs/server.md): a role
+// in some tenants. Only the SHA-256 of its secret is stored.
+type APIToken struct {
+	ID         string
+	Tenants    []string
+	Role       string
+	SecretHash []byte
+	CreatedAt  time.Time
+	ExpiresAt  time.Time // zero: never
+	RevokedAt  time.Time // zero: not revoked
+}
+
+// ErrNoToken means no token of that id may use that tenant.
+var ErrNoToken = errors.New("no such token")
+
+// Tokens stores the server's bearer tokens, a row per tenant a token may
+// use (sharded by tenant like every queue table).
+type Tokens interface {
+	// CreateToken stores t, a row for each of its tenants, in one
+	// transaction.
+	CreateToken(ctx context.Context, t APIToken) error
+	// TokenIn reads token id as stored for tenant (Tenants holds just
+	// tenant), or returns ErrNoToken.
+	TokenIn(ctx context.Context, tenant, id string) (APIToken, error)
+	// ListTokens lists every token with all its tenants, by id (it reads
+	// every shard).
+	ListTokens(ctx context.Context) ([]APIToken, error)
+	// RevokeToken marks token id revoked in every tenant and returns the
+	// rows it changed (0: none, or revoked already).
+	RevokeToken(ctx context.Context, id string, now time.Time) (int64, error)
 }

@@ -36,10 +36,11 @@ type statements struct {
 	publish   publishSQL
 	admin     adminSQL
 	lifecycle lifecycleSQL
+	token     tokenSQL
 }
 
 func newStatements(s Syntax) *statements {
-	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s)}
+	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL()}
 }
 
 // FetchAfter reads up to limit messages of one partition after offset

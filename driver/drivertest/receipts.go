@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+var receiptTests = []struct {
+	name string
+	fn   func(*testing.T, Open)
+}{
+	{"ReceiptsGroupExclusiveCumulativeAck", testReceiptsGroup},
+	{"ReceiptsVisibilityTimeoutRedelivers", testReceiptsVisibility},
+	{"ReceiptsNackRetriesThenDeadLetters", testReceiptsNack},
+	{"ReceiptsUngrouped", testReceiptsUngrouped},
+	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
+	{"TokensStoredPerTenant", testTokens},
+}
+
+func receipts(t *testing.T, c *shardq.Client, clock *fakeClock, maxAttempts int) *shardq.Receipts {
+	t.Helper()
+	o := &shardq.ReceiptOptions{Name: "api", MaxAttempts: maxAttempts, PollInterval: 5 * time.Millisecond}
+	if clock != nil {
+		o.Clock = clock.Now
+	}
+	r, err := c.Receipts(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func ids(ms []shardq.ReceivedMessage) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.ID
+	}
+	return out
+}
+
+func mustReceive(t *testing.T, r *shardq.Receipts, rq shardq.ReceiveRequest, want ...string) []shardq.ReceivedMessage {
+	t.Helper()
+	rq.Tenant, rq.Topic, rq.ConsumerGroup = "t", "x", "g"
+	ms, err := r.Receive(context.Background(), rq)
+	if err != nil {
+		t.Fatalf("receive %+v: %v", rq, err)
+	}
+	if got := ids(ms); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+		t.Fatalf("receive %+v = %v, want %v", rq, got, want)
+	}
+	return ms
+}
+
+// A receive holds its group until its last message is acked: no other
+// receive sees the group meanwhile; acks are cumulative.
+func testReceiptsGroup(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "k", "m1", "m2", "m3")
+	r := receipts(t, c, nil, 0)
+	got := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2}, "m1", "m2")
+	if got[0].Attempt != 1 || got[0].PartitionKey != "k" {
+		t.Fatalf("first delivery %+v", got[0].Delivery)
+	}
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}) // in flight: nothing
+	if err := r.Ack(ctx, "t", "x", "g", got[1].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	next := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 5}, "m3")
+	// The earlier receive's receipts are spent: its lease was given back.
+	if err := r.Ack(ctx, "t", "x", "g", got[0].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+		t.Fatalf("ack of a receipt whose group was given back = %v, want ErrStaleReceipt", err)
+	}
+	if err := r.Ack(ctx, "t", "x", "h", next[0].Receipt); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("ack in another group = %v, want ErrInvalid", err)
+	}
+	if err := r.Ack(ctx, "t", "x", "g", "r1.!!"); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("ack of garbage = %v, want ErrInvalid", err)
+	}
+	if err := r.Ack(ctx, "t", "x", "g", next[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"})
+}
+
+// Unsettled past its visibility timeout, a receive's messages go to the
+// next receive, and the first receive's receipts change nothing.
+func testReceiptsVisibility(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "k", "m1", "m2")
+	clock := newFakeClock(time.Now())
+	r := receipts(t, c, clock, 0)
+	first := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2, Visibility: 5 * time.Second}, "m1", "m2")
+	clock.Advance(6 * time.Second)
+	second := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2}, "m1", "m2")
+	if err := r.Ack(ctx, "t", "x", "g", first[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+		t.Fatalf("ack after the visibility timeout = %v, want ErrStaleReceipt", err)
+	}
+	offsets, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+	if err != nil || len(offsets) != 1 || offsets[0].Committed != 0 {
+		t.Fatalf("cursor after a stale ack: %+v, %v; want unmoved", offsets, err)
+	}
+	if err := r.Ack(ctx, "t", "x", "g", second[1].Receipt); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Nack gives the group back with the message due again after its
+// delay, counting an attempt; the last allowed attempt dead-letters it.
+func testReceiptsNack(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "k", "m1", "m2")
+	clock := newFakeClock(time.Now())
+	r := receipts(t, c, clock, 2)
+	got := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2}, "m1", "m2")
+	if err := r.Nack(ctx, "t", "x", "g", got[0].Receipt, time.Minute, "bad"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Ack(ctx, "t", "x", "g", got[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+		t.Fatalf("ack after the group was nacked = %v, want ErrStaleReceipt", err)
+	}
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}) // m1 waits for its retry; m2 waits behind it
+	clock.Advance(time.Minute)
+	again := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}, "m1")
+	if again[0].Attempt != 2 {
+		t.Fatalf("redelivery is attempt %d, want 2", again[0].Attempt)
+	}
+	if err := r.Nack(ctx, "t", "x", "g", again[0].Receipt, 0, "still bad"); err != nil {
+		t.Fatal(err)
+	}
+	if dlq := fetchAll(t, d, "t", "x.dlq", "k"); len(dlq) != 1 || dlq[0].ID != "m1" || dlq[0].Headers[shardq.HeaderDLQAttempts] != "2" {
+		t.Fatalf("dead letters %+v, want m1 after 2 attempts", dlq)
+	}
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}, "m2")
+}
+
+// Ungrouped messages: a claim each, competing receives never share one;
+// a Nack or the visibility timeout makes the message claimable again.
+func testReceiptsUngrouped(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
+		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"})
+	clock := newFakeClock(time.Now())
+	r := receipts(t, c, clock, 3)
+	a := mustReceive(t, r, shardq.ReceiveRequest{Max: 2, Visibility: 5 * time.Second}, "u1", "u2")
+	b := mustReceive(t, r, shardq.ReceiveRequest{Max: 5}, "u3")
+	if err := r.Ack(ctx, "t", "x", "g", a[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Nack(ctx, "t", "x", "g", b[0].Receipt, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(6 * time.Second) // u2's claim lapses
+	again := mustReceive(t, r, shardq.ReceiveRequest{Max: 5}, "u2", "u3")
+	if again[0].Attempt != 2 || again[1].Attempt != 2 {
+		t.Fatalf("redeliveries %+v, want attempt 2 each", again)
+	}
+	if err := r.Ack(ctx, "t", "x", "g", a[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+		t.Fatalf("ack of a lapsed claim = %v, want ErrStaleReceipt", err)
+	}
+	for _, m := range again {
+		if err := r.Ack(ctx, "t", "x", "g", m.Receipt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustReceive(t, r, shardq.ReceiveRequest{Max: 5})
+}
+
+// NextGroup takes the free group whose next message is oldest; a
+// waiting receive returns once a message arrives.
+func testReceiptsNextGroup(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "a", "a1")
+	publishGroup(t, c, "b", "b1")
+	r := receipts(t, c, nil, 0)
+	first := mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true, Max: 10}, "a1")
+	mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true, Max: 10}, "b1")
+	mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true})
+	if err := r.Ack(ctx, "t", "x", "g", first[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan []shardq.ReceivedMessage, 1)
+	go func() {
+		ms, err := r.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", PartitionKey: "a", Wait: 10 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- ms
+	}()
+	time.Sleep(50 * time.Millisecond) // the receive is waiting (it returns either way)
+	publishGroup(t, c, "a", "a2")
+	if got := ids(<-done); !slices.Equal(got, []string{"a2"}) {
+		t.Fatalf("waiting receive = %v, want a2", got)
+	}
+	for _, bad := range []shardq.ReceiveRequest{
+		{Max: 101}, {Wait: 21 * time.Second}, {Visibility: time.Millisecond}, {PartitionKey: "a", NextGroup: true}, {PartitionKey: "k "},
+	} {
+		bad.Tenant, bad.Topic, bad.ConsumerGroup = "t", "x", "g"
+		if _, err := r.Receive(ctx, bad); !errors.Is(err, shardq.ErrInvalid) {
+			t.Errorf("receive %+v = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// A token's rows: one per tenant, listed merged, revoked everywhere.
+func testTokens(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	tok := driver.APIToken{ID: "id1", Tenants: []string{"a", "b"}, Role: "consume", SecretHash: []byte("0123456789abcdef0123456789abcdef"),
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	if err := d.CreateToken(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.TokenIn(ctx, "b", "id1")
+	if err != nil || got.Role != "consume" || string(got.SecretHash) != string(tok.SecretHash) || !got.ExpiresAt.Equal(tok.ExpiresAt) ||
+		!got.RevokedAt.IsZero() || !slices.Equal(got.Tenants, []string{"b"}) {
+		t.Fatalf("token in b: %+v, %v", got, err)
+	}
+	if _, err := d.TokenIn(ctx, "c", "id1"); !errors.Is(err, driver.ErrNoToken) {
+		t.Fatalf("token in c: %v, want ErrNoToken", err)
+	}
+	if err := d.CreateToken(ctx, tok); err == nil {
+		t.Fatal("a second token of one id was stored")
+	}
+	list, err := d.ListTokens(ctx)
+	if err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"a", "b"}) {
+		t.Fatalf("list: %+v, %v", list, err)
+	}
+	if n, err := d.RevokeToken(ctx, "id1", now); err != nil || n != 2 {
+		t.Fatalf("revoke: %d, %v; want 2 rows", n, err)
+	}
+	if got, err := d.TokenIn(ctx, "a", "id1"); err != nil || !got.RevokedAt.Equal(now) {
+		t.Fatalf("revoked token: %+v, %v", got, err)
+	}
+}

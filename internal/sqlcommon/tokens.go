@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package sqlcommon
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// tokenSQL holds the statements of the server's bearer tokens
+// (driver.Tokens), whole, with named parameters (Bind).
+type tokenSQL struct {
+	insert string // a row per tenant (:rows)
+	get    string // one token's row in one tenant
+	list   string // every row, by token then tenant
+	revoke string // mark a token's rows revoked
+}
+
+func newTokenSQL() tokenSQL {
+	return tokenSQL{
+		insert: "INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at, expires_at, revoked_at) VALUES :rows",
+		get:    "SELECT secret_hash, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE tenant = :tenant AND token_id = :id",
+		list:   "SELECT token_id, tenant, role, created_at, expires_at, revoked_at FROM queue_api_tokens ORDER BY token_id, tenant",
+		revoke: "UPDATE queue_api_tokens SET revoked_at = :now WHERE token_id = :id AND revoked_at IS NULL",
+	}
+}
+
+// CreateToken stores t's rows in one transaction.
+func (d *Store) CreateToken(ctx context.Context, t driver.APIToken) error {
+	op := fmt.Sprintf("create token %q", t.ID)
+	rows := make(Rows, len(t.Tenants))
+	for i, tenant := range t.Tenants {
+		rows[i] = []any{tenant, t.ID, t.SecretHash, t.Role, d.EncodeTime(t.CreatedAt), d.encodeNotBefore(t.ExpiresAt), nil}
+	}
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
+		if _, err := d.exec(ctx, tx, d.sql().token.insert, Args{"rows": rows}); err != nil {
+			return struct{}{}, d.Wrap(op, err)
+		}
+		return struct{}{}, nil
+	})
+	return err
+}
+
+// TokenIn reads one token's row in tenant.
+func (d *Store) TokenIn(ctx context.Context, tenant, id string) (driver.APIToken, error) {
+	op := fmt.Sprintf("read token %q in tenant %q", id, tenant)
+	rows, err := d.query(ctx, d.Read, d.sql().token.get, Args{"tenant": tenant, "id": id})
+	if err != nil {
+		return driver.APIToken{}, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return driver.APIToken{}, d.Wrap(op, err)
+		}
+		return driver.APIToken{}, fmt.Errorf("%s: %w", op, driver.ErrNoToken)
+	}
+	t := driver.APIToken{ID: id, Tenants: []string{tenant}}
+	var created, expires, revoked any
+	if err := rows.Scan(&t.SecretHash, &t.Role, &created, &expires, &revoked); err != nil {
+		return driver.APIToken{}, fmt.Errorf("%s: %w", op, err)
+	}
+	if err := d.decodeTokenTimes(&t, created, expires, revoked); err != nil {
+		return driver.APIToken{}, fmt.Errorf("%s: %w", op, err)
+	}
+	return t, rows.Err()
+}
+
+// ListTokens reads every row and merges each token's tenants.
+func (d *Store) ListTokens(ctx context.Context) ([]driver.APIToken, error) {
+	const op = "list tokens"
+	rows, err := d.query(ctx, d.Read, d.sql().token.list, nil)
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []driver.APIToken
+	for rows.Next() {
+		var t driver.APIToken
+		var tenant string
+		var created, expires, revoked any
+		if err := rows.Scan(&t.ID, &tenant, &t.Role, &created, &expires, &revoked); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if err := d.decodeTokenTimes(&t, created, expires, revoked); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if n := len(out); n > 0 && out[n-1].ID == t.ID {
+			out[n-1].Tenants = append(out[n-1].Tenants, tenant)
+			continue
+		}
+		t.Tenants = []string{tenant}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+func (d *Store) decodeTokenTimes(t *driver.APIToken, created, expires, revoked any) error {
+	var err1, err2, err3 error
+	t.CreatedAt, err1 = d.DecodeTime(created)
+	t.ExpiresAt, err2 = d.decodeNotBefore(expires)
+	t.RevokedAt, err3 = d.decodeNotBefore(revoked)
+	return errors.Join(err1, err2, err3)
+}
+
+// RevokeToken marks every row of token id revoked.
+func (d *Store) RevokeToken(ctx context.Context, id string, now time.Time) (int64, error) {
+	op := fmt.Sprintf("revoke token %q", id)
+	res, err := d.exec(ctx, d.Write, d.sql().token.revoke, Args{"id": id, "now": d.EncodeTime(now)})
+	if err != nil {
+		return 0, d.Wrap(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", op, err)
+	}
+	return n, nil
+}

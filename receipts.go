@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/settle"
+)
+
+// ErrStaleReceipt means a receipt's lease or claim has moved on (its
+// visibility timeout passed and another receive took the messages, or a
+// Nack of an earlier message gave the group back): settling it changes
+// nothing, and the message is delivered again.
+var ErrStaleReceipt = errors.New("shardq: stale receipt")
+
+// Limits of a receive.
+const (
+	MaxReceiveMessages = 100
+	MaxReceiveWait     = 20 * time.Second
+	MaxVisibility      = 12 * time.Hour
+)
+
+// ReceiptOptions configure Client.Receipts.
+type ReceiptOptions struct {
+	// Name names the receiver for people [host-pid]; each receive's lease
+	// or claims are owned by Name#random, new per receive.
+	Name        string
+	MaxAttempts int    // after this many failed attempts (Nacks) a message is dead-lettered [10]
+	DLQSuffix   string // [".dlq"]
+	// PollInterval is how often a waiting receive looks again [100ms].
+	PollInterval time.Duration
+	Clock        func() time.Time
+}
+
+// Receipts receive with receipts, as SQS FIFO's ReceiveMessage does: a
+// receive hands out messages, each with a receipt that settles it later,
+// from any process. Nothing is held in memory between calls: a message
+// group's lease (or an ungrouped message's claim) lasts the visibility
+// timeout, and the receipt names it. `shardq serve` is built on it.
+type Receipts struct {
+	c *Client
+	o ReceiptOptions
+
+	mu       sync.Mutex
+	advanced map[[3]string]time.Time // ungrouped cursors moved, by (tenant, topic, group)
+}
+
+// Receipts returns a receiver of receipts on c.
+func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
+	var o ReceiptOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Name == "" {
+		host, _ := os.Hostname()
+		o.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if err := ident.MemberName("name", o.Name); err != nil {
+		return nil, fmt.Errorf("shardq: receipts: %w", err)
+	}
+	var err error
+	if o.MaxAttempts, err = maxAttempts(o.MaxAttempts); err != nil {
+		return nil, fmt.Errorf("shardq: receipts: %w", err)
+	}
+	if o.DLQSuffix == "" {
+		o.DLQSuffix = DefaultDLQSuffix
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 100 * time.Millisecond
+	}
+	if o.Clock == nil {
+		o.Clock = c.cfg.Clock
+	}
+	return &Receipts{c: c, o: o, advanced: map[[3]string]time.Time{}}, nil
+}
+
+// ReceiveRequest is one receive. PartitionKey takes that message group;
+// NextGroup the free group whose next message is oldest; neither takes
+// ungrouped messages (competing consumers).
+type ReceiveRequest struct {
+	Tenant, Topic, ConsumerGroup string
+	PartitionKey                 string
+	NextGroup                    bool
+	Max                          int           // [1], at most MaxReceiveMessages
+	Wait                         time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
+	Visibility                   time.Duration // [30s], at most MaxVisibility
+}
+
+// ReceivedMessage is a delivery and the receipt that settles it.
+type ReceivedMessage struct {
+	Delivery
+	Receipt string
+}
+
+// receipt is what a receipt names; it is encoded as base64url JSON.
+type receipt struct {
+	Tenant string `json:"t"`
+	Topic  string `json:"p"`
+	Group  string `json:"g"`
+	Key    string `json:"k,omitempty"`
+	Owner  string `json:"w"`
+	Token  int64  `json:"n"`
+	Offset int64  `json:"o"`
+	Last   int64  `json:"l,omitempty"` // grouped: the receive's last offset, whose ack gives the group back
+	Claim  bool   `json:"c,omitempty"` // an ungrouped message's claim
+	// Attempts counts an ungrouped message's claims, this one included
+	// (a message group's failures are stored under its lease instead).
+	Attempts int `json:"a,omitempty"`
+}
+
+func (r receipt) encode() string {
+	b, _ := json.Marshal(r) // strings and integers only: cannot fail
+	return "r1." + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// decodeReceipt checks a receipt's form and that it belongs to tenant,
+// topic and group (a receipt is not a credential: the caller's access to
+// them is checked elsewhere). It touches no database.
+func decodeReceipt(s, tenant, topic, group string) (receipt, error) {
+	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
+	var r receipt
+	rest, ok := strings.CutPrefix(s, "r1.")
+	if !ok || len(s) > 2048 {
+		return r, bad("not a receipt of this server (want r1.…, at most 2048 bytes)")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil {
+		return r, bad("not base64url")
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, bad("malformed")
+	}
+	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
+		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
+	}
+	if r.Claim != (r.Key == "") || r.Owner == "" || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 {
+		return r, bad("inconsistent")
+	}
+	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
+		return r, bad("inconsistent")
+	}
+	return r, nil
+}
+
+func (r *receipt) lease() driver.Lease {
+	return driver.Lease{PartitionRef: r.ref(), Owner: r.Owner, Token: r.Token}
+}
+
+func (r *receipt) ref() driver.PartitionRef {
+	return driver.PartitionRef{Tenant: r.Tenant, ConsumerGroup: r.Group, Topic: r.Topic, PartitionKey: r.Key}
+}
+
+func (r *receipt) claim(m driver.Message) driver.Claim {
+	m.Tenant, m.Topic, m.Offset = r.Tenant, r.Topic, r.Offset
+	return driver.Claim{ConsumerGroup: r.Group, Owner: r.Owner, Token: r.Token, Message: m}
+}
+
+func (rq *ReceiveRequest) check() error {
+	if err := validateGroupRef(rq.Tenant, rq.Topic, rq.ConsumerGroup); err != nil {
+		return err
+	}
+	switch {
+	case rq.PartitionKey != "" && rq.NextGroup:
+		return &ident.Error{Field: "key", Rule: "set at most one of key and next_group"}
+	case rq.PartitionKey != "":
+		if err := ident.PartitionKey(rq.PartitionKey); err != nil {
+			return err
+		}
+	}
+	switch {
+	case rq.Max == 0:
+		rq.Max = 1
+	case rq.Max < 0 || rq.Max > MaxReceiveMessages:
+		return &ident.Error{Field: "max", Rule: fmt.Sprintf("%d: want 1 to %d", rq.Max, MaxReceiveMessages)}
+	}
+	if rq.Wait < 0 || rq.Wait > MaxReceiveWait {
+		return &ident.Error{Field: "wait", Rule: fmt.Sprintf("%s: want 0 to %s", rq.Wait, MaxReceiveWait)}
+	}
+	switch {
+	case rq.Visibility == 0:
+		rq.Visibility = DefaultVisibilityTimeout
+	case rq.Visibility < time.Second || rq.Visibility > MaxVisibility:
+		return &ident.Error{Field: "visibility", Rule: fmt.Sprintf("%s: want 1s to %s", rq.Visibility, MaxVisibility)}
+	}
+	return nil
+}
+
+// Receive hands out up to rq.Max messages: of one message group, in
+// order, under a lease that lasts rq.Visibility (no other receive gets
+// that group meanwhile); or ungrouped ones, each under its own claim.
+// With rq.Wait it keeps looking that long while there is none. No
+// message: an empty slice.
+func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
+	if err := rq.check(); err != nil {
+		return nil, fmt.Errorf("shardq: receive: %w", err)
+	}
+	if err := r.c.registerGroup(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, StartEarliest, r.o.Clock()); err != nil {
+		return nil, fmt.Errorf("shardq: receive: %w", err)
+	}
+	deadline := time.Now().Add(rq.Wait)
+	for {
+		var out []ReceivedMessage
+		var err error
+		if rq.PartitionKey == "" && !rq.NextGroup {
+			out, err = r.receiveUngrouped(ctx, rq)
+		} else {
+			out, err = r.receiveGrouped(ctx, rq)
+		}
+		if err != nil || len(out) > 0 || !sleepUntilNext(ctx, deadline, r.o.PollInterval) {
+			if err == nil && out == nil {
+				out = []ReceivedMessage{}
+			}
+			return out, err
+		}
+	}
+}
+
+func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
+	owner := ident.MemberID(r.o.Name)
+	claims, err := r.c.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, owner, r.o.Clock(), rq.Visibility, rq.Max)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: receive: %w", err)
+	}
+	out := make([]ReceivedMessage, 0, len(claims))
+	for _, c := range claims {
+		rc := receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Owner: owner, Token: c.Token, Offset: c.Message.Offset, Claim: true, Attempts: c.Attempts}
+		out = append(out, ReceivedMessage{Delivery: *newDelivery(c.Message, c.Attempts), Receipt: rc.encode()})
+	}
+	return out, nil
+}
+
+func (r *Receipts) receiveGrouped(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
+	keys := []string{rq.PartitionKey}
+	if rq.NextGroup {
+		groups, err := r.c.drv.ReadyGroups(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, r.o.Clock(), 20)
+		if err != nil {
+			return nil, fmt.Errorf("shardq: receive: %w", err)
+		}
+		keys = keys[:0]
+		for _, g := range groups {
+			keys = append(keys, g.PartitionKey)
+		}
+	}
+	for _, key := range keys {
+		out, err := r.receiveGroup(ctx, rq, key)
+		if err != nil || len(out) > 0 {
+			return out, err
+		}
+	}
+	return nil, nil
+}
+
+// receiveGroup takes group key's lease and hands out its ready messages
+// after the cursor; with none ready it gives the lease back.
+func (r *Receipts) receiveGroup(ctx context.Context, rq ReceiveRequest, key string) ([]ReceivedMessage, error) {
+	ref := driver.PartitionRef{Tenant: rq.Tenant, ConsumerGroup: rq.ConsumerGroup, Topic: rq.Topic, PartitionKey: key}
+	owner := ident.MemberID(r.o.Name)
+	now := r.o.Clock()
+	l, err := r.c.drv.AcquireLease(ctx, ref, owner, now, rq.Visibility)
+	if errors.Is(err, driver.ErrLeaseHeld) {
+		return nil, nil // in flight elsewhere: its messages are not ours to see
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardq: receive %s: %w", ref, err)
+	}
+	msgs, states, err := r.ready(ctx, l, rq.Max, now)
+	if err != nil || len(msgs) == 0 {
+		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("shardq: receive %s: %w", ref, err)
+		}
+		return nil, nil
+	}
+	last := msgs[len(msgs)-1].Offset
+	out := make([]ReceivedMessage, len(msgs))
+	for i, m := range msgs {
+		rc := receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Key: key, Owner: owner, Token: l.Token, Offset: m.Offset, Last: last}
+		out[i] = ReceivedMessage{Delivery: *newDelivery(m, states[m.Offset].Attempts+1), Receipt: rc.encode()}
+	}
+	return out, nil
+}
+
+// ready reads up to max messages after l's cursor that may be delivered
+// now: it stops at a message delayed past now or waiting for its retry.
+func (r *Receipts) ready(ctx context.Context, l driver.Lease, max int, now time.Time) ([]driver.Message, map[int64]driver.DeliveryState, error) {
+	msgs, err := r.c.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, max)
+	if err != nil || len(msgs) == 0 {
+		return nil, nil, err
+	}
+	states, err := r.c.drv.DeliveryStates(ctx, l.PartitionRef, l.Committed, msgs[len(msgs)-1].Offset)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, m := range msgs {
+		if m.NotBefore.After(now) || states[m.Offset].NextAttemptAt.After(now) {
+			return msgs[:i], states, nil
+		}
+	}
+	return msgs, states, nil
+}
+
+// Ack settles the message of a receipt of tenant's topic and group. For
+// a message group it commits the cursor past the message, and past the
+// ones before it in the same receive: acks are cumulative, like Kafka's
+// offset commits; the receive's last message gives the group back at
+// once. A receipt whose lease or claim moved on fails with
+// ErrStaleReceipt and changes nothing.
+func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) error {
+	rc, err := decodeReceipt(rcpt, tenant, topic, group)
+	if err != nil {
+		return fmt.Errorf("shardq: ack: %w", err)
+	}
+	now := r.o.Clock()
+	if rc.Claim {
+		err := r.c.drv.AckClaims(ctx, []driver.Claim{rc.claim(driver.Message{})}, now)
+		if err == nil {
+			r.advance(ctx, rc, now)
+		}
+		return r.settled("ack", rc, err)
+	}
+	l := rc.lease()
+	err = r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
+	if err == nil && rc.Offset == rc.Last {
+		if rerr := r.c.drv.ReleaseLease(ctx, l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			r.c.cfg.Logger.Warn("shardq: giving back a message group after its last ack failed; it is free after its visibility timeout",
+				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)
+		}
+	}
+	return r.settled("ack", rc, err)
+}
+
+// Nack fails the message of a receipt: delivered again after retryAfter,
+// or dead-lettered once it has failed MaxAttempts times. A message group
+// is given back at once (its messages after this one wait behind it, in
+// order); the receipts of that receive become stale.
+func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, retryAfter time.Duration, reason string) error {
+	rc, err := decodeReceipt(rcpt, tenant, topic, group)
+	if err == nil && (retryAfter < 0 || retryAfter > MaxVisibility) {
+		err = &ident.Error{Field: "retry_after", Rule: fmt.Sprintf("%s: want 0 to %s", retryAfter, MaxVisibility)}
+	}
+	if err != nil {
+		return fmt.Errorf("shardq: nack: %w", err)
+	}
+	if reason == "" {
+		reason = "nacked"
+	}
+	cause := errors.New(reason)
+	now := r.o.Clock()
+	key := rc.Key
+	msgs, err := r.c.drv.FetchAfter(ctx, tenant, topic, key, rc.Offset-1, 1)
+	if err == nil && (len(msgs) == 0 || msgs[0].Offset != rc.Offset) {
+		err = ErrStaleReceipt // removed meanwhile (retention, delete)
+	}
+	if err != nil {
+		return r.settled("nack", rc, err)
+	}
+	m := msgs[0]
+	if rc.Claim {
+		c := rc.claim(m)
+		if r.o.MaxAttempts != settle.Unlimited && rc.Attempts >= r.o.MaxAttempts {
+			err = r.c.drv.DeadLetterClaim(ctx, c, settle.DeadLetterCopy(m, r.o.DLQSuffix, rc.Attempts, cause), now)
+		} else {
+			err = r.c.drv.RetryClaim(ctx, c, now.Add(retryAfter), settle.ErrText(cause), now)
+		}
+		return r.settled("nack", rc, err)
+	}
+	l := rc.lease()
+	states, err := r.c.drv.DeliveryStates(ctx, rc.ref(), rc.Offset-1, rc.Offset)
+	if err != nil {
+		return r.settled("nack", rc, err)
+	}
+	attempt := states[rc.Offset].Attempts + 1
+	if r.o.MaxAttempts != settle.Unlimited && attempt >= r.o.MaxAttempts {
+		err = r.c.drv.DeadLetter(ctx, l, settle.DeadLetterCopy(m, r.o.DLQSuffix, attempt, cause), rc.Offset, now)
+	} else {
+		err = r.c.drv.RecordAttempt(ctx, l, rc.Offset,
+			driver.DeliveryState{Attempts: attempt, NextAttemptAt: now.Add(retryAfter), LastError: settle.ErrText(cause)}, now)
+	}
+	if err == nil {
+		if rerr := r.c.drv.ReleaseLease(ctx, l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			r.c.cfg.Logger.Warn("shardq: giving back a message group after a nack failed; it is free after its visibility timeout",
+				"tenant", tenant, "topic", topic, "partition_key", key, "err", rerr)
+		}
+	}
+	return r.settled("nack", rc, err)
+}
+
+// settled maps a settlement's error: a moved lease or claim is a stale
+// receipt.
+func (r *Receipts) settled(op string, rc receipt, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, driver.ErrLeaseLost), errors.Is(err, ErrStaleReceipt):
+		return fmt.Errorf("shardq: %s offset %d of tenant %q topic %q partition %q: %w", op, rc.Offset, rc.Tenant, rc.Topic, rc.Key, ErrStaleReceipt)
+	}
+	return fmt.Errorf("shardq: %s offset %d of tenant %q topic %q partition %q: %w", op, rc.Offset, rc.Tenant, rc.Topic, rc.Key, err)
+}
+
+// advance moves the group's ungrouped cursor past what is done, at most
+// once a second per tenant, topic and group (subscribers do it on their
+// discovery ticks; a receipt's receiver has no ticks).
+func (r *Receipts) advance(ctx context.Context, rc receipt, now time.Time) {
+	k := [3]string{rc.Tenant, rc.Topic, rc.Group}
+	r.mu.Lock()
+	due := now.Sub(r.advanced[k]) >= time.Second
+	if due {
+		r.advanced[k] = now
+	}
+	r.mu.Unlock()
+	if !due {
+		return
+	}
+	if _, err := r.c.drv.AdvanceUngrouped(ctx, rc.Tenant, rc.Topic, rc.Group, now); err != nil {
+		r.c.cfg.Logger.Warn("shardq: advancing the ungrouped cursor failed; the next ack retries", "tenant", rc.Tenant, "topic", rc.Topic,
+			"group", rc.Group, "err", err)
+	}
+}
