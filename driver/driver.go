@@ -601,10 +601,12 @@ type Tokens interface {
 	// TokenIn reads token id as stored for tenant (Tenants holds just
 	// tenant), or returns ErrNoToken.
 	TokenIn(ctx context.Context, tenant, id string) (APIToken, error)
-	// ListTokens lists every token with all its tenants, by id (it reads
-	// every shard).
-	ListTokens(ctx context.Context) ([]APIToken, error)
-	// RevokeToken marks token id revoked in every tenant and returns the
+	// ListTokens lists the tokens stored in the scope's tenants (every
+	// shard when AllTenants), with the tenants of each in the scope, by
+	// id. Limit and After are not used: tokens are few.
+	ListTokens(ctx context.Context, s Scope) ([]APIToken, error)
+	// RevokeToken marks token id revoked in tenants (the shards of those
+	// tenants only; ListTokens finds a token's tenants) and returns the
 	// rows it changed (0: none, or revoked already).
-	RevokeToken(ctx context.Context, id string, now time.Time) (int64, error)
+	RevokeToken(ctx context.Context, tenants []string, id string, now time.Time) (int64, error)
 }

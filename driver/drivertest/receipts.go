@@ -235,11 +235,17 @@ func testTokens(t *testing.T, open Open) {
 	if err := d.CreateToken(ctx, tok); err == nil {
 		t.Fatal("a second token of one id was stored")
 	}
-	list, err := d.ListTokens(ctx)
+	list, err := d.ListTokens(ctx, driver.Scope{AllTenants: true})
 	if err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"a", "b"}) {
 		t.Fatalf("list: %+v, %v", list, err)
 	}
-	if n, err := d.RevokeToken(ctx, "id1", now); err != nil || n != 2 {
+	if list, err := d.ListTokens(ctx, driver.Scope{Tenants: []string{"b", "c"}}); err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"b"}) {
+		t.Fatalf("list in b, c: %+v, %v", list, err)
+	}
+	if n, err := d.RevokeToken(ctx, []string{"c"}, "id1", now); err != nil || n != 0 {
+		t.Fatalf("revoke in c: %d, %v; want 0 rows", n, err)
+	}
+	if n, err := d.RevokeToken(ctx, []string{"a", "b"}, "id1", now); err != nil || n != 2 {
 		t.Fatalf("revoke: %d, %v; want 2 rows", n, err)
 	}
 	if got, err := d.TokenIn(ctx, "a", "id1"); err != nil || !got.RevokedAt.Equal(now) {

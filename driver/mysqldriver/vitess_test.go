@@ -104,6 +104,7 @@ var allTenantReads = map[string]string{
 	"AllSubscribers": "FROM queue_subscriber_heartbeats WHERE 1 = 1",
 	"TopicMessages":  "FROM queue_messages WHERE 1 = 1",
 	"ListHalves":     "FROM queue_half_messages",
+	"ListTokens":     "FROM queue_api_tokens WHERE 1 = 1",
 }
 
 func exemptAllTenantRead(q string) (string, bool) {

@@ -17,16 +17,16 @@ import (
 type tokenSQL struct {
 	insert string // a row per tenant (:rows)
 	get    string // one token's row in one tenant
-	list   string // every row, by token then tenant
-	revoke string // mark a token's rows revoked
+	list   scoped // the rows of some tenants or all, by token then tenant
+	revoke string // mark a token's rows in :tenants revoked
 }
 
 func newTokenSQL() tokenSQL {
 	return tokenSQL{
 		insert: "INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at, expires_at, revoked_at) VALUES :rows",
 		get:    "SELECT secret_hash, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE tenant = :tenant AND token_id = :id",
-		list:   "SELECT token_id, tenant, role, created_at, expires_at, revoked_at FROM queue_api_tokens ORDER BY token_id, tenant",
-		revoke: "UPDATE queue_api_tokens SET revoked_at = :now WHERE token_id = :id AND revoked_at IS NULL",
+		list:   scopedOn("tenant", "SELECT token_id, tenant, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE {scope} ORDER BY token_id, tenant"),
+		revoke: "UPDATE queue_api_tokens SET revoked_at = :now WHERE tenant IN (:tenants) AND token_id = :id AND revoked_at IS NULL",
 	}
 }
 
@@ -71,10 +71,11 @@ func (d *Store) TokenIn(ctx context.Context, tenant, id string) (driver.APIToken
 	return t, rows.Err()
 }
 
-// ListTokens reads every row and merges each token's tenants.
-func (d *Store) ListTokens(ctx context.Context) ([]driver.APIToken, error) {
+// ListTokens reads the rows in scope and merges each token's tenants.
+func (d *Store) ListTokens(ctx context.Context, s driver.Scope) ([]driver.APIToken, error) {
 	const op = "list tokens"
-	rows, err := d.query(ctx, d.Read, d.sql().token.list, nil)
+	q, args := d.sql().token.list.pick(s)
+	rows, err := d.query(ctx, d.Read, q, args)
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
@@ -108,10 +109,13 @@ func (d *Store) decodeTokenTimes(t *driver.APIToken, created, expires, revoked a
 	return errors.Join(err1, err2, err3)
 }
 
-// RevokeToken marks every row of token id revoked.
-func (d *Store) RevokeToken(ctx context.Context, id string, now time.Time) (int64, error) {
-	op := fmt.Sprintf("revoke token %q", id)
-	res, err := d.exec(ctx, d.Write, d.sql().token.revoke, Args{"id": id, "now": d.EncodeTime(now)})
+// RevokeToken marks the rows of token id in tenants revoked.
+func (d *Store) RevokeToken(ctx context.Context, tenants []string, id string, now time.Time) (int64, error) {
+	op := fmt.Sprintf("revoke token %q in tenants %q", id, tenants)
+	if len(tenants) == 0 {
+		return 0, nil
+	}
+	res, err := d.exec(ctx, d.Write, d.sql().token.revoke, Args{"tenants": textList(tenants), "id": id, "now": d.EncodeTime(now)})
 	if err != nil {
 		return 0, d.Wrap(op, err)
 	}
