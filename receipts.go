@@ -95,6 +95,10 @@ type ReceiveRequest struct {
 	Max                          int           // [1], at most MaxReceiveMessages
 	Wait                         time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
 	Visibility                   time.Duration // [30s], at most MaxVisibility
+	// Done, when closed, ends a waiting receive early with what it has
+	// (nothing): a server shutting down answers its long polls at once
+	// without cancelling the statements of other requests.
+	Done <-chan struct{}
 }
 
 // ReceivedMessage is a delivery and the receipt that settles it.
@@ -150,6 +154,9 @@ func decodeReceipt(s, tenant, topic, group string) (receipt, error) {
 		return r, bad("inconsistent")
 	}
 	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
+		return r, bad("inconsistent")
+	}
+	if err := ident.ASCII("owner", r.Owner); err != nil {
 		return r, bad("inconsistent")
 	}
 	return r, nil
@@ -219,12 +226,31 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) ([]ReceivedMe
 		} else {
 			out, err = r.receiveGrouped(ctx, rq)
 		}
-		if err != nil || len(out) > 0 || !sleepUntilNext(ctx, deadline, r.o.PollInterval) {
+		if err != nil || len(out) > 0 || !r.sleep(ctx, rq.Done, deadline) {
 			if err == nil && out == nil {
 				out = []ReceivedMessage{}
 			}
 			return out, err
 		}
+	}
+}
+
+// sleep waits a poll interval, or less: false once deadline has passed,
+// ctx has ended or done is closed.
+func (r *Receipts) sleep(ctx context.Context, done <-chan struct{}, deadline time.Time) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	t := time.NewTimer(min(r.o.PollInterval, left))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-done:
+		return false
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -90,6 +91,11 @@ type app struct {
 	feedFlag string // --feed: auto or off
 	// --metrics-addr and --otlp-endpoint (telemetry.go)
 	metricsAddr, otlpEndpoint string
+	// serveMetrics asks open for a Prometheus registry even without
+	// --metrics-addr (serve answers /metrics itself); metrics is its
+	// handler once open made one.
+	serveMetrics bool
+	metrics      http.Handler
 }
 
 // dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
@@ -121,7 +127,7 @@ func newRoot(env Env) *cobra.Command {
 	root.PersistentFlags().StringVar(&a.otlpEndpoint, "otlp-endpoint", "",
 		"send traces and metrics over OTLP/HTTP to this URL (like http://localhost:4318); the OTEL_EXPORTER_OTLP_* variables work too")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.versionCmd())
 	return root
 }
 

@@ -74,7 +74,7 @@ func (a *app) otlpOn() bool {
 // startTelemetry starts what the flags ask for and fills cfg's providers;
 // nil when they ask for nothing (the client then uses the no-op globals).
 func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetry, error) {
-	if a.metricsAddr == "" && !a.otlpOn() {
+	if a.metricsAddr == "" && !a.otlpOn() && !a.serveMetrics {
 		return nil, nil
 	}
 	res, err := resource.New(ctx, resource.WithAttributes(semconv.ServiceName("shardq")), resource.WithFromEnv())
@@ -83,19 +83,22 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 	}
 	t := &telemetry{}
 	readers := []sdkmetric.Option{sdkmetric.WithResource(res)}
-	if a.metricsAddr != "" {
+	if a.metricsAddr != "" || a.serveMetrics {
 		reg := prometheus.NewRegistry()
 		exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 		if err != nil {
 			return nil, fmt.Errorf("prometheus exporter: %w", err)
 		}
 		readers = append(readers, sdkmetric.WithReader(exp))
+		a.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: promLog{a}})
+	}
+	if a.metricsAddr != "" {
 		ln, err := net.Listen("tcp", a.metricsAddr)
 		if err != nil {
 			return nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: promLog{a}}))
+		mux.Handle("/metrics", a.metrics)
 		t.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		t.served = make(chan error, 1)
 		go func() { t.served <- t.server.Serve(ln) }()

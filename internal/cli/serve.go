@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/server"
+)
+
+type serveFlags struct {
+	addr, tlsCert, tlsKey, name string
+	rate                        float64
+	burst                       int
+	maxBody                     int64
+	maxAttempts                 int
+	shutdown                    time.Duration
+}
+
+func (a *app) serveCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve [--addr HOST:PORT] [--tls-cert F --tls-key F] [--rate N] [--burst N] [--max-body BYTES] [--max-attempts N]",
+		Short: "Serve the HTTP API (/v1, described at /v1/openapi.json), /metrics and the web dashboard",
+		Long: "Serves shardq's HTTP/JSON API for any language: publish, receive with receipts (SQS FIFO's\n" +
+			"ReceiveMessage), ack and nack, and the admin reads and writes, under /v1/tenants/{tenant}/...; every\n" +
+			"request needs a bearer token of its tenant (shardq token create). MQ_TENANTS, when set, limits the\n" +
+			"tenants served. / is the dashboard (sign in with an admin token); /healthz, /readyz and /metrics\n" +
+			"need no token. Several serve processes on one database share the work: nothing is held between\n" +
+			"requests but the database's leases and claims. SIGINT/SIGTERM: waiting receives answer at once,\n" +
+			"requests in flight finish (up to --shutdown-timeout), then the process exits. docs/server.md.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) }),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "listen on HOST:PORT (port 0: any free port, printed on stderr)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate (with --tls-key)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
+	fl.StringVar(&f.name, "name", "", "this server's name in lease and claim owners (default serve-HOST-PID)")
+	fl.Float64Var(&f.rate, "rate", server.DefaultRate, "requests a second allowed per token")
+	fl.IntVar(&f.burst, "burst", server.DefaultBurst, "burst of requests allowed per token above --rate")
+	fl.Int64Var(&f.maxBody, "max-body", server.DefaultMaxBodyBytes, "largest request body in bytes")
+	fl.IntVar(&f.maxAttempts, "max-attempts", shardq.DefaultMaxAttempts, "failed attempts (nacks) after which a received message is dead-lettered")
+	fl.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "how long a stop waits for requests in flight")
+	return cmd
+}
+
+func (a *app) serve(ctx context.Context, f serveFlags) error {
+	if err := firstErr(
+		checkAddr("--addr", f.addr),
+		func() error {
+			if (f.tlsCert == "") != (f.tlsKey == "") {
+				return usagef("--tls-cert and --tls-key go together")
+			}
+			return nil
+		}(),
+		mustBePositive("--rate", f.rate > 0), mustBePositive("--burst", f.burst > 0), mustBePositive("--max-body", f.maxBody > 0),
+		mustBePositive("--max-attempts", f.maxAttempts > 0), mustBePositive("--shutdown-timeout", f.shutdown > 0),
+	); err != nil {
+		return err
+	}
+	var tlsCfg *tls.Config
+	if f.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return usagef("--tls-cert/--tls-key: %v", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	a.serveMetrics = true
+	c, drv, done, err := a.open(false)
+	if err != nil {
+		return err
+	}
+	defer done()
+	name := f.name
+	if name == "" {
+		host, _ := os.Hostname()
+		name = fmt.Sprintf("serve-%s-%d", host, os.Getpid())
+	}
+	receipts, err := c.Receipts(&shardq.ReceiptOptions{Name: name, MaxAttempts: f.maxAttempts})
+	if err != nil {
+		return usageError{err}
+	}
+	var tenants []string
+	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
+		if tenants, err = shardq.ParseTenants("MQ_TENANTS", v); err != nil {
+			return usageError{err}
+		}
+	}
+	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
+		MaxBodyBytes: f.maxBody, Metrics: a.metrics, Logger: a.logger()})
+	if err != nil {
+		return usageError{err}
+	}
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return fmt.Errorf("--addr: %w", err)
+	}
+	scheme := "http"
+	if tlsCfg != nil {
+		ln, scheme = tls.NewListener(ln, tlsCfg), "https"
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: nil}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	fmt.Fprintf(a.env.Stderr, "shardq serve: listening on %s://%s\n", scheme, ln.Addr())
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	fmt.Fprintln(a.env.Stderr, "shardq serve: stopping")
+	srv.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdown)
+	defer cancel()
+	err = hs.Shutdown(sctx)
+	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	if err != nil {
+		return fmt.Errorf("serve: shutdown: %w", err)
+	}
+	return nil
+}
+
+func checkAddr(flag, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return usagef("%s: %q must be HOST:PORT (like 127.0.0.1:8080): %v", flag, addr, err)
+	}
+	return nil
+}
+
+func mustBePositive(flag string, ok bool) error {
+	if !ok {
+		return usagef("%s must be more than 0", flag)
+	}
+	return nil
+}
+
+func (a *app) tokenCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke the bearer tokens of shardq serve"}
+	var tenants []string
+	var role string
+	var expires time.Duration
+	create := &cobra.Command{
+		Use:   "create --tenant T [--tenant T2 ...] --role publish|consume|admin [--expires D]",
+		Short: "Create a token and print it once (only its hash is stored)",
+		Args:  cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if len(tenants) == 0 {
+				return usagef("--tenant is required")
+			}
+			if err := oneOf("--role", server.Roles...)(cmd, []string{role}); err != nil {
+				return err
+			}
+			if expires < 0 {
+				return usagef("--expires must not be negative")
+			}
+			_, drv, done, err := a.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			tok, id, err := server.NewToken(cmd.Context(), drv, tenants, role, expires, time.Now())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.env.Stdout, tok)
+			fmt.Fprintf(a.env.Stderr, "token %s (%s of %s): shown once; shardq token revoke %s revokes it\n", id, role, strings.Join(tenants, ", "), id)
+			return nil
+		}),
+	}
+	create.Flags().StringArrayVar(&tenants, "tenant", nil, "a tenant the token may use (repeatable)")
+	create.Flags().StringVar(&role, "role", "", "publish, consume or admin (admin may do everything in its tenants)")
+	create.Flags().DurationVar(&expires, "expires", 0, "the token expires this long from now (0: never)")
+	var listTenants []string
+	list := &cobra.Command{
+		Use:   "list [--tenant T ...]",
+		Short: "List tokens: id, role, tenants, created, expires, revoked (every tenant unless --tenant)",
+		Args:  cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			_, drv, done, err := a.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			scope := driver.Scope{Tenants: listTenants, AllTenants: len(listTenants) == 0}
+			toks, err := drv.ListTokens(cmd.Context(), scope)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tROLE\tTENANTS\tCREATED\tEXPIRES\tREVOKED")
+			for _, t := range toks {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Role, display(strings.Join(t.Tenants, ",")), stamp(t.CreatedAt), stamp(t.ExpiresAt), stamp(t.RevokedAt))
+			}
+			return tw.Flush()
+		}),
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke a token in every tenant: its next request is refused",
+		Args:  cobra.ExactArgs(1),
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			_, drv, done, err := a.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			// A token's rows live in its tenants' shards: find them, then
+			// revoke there (a scoped write, never a scatter).
+			toks, err := drv.ListTokens(cmd.Context(), driver.Scope{AllTenants: true})
+			if err != nil {
+				return err
+			}
+			var n int64
+			for _, t := range toks {
+				if t.ID == args[0] {
+					if n, err = drv.RevokeToken(cmd.Context(), t.Tenants, t.ID, time.Now()); err != nil {
+						return err
+					}
+				}
+			}
+			if n == 0 {
+				return fmt.Errorf("no live token %q", display(args[0]))
+			}
+			fmt.Fprintf(a.env.Stdout, "revoked %s in %d tenants\n", display(args[0]), n)
+			return nil
+		}),
+	}
+	list.Flags().StringArrayVar(&listTenants, "tenant", nil, "list the tokens of this tenant (repeatable)")
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

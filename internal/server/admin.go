@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// The admin endpoints are the CLI's admin commands, scoped to the URL's
+// tenant. Listings are pages: ?limit= (at most shardq.MaxPageLimit) and
+// ?after= (the sort key's last value, repeated per column).
+
+func (s *Server) scope(q url.Values, tenant string) (shardq.Scope, error) {
+	sc := shardq.Scope{Tenants: []string{tenant}, After: q["after"]}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > shardq.MaxPageLimit {
+			return sc, &ident.Error{Field: "limit", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)}
+		}
+		sc.Limit = n
+	}
+	return sc, nil
+}
+
+// list runs a listing of the URL's tenant and answers {"items": [...]}.
+func list[T, O any](s *Server, w http.ResponseWriter, r *http.Request, tenant string, read func(shardq.Scope) ([]T, error), view func(T) O) {
+	sc, err := s.scope(r.URL.Query(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rows, err := read(sc)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]O, len(rows))
+	for i, x := range rows {
+		out[i] = view(x)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+}
+
+type topicOut struct {
+	Topic      string `json:"topic"`
+	Partitions int    `json:"partitions"`
+	HeadOffset int64  `json:"head_offset"`
+}
+
+func (s *Server) topics(w http.ResponseWriter, r *http.Request, tenant string) {
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.TopicInfo, error) { return s.admin.Topics(r.Context(), sc) },
+		func(t shardq.TopicInfo) topicOut { return topicOut{t.Topic, t.Partitions, t.HeadOffset} })
+}
+
+type offsetOut struct {
+	Key              string     `json:"key"`
+	Group            string     `json:"group"`
+	HeadOffset       int64      `json:"head_offset"`
+	CommittedOffset  int64      `json:"committed_offset"`
+	Lag              int64      `json:"lag"`
+	LagCapped        bool       `json:"lag_capped,omitempty"`
+	Scheduled        int64      `json:"scheduled,omitempty"`
+	OldestUnconsumed *time.Time `json:"oldest_unconsumed,omitempty"`
+	NoCursor         bool       `json:"no_cursor,omitempty"`
+}
+
+func offsetView(o shardq.GroupOffset) offsetOut {
+	v := offsetOut{Key: o.PartitionKey, Group: o.ConsumerGroup, HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset,
+		Lag: o.Lag, LagCapped: o.LagCapped, Scheduled: o.Scheduled, NoCursor: o.NoCursor}
+	if !o.OldestUnconsumed.IsZero() {
+		t := o.OldestUnconsumed
+		v.OldestUnconsumed = &t
+	}
+	return v
+}
+
+// offsets lists the topic's cursors (of ?group=, or all groups).
+func (s *Server) offsets(w http.ResponseWriter, r *http.Request, tenant string) {
+	topic, group := r.PathValue("topic"), r.URL.Query().Get("group")
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.GroupOffset, error) {
+		all, err := s.admin.Offsets(r.Context(), sc, group)
+		var out []shardq.GroupOffset
+		for _, o := range all {
+			if o.Topic == topic {
+				out = append(out, o)
+			}
+		}
+		return out, err
+	}, offsetView)
+}
+
+type groupOut struct {
+	Group        string     `json:"group"`
+	Members      int        `json:"members"`
+	Live         int        `json:"live"`
+	Partitions   int        `json:"partitions"`
+	Unread       int        `json:"unread"`
+	Lag          int64      `json:"lag"`
+	LagCapped    bool       `json:"lag_capped,omitempty"`
+	Paused       bool       `json:"paused"`
+	LastActivity *time.Time `json:"last_activity,omitempty"`
+}
+
+func groupView(g shardq.GroupInfo) groupOut {
+	v := groupOut{g.ConsumerGroup, g.Members, g.Live, g.Partitions, g.Unread, g.Lag, g.LagCapped, g.Paused, nil}
+	if !g.LastActivity.IsZero() {
+		t := g.LastActivity
+		v.LastActivity = &t
+	}
+	return v
+}
+
+func (s *Server) groups(w http.ResponseWriter, r *http.Request, tenant string) {
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.GroupInfo, error) {
+		return s.admin.Groups(r.Context(), shardq.Scope{Tenants: sc.Tenants}, r.PathValue("topic"), s.cfg.StaleAfter)
+	}, groupView)
+}
+
+type leaseOut struct {
+	Topic     string    `json:"topic"`
+	Group     string    `json:"group"`
+	Key       string    `json:"key"`
+	Owner     string    `json:"owner"`
+	Token     int64     `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func (s *Server) leases(w http.ResponseWriter, r *http.Request, tenant string) {
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.Lease, error) { return s.admin.Leases(r.Context(), sc) },
+		func(l shardq.Lease) leaseOut {
+			return leaseOut{l.Topic, l.ConsumerGroup, l.PartitionKey, l.Owner, l.Token, l.ExpiresAt}
+		})
+}
+
+type memberOut struct {
+	Topic       string    `json:"topic"`
+	Group       string    `json:"group"`
+	ID          string    `json:"id"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+}
+
+func (s *Server) subscribers(w http.ResponseWriter, r *http.Request, tenant string) {
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.Member, error) { return s.admin.Subscribers(r.Context(), sc) },
+		func(m shardq.Member) memberOut {
+			return memberOut{m.Topic, m.ConsumerGroup, m.ID, m.StartedAt, m.HeartbeatAt}
+		})
+}
+
+func storedView(m shardq.StoredMessage) messageOut {
+	return messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
+}
+
+func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, tenant string) {
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.StoredMessage, error) {
+		return s.admin.DeadLetters(r.Context(), sc, r.PathValue("topic"), "")
+	}, storedView)
+}
+
+// requeueIn names one dead letter (key and id) or all of them.
+type requeueIn struct {
+	Key string `json:"key"`
+	ID  string `json:"id"`
+	All bool   `json:"all"`
+}
+
+func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) {
+	var in requeueIn
+	if err := decodeJSON(r.Body, &in); err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	topic := r.PathValue("topic")
+	switch {
+	case in.All && (in.ID != "" || in.Key != ""):
+		s.fail(w, r, &ident.Error{Field: "all", Rule: "set all, or key and id, not both"})
+	case in.All:
+		n, err := s.admin.RequeueAll(r.Context(), tenant, topic, "")
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]int{"requeued": n})
+	case in.ID == "":
+		s.fail(w, r, &ident.Error{Field: "id", Rule: "must not be empty (or set all)"})
+	default:
+		res, err := s.admin.Requeue(r.Context(), shardq.MessageRef{Tenant: tenant, Topic: topic, PartitionKey: in.Key, ID: in.ID}, "")
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"requeued": 1, "offset": res.Offset})
+	}
+}
+
+type halfOut struct {
+	Topic         string    `json:"topic"`
+	Key           string    `json:"key"`
+	ID            string    `json:"id"`
+	ProducerGroup string    `json:"producer_group"`
+	CreatedAt     time.Time `json:"created_at"`
+	Checks        int       `json:"checks"`
+	NextCheckAt   time.Time `json:"next_check_at"`
+	ClaimOwner    string    `json:"claim_owner,omitempty"`
+	Overdue       bool      `json:"overdue"`
+}
+
+func (s *Server) halfMessages(w http.ResponseWriter, r *http.Request, tenant string) {
+	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.PendingHalf, error) { return s.admin.PendingHalves(r.Context(), sc) },
+		func(h shardq.PendingHalf) halfOut {
+			return halfOut{h.Topic, h.PartitionKey, h.ID, h.ProducerGroup, h.CreatedAt, h.Checks, h.NextCheckAt, h.ClaimOwner, h.Overdue}
+		})
+}
+
+// browse reads messages as stored: ?key= (one partition), ?after=
+// (offset), ?limit=.
+func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
+	q := r.URL.Query()
+	br := shardq.BrowseRequest{Tenant: tenant, Topic: r.PathValue("topic")}
+	if _, ok := q["key"]; ok {
+		br.OnePartition, br.PartitionKey = true, q.Get("key")
+	}
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			s.fail(w, r, &ident.Error{Field: "after", Rule: fmt.Sprintf("%q: want an offset, 0 or more", v)})
+			return
+		}
+		br.AfterOffset = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > shardq.MaxPageLimit {
+			s.fail(w, r, &ident.Error{Field: "limit", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)})
+			return
+		}
+		br.Limit = n
+	}
+	ms, err := s.admin.Messages(r.Context(), br)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]messageOut, len(ms))
+	for i, m := range ms {
+		out[i] = storedView(m)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+}
+
+// deleteMessage deletes one message by identity: ?key= and ?id=.
+func (s *Server) deleteMessage(w http.ResponseWriter, r *http.Request, tenant string) {
+	q := r.URL.Query()
+	if q.Get("id") == "" {
+		s.fail(w, r, &ident.Error{Field: "id", Rule: "the query parameter id is required (and key, for a message group)"})
+		return
+	}
+	ok, err := s.admin.Delete(r.Context(), shardq.MessageRef{Tenant: tenant, Topic: r.PathValue("topic"), PartitionKey: q.Get("key"), ID: q.Get("id")})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !ok {
+		writeProblem(w, problem{Type: typeNotFound, Status: http.StatusNotFound, Detail: "no such message"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"deleted": 1})
+}
+
+// resetIn moves a group's cursors; without execute it only previews.
+type resetIn struct {
+	To      string     `json:"to"` // earliest, latest, offset, time
+	Key     string     `json:"key"`
+	Offset  int64      `json:"offset"`
+	Time    *time.Time `json:"time"`
+	Force   bool       `json:"force"`
+	Create  bool       `json:"create"`
+	Execute bool       `json:"execute"`
+}
+
+type changeOut struct {
+	Key    string `json:"key"`
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	Replay int64  `json:"replay"`
+	Skip   int64  `json:"skip"`
+	Capped bool   `json:"capped,omitempty"`
+}
+
+func (s *Server) reset(w http.ResponseWriter, r *http.Request, tenant string) {
+	var in resetIn
+	if err := decodeJSON(r.Body, &in); err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	rq := shardq.ResetRequest{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group"), Key: in.Key, Offset: in.Offset,
+		Force: in.Force, Create: in.Create, DryRun: !in.Execute}
+	if in.Key != "" && in.To != "offset" {
+		s.fail(w, r, &ident.Error{Field: "key", Rule: `only with "to": "offset"; the other targets move every partition's cursor`})
+		return
+	}
+	switch in.To {
+	case "earliest":
+		rq.To = shardq.ResetToEarliest
+	case "latest":
+		rq.To = shardq.ResetToLatest
+	case "offset":
+		rq.To = shardq.ResetToOffset
+	case "time":
+		rq.To = shardq.ResetToTime
+		if in.Time == nil {
+			s.fail(w, r, &ident.Error{Field: "time", Rule: `required with "to": "time"`})
+			return
+		}
+		rq.Time = *in.Time
+	default:
+		s.fail(w, r, &ident.Error{Field: "to", Rule: fmt.Sprintf("%q: want earliest, latest, offset or time", in.To)})
+		return
+	}
+	changes, err := s.admin.ResetOffsets(r.Context(), rq)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]changeOut, len(changes))
+	for i, c := range changes {
+		out[i] = changeOut{c.PartitionKey, c.From, c.To, c.Replay, c.Skip, c.Capped}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"executed": in.Execute, "changes": out})
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, tenant string) {
+	s.pauseOrResume(w, r, tenant, true)
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request, tenant string) {
+	s.pauseOrResume(w, r, tenant, false)
+}
+
+func (s *Server) pauseOrResume(w http.ResponseWriter, r *http.Request, tenant string, pause bool) {
+	if err := decodeJSON(r.Body, &struct{}{}); err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	op := s.admin.ResumeGroup
+	if pause {
+		op = s.admin.PauseGroup
+	}
+	if _, err := op(r.Context(), shardq.Scope{Tenants: []string{tenant}}, r.PathValue("topic"), r.PathValue("group")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"paused": pause})
+}

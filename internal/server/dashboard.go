@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// The dashboard is server-rendered HTML (html/template, embedded) with one
+// small script for the lag chart: no build step, no CDN, nothing to fetch
+// at run time, and every page is a plain GET that a test (or curl) reads.
+// It signs in with an admin token, kept in an HttpOnly, SameSite=Strict
+// cookie; its writes are form POSTs that must come from its own origin.
+
+//go:embed templates/*.html static/*
+var dashboardFS embed.FS
+
+var pages = template.Must(template.New("").Funcs(template.FuncMap{
+	"ago": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return time.Since(t).Round(time.Second).String()
+	},
+	"ts": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05")
+	},
+	"payload": func(p []byte) string {
+		const max = 120
+		s := string(p)
+		if len(s) > max {
+			s = s[:max] + "…"
+		}
+		return s
+	},
+}).ParseFS(dashboardFS, "templates/*.html"))
+
+const sessionCookie = "shardq_session"
+
+// fromDashboard reports whether a request carrying the session cookie may
+// use it on the API: a GET made by the dashboard's own script.
+func fromDashboard(r *http.Request) bool {
+	return r.Method == http.MethodGet && r.Header.Get("Sec-Fetch-Site") == "same-origin"
+}
+
+// sameOrigin reports whether a form POST comes from this server's pages.
+func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin"
+	}
+	o, err := url.Parse(r.Header.Get("Origin"))
+	return err == nil && o.Host == r.Host
+}
+
+func (s *Server) dashboardRoutes() {
+	static, _ := fs.Sub(dashboardFS, "static")
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.HandleFunc("GET /{$}", s.loginPage)
+	s.mux.HandleFunc("POST /login", s.login)
+	s.mux.HandleFunc("POST /logout", s.logout)
+	s.mux.HandleFunc("GET /ui/{tenant}", s.page(s.tenantPage))
+	s.mux.HandleFunc("GET /ui/{tenant}/topics/{topic}", s.page(s.topicPage))
+	s.mux.HandleFunc("POST /ui/{tenant}/topics/{topic}/requeue", s.page(s.requeueForm))
+	s.mux.HandleFunc("POST /ui/{tenant}/topics/{topic}/groups/{group}/{action}", s.page(s.pauseForm))
+}
+
+func (s *Server) render(w http.ResponseWriter, name string, data any) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := pages.ExecuteTemplate(w, name, data); err != nil {
+		s.log.Warn("shardq serve: rendering a dashboard page failed", "page", name, "err", err)
+	}
+}
+
+func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
+	s.render(w, "login.html", map[string]string{"Error": r.URL.Query().Get("error")})
+}
+
+// login checks an admin token for a tenant and keeps it in the session
+// cookie.
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	tenant, tok := r.PostFormValue("tenant"), r.PostFormValue("token")
+	back := func(msg string) { http.Redirect(w, r, "/?error="+url.QueryEscape(msg), http.StatusSeeOther) }
+	if !sameOrigin(r) {
+		writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: "a sign-in must come from this server's page"})
+		return
+	}
+	if err := ident.Tenant(tenant); err != nil {
+		back(err.Error())
+		return
+	}
+	if s.cfg.Tenants != nil && !slices.Contains(s.cfg.Tenants, tenant) {
+		back(fmt.Sprintf("tenant %q is not served here", tenant))
+		return
+	}
+	if !s.allow(tok) {
+		back("too many attempts; wait a second")
+		return
+	}
+	_, role, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
+	switch {
+	case err != nil && !errors.Is(err, errTokenInvalid) && !errors.Is(err, errTokenRevoked) && !errors.Is(err, errTokenExpired) && !errors.Is(err, errTokenTenant):
+		s.log.Error("shardq serve: sign-in failed", "err", err)
+		back("the server failed; its log says why")
+		return
+	case err != nil:
+		back(err.Error())
+		return
+	case role != RoleAdmin:
+		back("the dashboard needs an admin token")
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: tok, Path: "/", HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant), http.StatusSeeOther)
+}
+
+func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// page wraps a dashboard page: the session's token must be an admin of
+// the URL's tenant (else back to the sign-in), and a POST must come from
+// the dashboard itself.
+func (s *Server) page(next func(w http.ResponseWriter, r *http.Request, tenant string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tenant := r.PathValue("tenant")
+		c, err := r.Cookie(sessionCookie)
+		if err != nil || ident.Tenant(tenant) != nil || (s.cfg.Tenants != nil && !slices.Contains(s.cfg.Tenants, tenant)) {
+			http.Redirect(w, r, "/", http.StatusSeeOther)
+			return
+		}
+		if !s.allow(c.Value) {
+			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "too many requests with this token"})
+			return
+		}
+		if _, role, err := verify(r.Context(), s.cfg.Driver, tenant, c.Value, s.cfg.Clock()); err != nil || role != RoleAdmin {
+			http.Redirect(w, r, "/?error="+url.QueryEscape("sign in with an admin token of "+tenant), http.StatusSeeOther)
+			return
+		}
+		if r.Method == http.MethodPost && !sameOrigin(r) {
+			writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: "a dashboard action must come from the dashboard"})
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+		next(w, r, tenant)
+	}
+}
+
+func (s *Server) pageError(w http.ResponseWriter, r *http.Request, err error) {
+	s.log.Warn("shardq serve: dashboard page failed", "path", r.URL.Path, "err", err)
+	w.WriteHeader(http.StatusInternalServerError)
+	s.render(w, "error.html", map[string]string{"Error": err.Error()})
+}
+
+func (s *Server) tenantPage(w http.ResponseWriter, r *http.Request, tenant string) {
+	ctx := r.Context()
+	sc := shardq.Scope{Tenants: []string{tenant}}
+	topics, err := s.admin.Topics(ctx, sc)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	groups, err := s.admin.Groups(ctx, sc, "", s.cfg.StaleAfter)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	halves, err := s.admin.PendingHalves(ctx, sc)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	s.render(w, "tenant.html", map[string]any{"Tenant": tenant, "Topics": topics, "Groups": groups, "Halves": halves})
+}
+
+// topicPage shows a topic: partitions with head, cursors and lag per
+// group, the lag chart, the groups with members and leases, dead letters
+// and a message browser.
+func (s *Server) topicPage(w http.ResponseWriter, r *http.Request, tenant string) {
+	ctx := r.Context()
+	topic := r.PathValue("topic")
+	sc := shardq.Scope{Tenants: []string{tenant}}
+	var offsets []shardq.GroupOffset
+	all, err := s.admin.Offsets(ctx, sc, "")
+	for _, o := range all {
+		if o.Topic == topic {
+			offsets = append(offsets, o)
+		}
+	}
+	var groups []shardq.GroupInfo
+	var leases []shardq.Lease
+	var members []shardq.Member
+	var dead, msgs []shardq.StoredMessage
+	if err == nil {
+		groups, err = s.admin.Groups(ctx, sc, topic, s.cfg.StaleAfter)
+	}
+	if err == nil {
+		var ls []shardq.Lease
+		ls, err = s.admin.Leases(ctx, sc)
+		for _, l := range ls {
+			if l.Topic == topic && l.Owner != "" {
+				leases = append(leases, l)
+			}
+		}
+	}
+	if err == nil {
+		var ms []shardq.Member
+		ms, err = s.admin.Subscribers(ctx, sc)
+		for _, m := range ms {
+			if m.Topic == topic {
+				members = append(members, m)
+			}
+		}
+	}
+	if err == nil {
+		dead, err = s.admin.DeadLetters(ctx, sc, topic, "")
+	}
+	br := shardq.BrowseRequest{Tenant: tenant, Topic: topic, Limit: 50}
+	q := r.URL.Query()
+	if _, ok := q["key"]; ok {
+		br.OnePartition, br.PartitionKey = true, q.Get("key")
+	}
+	if after, aerr := strconv.ParseInt(q.Get("after"), 10, 64); aerr == nil && after > 0 {
+		br.AfterOffset = after
+	}
+	if err == nil {
+		msgs, err = s.admin.Messages(ctx, br)
+	}
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	var next int64
+	if len(msgs) == br.Limit {
+		next = msgs[len(msgs)-1].Offset
+	}
+	s.render(w, "topic.html", map[string]any{"Tenant": tenant, "Topic": topic, "Offsets": offsets, "Groups": groups, "Leases": leases,
+		"Members": members, "Dead": dead, "Messages": msgs, "Browse": br, "Next": next, "Notice": q.Get("notice")})
+}
+
+func (s *Server) requeueForm(w http.ResponseWriter, r *http.Request, tenant string) {
+	topic := r.PathValue("topic")
+	ref := shardq.MessageRef{Tenant: tenant, Topic: topic, PartitionKey: r.PostFormValue("key"), ID: r.PostFormValue("id")}
+	notice := ""
+	if res, err := s.admin.Requeue(r.Context(), ref, ""); err != nil {
+		notice = "requeue failed: " + err.Error()
+	} else if res != nil {
+		notice = fmt.Sprintf("requeued %s at offset %d", ref.ID, res.Offset)
+	} else {
+		notice = "no such dead letter: " + ref.ID
+	}
+	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant)+"/topics/"+url.PathEscape(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
+}
+
+func (s *Server) pauseForm(w http.ResponseWriter, r *http.Request, tenant string) {
+	topic, group, action := r.PathValue("topic"), r.PathValue("group"), r.PathValue("action")
+	op := s.admin.PauseGroup
+	switch action {
+	case "pause":
+	case "resume":
+		op = s.admin.ResumeGroup
+	default:
+		s.notFound(w, r)
+		return
+	}
+	notice := action + "d " + group
+	if _, err := op(r.Context(), shardq.Scope{Tenants: []string{tenant}}, topic, group); err != nil {
+		notice = action + " failed: " + err.Error()
+	}
+	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant)+"/topics/"+url.PathEscape(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
+}

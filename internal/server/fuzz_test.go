@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// The request decoders read bytes from the network: they never panic,
+// refuse with a ValidationError naming a field, and what they accept is
+// in range.
+
+func checkRefusal(t *testing.T, err error) {
+	t.Helper()
+	var ve *ident.Error
+	var big errBodyTooLarge
+	if !errors.As(err, &ve) && !errors.As(err, &big) {
+		t.Fatalf("refusal %v is neither a ValidationError nor a body limit", err)
+	}
+	if ve != nil && (ve.Field == "" || ve.Rule == "") {
+		t.Fatalf("refusal %+v names no field or rule", ve)
+	}
+}
+
+func FuzzDecodePublish(f *testing.F) {
+	for _, s := range []string{
+		`{"key":"k","id":"m1","payload":"one","headers":{"h":"v"}}`,
+		`{"messages":[{"key":"k","payload_base64":"/w=="},{"id":"x","delay":1.5}]}`,
+		`{"messages":[]}`, `{"delay":-1}`, `{"not_before":"2026-12-01T00:00:00Z"}`, ``, `[`, `{} {}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		msgs, err := decodePublish(strings.NewReader(body), "acme", "orders")
+		if err != nil {
+			checkRefusal(t, err)
+			return
+		}
+		if len(msgs) < 1 || len(msgs) > 1000 {
+			t.Fatalf("accepted %d messages", len(msgs))
+		}
+		for _, m := range msgs {
+			if m.Tenant != "acme" || m.Topic != "orders" || m.Delay < 0 {
+				t.Fatalf("accepted %+v", m)
+			}
+		}
+	})
+}
+
+func FuzzDecodeReceive(f *testing.F) {
+	for _, s := range []string{`{"max":10,"wait":20,"visibility":30,"key":"k"}`, `{"next_group":true}`, `{"wait":1e308}`, `{"visibility":-1}`, ``} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		rq, err := decodeReceive(strings.NewReader(body), "acme", "orders", "g")
+		if err != nil {
+			checkRefusal(t, err)
+			return
+		}
+		if rq.Wait < 0 || rq.Wait > 20e9 || rq.Visibility < 0 || rq.Visibility > 12*3600e9 || rq.Tenant != "acme" {
+			t.Fatalf("accepted %+v", rq)
+		}
+	})
+}
+
+func FuzzDecodeSettle(f *testing.F) {
+	for _, s := range []string{`{"receipts":["r1.x"]}`, `{"receipts":["a"],"retry_after":5,"reason":"x"}`, `{"receipts":[]}`, `{"retry_after":"NaN"}`} {
+		f.Add(s, true)
+		f.Add(s, false)
+	}
+	f.Fuzz(func(t *testing.T, body string, nack bool) {
+		in, retry, err := decodeSettle(strings.NewReader(body), nack)
+		if err != nil {
+			checkRefusal(t, err)
+			return
+		}
+		if len(in.Receipts) == 0 || len(in.Receipts) > 100 || retry < 0 || (!nack && (retry != 0 || in.Reason != "")) {
+			t.Fatalf("accepted %+v, retry %s", in, retry)
+		}
+	})
+}
+
+// FuzzParseToken: a token parses only in its one form, and then prints
+// back to exactly itself (no two spellings of one token).
+func FuzzParseToken(f *testing.F) {
+	f.Add("sq_0123456789abcdef." + strings.Repeat("A", 43))
+	f.Add("sq_0123456789ABCDEF." + strings.Repeat("_", 43))
+	f.Add("Bearer x")
+	f.Fuzz(func(t *testing.T, tok string) {
+		id, secret, ok := parseToken(tok)
+		if !ok {
+			return
+		}
+		if len(secret) != 32 || len(id) != 16 {
+			t.Fatalf("%q parsed to id %q, %d secret bytes", tok, id, len(secret))
+		}
+		if again := tokenPrefix + id + "." + b64(secret); again != tok {
+			t.Fatalf("%q parsed, but prints back as %q", tok, again)
+		}
+	})
+}

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// messageIn is one message of a publish request. The payload is text
+// (payload) or bytes (payload_base64); delay is in seconds.
+type messageIn struct {
+	Key           string            `json:"key"`
+	ID            string            `json:"id"`
+	Headers       map[string]string `json:"headers"`
+	Payload       *string           `json:"payload"`
+	PayloadBase64 *string           `json:"payload_base64"`
+	Delay         float64           `json:"delay"`
+	NotBefore     *time.Time        `json:"not_before"`
+}
+
+// publishIn is a publish request: one message, or {"messages": [...]}.
+type publishIn struct {
+	messageIn
+	Messages []messageIn `json:"messages"`
+}
+
+// decodeJSON reads exactly one JSON value of the request's body into v,
+// refusing unknown fields and trailing data. An empty body is {}.
+func decodeJSON(body io.Reader, v any) error {
+	b, err := io.ReadAll(body)
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return errBodyTooLarge{tooBig.Limit}
+	}
+	if err != nil {
+		return fmt.Errorf("read body: %w", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &ident.Error{Field: "body", Rule: "malformed JSON: " + err.Error()}
+	}
+	if dec.More() {
+		return &ident.Error{Field: "body", Rule: "one JSON object expected; found more after it"}
+	}
+	return nil
+}
+
+type errBodyTooLarge struct{ limit int64 }
+
+func (e errBodyTooLarge) Error() string { return fmt.Sprintf("request body over %d bytes", e.limit) }
+
+// decodeError answers a body that could not be decoded.
+func (s *Server) decodeError(w http.ResponseWriter, r *http.Request, err error) {
+	var big errBodyTooLarge
+	if errors.As(err, &big) {
+		writeProblem(w, problem{Type: typeTooLarge, Status: http.StatusRequestEntityTooLarge, Detail: big.Error()})
+		return
+	}
+	s.fail(w, r, err)
+}
+
+// decodePublish turns a publish body into messages for tenant and topic,
+// checking what the library does not (payload encoding, delay form); the
+// library checks the rest before any SQL.
+func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, error) {
+	var in publishIn
+	if err := decodeJSON(body, &in); err != nil {
+		return nil, err
+	}
+	list := in.Messages
+	single := in.messageIn.Key != "" || in.messageIn.ID != "" || in.messageIn.Headers != nil || in.messageIn.Payload != nil ||
+		in.messageIn.PayloadBase64 != nil || in.messageIn.Delay != 0 || in.messageIn.NotBefore != nil
+	switch {
+	case list != nil && single:
+		return nil, &ident.Error{Field: "body", Rule: `either one message or "messages", not both`}
+	case list == nil:
+		list = []messageIn{in.messageIn}
+	case len(list) == 0:
+		return nil, &ident.Error{Field: "messages", Rule: "must not be empty"}
+	case len(list) > 1000:
+		return nil, &ident.Error{Field: "messages", Rule: fmt.Sprintf("%d messages, limit 1000 a request", len(list))}
+	}
+	out := make([]shardq.Message, len(list))
+	for i, m := range list {
+		field := func(f string) string {
+			if in.Messages == nil {
+				return f
+			}
+			return fmt.Sprintf("messages[%d].%s", i, f)
+		}
+		msg := shardq.Message{Tenant: tenant, Topic: topic, PartitionKey: m.Key, ID: m.ID, Headers: m.Headers}
+		switch {
+		case m.Payload != nil && m.PayloadBase64 != nil:
+			return nil, &ident.Error{Field: field("payload"), Rule: "set payload or payload_base64, not both"}
+		case m.Payload != nil:
+			msg.Payload = []byte(*m.Payload)
+		case m.PayloadBase64 != nil:
+			p, err := base64.StdEncoding.DecodeString(*m.PayloadBase64)
+			if err != nil {
+				return nil, &ident.Error{Field: field("payload_base64"), Rule: "not standard base64"}
+			}
+			msg.Payload = p
+		}
+		d, err := seconds(field("delay"), m.Delay, 0)
+		if err != nil {
+			return nil, err
+		}
+		msg.Delay = d
+		if m.NotBefore != nil {
+			msg.NotBefore = *m.NotBefore
+		}
+		out[i] = msg
+	}
+	return out, nil
+}
+
+// seconds is a non-negative number of seconds as a duration (limit 0: any
+// the library accepts, which it checks).
+func seconds(field string, v float64, limit time.Duration) (time.Duration, error) {
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) || v > float64(math.MaxInt64/int64(time.Second)) {
+		return 0, &ident.Error{Field: field, Rule: "want a number of seconds, 0 or more"}
+	}
+	d := time.Duration(v * float64(time.Second))
+	if limit > 0 && d > limit {
+		return 0, &ident.Error{Field: field, Rule: fmt.Sprintf("%g seconds, limit %g", v, limit.Seconds())}
+	}
+	return d, nil
+}
+
+type publishResultOut struct {
+	Key       string `json:"key"`
+	ID        string `json:"id"`
+	Offset    int64  `json:"offset"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+func (s *Server) publish(w http.ResponseWriter, r *http.Request, tenant string) {
+	msgs, err := decodePublish(r.Body, tenant, r.PathValue("topic"))
+	if err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	res, err := s.cfg.Client.Publish(r.Context(), msgs...)
+	var me *shardq.MessageError
+	if len(msgs) == 1 && errors.As(err, &me) {
+		err = me.Err // one message: its fields are the body's own
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]publishResultOut, len(res))
+	for i, p := range res {
+		out[i] = publishResultOut{Key: p.PartitionKey, ID: p.ID, Offset: p.Offset, Duplicate: p.Duplicate}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"results": out})
+}
+
+// receiveIn is a receive request; wait and visibility are in seconds.
+type receiveIn struct {
+	Max        int     `json:"max"`
+	Wait       float64 `json:"wait"`
+	Visibility float64 `json:"visibility"`
+	Key        string  `json:"key"`
+	NextGroup  bool    `json:"next_group"`
+}
+
+func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, error) {
+	var in receiveIn
+	if err := decodeJSON(body, &in); err != nil {
+		return shardq.ReceiveRequest{}, err
+	}
+	wait, err := seconds("wait", in.Wait, shardq.MaxReceiveWait)
+	if err != nil {
+		return shardq.ReceiveRequest{}, err
+	}
+	vis, err := seconds("visibility", in.Visibility, shardq.MaxVisibility)
+	if err != nil {
+		return shardq.ReceiveRequest{}, err
+	}
+	return shardq.ReceiveRequest{Tenant: tenant, Topic: topic, ConsumerGroup: group, PartitionKey: in.Key, NextGroup: in.NextGroup,
+		Max: in.Max, Wait: wait, Visibility: vis}, nil
+}
+
+// messageOut is a delivered message; the payload is text when it is
+// valid UTF-8, else payload_base64.
+type messageOut struct {
+	Key           string            `json:"key"`
+	ID            string            `json:"id"`
+	Offset        int64             `json:"offset"`
+	Headers       map[string]string `json:"headers"`
+	Payload       *string           `json:"payload,omitempty"`
+	PayloadBase64 *string           `json:"payload_base64,omitempty"`
+	CreatedAt     time.Time         `json:"created_at"`
+	NotBefore     *time.Time        `json:"not_before,omitempty"`
+	Attempt       int               `json:"attempt,omitempty"`
+	Receipt       string            `json:"receipt,omitempty"`
+}
+
+func messageOf(key, id string, offset int64, headers map[string]string, payload []byte, created, notBefore time.Time) messageOut {
+	m := messageOut{Key: key, ID: id, Offset: offset, Headers: headers, CreatedAt: created}
+	if m.Headers == nil {
+		m.Headers = map[string]string{}
+	}
+	if utf8.Valid(payload) {
+		p := string(payload)
+		m.Payload = &p
+	} else {
+		p := base64.StdEncoding.EncodeToString(payload)
+		m.PayloadBase64 = &p
+	}
+	if !notBefore.IsZero() {
+		m.NotBefore = &notBefore
+	}
+	return m
+}
+
+func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {
+	rq, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
+	if err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	rq.Done = s.draining
+	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]messageOut, len(got))
+	for i, m := range got {
+		out[i] = messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
+		out[i].Attempt, out[i].Receipt = m.Attempt, m.Receipt
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": out})
+}
+
+// settleIn is an ack or nack request; retry_after is in seconds.
+type settleIn struct {
+	Receipts   []string `json:"receipts"`
+	RetryAfter float64  `json:"retry_after"`
+	Reason     string   `json:"reason"`
+}
+
+func decodeSettle(body io.Reader, nack bool) (settleIn, time.Duration, error) {
+	var in settleIn
+	if err := decodeJSON(body, &in); err != nil {
+		return in, 0, err
+	}
+	switch {
+	case len(in.Receipts) == 0:
+		return in, 0, &ident.Error{Field: "receipts", Rule: "must not be empty"}
+	case len(in.Receipts) > shardq.MaxReceiveMessages:
+		return in, 0, &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Receipts), shardq.MaxReceiveMessages)}
+	case !nack && (in.RetryAfter != 0 || in.Reason != ""):
+		return in, 0, &ident.Error{Field: "retry_after", Rule: "only a nack takes retry_after and reason"}
+	case len(in.Reason) > ident.MaxHeaderValueBytes || !utf8.ValidString(in.Reason):
+		return in, 0, &ident.Error{Field: "reason", Rule: fmt.Sprintf("valid UTF-8 of at most %d bytes", ident.MaxHeaderValueBytes)}
+	}
+	d, err := seconds("retry_after", in.RetryAfter, shardq.MaxVisibility)
+	return in, d, err
+}
+
+func (s *Server) ack(w http.ResponseWriter, r *http.Request, tenant string) {
+	s.settle(w, r, tenant, false)
+}
+
+func (s *Server) nack(w http.ResponseWriter, r *http.Request, tenant string) {
+	s.settle(w, r, tenant, true)
+}
+
+// settle acks or nacks each receipt in order. Stale receipts change
+// nothing; the answer is then 409, saying which.
+func (s *Server) settle(w http.ResponseWriter, r *http.Request, tenant string, nack bool) {
+	in, retry, err := decodeSettle(r.Body, nack)
+	if err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	topic, group := r.PathValue("topic"), r.PathValue("group")
+	settled := 0
+	var stale []int
+	for i, rc := range in.Receipts {
+		if nack {
+			err = s.cfg.Receipts.Nack(r.Context(), tenant, topic, group, rc, retry, in.Reason)
+		} else {
+			err = s.cfg.Receipts.Ack(r.Context(), tenant, topic, group, rc)
+		}
+		switch {
+		case errors.Is(err, shardq.ErrStaleReceipt):
+			stale = append(stale, i)
+		case err != nil:
+			var ve *shardq.ValidationError
+			if errors.As(err, &ve) {
+				writeProblem(w, invalid(fmt.Sprintf("receipts[%d]", i), ve.Rule))
+				return
+			}
+			s.fail(w, r, err)
+			return
+		default:
+			settled++
+		}
+	}
+	if len(stale) > 0 {
+		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt",
+			Detail:  fmt.Sprintf("%d of %d receipts are stale (their lease or claim moved on: the messages are delivered again); the others were settled", len(stale), len(in.Receipts)),
+			Settled: &settled, Stale: stale})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"settled": settled})
+}

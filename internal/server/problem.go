@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/shardq/shardq"
+)
+
+// problem is an RFC 9457 problem document. Field and Rule name what input
+// broke, as shardq's validation errors do.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Field  string `json:"field,omitempty"`
+	Rule   string `json:"rule,omitempty"`
+	// Settled and Stale, on a 409 of ack or nack: how many receipts of the
+	// request were settled, and the indexes of the stale ones.
+	Settled *int  `json:"settled,omitempty"`
+	Stale   []int `json:"stale,omitempty"`
+}
+
+// Problem types: a URN per kind, "about:blank" for plain HTTP statuses.
+const (
+	typeValidation = "urn:shardq:problem:validation"
+	typeStale      = "urn:shardq:problem:stale-receipt"
+	typeAuth       = "urn:shardq:problem:unauthorized"
+	typeForbidden  = "urn:shardq:problem:forbidden"
+	typeRate       = "urn:shardq:problem:rate-limited"
+	typeTooLarge   = "urn:shardq:problem:body-too-large"
+	typeInternal   = "urn:shardq:problem:internal"
+	typeNotFound   = "urn:shardq:problem:not-found"
+	typeConflict   = "urn:shardq:problem:conflict"
+	typeUnavail    = "urn:shardq:problem:unavailable"
+)
+
+func writeProblem(w http.ResponseWriter, p problem) {
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	json.NewEncoder(w).Encode(p) //nolint:errcheck // the client went away: nothing to tell it
+}
+
+// apiFields turns the library's field names into the API's JSON names.
+var apiFields = map[string]string{"partition key": "key", "message id": "id", "consumer group": "group"}
+
+func invalid(field, rule string) problem {
+	if f, ok := apiFields[field]; ok {
+		field = f
+	}
+	return problem{Type: typeValidation, Status: http.StatusBadRequest, Title: "invalid request", Field: field, Rule: rule, Detail: field + ": " + rule}
+}
+
+// fail answers err as a problem: validation errors name their field and
+// rule; a stale receipt is a conflict; what the server cannot say more
+// about is logged and answered as an internal error without its text.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var ve *shardq.ValidationError
+	var me *shardq.MessageError
+	switch {
+	case errors.As(err, &me) && errors.As(me.Err, &ve):
+		p := invalid(ve.Field, ve.Rule)
+		p.Field = fmt.Sprintf("messages[%d].%s", me.Index, p.Field)
+		p.Detail = p.Field + ": " + p.Rule
+		writeProblem(w, p)
+	case errors.As(err, &ve):
+		writeProblem(w, invalid(ve.Field, ve.Rule))
+	case errors.Is(err, shardq.ErrStaleReceipt):
+		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt", Detail: err.Error()})
+	case errors.Is(err, shardq.ErrNoMessage):
+		writeProblem(w, problem{Type: typeNotFound, Status: http.StatusNotFound, Detail: err.Error()})
+	case errors.Is(err, shardq.ErrPartitionLeased), errors.Is(err, shardq.ErrGroupLive):
+		writeProblem(w, problem{Type: typeConflict, Status: http.StatusConflict, Detail: err.Error()})
+	case errors.Is(err, shardq.ErrNotMigrated):
+		writeProblem(w, problem{Type: typeUnavail, Status: http.StatusServiceUnavailable, Detail: "the database is not migrated: run `shardq migrate`"})
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client left: nobody reads an answer.
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, shardq.ErrClosed):
+		writeProblem(w, problem{Type: typeUnavail, Status: http.StatusServiceUnavailable, Detail: "the database did not answer in time; try again"})
+	default:
+		s.log.Error("shardq serve: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeProblem(w, problem{Type: typeInternal, Status: http.StatusInternalServerError, Detail: "the server failed; its log says why"})
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, problem{Type: typeInternal, Status: http.StatusInternalServerError, Detail: "encoding the response failed"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n')) //nolint:errcheck // the client went away
+}

@@ -1,0 +1,53 @@
+// The lag chart: samples the topic's offsets every 2 s (the dashboard's
+// own GET of the API, authorized by the session) and draws the total lag
+// per consumer group over the last 5 minutes.
+(function () {
+  "use strict";
+  var svg = document.getElementById("lag-chart");
+  if (!svg) { return; }
+  var legend = document.getElementById("lag-legend");
+  var colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"];
+  var span = 5 * 60 * 1000, series = {};
+  var ns = "http://www.w3.org/2000/svg";
+  function draw() {
+    while (svg.firstChild) { svg.removeChild(svg.firstChild); }
+    var now = Date.now(), top = 1, names = Object.keys(series).sort();
+    names.forEach(function (g) { series[g].forEach(function (p) { top = Math.max(top, p[1]); }); });
+    legend.textContent = "";
+    names.forEach(function (g, i) {
+      var pts = series[g].filter(function (p) { return now - p[0] <= span; });
+      series[g] = pts;
+      var line = document.createElementNS(ns, "polyline");
+      line.setAttribute("fill", "none");
+      line.setAttribute("stroke", colors[i % colors.length]);
+      line.setAttribute("stroke-width", "2");
+      line.setAttribute("points", pts.map(function (p) {
+        return (600 - (now - p[0]) / span * 600).toFixed(1) + "," + (150 - p[1] / top * 140).toFixed(1);
+      }).join(" "));
+      svg.appendChild(line);
+      var item = document.createElement("span");
+      item.style.color = colors[i % colors.length];
+      item.textContent = g + ": " + (pts.length ? pts[pts.length - 1][1] : 0);
+      legend.appendChild(item);
+    });
+    var label = document.createElementNS(ns, "text");
+    label.setAttribute("x", "4"); label.setAttribute("y", "12"); label.setAttribute("font-size", "10");
+    label.textContent = "max " + top + " messages · last 5 minutes";
+    svg.appendChild(label);
+    if (!names.length) { legend.textContent = "No consumer group reads this topic yet."; }
+  }
+  function sample() {
+    fetch(svg.dataset.offsets + "?limit=1000", { credentials: "same-origin" })
+      .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
+      .then(function (body) {
+        var totals = {}, now = Date.now();
+        body.items.forEach(function (o) { totals[o.group] = (totals[o.group] || 0) + o.lag; });
+        Object.keys(totals).forEach(function (g) { (series[g] = series[g] || []).push([now, totals[g]]); });
+        svg.dataset.samples = String((+svg.dataset.samples || 0) + 1);
+        draw();
+      })
+      .catch(function (e) { legend.textContent = "Lag unavailable: " + e.message; });
+  }
+  sample();
+  setInterval(sample, 2000);
+}());
