@@ -8,9 +8,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,9 +25,13 @@ import (
 
 func TestMain(m *testing.M) {
 	// `shardq bench --processes` starts this binary as its worker
-	// processes: run as the shardq command then.
+	// processes, and the serve tests their servers: run as the shardq
+	// command then, stopped by SIGINT/SIGTERM as cmd/shardq is.
 	if os.Getenv("SHARDQ_TEST_RUN_AS_CLI") == "1" {
-		os.Exit(Main(context.Background(), os.Args[1:], Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}))
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := Main(ctx, os.Args[1:], Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv})
+		stop()
+		os.Exit(code)
 	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }

@@ -1,0 +1,349 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// serveProc is a `shardq serve` process: this test binary run as the
+// command (TestMain), on its own port.
+type serveProc struct {
+	cmd    *exec.Cmd
+	base   string // http://127.0.0.1:PORT
+	mu     sync.Mutex
+	stderr bytes.Buffer // everything it printed on stderr
+	exited chan error
+}
+
+var listening = regexp.MustCompile(`shardq serve: listening on (http://\S+)`)
+
+// startServe starts `shardq serve` on dsn and waits until it listens.
+func startServe(t *testing.T, dsn string, args ...string) *serveProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), "SHARDQ_TEST_RUN_AS_CLI=1", "SHARDQ_DSN="+dsn)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &serveProc{cmd: cmd, exited: make(chan error, 1)}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stderr.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+		p.exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("serve %s stderr:\n%s", p.base, p.output())
+		}
+	})
+	select {
+	case p.base = <-addr:
+		return p
+	case err := <-p.exited:
+		t.Fatalf("serve exited before listening: %v\n%s", err, p.output())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not listen within 30 s:\n%s", p.output())
+	}
+	return nil
+}
+
+func (p *serveProc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// stop signals the process and returns its exit error.
+func (p *serveProc) stop(t *testing.T, sig syscall.Signal) error {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.exited:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not exit within 30 s of %v", sig)
+		return nil
+	}
+}
+
+// api sends a JSON request to a server and decodes its JSON answer.
+func api(t *testing.T, base, token, method, path string, body any) (int, map[string]any) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, base+path, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("%s %s: %d, not JSON: %v", method, path, resp.StatusCode, err)
+	}
+	return resp.StatusCode, out
+}
+
+// received is one message of a receive answer.
+type received struct {
+	Key, ID, Payload, Receipt string
+	Offset                    int64
+}
+
+func receive(t *testing.T, base, token string, req map[string]any) []received {
+	t.Helper()
+	code, out := api(t, base, token, "POST", "/v1/tenants/acme/topics/orders/groups/billing/receive", req)
+	if code != http.StatusOK {
+		t.Fatalf("receive: %d %v", code, out)
+	}
+	var got []received
+	for _, m := range out["messages"].([]any) {
+		m := m.(map[string]any)
+		got = append(got, received{Key: m["key"].(string), ID: m["id"].(string), Payload: m["payload"].(string),
+			Receipt: m["receipt"].(string), Offset: int64(m["offset"].(float64))})
+	}
+	return got
+}
+
+func createToken(t *testing.T, dsn, role string, tenants ...string) string {
+	t.Helper()
+	args := []string{"--dsn", dsn, "token", "create", "--role", role}
+	for _, tn := range tenants {
+		args = append(args, "--tenant", tn)
+	}
+	r := runCLI(t, nil, "", args...)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "sq_") {
+		t.Fatalf("token create: %+v", r)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+func TestTokenCommands(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			tok := createToken(t, dsn, "publish", "acme", "beta")
+			createToken(t, dsn, "admin", "gamma")
+			for _, tc := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"token", "create", "--role", "admin"}, "--tenant is required"},
+				{[]string{"token", "create", "--tenant", "a", "--role", "root"}, `--role "root": want one of publish, consume, admin`},
+				{[]string{"token", "create", "--tenant", strings.Repeat("t", 256), "--role", "admin"}, "tenant: 256 bytes, limit 255"},
+				{[]string{"token", "create", "--tenant", "a", "--role", "admin", "--expires", "-1h"}, "--expires must not be negative"},
+			} {
+				if r := runCLI(t, nil, "", append([]string{"--dsn", dsn}, tc.args...)...); r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+					t.Errorf("%q: %+v; want code 2 and %q", tc.args, r, tc.want)
+				}
+			}
+			r := runCLI(t, nil, "", "--dsn", dsn, "token", "list")
+			if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || !strings.Contains(r.stdout, "acme,beta") || strings.Contains(r.stdout, tok) {
+				t.Fatalf("token list (a header and two tokens, no secret): %+v", r)
+			}
+			id := strings.Fields(strings.Split(r.stdout, "\n")[1])[0]
+			if !strings.Contains(tok, id) {
+				id = strings.Fields(strings.Split(r.stdout, "\n")[2])[0]
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "list", "--tenant", "gamma"); r.code != 0 || strings.Count(r.stdout, "\n") != 2 || strings.Contains(r.stdout, id) {
+				t.Fatalf("token list --tenant gamma (one token): %+v", r)
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "revoke", id); r.code != 0 || r.stdout != "revoked "+id+" in 2 tenants\n" {
+				t.Fatalf("revoke: %+v", r)
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "revoke", id); r.code != 1 || !strings.Contains(r.stderr, "no live token") {
+				t.Fatalf("second revoke: %+v", r)
+			}
+			r = runCLI(t, nil, "", "--dsn", dsn, "token", "list", "--tenant", "acme")
+			if f := strings.Fields(strings.Split(r.stdout, "\n")[1]); r.code != 0 || f[0] != id || f[len(f)-1] == "-" {
+				t.Fatalf("the revoked token lists with its revocation time: %+v", r)
+			}
+		})
+	}
+}
+
+// Two serve processes share one consumer group; one is killed with
+// messages received and unsettled. Nothing is lost: the other server
+// delivers them again once their visibility times out, and every key's
+// messages are acknowledged in order.
+func TestServeProcessesShareAGroup(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			tok := createToken(t, dsn, "admin", "acme")
+			a, b := startServe(t, dsn), startServe(t, dsn)
+
+			const keys, perKey = 4, 25
+			var batch []map[string]any
+			for i := range perKey {
+				for k := range keys {
+					batch = append(batch, map[string]any{"key": fmt.Sprintf("k%d", k), "id": fmt.Sprintf("k%d-%d", k, i), "payload": fmt.Sprint(i)})
+				}
+			}
+			if code, out := api(t, a.base, tok, "POST", "/v1/tenants/acme/topics/orders/messages", map[string]any{"messages": batch}); code != 200 {
+				t.Fatalf("publish: %d %v", code, out)
+			}
+
+			// A receives one key's messages and never settles them.
+			held := receive(t, a.base, tok, map[string]any{"max": 5, "key": "k0", "visibility": 1})
+			if len(held) != 5 || held[0].ID != "k0-0" {
+				t.Fatalf("receive on A: %+v", held)
+			}
+			// While they are in flight, B gets every other group but none
+			// of k0's messages; it settles none of them either, so they
+			// come back after their visibility.
+			groups := map[string]bool{}
+			for {
+				got := receive(t, b.base, tok, map[string]any{"max": 100, "next_group": true, "visibility": 1})
+				if len(got) == 0 {
+					break
+				}
+				for _, m := range got {
+					if m.Key == "k0" {
+						t.Fatalf("B received %s while A holds k0", m.ID)
+					}
+					groups[m.Key] = true
+				}
+			}
+			if len(groups) != keys-1 {
+				t.Fatalf("B received the groups %v, want the %d other than k0", groups, keys-1)
+			}
+			if err := a.stop(t, syscall.SIGKILL); err == nil {
+				t.Fatal("A exited cleanly after SIGKILL")
+			}
+
+			acked := map[string][]int64{}
+			ids := map[string]bool{}
+			deadline := time.Now().Add(60 * time.Second)
+			for len(ids) < keys*perKey {
+				if time.Now().After(deadline) {
+					t.Fatalf("after 60 s only %d of %d messages acknowledged", len(ids), keys*perKey)
+				}
+				got := receive(t, b.base, tok, map[string]any{"max": 10, "wait": 2, "visibility": 5, "next_group": true})
+				var receipts []any
+				for _, m := range got {
+					receipts = append(receipts, m.Receipt)
+				}
+				if len(receipts) == 0 {
+					continue
+				}
+				if code, out := api(t, b.base, tok, "POST", "/v1/tenants/acme/topics/orders/groups/billing/ack", map[string]any{"receipts": receipts}); code != 200 {
+					t.Fatalf("ack on B: %d %v", code, out)
+				}
+				for _, m := range got {
+					if o := acked[m.Key]; len(o) > 0 && m.Offset <= o[len(o)-1] {
+						t.Fatalf("key %s: offset %d acknowledged after %d", m.Key, m.Offset, o[len(o)-1])
+					}
+					acked[m.Key] = append(acked[m.Key], m.Offset)
+					ids[m.ID] = true
+				}
+			}
+			for k, offs := range acked {
+				if len(offs) != perKey {
+					t.Errorf("key %s: %d messages acknowledged, want %d", k, len(offs), perKey)
+				}
+			}
+			// Nothing more: every message was settled once.
+			if extra := receive(t, b.base, tok, map[string]any{"max": 10, "next_group": true}); len(extra) != 0 {
+				t.Fatalf("after everything was acknowledged, B received %+v", extra)
+			}
+			if err := b.stop(t, syscall.SIGTERM); err != nil {
+				t.Fatalf("B after SIGTERM: %v", err)
+			}
+		})
+	}
+}
+
+// SIGTERM answers a waiting receive at once, lets it finish, and exits 0.
+func TestServeStopsGracefully(t *testing.T) {
+	dsn := "sqlite://" + t.TempDir() + "/q.db"
+	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	tok := createToken(t, dsn, "consume", "acme")
+	p := startServe(t, dsn)
+	type answer struct {
+		code int
+		out  map[string]any
+		took time.Duration
+	}
+	done := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		req, _ := http.NewRequest("POST", p.base+"/v1/tenants/acme/topics/orders/groups/billing/receive", strings.NewReader(`{"wait":20}`))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		a := answer{code: -1}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			a.code = resp.StatusCode
+			_ = json.NewDecoder(resp.Body).Decode(&a.out)
+			resp.Body.Close()
+		}
+		a.took = time.Since(start)
+		done <- a
+	}()
+	// Give the receive time to start waiting; if the signal came first,
+	// it would be answered at once all the same.
+	time.Sleep(500 * time.Millisecond)
+	if err := p.stop(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.output())
+	}
+	a := <-done
+	if msgs, _ := a.out["messages"].([]any); a.code != 200 || msgs == nil || len(msgs) != 0 {
+		t.Fatalf("the waiting receive: %d %v", a.code, a.out)
+	}
+	if a.took >= 20*time.Second {
+		t.Fatalf("the waiting receive took its whole wait (%v) instead of answering at shutdown", a.took)
+	}
+	if !strings.Contains(p.output(), "shardq serve: stopping") {
+		t.Fatalf("no stop line:\n%s", p.output())
+	}
+}
