@@ -199,18 +199,22 @@ func (s *Server) topicPage(w http.ResponseWriter, r *http.Request, tenant string
 	topic := r.PathValue("topic")
 	sc := shardq.Scope{Tenants: []string{tenant}}
 	var offsets []shardq.GroupOffset
-	all, err := s.admin.Offsets(ctx, sc, "")
-	for _, o := range all {
-		if o.Topic == topic {
-			offsets = append(offsets, o)
-		}
-	}
-	var groups []shardq.GroupInfo
 	var leases []shardq.Lease
 	var members []shardq.Member
 	var dead, msgs []shardq.StoredMessage
-	if err == nil {
-		groups, err = s.admin.Groups(ctx, sc, topic, s.cfg.StaleAfter)
+	groups, err := s.admin.Groups(ctx, sc, topic, s.cfg.StaleAfter)
+	// One group's offsets include the partitions it has not read yet.
+	for _, g := range groups {
+		if err != nil {
+			break
+		}
+		var all []shardq.GroupOffset
+		all, err = s.admin.Offsets(ctx, sc, g.ConsumerGroup)
+		for _, o := range all {
+			if o.Topic == topic {
+				offsets = append(offsets, o)
+			}
+		}
 	}
 	if err == nil {
 		var ls []shardq.Lease

@@ -1,6 +1,6 @@
-// The lag chart: samples the topic's offsets every 2 s (the dashboard's
-// own GET of the API, authorized by the session) and draws the total lag
-// per consumer group over the last 5 minutes.
+// The lag chart: samples the topic's consumer groups every 2 s (the
+// dashboard's own GET of the API, authorized by the session) and draws
+// each group's lag over the last 5 minutes.
 (function () {
   "use strict";
   var svg = document.getElementById("lag-chart");
@@ -25,6 +25,14 @@
         return (600 - (now - p[0]) / span * 600).toFixed(1) + "," + (150 - p[1] / top * 140).toFixed(1);
       }).join(" "));
       svg.appendChild(line);
+      if (pts.length) { // the latest sample, visible even when it is the only one
+        var last = pts[pts.length - 1], dot = document.createElementNS(ns, "circle");
+        dot.setAttribute("cx", (600 - (now - last[0]) / span * 600).toFixed(1));
+        dot.setAttribute("cy", (150 - last[1] / top * 140).toFixed(1));
+        dot.setAttribute("r", "3");
+        dot.setAttribute("fill", colors[i % colors.length]);
+        svg.appendChild(dot);
+      }
       var item = document.createElement("span");
       item.style.color = colors[i % colors.length];
       item.textContent = g + ": " + (pts.length ? pts[pts.length - 1][1] : 0);
@@ -37,11 +45,11 @@
     if (!names.length) { legend.textContent = "No consumer group reads this topic yet."; }
   }
   function sample() {
-    fetch(svg.dataset.offsets + "?limit=1000", { credentials: "same-origin" })
+    fetch(svg.dataset.groups, { credentials: "same-origin" })
       .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
       .then(function (body) {
         var totals = {}, now = Date.now();
-        body.items.forEach(function (o) { totals[o.group] = (totals[o.group] || 0) + o.lag; });
+        body.items.forEach(function (g) { totals[g.group] = g.lag; });
         Object.keys(totals).forEach(function (g) { (series[g] = series[g] || []).push([now, totals[g]]); });
         svg.dataset.samples = String((+svg.dataset.samples || 0) + 1);
         draw();
