@@ -347,3 +347,47 @@ func TestServeStopsGracefully(t *testing.T) {
 		t.Fatalf("no stop line:\n%s", p.output())
 	}
 }
+
+// The Python example (standard library only) publishes and consumes
+// through a running server.
+func TestPythonExample(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("python3 is needed for examples/python: %v", err)
+		}
+		t.Skipf("python3 is not installed: %v", err)
+	}
+	dsn := "sqlite://" + t.TempDir() + "/q.db"
+	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	tok := createToken(t, dsn, "admin", "demo")
+	p := startServe(t, dsn)
+	run := func() string {
+		t.Helper()
+		cmd := exec.Command(python, "../../examples/python/shardq_example.py")
+		cmd.Env = append(os.Environ(), "SHARDQ_URL="+p.base, "SHARDQ_TOKEN="+tok)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("python example: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	out := run()
+	for _, want := range []string{
+		"published order-42-created at offset 1\n",
+		`received order-42 order-42-created attempt 1: {"state": "created"}` + "\n" +
+			`received order-42 order-42-paid attempt 1: {"state": "paid"}` + "\n" +
+			`received order-42 order-42-shipped attempt 1: {"state": "shipped"}` + "\n",
+		"acknowledged 3 messages\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("python example printed:\n%s\nwant %q", out, want)
+		}
+	}
+	// Again: the publishes are duplicates, and the group has read them.
+	if out := run(); !strings.Contains(out, "published order-42-paid at offset 2 (duplicate)") || !strings.Contains(out, "acknowledged 0 messages") {
+		t.Fatalf("second run printed:\n%s", out)
+	}
+}
