@@ -28,7 +28,7 @@ import (
 )
 
 // Scenarios are the names Run accepts.
-var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery", "idle"}
+var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery", "idle", "api"}
 
 // Params are a run's knobs; zero values take the defaults of Defaults.
 type Params struct {
@@ -201,6 +201,13 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 		}
 		base, c := e.discoveryCases()
 		return e.compare(ctx, base, c, false)
+	case "api":
+		pub, err := e.compare(ctx, scenCase{"publish", e.publish}, scenCase{"api-publish", e.apiPublish}, false)
+		if err != nil {
+			return nil, err
+		}
+		con, err := e.compare(ctx, scenCase{"consume", e.consume}, scenCase{"api-consume", e.apiConsume}, false)
+		return append(pub, con...), err
 	case "idle":
 		e.p.Partitions = max(e.p.Partitions, e.p.Tenants)
 		return e.compare(ctx, scenCase{"idle-poll", e.idle(shardq.FeedOff)}, scenCase{"idle-feed", e.idle(shardq.FeedAuto)}, false)

@@ -54,6 +54,7 @@ func TestScenarios(t *testing.T) {
 				{"latency", func(p Params) Params { return p }, []string{"raw-insert-1conn", "latency"}},
 				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
 				{"discovery", func(p Params) Params { return p }, []string{"consume-without-history", "discovery"}},
+				{"api", func(p Params) Params { p.Batch = 10; return p }, []string{"publish", "api-publish", "consume", "api-consume"}},
 			}
 			for _, c := range cases {
 				results, err := r.Run(context.Background(), c.scenario, c.params(small))
@@ -73,8 +74,11 @@ func TestScenarios(t *testing.T) {
 				if strings.Join(names, ",") != strings.Join(c.want, ",") {
 					t.Fatalf("%s ran %v, want %v", c.scenario, names, c.want)
 				}
-				if last := results[len(results)-1]; c.scenario != "raw" && (last.Baseline != c.want[0] || last.Ratio <= 0) {
-					t.Errorf("%s: baseline %q ratio %v", c.scenario, last.Baseline, last.Ratio)
+				// Each measurement follows its baseline (api: two pairs).
+				for i := 1; c.scenario != "raw" && i < len(results); i += 2 {
+					if res := results[i]; res.Baseline != results[i-1].Scenario || res.Ratio <= 0 {
+						t.Errorf("%s/%s: baseline %q ratio %v", c.scenario, res.Scenario, res.Baseline, res.Ratio)
+					}
 				}
 				if last := results[len(results)-1]; c.scenario == "latency" && (last.P99Ms <= 0 || last.Msgs != 100) {
 					t.Errorf("latency: %d msgs, p99 %v ms", last.Msgs, last.P99Ms)

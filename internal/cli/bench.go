@@ -27,7 +27,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var asJSON bool
 	var cpuProfile string
 	cmd := &cobra.Command{
-		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|raw [flags]",
+		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|api|raw [flags]",
 		Short: "Measure publish, consume, competing consumers and end-to-end latency against the database's own ceiling",
 		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
 			"medians next to the matching raw baseline measured in the same run:\n" +
@@ -49,6 +49,9 @@ func (a *app) benchCmd() *cobra.Command {
 			"  idle     --subscribers members serving --tenants tenants of a topic nobody publishes to: the\n" +
 			"           statements per member per second the server counts (MySQL's Questions) over --duration,\n" +
 			"           with the change feed (baseline: the same polling, --feed off)\n" +
+			"  api      publish and consume through the HTTP API of shardq serve (in this process, on loopback):\n" +
+			"           --publishers POSTs of --batch messages, then --subscribers loops of receive (the next\n" +
+			"           free message group, up to 100) and ack (baselines: the library's publish and consume)\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
 		Args:      oneOf("scenario", bench.Scenarios...),

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/server"
+)
+
+// apiServer is `shardq serve` in this process on a loopback port, with an
+// admin token of a namespace: what the api scenarios measure through.
+type apiServer struct {
+	base, token string
+	http        *http.Client
+	stop        func()
+}
+
+func (e *env) startAPI(ctx context.Context, c *shardq.Client, ns namespace) (*apiServer, error) {
+	rc, err := c.Receipts(&shardq.ReceiptOptions{Name: "bench-api"})
+	if err != nil {
+		return nil, err
+	}
+	// No rate limit worth the name: the bench measures the server.
+	srv, err := server.New(server.Config{Client: c, Driver: e.d, Receipts: rc, Rate: 1e9, Burst: 1 << 30, Logger: e.Logger})
+	if err != nil {
+		return nil, err
+	}
+	tok, _, err := server.NewToken(ctx, e.d, ns.tenants, server.RoleAdmin, 0, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	conns := e.p.Publishers + e.p.Subscribers
+	tr := &http.Transport{MaxIdleConns: conns, MaxIdleConnsPerHost: conns}
+	return &apiServer{base: "http://" + ln.Addr().String(), token: tok, http: &http.Client{Transport: tr},
+		stop: func() {
+			srv.Drain()
+			_ = hs.Shutdown(context.WithoutCancel(ctx))
+			<-served
+			tr.CloseIdleConnections()
+		}}, nil
+}
+
+// post sends body as JSON and decodes a 200 answer into out.
+func (a *apiServer) post(ctx context.Context, path string, body, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var p map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		return fmt.Errorf("POST %s: %d %v", path, resp.StatusCode, p)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func topicPath(tenant, topic string) string {
+	return "/v1/tenants/" + url.PathEscape(tenant) + "/topics/" + url.PathEscape(topic)
+}
+
+// apiMessage is a message of the API (the bench's payloads are binary).
+type apiMessage struct {
+	Key           string `json:"key"`
+	ID            string `json:"id,omitempty"`
+	PayloadBase64 string `json:"payload_base64"`
+	Receipt       string `json:"receipt,omitempty"`
+	Payload       string `json:"payload,omitempty"`
+}
+
+// apiPublish is publish through the HTTP API: the same calls, each a POST
+// of --batch messages.
+func (e *env) apiPublish(ctx context.Context, ns namespace) (rep, error) {
+	c, err := e.client()
+	if err != nil {
+		return rep{}, err
+	}
+	defer c.Close()
+	a, err := e.startAPI(ctx, c, ns)
+	if err != nil {
+		return rep{}, err
+	}
+	defer a.stop()
+	p := e.p
+	var next atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	errc := make(chan error, p.Publishers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for pub := range p.Publishers {
+		wg.Go(func() {
+			seqs := map[int]uint64{}
+			var mine []time.Duration
+			defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
+			msgs := make([]apiMessage, 0, p.Batch)
+			for {
+				first := int(next.Add(int64(p.Batch))) - p.Batch
+				if first >= p.Messages {
+					return
+				}
+				k := first / p.Batch % p.Partitions
+				tenant, key := ns.partition(k)
+				msgs = msgs[:0]
+				now := time.Now()
+				for range min(p.Batch, p.Messages-first) {
+					msgs = append(msgs, apiMessage{Key: key, PayloadBase64: base64.StdEncoding.EncodeToString(payload(p.Size, seqs[k], now, uint32(pub)))})
+					seqs[k]++
+				}
+				var out struct{}
+				if err := a.post(ctx, topicPath(tenant, ns.topic)+"/messages", map[string]any{"messages": msgs}, &out); err != nil {
+					errc <- err
+					return
+				}
+				mine = append(mine, time.Since(now))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errc)
+	if err := <-errc; err != nil {
+		return rep{}, err
+	}
+	r, err := e.readBack(ctx, ns)
+	r.elapsed, r.latencies = elapsed, lat
+	return r, err
+}
+
+// apiConsume is consume through the HTTP API: --messages published
+// beforehand, then --subscribers loops of { receive the next free message
+// group (up to 100 messages); ack them }.
+func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
+	c, err := e.client()
+	if err != nil {
+		return rep{}, err
+	}
+	defer c.Close()
+	if err := e.fill(ctx, c, ns); err != nil {
+		return rep{}, err
+	}
+	a, err := e.startAPI(ctx, c, ns)
+	if err != nil {
+		return rep{}, err
+	}
+	defer a.stop()
+	rec := newRecorder(e.p.Messages, e.p.Partitions)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, e.p.Subscribers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range e.p.Subscribers {
+		wg.Go(func() {
+			for n := i; ctx.Err() == nil; n++ { // each receive asks the next tenant
+				tenant := ns.tenants[n%len(ns.tenants)]
+				group := topicPath(tenant, ns.topic) + "/groups/bench"
+				var got struct{ Messages []apiMessage }
+				if err := a.post(ctx, group+"/receive", map[string]any{"next_group": true, "max": 100, "wait": 1}, &got); err != nil {
+					if ctx.Err() == nil {
+						errc <- err
+					}
+					return
+				}
+				receipts := make([]string, len(got.Messages))
+				for j, m := range got.Messages {
+					b := []byte(m.Payload)
+					if m.PayloadBase64 != "" {
+						if b, err = base64.StdEncoding.DecodeString(m.PayloadBase64); err != nil {
+							errc <- err
+							return
+						}
+					}
+					seq, _, _, err := parsePayload(b)
+					if err != nil {
+						errc <- fmt.Errorf("tenant %s partition %s: %w", tenant, m.Key, err)
+						return
+					}
+					rec.record(event{tenant: tenant, key: m.Key, seq: seq, at: time.Now()})
+					receipts[j] = m.Receipt
+				}
+				if len(receipts) > 0 {
+					var out struct{}
+					if err := a.post(ctx, group+"/ack", map[string]any{"receipts": receipts}, &out); err != nil && ctx.Err() == nil {
+						errc <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	waitErr := rec.wait(ctx)
+	elapsed := time.Since(start)
+	cancel()
+	wg.Wait()
+	close(errc)
+	if err := errors.Join(waitErr, <-errc); err != nil {
+		return rep{}, err
+	}
+	return rec.rep(elapsed), nil
+}
