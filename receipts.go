@@ -86,12 +86,15 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 }
 
 // ReceiveRequest is one receive. PartitionKey takes that message group;
-// NextGroup the free group whose next message is oldest; neither takes
-// ungrouped messages (competing consumers).
+// NextGroup the free group whose next message is oldest; Ungrouped only
+// ungrouped messages (competing consumers). With none of them a receive
+// takes what is available, as SQS FIFO's ReceiveMessage does: ungrouped
+// messages when there are any, else the next free message group.
 type ReceiveRequest struct {
 	Tenant, Topic, ConsumerGroup string
 	PartitionKey                 string
 	NextGroup                    bool
+	Ungrouped                    bool
 	Max                          int           // [1], at most MaxReceiveMessages
 	Wait                         time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
 	Visibility                   time.Duration // [30s], at most MaxVisibility
@@ -180,8 +183,8 @@ func (rq *ReceiveRequest) check() error {
 		return err
 	}
 	switch {
-	case rq.PartitionKey != "" && rq.NextGroup:
-		return &ident.Error{Field: "key", Rule: "set at most one of key and next_group"}
+	case (rq.PartitionKey != "" && rq.NextGroup) || (rq.Ungrouped && (rq.PartitionKey != "" || rq.NextGroup)):
+		return &ident.Error{Field: "key", Rule: "set at most one of key, next_group and ungrouped"}
 	case rq.PartitionKey != "":
 		if err := ident.PartitionKey(rq.PartitionKey); err != nil {
 			return err
@@ -221,10 +224,17 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) ([]ReceivedMe
 	for {
 		var out []ReceivedMessage
 		var err error
-		if rq.PartitionKey == "" && !rq.NextGroup {
+		switch {
+		case rq.PartitionKey != "":
+			out, err = r.receiveGroup(ctx, rq, rq.PartitionKey)
+		case rq.NextGroup:
+			out, err = r.receiveNextGroup(ctx, rq)
+		case rq.Ungrouped:
 			out, err = r.receiveUngrouped(ctx, rq)
-		} else {
-			out, err = r.receiveGrouped(ctx, rq)
+		default:
+			if out, err = r.receiveUngrouped(ctx, rq); err == nil && len(out) == 0 {
+				out, err = r.receiveNextGroup(ctx, rq)
+			}
 		}
 		if err != nil || len(out) > 0 || !r.sleep(ctx, rq.Done, deadline) {
 			if err == nil && out == nil {
@@ -268,20 +278,15 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) ([]R
 	return out, nil
 }
 
-func (r *Receipts) receiveGrouped(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
-	keys := []string{rq.PartitionKey}
-	if rq.NextGroup {
-		groups, err := r.c.drv.ReadyGroups(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, r.o.Clock(), 20)
-		if err != nil {
-			return nil, fmt.Errorf("shardq: receive: %w", err)
-		}
-		keys = keys[:0]
-		for _, g := range groups {
-			keys = append(keys, g.PartitionKey)
-		}
+// receiveNextGroup takes the free message group whose next message is
+// oldest (trying the 20 oldest: others may take some meanwhile).
+func (r *Receipts) receiveNextGroup(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
+	groups, err := r.c.drv.ReadyGroups(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, r.o.Clock(), 20)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: receive: %w", err)
 	}
-	for _, key := range keys {
-		out, err := r.receiveGroup(ctx, rq, key)
+	for _, g := range groups {
+		out, err := r.receiveGroup(ctx, rq, g.PartitionKey)
 		if err != nil || len(out) > 0 {
 			return out, err
 		}

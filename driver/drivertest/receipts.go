@@ -22,6 +22,7 @@ var receiptTests = []struct {
 	{"ReceiptsNackRetriesThenDeadLetters", testReceiptsNack},
 	{"ReceiptsUngrouped", testReceiptsUngrouped},
 	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
+	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
 	{"TokensStoredPerTenant", testTokens},
 }
 
@@ -206,12 +207,34 @@ func testReceiptsNextGroup(t *testing.T, open Open) {
 	}
 	for _, bad := range []shardq.ReceiveRequest{
 		{Max: 101}, {Wait: 21 * time.Second}, {Visibility: time.Millisecond}, {PartitionKey: "a", NextGroup: true}, {PartitionKey: "k "},
+		{Ungrouped: true, NextGroup: true}, {Ungrouped: true, PartitionKey: "a"},
 	} {
 		bad.Tenant, bad.Topic, bad.ConsumerGroup = "t", "x", "g"
 		if _, err := r.Receive(ctx, bad); !errors.Is(err, shardq.ErrInvalid) {
 			t.Errorf("receive %+v = %v, want ErrInvalid", bad, err)
 		}
 	}
+}
+
+// A receive that names no group takes what is available, as SQS FIFO's
+// ReceiveMessage does: ungrouped messages first, then the next free
+// group; Ungrouped takes only the former.
+func testReceiptsAny(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	publishGroup(t, c, "a", "a1")
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
+	r := receipts(t, c, nil, 0)
+	u := mustReceive(t, r, shardq.ReceiveRequest{Max: 10}, "u1")
+	mustReceive(t, r, shardq.ReceiveRequest{Ungrouped: true, Max: 10}) // a1 is grouped
+	a := mustReceive(t, r, shardq.ReceiveRequest{Max: 10}, "a1")
+	mustReceive(t, r, shardq.ReceiveRequest{Max: 10}) // both in flight
+	for _, m := range append(u, a...) {
+		if err := r.Ack(ctx, "t", "x", "g", m.Receipt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustReceive(t, r, shardq.ReceiveRequest{Max: 10})
 }
 
 // A token's rows: one per tenant, listed merged, revoked everywhere.

@@ -179,6 +179,7 @@ type receiveIn struct {
 	Visibility float64 `json:"visibility"`
 	Key        string  `json:"key"`
 	NextGroup  bool    `json:"next_group"`
+	Ungrouped  bool    `json:"ungrouped"`
 }
 
 func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, error) {
@@ -194,7 +195,7 @@ func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveR
 	if err != nil {
 		return shardq.ReceiveRequest{}, err
 	}
-	return shardq.ReceiveRequest{Tenant: tenant, Topic: topic, ConsumerGroup: group, PartitionKey: in.Key, NextGroup: in.NextGroup,
+	return shardq.ReceiveRequest{Tenant: tenant, Topic: topic, ConsumerGroup: group, PartitionKey: in.Key, NextGroup: in.NextGroup, Ungrouped: in.Ungrouped,
 		Max: in.Max, Wait: wait, Visibility: vis}, nil
 }
 

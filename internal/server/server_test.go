@@ -580,6 +580,7 @@ func TestBadInputStoresNothing(t *testing.T) {
 			{"receive max", "POST", groupPath + "/receive", `{"max":1000}`, 400, "max"},
 			{"receive wait", "POST", groupPath + "/receive", `{"wait":60}`, 400, "wait"},
 			{"receive visibility", "POST", groupPath + "/receive", `{"visibility":-5}`, 400, "visibility"},
+			{"receive two modes", "POST", groupPath + "/receive", `{"ungrouped":true,"next_group":true}`, 400, "key"},
 			{"invalid group", "POST", "/v1/tenants/acme/topics/orders/groups/b%C3%BC/receive", `{}`, 400, "group"},
 			{"ack nothing", "POST", groupPath + "/ack", `{}`, 400, "receipts"},
 			{"ack garbage", "POST", groupPath + "/ack", `{"receipts":["r1.bm9wZQ"]}`, 400, "receipts[0]"},
