@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -364,15 +365,121 @@ func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) e
 		}
 		return r.settled("ack", rc, err)
 	}
+	return r.commit(ctx, rc, now)
+}
+
+// commit commits a message group's cursor past rc's offset, and gives the
+// group back when rc is its receive's last message.
+func (r *Receipts) commit(ctx context.Context, rc receipt, now time.Time) error {
 	l := rc.lease()
-	err = r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
+	err := r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
 	if err == nil && rc.Offset == rc.Last {
 		if rerr := r.c.drv.ReleaseLease(ctx, l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			r.c.cfg.Logger.Warn("shardq: giving back a message group after its last ack failed; it is free after its visibility timeout",
-				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)
+				"tenant", rc.Tenant, "topic", rc.Topic, "partition_key", rc.Key, "err", rerr)
 		}
 	}
 	return r.settled("ack", rc, err)
+}
+
+// AckAll acknowledges receipts of tenant's topic and group, as Ack does
+// each, in few statements: the claims in one transaction, and per receive
+// of a message group one cursor commit, at its highest offset (acks are
+// cumulative). Every receipt is checked before anything is settled: a
+// malformed one fails the call with a ValidationError naming receipts[i],
+// and nothing changes. It returns the indexes of the stale receipts, whose
+// messages are delivered again; the others are settled.
+func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpts []string) (stale []int, err error) {
+	rcs, err := decodeReceipts(rcpts, tenant, topic, group)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: ack: %w", err)
+	}
+	now := r.o.Clock()
+	var claims []int
+	receives := map[receipt][]int{} // a receive's lease (Offset zero) -> its receipts
+	for i, rc := range rcs {
+		if rc.Claim {
+			claims = append(claims, i)
+			continue
+		}
+		k := rc
+		k.Offset = 0
+		receives[k] = append(receives[k], i)
+	}
+	if len(claims) > 0 {
+		cs := make([]driver.Claim, len(claims))
+		for j, i := range claims {
+			cs[j] = rcs[i].claim(driver.Message{})
+		}
+		switch err := r.c.drv.AckClaims(ctx, cs, now); {
+		case errors.Is(err, driver.ErrLeaseLost):
+			// One or more moved on: settle the others one by one.
+			for j, i := range claims {
+				if err := r.c.drv.AckClaims(ctx, cs[j:j+1], now); errors.Is(err, driver.ErrLeaseLost) {
+					stale = append(stale, i)
+				} else if err != nil {
+					return nil, r.settled("ack", rcs[i], err)
+				}
+			}
+		case err != nil:
+			return nil, r.settled("ack", rcs[claims[0]], err)
+		}
+		r.advance(ctx, rcs[claims[0]], now)
+	}
+	for _, idx := range receives {
+		top := rcs[idx[0]]
+		for _, i := range idx {
+			if rcs[i].Offset > top.Offset {
+				top = rcs[i]
+			}
+		}
+		switch err := r.commit(ctx, top, now); {
+		case errors.Is(err, ErrStaleReceipt):
+			stale = append(stale, idx...)
+		case err != nil:
+			return nil, err
+		}
+	}
+	slices.Sort(stale)
+	return stale, nil
+}
+
+// NackAll fails the messages of receipts, as Nack does each, in order;
+// every receipt is checked first, as in AckAll. A nack gives its message
+// group back, so later receipts of the same receive come back stale.
+func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcpts []string, retryAfter time.Duration, reason string) (stale []int, err error) {
+	if _, err := decodeReceipts(rcpts, tenant, topic, group); err != nil {
+		return nil, fmt.Errorf("shardq: nack: %w", err)
+	}
+	for i, rc := range rcpts {
+		switch err := r.Nack(ctx, tenant, topic, group, rc, retryAfter, reason); {
+		case errors.Is(err, ErrStaleReceipt):
+			stale = append(stale, i)
+		case err != nil:
+			return nil, err
+		}
+	}
+	return stale, nil
+}
+
+// decodeReceipts decodes every receipt, or names the first bad one.
+func decodeReceipts(rcpts []string, tenant, topic, group string) ([]receipt, error) {
+	if len(rcpts) == 0 || len(rcpts) > MaxReceiveMessages {
+		return nil, &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts: want 1 to %d", len(rcpts), MaxReceiveMessages)}
+	}
+	rcs := make([]receipt, len(rcpts))
+	for i, s := range rcpts {
+		rc, err := decodeReceipt(s, tenant, topic, group)
+		if err != nil {
+			var ve *ident.Error
+			if errors.As(err, &ve) {
+				return nil, &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: ve.Rule}
+			}
+			return nil, err
+		}
+		rcs[i] = rc
+	}
+	return rcs, nil
 }
 
 // Nack fails the message of a receipt: delivered again after retryAfter,

@@ -286,8 +286,9 @@ func (s *Server) nack(w http.ResponseWriter, r *http.Request, tenant string) {
 	s.settle(w, r, tenant, true)
 }
 
-// settle acks or nacks each receipt in order. Stale receipts change
-// nothing; the answer is then 409, saying which.
+// settle acks or nacks the receipts. A malformed receipt settles none of
+// them (400); stale ones change nothing, and the answer is then 409,
+// saying which.
 func (s *Server) settle(w http.ResponseWriter, r *http.Request, tenant string, nack bool) {
 	in, retry, err := decodeSettle(r.Body, nack)
 	if err != nil {
@@ -295,29 +296,17 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, tenant string, n
 		return
 	}
 	topic, group := r.PathValue("topic"), r.PathValue("group")
-	settled := 0
 	var stale []int
-	for i, rc := range in.Receipts {
-		if nack {
-			err = s.cfg.Receipts.Nack(r.Context(), tenant, topic, group, rc, retry, in.Reason)
-		} else {
-			err = s.cfg.Receipts.Ack(r.Context(), tenant, topic, group, rc)
-		}
-		switch {
-		case errors.Is(err, shardq.ErrStaleReceipt):
-			stale = append(stale, i)
-		case err != nil:
-			var ve *shardq.ValidationError
-			if errors.As(err, &ve) {
-				writeProblem(w, invalid(fmt.Sprintf("receipts[%d]", i), ve.Rule))
-				return
-			}
-			s.fail(w, r, err)
-			return
-		default:
-			settled++
-		}
+	if nack {
+		stale, err = s.cfg.Receipts.NackAll(r.Context(), tenant, topic, group, in.Receipts, retry, in.Reason)
+	} else {
+		stale, err = s.cfg.Receipts.AckAll(r.Context(), tenant, topic, group, in.Receipts)
 	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	settled := len(in.Receipts) - len(stale)
 	if len(stale) > 0 {
 		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt",
 			Detail:  fmt.Sprintf("%d of %d receipts are stale (their lease or claim moved on: the messages are delivered again); the others were settled", len(stale), len(in.Receipts)),

@@ -685,3 +685,37 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		t.Fatalf("GET /v1/openapi.json: %d", r.status)
 	}
 }
+
+// A malformed receipt among good ones settles none of them; acks of one
+// receive coalesce into one cursor commit at the highest offset.
+func TestSettleChecksEveryReceiptFirst(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[{"key":"k","id":"m1","payload":"1"},{"key":"k","id":"m2","payload":"2"},{"id":"u1","payload":"3"}]}`)
+		grouped := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":2}`))
+		claimed := received(h.must(200, "POST", groupPath+"/receive", tok, `{"ungrouped":true}`))
+		all := append(receipts(grouped), receipts(claimed)...)
+		for _, path := range []string{"/ack", "/nack"} {
+			r := h.call("POST", groupPath+path, tok, map[string]any{"receipts": append(slices.Clone(all), "r1.bm9wZQ")})
+			if r.status != 400 || r.body["field"] != "receipts[3]" {
+				t.Fatalf("%s with a malformed last receipt: %d %v", path, r.status, r.body)
+			}
+		}
+		if off := items(h.must(200, "GET", topicPath+"/offsets?group=billing", tok, nil)); len(off) == 0 || off[0]["committed_offset"] != 0.0 {
+			t.Fatalf("offsets after the refused acks: %v, want nothing committed", off)
+		}
+		if r := h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": all}); r["settled"] != 3.0 {
+			t.Fatalf("ack: %v", r)
+		}
+		off := items(h.must(200, "GET", topicPath+"/offsets?group=billing", tok, nil))
+		for _, o := range off {
+			if o["key"] == "k" && (o["committed_offset"] != 2.0 || o["lag"] != 0.0) {
+				t.Fatalf("k after the ack: %v", o)
+			}
+		}
+		if got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"max":10}`)); len(got) != 0 {
+			t.Fatalf("after acking everything: %v", got)
+		}
+	})
+}
