@@ -444,19 +444,47 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 	return stale, nil
 }
 
-// NackAll fails the messages of receipts, as Nack does each, in order;
-// every receipt is checked first, as in AckAll. A nack gives its message
-// group back, so later receipts of the same receive come back stale.
+// NackAll fails the messages of receipts, as Nack does each; every
+// receipt is checked first, as in AckAll. Of one receive of a message
+// group only the lowest offset is failed: the group is given back, and its
+// later messages wait behind that one (in order) and are delivered again
+// with it, without an attempt counted against them.
 func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcpts []string, retryAfter time.Duration, reason string) (stale []int, err error) {
-	if _, err := decodeReceipts(rcpts, tenant, topic, group); err != nil {
+	rcs, err := decodeReceipts(rcpts, tenant, topic, group)
+	if err != nil {
 		return nil, fmt.Errorf("shardq: nack: %w", err)
 	}
-	for i, rc := range rcpts {
-		switch err := r.Nack(ctx, tenant, topic, group, rc, retryAfter, reason); {
+	first := map[receipt]int{} // a receive's lease (Offset zero) -> its lowest receipt
+	var order []int
+	for i, rc := range rcs {
+		if rc.Claim {
+			order = append(order, i)
+			continue
+		}
+		k := rc
+		k.Offset = 0
+		if j, ok := first[k]; !ok || rc.Offset < rcs[j].Offset {
+			first[k] = i
+		}
+	}
+	for _, i := range first {
+		order = append(order, i)
+	}
+	slices.Sort(order)
+	failed := map[int]bool{} // a receive whose nack found its lease gone
+	for _, i := range order {
+		switch err := r.Nack(ctx, tenant, topic, group, rcpts[i], retryAfter, reason); {
 		case errors.Is(err, ErrStaleReceipt):
-			stale = append(stale, i)
+			failed[i] = true
 		case err != nil:
 			return nil, err
+		}
+	}
+	for i, rc := range rcs {
+		k := rc
+		k.Offset = 0
+		if failed[i] || (!rc.Claim && failed[first[k]]) {
+			stale = append(stale, i)
 		}
 	}
 	return stale, nil

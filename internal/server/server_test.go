@@ -717,5 +717,17 @@ func TestSettleChecksEveryReceiptFirst(t *testing.T) {
 		if got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"max":10}`)); len(got) != 0 {
 			t.Fatalf("after acking everything: %v", got)
 		}
+
+		// A nack of a whole receive fails its first message; the rest
+		// wait behind it and come back with it, no attempt counted.
+		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[{"key":"k","id":"m3","payload":"3"},{"key":"k","id":"m4","payload":"4"}]}`)
+		got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":2}`))
+		if r := h.must(200, "POST", groupPath+"/nack", tok, map[string]any{"receipts": receipts(got)}); r["settled"] != 2.0 {
+			t.Fatalf("nack of a whole receive: %v", r)
+		}
+		again := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":2}`))
+		if !slices.Equal(ids(again), []string{"m3", "m4"}) || again[0]["attempt"] != 2.0 || again[1]["attempt"] != 1.0 {
+			t.Fatalf("after the nack: %v, want m3 at attempt 2, m4 at attempt 1", again)
+		}
 	})
 }
