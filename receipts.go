@@ -374,7 +374,8 @@ func (r *Receipts) commit(ctx context.Context, rc receipt, now time.Time) error 
 	l := rc.lease()
 	err := r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
 	if err == nil && rc.Offset == rc.Last {
-		if rerr := r.c.drv.ReleaseLease(ctx, l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+		// Committed: give the group back even if the caller has gone.
+		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			r.c.cfg.Logger.Warn("shardq: giving back a message group after its last ack failed; it is free after its visibility timeout",
 				"tenant", rc.Tenant, "topic", rc.Topic, "partition_key", rc.Key, "err", rerr)
 		}
