@@ -5,12 +5,22 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -29,7 +39,7 @@ type serveProc struct {
 	exited chan error
 }
 
-var listening = regexp.MustCompile(`shardq serve: listening on (http://\S+)`)
+var listening = regexp.MustCompile(`shardq serve: listening on (https?://\S+)`)
 
 // startServe starts `shardq serve` on dsn and waits until it listens.
 func startServe(t *testing.T, dsn string, args ...string) *serveProc {
@@ -389,5 +399,67 @@ func TestPythonExample(t *testing.T) {
 	// Again: the publishes are duplicates, and the group has read them.
 	if out := run(); !strings.Contains(out, "published order-42-paid at offset 2 (duplicate)") || !strings.Contains(out, "acknowledged 0 messages") {
 		t.Fatalf("second run printed:\n%s", out)
+	}
+}
+
+// With --tls-cert and --tls-key the server speaks HTTPS only.
+func TestServeTLS(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dsn := "sqlite://" + filepath.Join(dir, "q.db")
+	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	if r := runCLI(t, nil, "", "--dsn", dsn, "serve", "--tls-cert", certFile); r.code != 2 || !strings.Contains(r.stderr, "--tls-cert and --tls-key go together") {
+		t.Fatalf("--tls-cert alone: %+v", r)
+	}
+	p := startServe(t, dsn, "--tls-cert", certFile, "--tls-key", keyFile)
+	if !strings.HasPrefix(p.base, "https://") {
+		t.Fatalf("listening on %s, want https", p.base)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get(p.base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.TLS == nil {
+		t.Fatalf("GET /healthz over TLS: %d, tls %v", resp.StatusCode, resp.TLS != nil)
+	}
+	// Plain HTTP on the TLS port is not served.
+	plain, err := http.Get("http://" + strings.TrimPrefix(p.base, "https://") + "/healthz")
+	if err == nil {
+		plain.Body.Close()
+		if plain.StatusCode == 200 {
+			t.Fatal("plain HTTP was answered 200 on the TLS port")
+		}
 	}
 }
