@@ -196,8 +196,9 @@ func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
 				for j, m := range got.Messages {
 					b := []byte(m.Payload)
 					if m.PayloadBase64 != "" {
-						if b, err = base64.StdEncoding.DecodeString(m.PayloadBase64); err != nil {
-							errc <- err
+						var derr error
+						if b, derr = base64.StdEncoding.DecodeString(m.PayloadBase64); derr != nil {
+							errc <- derr
 							return
 						}
 					}
