@@ -73,6 +73,7 @@ func (s *Server) dashboardRoutes() {
 	s.mux.HandleFunc("GET /{$}", s.loginPage)
 	s.mux.HandleFunc("POST /login", s.login)
 	s.mux.HandleFunc("POST /logout", s.logout)
+	s.mux.HandleFunc("GET /ui/{$}", s.switchTenant)
 	s.mux.HandleFunc("GET /ui/{tenant}", s.page(s.tenantPage))
 	s.mux.HandleFunc("GET /ui/{tenant}/topics/{topic}", s.page(s.topicPage))
 	s.mux.HandleFunc("POST /ui/{tenant}/topics/{topic}/requeue", s.page(s.requeueForm))
@@ -89,7 +90,7 @@ func (s *Server) render(w http.ResponseWriter, name string, data any) {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	s.render(w, "login.html", map[string]string{"Error": r.URL.Query().Get("error")})
+	s.render(w, "login.html", map[string]any{"Error": r.URL.Query().Get("error"), "Tenants": s.cfg.Tenants})
 }
 
 // login checks an admin token for a tenant and keeps it in the session
@@ -128,6 +129,17 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: tok, Path: "/", HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant), http.StatusSeeOther)
+}
+
+// switchTenant opens another tenant's page with the session's token (the
+// header's form); the page checks that the token is an admin there.
+func (s *Server) switchTenant(w http.ResponseWriter, r *http.Request) {
+	tenant := r.URL.Query().Get("tenant")
+	if err := ident.Tenant(tenant); err != nil {
+		http.Redirect(w, r, "/?error="+url.QueryEscape(err.Error()), http.StatusSeeOther)
+		return
+	}
 	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant), http.StatusSeeOther)
 }
 

@@ -6,6 +6,9 @@ import (
 	"bytes"
 	"context"
 	"image/png"
+	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testdb"
 )
 
 // browser starts a headless Debian Chromium for one test. Without it the
@@ -60,7 +64,7 @@ func load(ctx context.Context, trigger chromedp.Action[chromedp.Void]) error {
 func TestDashboardInBrowser(t *testing.T) {
 	eachDB(t, func(t *testing.T, drv driver.Driver) {
 		h := newHarness(t, drv, harnessOptions{maxAttempts: 1})
-		admin, _ := h.token(RoleAdmin, 0, "acme")
+		admin, _ := h.token(RoleAdmin, 0, "acme", "beta")
 		publisher, _ := h.token(RolePublish, 0, "acme")
 		ctx := context.Background()
 		h.must(200, "POST", topicPath+"/messages", admin, `{"messages":[{"key":"k","id":"m1","payload":"one"},{"key":"k","id":"m2","payload":"two"},{"key":"k","id":"m3","payload":"three"},{"key":"j","id":"n1","payload":"four"}]}`)
@@ -162,6 +166,30 @@ func TestDashboardInBrowser(t *testing.T) {
 		contains("#notice", "paused billing")
 		contains("#groups", "paused")
 
+		// The header opens another tenant of the token; a tenant the
+		// token does not have sends back to the sign-in.
+		if err := chromedp.Do(b, chromedp.SendKeys(chromedp.CSS("#switch-tenant"), "beta")); err != nil {
+			t.Fatal(err)
+		}
+		if err := load(b, chromedp.Click(chromedp.CSS("#switch"))); err != nil {
+			t.Fatal(err)
+		}
+		contains("h1", "Tenant beta")
+		contains("#topics", "No topics yet.")
+		if err := chromedp.Do(b, chromedp.SendKeys(chromedp.CSS("#switch-tenant"), "gamma")); err != nil {
+			t.Fatal(err)
+		}
+		if err := load(b, chromedp.Click(chromedp.CSS("#switch"))); err != nil {
+			t.Fatal(err)
+		}
+		contains("#error", "sign in with an admin token of gamma")
+		if err := signIn(admin); err != nil {
+			t.Fatal(err)
+		}
+		if err := load(b, chromedp.Click(chromedp.CSS(`#topics a`))); err != nil {
+			t.Fatal(err)
+		}
+
 		// The message browser shows one partition.
 		if err := chromedp.Do(b, chromedp.SendKeys(chromedp.CSS(`form.browse input[name="key"]`), "j")); err != nil {
 			t.Fatal(err)
@@ -206,4 +234,29 @@ func checkScreenshot(t *testing.T, name string, shot []byte) {
 		t.Fatal(err)
 	}
 	t.Logf("%s page screenshot: %s (%dx%d, %d bytes)", name, path, bounds.Dx(), bounds.Dy(), len(shot))
+}
+
+// With MQ_TENANTS the sign-in page offers the served tenants, and the
+// tenant switch refuses an invalid name before anything else.
+func TestSignInPageOffersServedTenants(t *testing.T) {
+	h := newHarness(t, testdb.Migrated(t, testdb.SQLite(t)), harnessOptions{tenants: []string{"acme", "beta"}})
+	res, err := h.http.Client().Get(h.http.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || res.StatusCode != 200 || !strings.Contains(string(body), `<option value="acme">`) || !strings.Contains(string(body), `<option value="beta">`) {
+		t.Fatalf("sign-in page: %d %v\n%s", res.StatusCode, err, body)
+	}
+	noRedirect := *h.http.Client()
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	res, err = noRedirect.Get(h.http.URL + "/ui/?tenant=" + url.QueryEscape("a\x00b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if loc := res.Header.Get("Location"); res.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/?error=tenant") {
+		t.Fatalf("switch to an invalid tenant: %d, Location %q", res.StatusCode, loc)
+	}
 }
