@@ -397,15 +397,13 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 	}
 	now := r.o.Clock()
 	var claims []int
-	receives := map[receipt][]int{} // a receive's lease (Offset zero) -> its receipts
+	receives := map[receipt][]int{} // a receive -> its receipts
 	for i, rc := range rcs {
 		if rc.Claim {
 			claims = append(claims, i)
 			continue
 		}
-		k := rc
-		k.Offset = 0
-		receives[k] = append(receives[k], i)
+		receives[rc.receive()] = append(receives[rc.receive()], i)
 	}
 	if len(claims) > 0 {
 		cs := make([]driver.Claim, len(claims))
@@ -455,17 +453,15 @@ func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcp
 	if err != nil {
 		return nil, fmt.Errorf("shardq: nack: %w", err)
 	}
-	first := map[receipt]int{} // a receive's lease (Offset zero) -> its lowest receipt
+	first := map[receipt]int{} // a receive -> its lowest receipt
 	var order []int
 	for i, rc := range rcs {
 		if rc.Claim {
 			order = append(order, i)
 			continue
 		}
-		k := rc
-		k.Offset = 0
-		if j, ok := first[k]; !ok || rc.Offset < rcs[j].Offset {
-			first[k] = i
+		if j, ok := first[rc.receive()]; !ok || rc.Offset < rcs[j].Offset {
+			first[rc.receive()] = i
 		}
 	}
 	for _, i := range first {
@@ -482,13 +478,18 @@ func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcp
 		}
 	}
 	for i, rc := range rcs {
-		k := rc
-		k.Offset = 0
-		if failed[i] || (!rc.Claim && failed[first[k]]) {
+		if failed[i] || (!rc.Claim && failed[first[rc.receive()]]) {
 			stale = append(stale, i)
 		}
 	}
 	return stale, nil
+}
+
+// receive names the receive of a message group's receipt: the receipt
+// without its own offset.
+func (r receipt) receive() receipt {
+	r.Offset = 0
+	return r
 }
 
 // decodeReceipts decodes every receipt, or names the first bad one.

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/shardq/shardq"
@@ -111,50 +110,15 @@ func (e *env) apiPublish(ctx context.Context, ns namespace) (rep, error) {
 		return rep{}, err
 	}
 	defer a.stop()
-	p := e.p
-	var next atomic.Int64
-	var mu sync.Mutex
-	var lat []time.Duration
-	errc := make(chan error, p.Publishers)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for pub := range p.Publishers {
-		wg.Go(func() {
-			seqs := map[int]uint64{}
-			var mine []time.Duration
-			defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
-			msgs := make([]apiMessage, 0, p.Batch)
-			for {
-				first := int(next.Add(int64(p.Batch))) - p.Batch
-				if first >= p.Messages {
-					return
-				}
-				k := first / p.Batch % p.Partitions
-				tenant, key := ns.partition(k)
-				msgs = msgs[:0]
-				now := time.Now()
-				for range min(p.Batch, p.Messages-first) {
-					msgs = append(msgs, apiMessage{Key: key, PayloadBase64: base64.StdEncoding.EncodeToString(payload(p.Size, seqs[k], now, uint32(pub)))})
-					seqs[k]++
-				}
-				var out struct{}
-				if err := a.post(ctx, topicPath(tenant, ns.topic)+"/messages", map[string]any{"messages": msgs}, &out); err != nil {
-					errc <- err
-					return
-				}
-				mine = append(mine, time.Since(now))
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	close(errc)
-	if err := <-errc; err != nil {
-		return rep{}, err
-	}
-	r, err := e.readBack(ctx, ns)
-	r.elapsed, r.latencies = elapsed, lat
-	return r, err
+	// One request per call: the batch's messages share a partition.
+	return e.publishWith(ctx, ns, func(msgs []shardq.Message) error {
+		in := make([]apiMessage, len(msgs))
+		for i, m := range msgs {
+			in[i] = apiMessage{Key: m.PartitionKey, PayloadBase64: base64.StdEncoding.EncodeToString(m.Payload)}
+		}
+		var out struct{}
+		return a.post(ctx, topicPath(msgs[0].Tenant, ns.topic)+"/messages", map[string]any{"messages": in}, &out)
+	})
 }
 
 // apiConsume is consume through the HTTP API: --messages published

@@ -35,6 +35,15 @@ func (e *env) publish(ctx context.Context, ns namespace) (rep, error) {
 		return rep{}, err
 	}
 	defer c.Close()
+	return e.publishWith(ctx, ns, func(msgs []shardq.Message) error {
+		_, err := c.Publish(ctx, msgs...)
+		return err
+	})
+}
+
+// publishWith is publish's loop with send as the call: timed, then read
+// back.
+func (e *env) publishWith(ctx context.Context, ns namespace, send func(msgs []shardq.Message) error) (rep, error) {
 	p := e.p
 	var next atomic.Int64
 	var mu sync.Mutex
@@ -43,9 +52,7 @@ func (e *env) publish(ctx context.Context, ns namespace) (rep, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for pub := range p.Publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			seqs := map[int]uint64{}
 			var mine []time.Duration
 			defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
@@ -64,13 +71,13 @@ func (e *env) publish(ctx context.Context, ns namespace) (rep, error) {
 						Payload: payload(p.Size, seqs[k], now, uint32(pub))})
 					seqs[k]++
 				}
-				if _, err := c.Publish(ctx, msgs...); err != nil {
+				if err := send(msgs); err != nil {
 					errc <- err
 					return
 				}
 				mine = append(mine, time.Since(now))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
