@@ -237,31 +237,12 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) ([]ReceivedMe
 				out, err = r.receiveNextGroup(ctx, rq)
 			}
 		}
-		if err != nil || len(out) > 0 || !r.sleep(ctx, rq.Done, deadline) {
+		if err != nil || len(out) > 0 || !sleepUntilNext(ctx, rq.Done, deadline, r.o.PollInterval) {
 			if err == nil && out == nil {
 				out = []ReceivedMessage{}
 			}
 			return out, err
 		}
-	}
-}
-
-// sleep waits a poll interval, or less: false once deadline has passed,
-// ctx has ended or done is closed.
-func (r *Receipts) sleep(ctx context.Context, done <-chan struct{}, deadline time.Time) bool {
-	left := time.Until(deadline)
-	if left <= 0 {
-		return false
-	}
-	t := time.NewTimer(min(r.o.PollInterval, left))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-done:
-		return false
 	}
 }
 

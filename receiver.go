@@ -173,7 +173,7 @@ func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, 
 		if o.Wait == 0 {
 			return nil, err
 		}
-		if !sleepUntilNext(ctx, deadline, o.PollInterval) {
+		if !sleepUntilNext(ctx, nil, deadline, o.PollInterval) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -221,7 +221,7 @@ func (c *Client) AcceptNextGroup(ctx context.Context, tenants []string, topic, c
 		if o.Wait == 0 {
 			return nil, err
 		}
-		if !sleepUntilNext(ctx, deadline, o.PollInterval) {
+		if !sleepUntilNext(ctx, nil, deadline, o.PollInterval) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -244,8 +244,8 @@ func validateGroupRef(tenant, topic, group string) error {
 func tenantList(tenants []string) ([]string, error) { return consumerTenants("tenants", tenants) }
 
 // sleepUntilNext waits poll, but not past deadline; false when the
-// deadline has passed or ctx ended.
-func sleepUntilNext(ctx context.Context, deadline time.Time, poll time.Duration) bool {
+// deadline has passed, ctx ended or done (nil: never) is closed.
+func sleepUntilNext(ctx context.Context, done <-chan struct{}, deadline time.Time, poll time.Duration) bool {
 	left := time.Until(deadline)
 	if left <= 0 {
 		return false
@@ -256,6 +256,8 @@ func sleepUntilNext(ctx context.Context, deadline time.Time, poll time.Duration)
 	case <-t.C:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-done:
 		return false
 	}
 }

@@ -158,6 +158,14 @@ func receive(t *testing.T, base, token string, req map[string]any) []received {
 	return got
 }
 
+// migrateDSN migrates the database of dsn with `shardq migrate`.
+func migrateDSN(t *testing.T, dsn string) {
+	t.Helper()
+	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+}
+
 func createToken(t *testing.T, dsn, role string, tenants ...string) string {
 	t.Helper()
 	args := []string{"--dsn", dsn, "token", "create", "--role", role}
@@ -175,9 +183,7 @@ func TestTokenCommands(t *testing.T) {
 	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
 			dsn := db.dsn(t)
-			if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
-				t.Fatal(r)
-			}
+			migrateDSN(t, dsn)
 			tok := createToken(t, dsn, "publish", "acme", "beta")
 			createToken(t, dsn, "admin", "gamma")
 			for _, tc := range []struct {
@@ -226,9 +232,7 @@ func TestServeProcessesShareAGroup(t *testing.T) {
 	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
 			dsn := db.dsn(t)
-			if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
-				t.Fatal(r)
-			}
+			migrateDSN(t, dsn)
 			tok := createToken(t, dsn, "admin", "acme")
 			a, b := startServe(t, dsn), startServe(t, dsn)
 
@@ -316,9 +320,7 @@ func TestServeProcessesShareAGroup(t *testing.T) {
 // SIGTERM answers a waiting receive at once, lets it finish, and exits 0.
 func TestServeStopsGracefully(t *testing.T) {
 	dsn := "sqlite://" + t.TempDir() + "/q.db"
-	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
-		t.Fatal(r)
-	}
+	migrateDSN(t, dsn)
 	tok := createToken(t, dsn, "consume", "acme")
 	p := startServe(t, dsn)
 	type answer struct {
@@ -369,9 +371,7 @@ func TestPythonExample(t *testing.T) {
 		t.Skipf("python3 is not installed: %v", err)
 	}
 	dsn := "sqlite://" + t.TempDir() + "/q.db"
-	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
-		t.Fatal(r)
-	}
+	migrateDSN(t, dsn)
 	tok := createToken(t, dsn, "admin", "demo")
 	p := startServe(t, dsn)
 	run := func() string {
@@ -428,9 +428,7 @@ func TestServeTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	dsn := "sqlite://" + filepath.Join(dir, "q.db")
-	if r := runCLI(t, nil, "", "--dsn", dsn, "migrate"); r.code != 0 {
-		t.Fatal(r)
-	}
+	migrateDSN(t, dsn)
 	if r := runCLI(t, nil, "", "--dsn", dsn, "serve", "--tls-cert", certFile); r.code != 2 || !strings.Contains(r.stderr, "--tls-cert and --tls-key go together") {
 		t.Fatalf("--tls-cert alone: %+v", r)
 	}
