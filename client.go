@@ -50,6 +50,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/receiptkey"
 	"github.com/shardq/shardq/internal/telemetry"
 	"github.com/shardq/shardq/internal/wakeup"
 )
@@ -274,6 +275,11 @@ func (c *Client) Migrate(ctx context.Context) error {
 	}
 	if len(applied) > 0 {
 		c.cfg.Logger.Info("shardq: migrations applied", "driver", c.drv.Name(), "versions", applied)
+	}
+	// The key that signs receipts (shardq serve); a server that finds none
+	// creates it too.
+	if _, err := receiptkey.Ensure(ctx, c.drv, time.Now()); err != nil {
+		return fmt.Errorf("shardq: create the receipt key: %w", err)
 	}
 	return nil
 }

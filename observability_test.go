@@ -159,6 +159,9 @@ func TestMetricsFollowEvents(t *testing.T) {
 				t.Fatalf("batch.size count %d, operation.duration count %d; want ≥ 1 and 5",
 					m.histCount("shardq.publish.batch.size"), m.histCount("messaging.client.operation.duration"))
 			}
+			// Discovery may report the lag before the member's lease is
+			// taken: wait for it, then it must be exactly one.
+			m.waitUntil("one lease acquired and held", func() bool { return m.sum("shardq.consumer.leases.acquired", group) >= 1 })
 			if m.sum("shardq.consumer.leases.acquired", group) != 1 || m.sum("shardq.consumer.leases.held", group) != 1 {
 				t.Fatalf("leases acquired %d held %d; want 1 and 1", m.sum("shardq.consumer.leases.acquired", group), m.sum("shardq.consumer.leases.held", group))
 			}

@@ -10,14 +10,22 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/receiptkey"
 	"github.com/shardq/shardq/internal/settle"
 )
+
+// ErrBadReceipt means a receipt was not made by a server of this
+// database (its signature fails, or its key was retired longer than
+// MaxVisibility ago): it settles nothing. errors.Is(err, ErrInvalid)
+// holds too.
+var ErrBadReceipt = errors.New("shardq: receipt not issued here")
 
 // ErrStaleReceipt means a receipt's lease or claim has moved on (its
 // visibility timeout passed and another receive took the messages, or a
@@ -39,9 +47,13 @@ type ReceiptOptions struct {
 	Name        string
 	MaxAttempts int    // after this many failed attempts (Nacks) a message is dead-lettered [10]
 	DLQSuffix   string // [".dlq"]
-	// PollInterval is how often a waiting receive looks again [100ms].
-	PollInterval time.Duration
-	Clock        func() time.Time
+	// PollInterval is how often a waiting receive looks again while the
+	// change feed is down [100ms]; while it streams, a waiting receive
+	// wakes when its partitions move and looks again only every
+	// FeedPollInterval, as a safety net [DefaultFeedPollInterval].
+	PollInterval     time.Duration
+	FeedPollInterval time.Duration
+	Clock            func() time.Time
 }
 
 // Receipts receive with receipts, as SQS FIFO's ReceiveMessage does: a
@@ -52,6 +64,8 @@ type ReceiptOptions struct {
 type Receipts struct {
 	c *Client
 	o ReceiptOptions
+
+	keys *receiptkey.Ring
 
 	mu       sync.Mutex
 	advanced map[[3]string]time.Time // ungrouped cursors moved, by (tenant, topic, group)
@@ -80,10 +94,13 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 	if o.PollInterval <= 0 {
 		o.PollInterval = 100 * time.Millisecond
 	}
+	if o.FeedPollInterval <= 0 {
+		o.FeedPollInterval = DefaultFeedPollInterval
+	}
 	if o.Clock == nil {
 		o.Clock = c.cfg.Clock
 	}
-	return &Receipts{c: c, o: o, advanced: map[[3]string]time.Time{}}, nil
+	return &Receipts{c: c, o: o, keys: receiptkey.New(c.drv, MaxVisibility, o.Clock), advanced: map[[3]string]time.Time{}}, nil
 }
 
 // ReceiveRequest is one receive. PartitionKey takes that message group;
@@ -99,10 +116,22 @@ type ReceiveRequest struct {
 	Max                          int           // [1], at most MaxReceiveMessages
 	Wait                         time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
 	Visibility                   time.Duration // [30s], at most MaxVisibility
+	// MaxBytes, when > 0, bounds the payload and header bytes a receive
+	// holds: it takes no message that would pass it, except that the
+	// first is always taken. Messages are sized before they are loaded.
+	MaxBytes int64
 	// Done, when closed, ends a waiting receive early with what it has
 	// (nothing): a server shutting down answers its long polls at once
 	// without cancelling the statements of other requests.
 	Done <-chan struct{}
+}
+
+// ReceiveResult is what a receive hands out.
+type ReceiveResult struct {
+	Messages []ReceivedMessage
+	// Truncated: MaxBytes ended the receive before Max, and more
+	// messages may be ready: receive again.
+	Truncated bool
 }
 
 // ReceivedMessage is a delivery and the receipt that settles it.
@@ -111,7 +140,10 @@ type ReceivedMessage struct {
 	Receipt string
 }
 
-// receipt is what a receipt names; it is encoded as base64url JSON.
+// receipt is what a receipt names. It travels as
+// "r2.<key id>.<base64url JSON>.<base64url HMAC-SHA256>", the MAC taken
+// over everything before its dot under the database's receipt key
+// (internal/receiptkey): a client can neither make nor edit one.
 type receipt struct {
 	Tenant string `json:"t"`
 	Topic  string `json:"p"`
@@ -127,25 +159,74 @@ type receipt struct {
 	Attempts int `json:"a,omitempty"`
 }
 
-func (r receipt) encode() string {
+// receiptPrefix starts every receipt; maxReceiptBytes bounds one.
+const (
+	receiptPrefix   = "r2."
+	maxReceiptBytes = 2048
+)
+
+// signedPart is a receipt's text before its MAC.
+func (r receipt) signedPart(keyID int64) string {
 	b, _ := json.Marshal(r) // strings and integers only: cannot fail
-	return "r1." + base64.RawURLEncoding.EncodeToString(b)
+	return receiptPrefix + strconv.FormatInt(keyID, 10) + "." + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// decodeReceipt checks a receipt's form and that it belongs to tenant,
-// topic and group (a receipt is not a credential: the caller's access to
-// them is checked elsewhere). It touches no database.
-func decodeReceipt(s, tenant, topic, group string) (receipt, error) {
+// sign encodes rc with its MAC under the newest receipt key.
+func (r *Receipts) sign(ctx context.Context, rc receipt) (string, error) {
+	signed, sum, err := r.keys.Sign(ctx, func(id int64) []byte { return []byte(rc.signedPart(id)) })
+	if err != nil {
+		return "", fmt.Errorf("sign receipt: %w", err)
+	}
+	return string(signed) + "." + base64.RawURLEncoding.EncodeToString(sum), nil
+}
+
+// splitReceipt splits a receipt into its key id, the signed text, the
+// JSON it carries and its MAC, checking only their form.
+func splitReceipt(s string) (keyID int64, signed string, body, sum []byte, err error) {
+	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
+	rest, ok := strings.CutPrefix(s, receiptPrefix)
+	if !ok || len(s) > maxReceiptBytes {
+		return 0, "", nil, nil, bad(fmt.Sprintf("not a receipt of this server (want %s…, at most %d bytes)", receiptPrefix, maxReceiptBytes))
+	}
+	id, rest, ok1 := strings.Cut(rest, ".")
+	enc, mac, ok2 := strings.Cut(rest, ".")
+	if !ok1 || !ok2 {
+		return 0, "", nil, nil, bad("malformed")
+	}
+	keyID, err = strconv.ParseInt(id, 10, 64)
+	if err != nil || keyID <= 0 || strconv.FormatInt(keyID, 10) != id {
+		return 0, "", nil, nil, bad("malformed key id")
+	}
+	if body, err = base64.RawURLEncoding.Strict().DecodeString(enc); err != nil {
+		return 0, "", nil, nil, bad("not base64url")
+	}
+	if sum, err = base64.RawURLEncoding.Strict().DecodeString(mac); err != nil || len(sum) != 32 {
+		return 0, "", nil, nil, bad("malformed signature")
+	}
+	return keyID, s[:len(s)-len(mac)-1], body, sum, nil
+}
+
+// decode checks a receipt's signature, then its form and that it belongs
+// to tenant, topic and group (a receipt is not a credential: the caller's
+// access to them is checked elsewhere).
+func (r *Receipts) decode(ctx context.Context, s, tenant, topic, group string) (receipt, error) {
+	keyID, signed, body, sum, err := splitReceipt(s)
+	if err != nil {
+		return receipt{}, err
+	}
+	switch err := r.keys.Verify(ctx, keyID, []byte(signed), sum); {
+	case errors.Is(err, receiptkey.ErrSignature), errors.Is(err, receiptkey.ErrUnknownKey):
+		return receipt{}, fmt.Errorf("%w: %w", &ident.Error{Field: "receipt", Rule: "not issued by a server of this database (" + err.Error() + ")"}, ErrBadReceipt)
+	case err != nil:
+		return receipt{}, fmt.Errorf("verify receipt: %w", err)
+	}
+	return parseReceipt(body, tenant, topic, group)
+}
+
+// parseReceipt checks a signed receipt's JSON. It touches no database.
+func parseReceipt(b []byte, tenant, topic, group string) (receipt, error) {
 	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
 	var r receipt
-	rest, ok := strings.CutPrefix(s, "r1.")
-	if !ok || len(s) > 2048 {
-		return r, bad("not a receipt of this server (want r1.…, at most 2048 bytes)")
-	}
-	b, err := base64.RawURLEncoding.DecodeString(rest)
-	if err != nil {
-		return r, bad("not base64url")
-	}
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
@@ -154,7 +235,7 @@ func decodeReceipt(s, tenant, topic, group string) (receipt, error) {
 	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
 		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
 	}
-	if r.Claim != (r.Key == "") || r.Owner == "" || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 {
+	if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 {
 		return r, bad("inconsistent")
 	}
 	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
@@ -209,122 +290,253 @@ func (rq *ReceiveRequest) check() error {
 	return nil
 }
 
-// Receive hands out up to rq.Max messages: of one message group, in
-// order, under a lease that lasts rq.Visibility (no other receive gets
-// that group meanwhile); or ungrouped ones, each under its own claim.
-// With rq.Wait it keeps looking that long while there is none. No
-// message: an empty slice.
-func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
+// Receive hands out up to rq.Max messages (within rq.MaxBytes): of one
+// message group, in order, under a lease that lasts rq.Visibility (no
+// other receive gets that group meanwhile); or ungrouped ones, each under
+// its own claim. With rq.Wait it keeps looking that long while there is
+// none, woken by the change feed when the topic's partitions move. No
+// message: an empty Messages.
+func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
 	if err := rq.check(); err != nil {
-		return nil, fmt.Errorf("shardq: receive: %w", err)
+		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	if err := r.c.registerGroup(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, StartEarliest, r.o.Clock()); err != nil {
-		return nil, fmt.Errorf("shardq: receive: %w", err)
+		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
+	var wake *receiveWake
 	deadline := time.Now().Add(rq.Wait)
 	for {
-		var out []ReceivedMessage
+		var res ReceiveResult
 		var err error
 		switch {
 		case rq.PartitionKey != "":
-			out, err = r.receiveGroup(ctx, rq, rq.PartitionKey)
+			res, err = r.receiveGroup(ctx, rq, rq.PartitionKey)
 		case rq.NextGroup:
-			out, err = r.receiveNextGroup(ctx, rq)
+			res, err = r.receiveNextGroup(ctx, rq)
 		case rq.Ungrouped:
-			out, err = r.receiveUngrouped(ctx, rq)
+			res, err = r.receiveUngrouped(ctx, rq)
 		default:
-			if out, err = r.receiveUngrouped(ctx, rq); err == nil && len(out) == 0 {
-				out, err = r.receiveNextGroup(ctx, rq)
+			if res, err = r.receiveUngrouped(ctx, rq); err == nil && len(res.Messages) == 0 {
+				res, err = r.receiveNextGroup(ctx, rq)
 			}
 		}
-		if err != nil || len(out) > 0 || !sleepUntilNext(ctx, rq.Done, deadline, r.o.PollInterval) {
-			if err == nil && out == nil {
-				out = []ReceivedMessage{}
+		if err != nil || len(res.Messages) > 0 || !time.Now().Before(deadline) {
+			if res.Messages == nil {
+				res.Messages = []ReceivedMessage{}
 			}
-			return out, err
+			return res, err
+		}
+		if wake == nil {
+			// Registered before the next look, so that a move between that
+			// look and the wait still wakes it.
+			wake = &receiveWake{key: rq.PartitionKey, one: rq.PartitionKey != "", ch: make(chan struct{}, 1)}
+			r.c.local.Add(rq.Topic, []string{rq.Tenant}, wake, wake)
+			defer r.c.local.Remove(rq.Topic, wake)
+			continue
+		}
+		poll := r.o.PollInterval
+		if r.c.local.Up() {
+			poll = r.o.FeedPollInterval
+		}
+		if !waitForWork(ctx, rq.Done, wake.ch, deadline, poll) {
+			return ReceiveResult{Messages: []ReceivedMessage{}}, nil
 		}
 	}
 }
 
-func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
-	owner := ident.MemberID(r.o.Name)
-	claims, err := r.c.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, owner, r.o.Clock(), rq.Visibility, rq.Max)
-	if err != nil {
-		return nil, fmt.Errorf("shardq: receive: %w", err)
+// receiveWake wakes a waiting receive when a partition it may take moves
+// (wakeup.Consumer).
+type receiveWake struct {
+	key string // with one: the only partition that matters
+	one bool
+	ch  chan struct{}
+}
+
+func (w *receiveWake) Moved(heads []driver.HeadChange) {
+	for _, h := range heads {
+		if !w.one || h.PartitionKey == w.key {
+			w.Rescan()
+			return
+		}
 	}
-	out := make([]ReceivedMessage, 0, len(claims))
+}
+
+func (w *receiveWake) Rescan() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// waitForWork waits for a wake-up, poll, or deadline, whichever is first;
+// false when the deadline passed, ctx ended or done closed.
+func waitForWork(ctx context.Context, done <-chan struct{}, wake <-chan struct{}, deadline time.Time, poll time.Duration) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	t := time.NewTimer(min(poll, left))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-done:
+		return false
+	case <-wake:
+		return true
+	case <-t.C:
+		return time.Now().Before(deadline)
+	}
+}
+
+// MaxMessageBytes is the most payload and header bytes one message can
+// carry under c's Config: what a reader within a byte budget must leave
+// room for.
+func (c *Client) MaxMessageBytes() int64 {
+	return int64(c.cfg.MaxPayloadBytes) + ident.MaxHeaders*(ident.MaxHeaderKeyBytes+ident.MaxHeaderValueBytes)
+}
+
+func (r *Receipts) maxMessageBytes() int64 { return r.c.MaxMessageBytes() }
+
+// budgeted reports whether rq's byte budget can bind: Max messages of the
+// largest size would pass it.
+func (r *Receipts) budgeted(rq ReceiveRequest) bool {
+	return rq.MaxBytes > 0 && int64(rq.Max)*r.maxMessageBytes() > rq.MaxBytes
+}
+
+func deliveryBytes(m driver.Message) int64 {
+	n := int64(len(m.Payload))
+	for k, v := range m.Headers {
+		n += int64(len(k) + len(v))
+	}
+	return n
+}
+
+func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
+	owner := ident.MemberID(r.o.Name)
+	limit := driver.ClaimLimit{Messages: rq.Max}
+	if r.budgeted(rq) {
+		limit.Bytes = rq.MaxBytes
+	}
+	claims, err := r.c.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, owner, r.o.Clock(), rq.Visibility, limit)
+	if err != nil {
+		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
+	}
+	var res ReceiveResult
+	var used int64
 	for _, c := range claims {
 		rc := receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Owner: owner, Token: c.Token, Offset: c.Message.Offset, Claim: true, Attempts: c.Attempts}
-		out = append(out, ReceivedMessage{Delivery: *newDelivery(c.Message, c.Attempts), Receipt: rc.encode()})
+		signed, err := r.sign(ctx, rc)
+		if err != nil {
+			return ReceiveResult{}, r.releaseClaims(ctx, claims, fmt.Errorf("shardq: receive: %w", err))
+		}
+		res.Messages = append(res.Messages, ReceivedMessage{Delivery: *newDelivery(c.Message, c.Attempts), Receipt: signed})
+		used += deliveryBytes(c.Message)
 	}
-	return out, nil
+	// The claim stopped short of Max while another message of the
+	// largest size would not fit: the budget may have ended it.
+	res.Truncated = limit.Bytes > 0 && len(claims) > 0 && len(claims) < rq.Max && used+r.maxMessageBytes() > rq.MaxBytes
+	return res, nil
+}
+
+// releaseClaims gives back claims that cannot be handed out, uncounted.
+func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cause error) error {
+	for _, c := range claims {
+		if err := r.c.drv.ReleaseClaim(context.WithoutCancel(ctx), c, r.o.Clock()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+			cause = errors.Join(cause, err)
+		}
+	}
+	return cause
 }
 
 // receiveNextGroup takes the free message group whose next message is
 // oldest (trying the 20 oldest: others may take some meanwhile).
-func (r *Receipts) receiveNextGroup(ctx context.Context, rq ReceiveRequest) ([]ReceivedMessage, error) {
+func (r *Receipts) receiveNextGroup(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
 	groups, err := r.c.drv.ReadyGroups(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, r.o.Clock(), 20)
 	if err != nil {
-		return nil, fmt.Errorf("shardq: receive: %w", err)
+		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	for _, g := range groups {
-		out, err := r.receiveGroup(ctx, rq, g.PartitionKey)
-		if err != nil || len(out) > 0 {
-			return out, err
+		res, err := r.receiveGroup(ctx, rq, g.PartitionKey)
+		if err != nil || len(res.Messages) > 0 {
+			return res, err
 		}
 	}
-	return nil, nil
+	return ReceiveResult{}, nil
 }
 
 // receiveGroup takes group key's lease and hands out its ready messages
 // after the cursor; with none ready it gives the lease back.
-func (r *Receipts) receiveGroup(ctx context.Context, rq ReceiveRequest, key string) ([]ReceivedMessage, error) {
+func (r *Receipts) receiveGroup(ctx context.Context, rq ReceiveRequest, key string) (ReceiveResult, error) {
 	ref := driver.PartitionRef{Tenant: rq.Tenant, ConsumerGroup: rq.ConsumerGroup, Topic: rq.Topic, PartitionKey: key}
 	owner := ident.MemberID(r.o.Name)
 	now := r.o.Clock()
 	l, err := r.c.drv.AcquireLease(ctx, ref, owner, now, rq.Visibility)
 	if errors.Is(err, driver.ErrLeaseHeld) {
-		return nil, nil // in flight elsewhere: its messages are not ours to see
+		return ReceiveResult{}, nil // in flight elsewhere: its messages are not ours to see
 	}
 	if err != nil {
-		return nil, fmt.Errorf("shardq: receive %s: %w", ref, err)
+		return ReceiveResult{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
 	}
-	msgs, states, err := r.ready(ctx, l, rq.Max, now)
+	var res ReceiveResult
+	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
+	if err == nil && len(msgs) > 0 {
+		last := msgs[len(msgs)-1].Offset
+		res = ReceiveResult{Messages: make([]ReceivedMessage, len(msgs)), Truncated: truncated}
+		for i, m := range msgs {
+			rc := receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Key: key, Owner: owner, Token: l.Token, Offset: m.Offset, Last: last}
+			var signed string
+			if signed, err = r.sign(ctx, rc); err != nil {
+				break
+			}
+			res.Messages[i] = ReceivedMessage{Delivery: *newDelivery(m, states[m.Offset].Attempts+1), Receipt: signed}
+		}
+	}
 	if err != nil || len(msgs) == 0 {
 		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
 		}
 		if err != nil {
-			return nil, fmt.Errorf("shardq: receive %s: %w", ref, err)
+			return ReceiveResult{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
 		}
-		return nil, nil
+		return ReceiveResult{}, nil
 	}
-	last := msgs[len(msgs)-1].Offset
-	out := make([]ReceivedMessage, len(msgs))
-	for i, m := range msgs {
-		rc := receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Key: key, Owner: owner, Token: l.Token, Offset: m.Offset, Last: last}
-		out[i] = ReceivedMessage{Delivery: *newDelivery(m, states[m.Offset].Attempts+1), Receipt: rc.encode()}
-	}
-	return out, nil
+	return res, nil
 }
 
-// ready reads up to max messages after l's cursor that may be delivered
-// now: it stops at a message delayed past now or waiting for its retry.
-func (r *Receipts) ready(ctx context.Context, l driver.Lease, max int, now time.Time) ([]driver.Message, map[int64]driver.DeliveryState, error) {
-	msgs, err := r.c.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, max)
-	if err != nil || len(msgs) == 0 {
-		return nil, nil, err
+// ready reads up to rq.Max messages after l's cursor that may be
+// delivered now, within rq.MaxBytes: it stops at a message delayed past
+// now or waiting for its retry. Under a budget that can bind, it reads
+// the sizes first and loads only what fits; truncated says the budget
+// left a message behind.
+func (r *Receipts) ready(ctx context.Context, l driver.Lease, rq ReceiveRequest, now time.Time) (msgs []driver.Message, states map[int64]driver.DeliveryState, truncated bool, err error) {
+	n := rq.Max
+	if r.budgeted(rq) {
+		sizes, err := r.c.drv.MessageSizes(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		var used int64
+		for i, sz := range sizes {
+			if i > 0 && used+sz.Bytes > rq.MaxBytes {
+				n, truncated = i, true
+				break
+			}
+			used += sz.Bytes
+		}
 	}
-	states, err := r.c.drv.DeliveryStates(ctx, l.PartitionRef, l.Committed, msgs[len(msgs)-1].Offset)
-	if err != nil {
-		return nil, nil, err
+	if msgs, err = r.c.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, n); err != nil || len(msgs) == 0 {
+		return nil, nil, false, err
+	}
+	if states, err = r.c.drv.DeliveryStates(ctx, l.PartitionRef, l.Committed, msgs[len(msgs)-1].Offset); err != nil {
+		return nil, nil, false, err
 	}
 	for i, m := range msgs {
 		if m.NotBefore.After(now) || states[m.Offset].NextAttemptAt.After(now) {
-			return msgs[:i], states, nil
+			return msgs[:i], states, false, nil
 		}
 	}
-	return msgs, states, nil
+	return msgs, states, truncated, nil
 }
 
 // Ack settles the message of a receipt of tenant's topic and group. For
@@ -334,7 +546,7 @@ func (r *Receipts) ready(ctx context.Context, l driver.Lease, max int, now time.
 // once. A receipt whose lease or claim moved on fails with
 // ErrStaleReceipt and changes nothing.
 func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) error {
-	rc, err := decodeReceipt(rcpt, tenant, topic, group)
+	rc, err := r.decode(ctx, rcpt, tenant, topic, group)
 	if err != nil {
 		return fmt.Errorf("shardq: ack: %w", err)
 	}
@@ -352,8 +564,19 @@ func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) e
 // commit commits a message group's cursor past rc's offset, and gives the
 // group back when rc is its receive's last message.
 func (r *Receipts) commit(ctx context.Context, rc receipt, now time.Time) error {
+	// Whatever a receipt says, a cursor never passes the partition's
+	// head: that would skip every message published up to it. The head
+	// only grows while the lease is held, so a read before the fenced
+	// commit bounds it as well as one inside.
+	heads, err := r.c.drv.HeadsOf(ctx, rc.Topic, []string{rc.Tenant}, []string{rc.Key})
+	if err != nil {
+		return r.settled("ack", rc, err)
+	}
+	if head := heads[driver.HeadKey{Tenant: rc.Tenant, PartitionKey: rc.Key}]; rc.Offset > head || rc.Last > head {
+		return r.settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head %d", max(rc.Offset, rc.Last), head)})
+	}
 	l := rc.lease()
-	err := r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
+	err = r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
 	if err == nil && rc.Offset == rc.Last {
 		// Committed: give the group back even if the caller has gone.
 		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
@@ -372,7 +595,7 @@ func (r *Receipts) commit(ctx context.Context, rc receipt, now time.Time) error 
 // and nothing changes. It returns the indexes of the stale receipts, whose
 // messages are delivered again; the others are settled.
 func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpts []string) (stale []int, err error) {
-	rcs, err := decodeReceipts(rcpts, tenant, topic, group)
+	rcs, err := r.decodeAll(ctx, rcpts, tenant, topic, group)
 	if err != nil {
 		return nil, fmt.Errorf("shardq: ack: %w", err)
 	}
@@ -430,7 +653,7 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 // later messages wait behind that one (in order) and are delivered again
 // with it, without an attempt counted against them.
 func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcpts []string, retryAfter time.Duration, reason string) (stale []int, err error) {
-	rcs, err := decodeReceipts(rcpts, tenant, topic, group)
+	rcs, err := r.decodeAll(ctx, rcpts, tenant, topic, group)
 	if err != nil {
 		return nil, fmt.Errorf("shardq: nack: %w", err)
 	}
@@ -473,18 +696,22 @@ func (r receipt) receive() receipt {
 	return r
 }
 
-// decodeReceipts decodes every receipt, or names the first bad one.
-func decodeReceipts(rcpts []string, tenant, topic, group string) ([]receipt, error) {
+// decodeAll decodes every receipt, or names the first bad one.
+func (r *Receipts) decodeAll(ctx context.Context, rcpts []string, tenant, topic, group string) ([]receipt, error) {
 	if len(rcpts) == 0 || len(rcpts) > MaxReceiveMessages {
 		return nil, &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts: want 1 to %d", len(rcpts), MaxReceiveMessages)}
 	}
 	rcs := make([]receipt, len(rcpts))
 	for i, s := range rcpts {
-		rc, err := decodeReceipt(s, tenant, topic, group)
+		rc, err := r.decode(ctx, s, tenant, topic, group)
 		if err != nil {
 			var ve *ident.Error
 			if errors.As(err, &ve) {
-				return nil, &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: ve.Rule}
+				named := &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: ve.Rule}
+				if errors.Is(err, ErrBadReceipt) {
+					return nil, fmt.Errorf("%w: %w", named, ErrBadReceipt)
+				}
+				return nil, named
 			}
 			return nil, err
 		}
@@ -498,7 +725,7 @@ func decodeReceipts(rcpts []string, tenant, topic, group string) ([]receipt, err
 // is given back at once (its messages after this one wait behind it, in
 // order); the receipts of that receive become stale.
 func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, retryAfter time.Duration, reason string) error {
-	rc, err := decodeReceipt(rcpt, tenant, topic, group)
+	rc, err := r.decode(ctx, rcpt, tenant, topic, group)
 	if err == nil && (retryAfter < 0 || retryAfter > MaxVisibility) {
 		err = &ident.Error{Field: "retry_after", Rule: fmt.Sprintf("%s: want 0 to %s", retryAfter, MaxVisibility)}
 	}

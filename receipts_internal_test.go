@@ -3,28 +3,58 @@
 package shardq
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/testdb"
 )
+
+func newTestReceipts(t testing.TB, drv driver.Driver) (*Client, *Receipts) {
+	t.Helper()
+	c, err := NewClient(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r, err := c.Receipts(&ReceiptOptions{Name: "test", PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, r
+}
 
 // FuzzDecodeReceipt: a receipt comes from the network. Decoding never
 // panics, refuses with a ValidationError naming "receipt", and what it
 // accepts is a consistent receipt of the request's tenant, topic and
-// group that encodes back to itself.
+// group, signed by this database's key, that signs back to itself.
 func FuzzDecodeReceipt(f *testing.F) {
-	for _, r := range []receipt{
+	_, r := newTestReceipts(f, testdb.Migrated(f, testdb.SQLite(f)))
+	ctx := context.Background()
+	for _, rc := range []receipt{
 		{Tenant: "t", Topic: "p", Group: "g", Key: "k", Owner: "o#1", Token: 3, Offset: 7, Last: 9},
 		{Tenant: "t", Topic: "p", Group: "g", Owner: "o#1", Token: 3, Offset: 7, Claim: true, Attempts: 2},
 	} {
-		f.Add(r.encode())
+		s, err := r.sign(ctx, rc)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(s)
+		f.Add(s[:len(s)-1] + "A")
+		f.Add(strings.Replace(s, "r2.1.", "r2.2.", 1))
+		f.Add(strings.Replace(s, "r2.1.", "r2.01.", 1))
 	}
-	f.Add("r1.")
 	f.Add("r1.e30")
+	f.Add("r2.1.e30.AAAA")
 	f.Add("nonsense")
 	f.Fuzz(func(t *testing.T, s string) {
-		r, err := decodeReceipt(s, "t", "p", "g")
+		rc, err := r.decode(ctx, s, "t", "p", "g")
 		if err != nil {
 			var ve *ident.Error
 			if !errors.As(err, &ve) || ve.Field != "receipt" {
@@ -32,12 +62,132 @@ func FuzzDecodeReceipt(f *testing.F) {
 			}
 			return
 		}
-		if r.Tenant != "t" || r.Topic != "p" || r.Group != "g" || r.Owner == "" || r.Offset <= 0 || r.Claim != (r.Key == "") {
-			t.Fatalf("accepted an inconsistent receipt %+v", r)
+		if rc.Tenant != "t" || rc.Topic != "p" || rc.Group != "g" || rc.Owner == "" || rc.Token <= 0 || rc.Offset <= 0 || rc.Claim != (rc.Key == "") {
+			t.Fatalf("accepted an inconsistent receipt %+v", rc)
 		}
-		again, err := decodeReceipt(r.encode(), "t", "p", "g")
-		if err != nil || again != r {
-			t.Fatalf("re-encoded receipt %+v decodes to %+v, %v", r, again, err)
+		again, err := r.sign(ctx, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back, err := r.decode(ctx, again, "t", "p", "g"); err != nil || back != rc {
+			t.Fatalf("re-signed receipt %+v decodes to %+v, %v", rc, back, err)
 		}
 	})
+}
+
+// eachDB runs fn on a migrated SQLite file and a migrated MariaDB database.
+func eachDB(t *testing.T, fn func(t *testing.T, drv driver.Driver)) {
+	t.Run("sqlite", func(t *testing.T) { fn(t, testdb.Migrated(t, testdb.SQLite(t))) })
+	t.Run("mariadb", func(t *testing.T) { fn(t, testdb.Migrated(t, testdb.MySQL(t))) })
+}
+
+// editReceipt re-encodes a receipt's JSON with edit applied, keeping its
+// key id and signature, as a client that edits one would.
+func editReceipt(t *testing.T, s string, edit func(map[string]any)) string {
+	t.Helper()
+	parts := strings.Split(s, ".")
+	b, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	parts[2] = base64.RawURLEncoding.EncodeToString(b)
+	return strings.Join(parts, ".")
+}
+
+// Receipts a client made or edited settle nothing: the signature refuses
+// them; and, whatever a receipt says, the stores settle a claim only for
+// its owner and token, and never move a cursor past the head.
+func TestReceiptsCannotBeForged(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		ctx := context.Background()
+		c, r := newTestReceipts(t, drv)
+		pub := func(key, id string, delay time.Duration) int64 {
+			res, err := c.Publish(ctx, Message{Tenant: "acme", Topic: "orders", PartitionKey: key, ID: id, Delay: delay})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res[0].Offset
+		}
+		// A delayed ungrouped message has a claim row nobody holds (owner
+		// "", token 0) once a receive has passed over it.
+		delayed := pub("", "later", time.Hour)
+		pub("", "now", 0)
+		got, err := r.Receive(ctx, ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", Ungrouped: true, Max: 10})
+		if err != nil || len(got.Messages) != 1 || got.Messages[0].ID != "now" {
+			t.Fatalf("receive = %+v, %v; want the message that is due", got, err)
+		}
+		forged := receipt{Tenant: "acme", Topic: "orders", Group: "victim", Owner: "anyone", Token: 0, Offset: delayed, Claim: true}
+		unsigned := receiptPrefix + "1." + base64.RawURLEncoding.EncodeToString(must(json.Marshal(forged))) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32))
+		if err := r.Ack(ctx, "acme", "orders", "victim", unsigned); !errors.Is(err, ErrBadReceipt) || !errors.Is(err, ErrInvalid) {
+			t.Fatalf("ack of an unsigned receipt: %v, want ErrBadReceipt and ErrInvalid", err)
+		}
+		// Signed or not, the store settles no placeholder row.
+		placeholder := driver.Claim{ConsumerGroup: "g", Owner: "", Token: 0, Message: driver.Message{Tenant: "acme", Topic: "orders", Offset: delayed}}
+		if err := drv.AckClaims(ctx, []driver.Claim{placeholder}, time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+			t.Fatalf("ack of the placeholder claim: %v, want ErrLeaseLost", err)
+		}
+		if err := drv.RetryClaim(ctx, placeholder, time.Now(), "x", time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+			t.Fatalf("retry of the placeholder claim: %v, want ErrLeaseLost", err)
+		}
+		// Nor a real claim for anyone but its owner.
+		real := got.Messages[0]
+		rc, err := r.decode(ctx, real.Receipt, "acme", "orders", "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := rc.claim(driver.Message{})
+		other.Owner = "someone-else"
+		if err := drv.AckClaims(ctx, []driver.Claim{other}, time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+			t.Fatalf("ack of a claim by another owner: %v, want ErrLeaseLost", err)
+		}
+
+		// A grouped receipt edited past the head: the signature refuses it,
+		// and so does the head even when it is signed.
+		for i := range 3 {
+			pub("k", "k"+string(rune('1'+i)), 0)
+		}
+		grp, err := r.Receive(ctx, ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", PartitionKey: "k", Max: 1})
+		if err != nil || len(grp.Messages) != 1 {
+			t.Fatalf("receive k = %+v, %v", grp, err)
+		}
+		edited := editReceipt(t, grp.Messages[0].Receipt, func(m map[string]any) { m["o"], m["l"] = 9e18, 9e18 })
+		if err := r.Ack(ctx, "acme", "orders", "g", edited); !errors.Is(err, ErrBadReceipt) {
+			t.Fatalf("ack of an edited receipt: %v, want ErrBadReceipt", err)
+		}
+		grc, err := r.decode(ctx, grp.Messages[0].Receipt, "acme", "orders", "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		grc.Offset, grc.Last = 9e18, 9e18
+		past, err := r.sign(ctx, grc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Ack(ctx, "acme", "orders", "g", past); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("ack of a signed receipt past the head: %v, want ErrInvalid", err)
+		}
+		// Nothing moved: the real receipt still settles, and k2, k3 follow.
+		if err := r.Ack(ctx, "acme", "orders", "g", grp.Messages[0].Receipt); err != nil {
+			t.Fatal(err)
+		}
+		rest, err := r.Receive(ctx, ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", PartitionKey: "k", Max: 10})
+		if err != nil || len(rest.Messages) != 2 || rest.Messages[0].ID != "k2" || rest.Messages[1].ID != "k3" {
+			t.Fatalf("after the refused acks, receive k = %+v, %v; want k2, k3", rest, err)
+		}
+	})
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -111,6 +111,10 @@ type Driver interface {
 	// FetchAfter returns up to limit messages of one partition with offsets
 	// greater than after, in offset order.
 	FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]Message, error)
+	// MessageSizes reads the sizes (payload and headers bytes) of what
+	// FetchAfter would read, so that a reader within a byte budget loads
+	// only what fits.
+	MessageSizes(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]MessageSize, error)
 	// PartitionsWithWork lists the partitions of topic, in the given tenants
 	// only, whose head is past the consumer group's committed cursor.
 	PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]Partition, error)
@@ -187,6 +191,20 @@ type Lease struct {
 	// the acquiring transaction, so it includes the previous owner's last
 	// commit (set by AcquireLease only).
 	Committed int64
+}
+
+// MessageSize is a stored message's payload and headers in bytes.
+type MessageSize struct {
+	Offset int64
+	Bytes  int64
+}
+
+// ClaimLimit bounds one ClaimMessages: at most Messages messages and,
+// when Bytes > 0, no message past the one that reaches Bytes of payload
+// and headers (the first is always claimed).
+type ClaimLimit struct {
+	Messages int
+	Bytes    int64
 }
 
 // LeaseHeldError reports who holds a partition (errors.Is ErrLeaseHeld).
@@ -477,13 +495,15 @@ type Groups interface {
 	// returns ErrLeaseLost and changes nothing.
 	SetGroupState(ctx context.Context, l Lease, state []byte, now time.Time) error
 
-	// ClaimMessages claims up to limit ungrouped messages of topic in
-	// tenant for group: never claimed, or whose claim is visible again
+	// ClaimMessages claims ungrouped messages of topic in tenant for
+	// group, within limit: never claimed, or whose claim is visible again
 	// (expired, or retry due) and not done. Each claim lasts until
-	// now+visibility.
-	ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit int) ([]Claim, error)
+	// now+visibility. A claim is owned by owner under a token > 0; only
+	// the two together settle it.
+	ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit ClaimLimit) ([]Claim, error)
 	// AckClaims marks the messages of cs (one tenant, topic and group)
-	// done in one transaction, or, when any claim is no longer current,
+	// done in one transaction, or, when any claim is no longer current
+	// (its token and owner),
 	// returns ErrLeaseLost and changes nothing.
 	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
 	// RetryClaim makes c's message claimable again at retryAt, recording
@@ -609,4 +629,21 @@ type Tokens interface {
 	// tenants only; ListTokens finds a token's tenants) and returns the
 	// rows it changed (0: none, or revoked already).
 	RevokeToken(ctx context.Context, tenants []string, id string, now time.Time) (int64, error)
+
+	// ReceiptKeys reads every receipt-signing key, by ID.
+	ReceiptKeys(ctx context.Context) ([]ReceiptKey, error)
+	// AddReceiptKey stores k unless a key with its ID exists, and reports
+	// whether it stored it (two servers adding the same ID: one wins).
+	AddReceiptKey(ctx context.Context, k ReceiptKey) (bool, error)
+	// DeleteReceiptKey removes key id (routed by id: never a scatter).
+	DeleteReceiptKey(ctx context.Context, id int64) error
+}
+
+// ReceiptKey signs and verifies the receipts of `shardq serve`
+// (HMAC-SHA256). The newest key signs; a key is replaced by the next ID
+// at that key's CreatedAt.
+type ReceiptKey struct {
+	ID        int64
+	Secret    []byte
+	CreatedAt time.Time
 }

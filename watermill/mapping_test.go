@@ -251,3 +251,48 @@ func closedNow(ctx context.Context) bool {
 		return false
 	}
 }
+
+// The handler timeout runs from the hand-over: a message that waited in
+// the channel past the timeout, while the application held another, is
+// still handed out with a live context, not timed out (and, with
+// MaxAttempts 1, dead-lettered) before anybody saw it.
+func TestHandlerTimeoutStartsAtHandOver(t *testing.T) {
+	c := newClient(t, false)
+	byID := func(_ string, m *message.Message) (string, error) { return m.UUID, nil }
+	pub, _ := shardqwm.NewPublisher(c, shardqwm.PublisherConfig{Tenant: "acme", PartitionKey: byID}, nil)
+	if err := pub.Publish("jobs", message.NewMessage("a", []byte("a")), message.NewMessage("b", []byte("b"))); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 500 * time.Millisecond
+	sub, err := shardqwm.NewSubscriber(c, shardqwm.SubscriberConfig{Tenant: "acme", MaxAttempts: 1,
+		Subscriber: shardq.SubscriberConfig{HandlerTimeout: timeout}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ch, err := sub.Subscribe(context.Background(), "jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := receive(t, ch)
+	select {
+	case <-held.Context().Done(): // its own timeout: the other has waited as long
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the held message's context outlived its %s timeout by 20 s", timeout)
+	}
+	waited := receive(t, ch)
+	if waited.UUID == held.UUID || waited.Context().Err() != nil {
+		t.Fatalf("after %s held past its timeout, got %s with context error %v; want the other message, live", held.UUID, waited.UUID, waited.Context().Err())
+	}
+	waited.Ack()
+	dlq := stored(t, c, "jobs.dlq")
+	for deadline := time.Now().Add(20 * time.Second); len(dlq) == 0 && time.Now().Before(deadline); dlq = stored(t, c, "jobs.dlq") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(dlq) != 1 || dlq[0].ID != held.UUID {
+		t.Fatalf("dead letters %+v; want only %s, the message held past its timeout", dlq, held.UUID)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

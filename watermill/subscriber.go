@@ -42,7 +42,8 @@ type SubscriberConfig struct {
 	// (batch size, lease and visibility timeouts, Take, the handler
 	// timeout, the start position...). Its ConsumerGroup, Topic, Tenants,
 	// Handler, BatchHandler and MaxAttempts must be left zero: the fields
-	// above set them.
+	// above set them. The handler timeout runs from when the application
+	// takes a message from the channel, not while it waits there.
 	Subscriber shardq.SubscriberConfig
 }
 
@@ -92,6 +93,10 @@ func NewSubscriber(client *shardq.Client, cfg SubscriberConfig, logger watermill
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("shardqwm: NewSubscriber: %w", &shardq.ValidationError{Field: "MaxAttempts", Rule: "must not be negative (0: unlimited)"})
 	}
+	if t := sc.HandlerTimeout; t < 0 && t != shardq.NoHandlerTimeout {
+		return nil, fmt.Errorf("shardqwm: NewSubscriber: %w", &shardq.ValidationError{Field: "Subscriber.HandlerTimeout",
+			Rule: fmt.Sprintf("%s is negative; shardq.NoHandlerTimeout (-1ns) means no limit", t)})
+	}
 	if cfg.ConsumerGroup == "" {
 		cfg.ConsumerGroup = DefaultConsumerGroup
 	}
@@ -118,8 +123,16 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, ErrSubscriberClosed
 	}
 	out := make(chan *message.Message)
-	h := &handler{out: out, nackDelay: s.cfg.NackDelay}
 	cfg := s.cfg.Subscriber
+	h := &handler{out: out, nackDelay: s.cfg.NackDelay, timeout: cfg.HandlerTimeout}
+	if h.timeout == 0 {
+		h.timeout = shardq.DefaultHandlerTimeout
+	}
+	// The handler timeout runs from the hand-over (handler.handle): a
+	// message waiting in the channel for the application to take it is
+	// not being handled, and must not time out (and count an attempt, or
+	// be dead-lettered) before anybody saw it.
+	cfg.HandlerTimeout = shardq.NoHandlerTimeout
 	cfg.ConsumerGroup, cfg.Topic, cfg.Tenants, cfg.Handler = s.cfg.ConsumerGroup, qtopic, []string{tenant}, h.handle
 	cfg.MaxAttempts = shardq.UnlimitedAttempts
 	if s.cfg.MaxAttempts > 0 {
@@ -184,6 +197,7 @@ func (s *Subscriber) Close() error {
 type handler struct {
 	out       chan<- *message.Message
 	nackDelay time.Duration
+	timeout   time.Duration // from the hand-over; negative: none
 }
 
 func (h *handler) handle(ctx context.Context, d *shardq.Delivery) error {
@@ -192,22 +206,29 @@ func (h *handler) handle(ctx context.Context, d *shardq.Delivery) error {
 	maps.Copy(msg.Metadata, d.Headers)
 	delete(msg.Metadata, shardq.HeaderQueueName) // the tenant: the topic's route says it
 	// The message's context is the handler's (it carries the process
-	// span): it ends once the message is settled, or when the
-	// subscription stops.
-	mctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// span): it ends once the message is settled, when the subscription
+	// stops, or at the handler timeout.
+	mctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	msg.SetContext(mctx)
 	select {
 	case h.out <- msg:
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
+	if h.timeout > 0 {
+		t := time.AfterFunc(h.timeout, func() { cancel(shardq.ErrHandlerTimeout) })
+		defer t.Stop()
+	}
 	select {
 	case <-msg.Acked():
 		return nil
 	case <-msg.Nacked():
 		return shardq.RetryAfter(h.nackDelay, errNacked)
-	case <-ctx.Done(): // stopped, lease lost, or the handler timeout
+	case <-mctx.Done(): // stopped, lease lost, or the handler timeout
+		if ctx.Err() == nil && errors.Is(context.Cause(mctx), shardq.ErrHandlerTimeout) {
+			return fmt.Errorf("%w after %s", shardq.ErrHandlerTimeout, h.timeout)
+		}
 		return context.Cause(ctx)
 	}
 }

@@ -50,10 +50,11 @@ func ids(ms []shardq.ReceivedMessage) []string {
 func mustReceive(t *testing.T, r *shardq.Receipts, rq shardq.ReceiveRequest, want ...string) []shardq.ReceivedMessage {
 	t.Helper()
 	rq.Tenant, rq.Topic, rq.ConsumerGroup = "t", "x", "g"
-	ms, err := r.Receive(context.Background(), rq)
+	res, err := r.Receive(context.Background(), rq)
 	if err != nil {
 		t.Fatalf("receive %+v: %v", rq, err)
 	}
+	ms := res.Messages
 	if got := ids(ms); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
 		t.Fatalf("receive %+v = %v, want %v", rq, got, want)
 	}
@@ -194,11 +195,11 @@ func testReceiptsNextGroup(t *testing.T, open Open) {
 	}
 	done := make(chan []shardq.ReceivedMessage, 1)
 	go func() {
-		ms, err := r.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", PartitionKey: "a", Wait: 10 * time.Second})
+		res, err := r.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", PartitionKey: "a", Wait: 10 * time.Second})
 		if err != nil {
 			t.Error(err)
 		}
-		done <- ms
+		done <- res.Messages
 	}()
 	time.Sleep(50 * time.Millisecond) // the receive is waiting (it returns either way)
 	publishGroup(t, c, "a", "a2")

@@ -5,15 +5,20 @@ package mysqldriver
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/client"
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
 	"github.com/go-sql-driver/mysql"
@@ -62,6 +67,10 @@ type binlogFeed struct {
 	cols     headColumns
 	pos      gomysql.Position
 	streamed bool // the last stream got as far as an event
+	// skips counts the events passed over (eventBound) since skipNoted,
+	// when the last line said so.
+	skips     int
+	skipNoted time.Time
 }
 
 // headColumns are the head table's column positions in a row image.
@@ -184,7 +193,7 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 	case !strings.EqualFold(format, "ROW"):
 		return nil, unavailable(fmt.Sprintf("binlog_format is %s; the feed needs ROW", format), nil)
 	}
-	cols, err := d.headColumns(qctx, c.DBName)
+	cols, err := d.headColumns(qctx, d.feedSchema)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +201,8 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 	if strings.Contains(strings.ToLower(version), "mariadb") {
 		flavor = gomysql.MariaDBFlavor
 	}
-	f := &binlogFeed{d: d, schema: c.DBName, cols: cols}
+	f := &binlogFeed{d: d, schema: d.feedSchema, cols: cols}
+	const readTimeout = 5 * time.Second
 	f.cfg = replication.BinlogSyncerConfig{
 		// A replica's id must be unique among the server's replicas: the
 		// server drops an older connection with the same id.
@@ -200,9 +210,14 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 		Flavor:   flavor, Host: host, Port: uint16(port), User: c.User, Password: c.Passwd, TLSConfig: c.TLS,
 		// Heartbeats from an idle server keep the read deadline from
 		// firing; a connection that stays silent past it is cut.
-		HeartbeatPeriod: time.Second, ReadTimeout: 5 * time.Second,
+		HeartbeatPeriod: time.Second, ReadTimeout: readTimeout,
 		DisableRetrySync: true, // we reconnect, from the last commit read
-		Logger:           slog.New(quieter{d.logs.logger().Handler()}).With("driver", "mysql", "component", "binlog"),
+		// Events larger than feedMax never reach go-mysql, which reads
+		// each event whole (eventBound); at most this many bounded events
+		// wait between its reader and stream (10240 by default).
+		Option:          func(c *client.Conn) error { boundEvents(c, d.feedMax, readTimeout); return nil },
+		EventCacheCount: 64,
+		Logger:          slog.New(quieter{d.logs.logger().Handler()}).With("driver", "mysql", "component", "binlog"),
 		// Only the head table's rows are decoded: the messages' payloads
 		// pass through undecoded.
 		RowsEventDecodeFunc: f.decodeRows,
@@ -247,10 +262,14 @@ func (d *Driver) binlogPosition(ctx context.Context) (gomysql.Position, error) {
 	defer cancel()
 	var pos gomysql.Position
 	var errs []error
+	db := d.db
+	if d.feedDB != nil {
+		db = d.feedDB // FeedDSN's user: the queue's may lack REPLICATION CLIENT
+	}
 	// SHOW MASTER STATUS is SHOW BINARY LOG STATUS from MySQL 8.2 on (and
 	// gone in 8.4); MariaDB knows the first.
 	for _, stmt := range []string{"SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"} {
-		rows, err := d.db.QueryContext(qctx, stmt)
+		rows, err := db.QueryContext(qctx, stmt)
 		if err != nil {
 			var me *mysql.MySQLError
 			if errors.As(err, &me) && (isPrivilegeError(me.Number) || me.Number == errNoBinaryLogging) {
@@ -336,7 +355,33 @@ func (f *binlogFeed) stream(ctx context.Context, sink driver.FeedSink) error {
 					tx.commit(sink)
 				}
 			}
+		case *replication.GenericEvent:
+			switch typ, size, skipped := skippedEvent(ev.Header.EventType, e.Data); {
+			case skipped:
+				f.skipped(sink, typ, size)
+				// It may have held a head change, so consumers read their
+				// heads again, as after a lost position: once the
+				// transaction that held it commits, or at once when it
+				// was a whole (compressed) transaction.
+				tx.rescan = true
+				if typ == replication.TRANSACTION_PAYLOAD_EVENT {
+					tx.commit(sink)
+				}
+			case ev.Header.EventType == replication.HEARTBEAT_EVENT || ev.Header.EventType == replication.HEARTBEAT_LOG_EVENT_V2:
+				tx.flushRescan(sink) // the server is idle: whatever held the skipped event has committed
+			}
 		}
+	}
+}
+
+// skipped notes a skipped event: one line a minute at most, with how
+// many since the last.
+func (f *binlogFeed) skipped(sink driver.FeedSink, typ replication.EventType, size uint32) {
+	f.skips++
+	if now := time.Now(); now.Sub(f.skipNoted) >= time.Minute {
+		sink.Note("shardq: change feed passed over binary log events above its size bound (FeedMaxEventBytes); consumers rescan",
+			"events", f.skips, "last_type", typ.String(), "last_bytes", size, "max_bytes", f.d.feedMax)
+		f.skips, f.skipNoted = 0, now
 	}
 }
 
@@ -370,6 +415,9 @@ func (f *binlogFeed) heads(e *replication.RowsEvent, tx *feedTx) {
 type feedTx struct {
 	heads []driver.HeadChange
 	index map[[3]string]int
+	// rescan: an event of it was passed over unread (too large), so its
+	// commit is reported as a Rescan.
+	rescan bool
 }
 
 // commit reports the transaction's changes, if any, and starts the next.
@@ -377,6 +425,14 @@ func (tx *feedTx) commit(sink driver.FeedSink) {
 	if len(tx.heads) > 0 {
 		sink.Moved(tx.heads)
 		tx.heads, tx.index = nil, map[[3]string]int{}
+	}
+	tx.flushRescan(sink)
+}
+
+func (tx *feedTx) flushRescan(sink driver.FeedSink) {
+	if tx.rescan {
+		sink.Rescan()
+		tx.rescan = false
 	}
 }
 
@@ -410,4 +466,201 @@ func text(v any) (string, bool) {
 		return string(v), true
 	}
 	return "", false
+}
+
+// go-mysql reads each binary log event whole into memory, and the server
+// streams the events of every database on it, so one huge row of another
+// application (up to max_allowed_packet, 1 GiB) would be allocated in
+// every consuming process. go-mysql has no bound of its own: no event or
+// packet size setting, no hook before a packet's body is read. Its
+// Option hook runs once the connection is established (after the
+// handshake, and TLS), before the dump starts, so there boundEvents puts
+// eventBound between go-mysql and the connection, where the MySQL
+// packets pass in the clear.
+
+// boundEvents makes c pass over binary log events larger than max.
+func boundEvents(c *client.Conn, max uint32, readTimeout time.Duration) {
+	if c.Conn.Compression != gomysql.MYSQL_COMPRESS_NONE {
+		return // never negotiated by the syncer: packets would not be readable here
+	}
+	c.Conn.Conn = &eventBound{Conn: c.Conn.Conn, max: max, readTimeout: readTimeout}
+}
+
+// skipMarker starts the body of the stand-in for an event passed over;
+// the original event's type (1 byte) and size (4 bytes) follow.
+const skipMarker = "shardq: event skipped"
+
+// Event types the feed reads whatever their size (each is small): the
+// parser needs them (the format description for checksums and header
+// lengths, a table map for the rows events naming its table), and the
+// feed's position and commits the rotate and the XID.
+func mustRead(typ replication.EventType) bool {
+	switch typ {
+	case replication.FORMAT_DESCRIPTION_EVENT, replication.TABLE_MAP_EVENT, replication.ROTATE_EVENT, replication.XID_EVENT:
+		return true
+	}
+	return false
+}
+
+// skippedEvent reads a stand-in's body: the type and size of the event
+// passed over.
+func skippedEvent(typ replication.EventType, data []byte) (replication.EventType, uint32, bool) {
+	if typ != replication.IGNORABLE_EVENT || !strings.HasPrefix(string(data), skipMarker) || len(data) < len(skipMarker)+5 {
+		return 0, 0, false
+	}
+	body := data[len(skipMarker):]
+	return replication.EventType(body[0]), binary.LittleEndian.Uint32(body[1:]), true
+}
+
+// eventBound is the replica connection as go-mysql reads it. Until the
+// client sends the dump command it passes everything. Then it reads each
+// packet's header, and the first bytes of an event packet (the OK byte
+// and the 19-byte event header): an event larger than max is replaced by
+// a small stand-in of type IGNORABLE_EVENT with the same header otherwise
+// (position, timestamp) and skipMarker in its body, and its bytes, in
+// this packet and the ones it continues into, are read and dropped as
+// they arrive. Later packets' sequence numbers are shifted back by the
+// packets dropped, as go-mysql checks them.
+type eventBound struct {
+	net.Conn
+	max         uint32
+	readTimeout time.Duration // per read while dropping: the progress, not the whole event, is bounded
+	dumping     atomic.Bool   // the dump command was sent
+
+	pending []byte // to hand to the reader before reading on
+	pass    int    // bytes of the current packet to pass through
+	drop    int    // bytes of the current packet to drop
+	cont    byte   // the current packet continues in the next one: contPass or contDrop (0: no)
+	seqDrop byte   // packets dropped so far
+	buf     []byte // for dropped bytes
+}
+
+const (
+	contPass = 1 + iota
+	contDrop
+	eventHeaderSize = replication.EventHeaderSize
+	checksumSize    = replication.BinlogChecksumLength
+)
+
+func (c *eventBound) Write(p []byte) (int, error) {
+	// go-mysql writes one packet per call; a dump command opens the
+	// stream: COM_BINLOG_DUMP or COM_BINLOG_DUMP_GTID, sequence 0.
+	if len(p) > 4 && p[3] == 0 && (p[4] == gomysql.COM_BINLOG_DUMP || p[4] == gomysql.COM_BINLOG_DUMP_GTID) &&
+		int(p[0])|int(p[1])<<8|int(p[2])<<16 == len(p)-4 {
+		defer c.dumping.Store(true)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *eventBound) Read(p []byte) (int, error) {
+	if !c.dumping.Load() || len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	for {
+		switch {
+		case len(c.pending) > 0:
+			n := copy(p, c.pending)
+			c.pending = c.pending[n:]
+			return n, nil
+		case c.pass > 0:
+			n, err := c.Conn.Read(p[:min(len(p), c.pass)])
+			c.pass -= n
+			return n, err
+		case c.drop > 0:
+			if err := c.dropBytes(); err != nil {
+				return 0, err
+			}
+		default:
+			if err := c.nextPacket(); err != nil {
+				return 0, err
+			}
+		}
+	}
+}
+
+// nextPacket reads the next packet's header (and an event's header) and
+// decides what becomes of its bytes.
+func (c *eventBound) nextPacket() error {
+	var h [4]byte
+	if _, err := io.ReadFull(c.Conn, h[:]); err != nil {
+		return err
+	}
+	length := int(h[0]) | int(h[1])<<8 | int(h[2])<<16
+	h[3] -= c.seqDrop
+	last := length < gomysql.MaxPayloadLen // else the reply continues in the next packet
+	switch c.cont {
+	case contDrop:
+		c.seqDrop++
+		c.drop = length
+	case contPass:
+		c.pending, c.pass = h[:], length
+	default:
+		head := make([]byte, 4+min(length, 1+eventHeaderSize))
+		copy(head, h[:])
+		if _, err := io.ReadFull(c.Conn, head[4:]); err != nil {
+			return err
+		}
+		rest := length - (len(head) - 4)
+		if ev := head[5:]; head[4] == gomysql.OK_HEADER && len(ev) == eventHeaderSize {
+			typ, size := replication.EventType(ev[4]), binary.LittleEndian.Uint32(ev[9:])
+			if size > c.max && !mustRead(typ) {
+				c.pending, c.drop = standIn(h[3], ev, typ, size), rest
+				c.cont = 0
+				if !last {
+					c.cont = contDrop
+				}
+				return nil
+			}
+		}
+		c.pending, c.pass = head, rest
+		if !last {
+			c.cont = contPass
+		}
+		return nil
+	}
+	if last {
+		c.cont = 0
+	}
+	return nil
+}
+
+// dropBytes reads and drops the rest of the current packet.
+func (c *eventBound) dropBytes() error {
+	if c.buf == nil {
+		c.buf = make([]byte, 64<<10)
+	}
+	for c.drop > 0 {
+		if c.readTimeout > 0 {
+			if err := c.Conn.SetReadDeadline(time.Now().Add(c.readTimeout)); err != nil {
+				return err
+			}
+		}
+		n, err := c.Conn.Read(c.buf[:min(len(c.buf), c.drop)])
+		c.drop -= n
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// standIn is the packet that replaces an event passed over: an
+// IGNORABLE_EVENT with the original's header otherwise, skipMarker, the
+// original's type and size, and a CRC32 checksum (go-mysql strips or
+// checks one when the server writes them; without, it is body).
+func standIn(seq byte, header []byte, typ replication.EventType, size uint32) []byte {
+	evLen := eventHeaderSize + len(skipMarker) + 5 + checksumSize
+	p := make([]byte, 4+1+evLen)
+	p[0], p[1], p[2], p[3] = byte(1+evLen), byte((1+evLen)>>8), byte((1+evLen)>>16), seq
+	p[4] = gomysql.OK_HEADER
+	ev := p[5:]
+	copy(ev, header)
+	ev[4] = byte(replication.IGNORABLE_EVENT)
+	binary.LittleEndian.PutUint32(ev[9:], uint32(evLen))
+	body := ev[eventHeaderSize:]
+	copy(body, skipMarker)
+	body[len(skipMarker)] = byte(typ)
+	binary.LittleEndian.PutUint32(body[len(skipMarker)+1:], size)
+	binary.LittleEndian.PutUint32(ev[evLen-checksumSize:], crc32.ChecksumIEEE(ev[:evLen-checksumSize]))
+	return p
 }

@@ -7,9 +7,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
@@ -205,4 +208,225 @@ func TestVitessFeedUnavailable(t *testing.T) {
 	if !errors.Is(err, driver.ErrFeedUnavailable) || !strings.Contains(err.Error(), "Vitess") {
 		t.Fatalf("feed on vtgate: %v; want ErrFeedUnavailable naming Vitess", err)
 	}
+}
+
+// openFeedDriver opens a migrated driver on dsn with opts, closed when t
+// ends.
+func openFeedDriver(t *testing.T, dsn string, opts ...mysqldriver.Option) *mysqldriver.Driver {
+	t.Helper()
+	d, err := mysqldriver.Open(dsn, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return testdb.Migrated(t, d)
+}
+
+// An event above the feed's size bound (another application's 8 MiB row,
+// which the server streams to every replica) is passed over as it
+// arrives, never allocated, and the commit of its transaction is a
+// Rescan, since it might have held a head change; the feed goes on, and
+// reports later commits by name.
+func TestFeedSkipsLargeEvents(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	d := openFeedDriver(t, dsn, mysqldriver.FeedMaxEventBytes(64<<10))
+	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := d.DB().ExecContext(ctx, "CREATE TABLE other_app (id INT PRIMARY KEY, b LONGBLOB)"); err != nil {
+		t.Fatal(err)
+	}
+	file, pos, err := mysqldriver.BinlogPosition(ctx, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := startFeed(t, d, file, pos)
+	events.next(t, "up")
+
+	const big = 8 << 20 // made by the server: this process never holds it
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := d.DB().ExecContext(ctx, "INSERT INTO other_app VALUES (1, REPEAT('x', ?))", big); err != nil {
+		t.Fatal(err)
+	}
+	if ev := events.next(t, ""); ev != "rescan" && !strings.HasPrefix(ev, "note ") {
+		t.Fatalf("after an event over the bound the feed said %q; want a rescan", ev)
+	}
+	events.next(t, "rescan")
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > big/2 {
+		t.Fatalf("the process allocated %d bytes while the feed passed over a %d-byte event", n, big)
+	}
+
+	// A transaction with a large event and a head change: both said.
+	tx, err := d.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO other_app VALUES (2, REPEAT('y', ?))", big); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "with-big", Payload: []byte("1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := events.next(t, "moved"), fmt.Sprintf("moved t/x/with-big@%d", res[0].Offset); got != want {
+		t.Fatalf("feed said %q; want %q", got, want)
+	}
+	events.next(t, "rescan")
+	res, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := events.next(t, "moved"), fmt.Sprintf("moved t/x/after@%d", res[0].Offset); got != want {
+		t.Fatalf("after the skipped events the feed said %q; want %q", got, want)
+	}
+}
+
+// With a bound below every row event the feed names nothing, yet a
+// receiver whose polls are an hour apart gets each message another client
+// publishes: the commits, rescans, wake it.
+func TestFeedRescanWakesConsumers(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	d := openFeedDriver(t, dsn, mysqldriver.FeedMaxEventBytes(1))
+	c, err := shardq.NewClient(d, &shardq.Config{Tenants: []string{"t"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pub, err := shardq.NewClient(openFeedDriver(t, dsn), &shardq.Config{ChangeFeed: shardq.FeedOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("0")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", &shardq.ReceiverOptions{PollInterval: time.Hour, FeedPollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx)
+	for deadline := time.Now().Add(30 * time.Second); !c.FeedUp(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("feed not up within 30 s")
+		}
+	}
+	for i := range 5 {
+		if i > 0 {
+			if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte(fmt.Sprint(i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		m, err := r.Receive(rctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if string(m.Payload) != fmt.Sprint(i) {
+			t.Fatalf("got %q, want %d", m.Payload, i)
+		}
+		if err := r.Ack(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// With FeedDSN the feed connects as a user with only the replication
+// privileges, and the queue's user needs none: without the option, the
+// same queue user's feed is unavailable.
+func TestFeedDSN(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDatabase(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	suffix := strings.TrimPrefix(cfg.DBName, "shardq_test_")
+	queueUser, feedUser := "'queue_"+suffix+"'@'%'", "'feed_"+suffix+"'@'%'"
+	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP USER IF EXISTS "+queueUser+", "+feedUser) })
+	for _, stmt := range []string{
+		"CREATE USER " + queueUser + " IDENTIFIED BY 'pw'",
+		"GRANT ALL PRIVILEGES ON `" + cfg.DBName + "`.* TO " + queueUser,
+		"CREATE USER " + feedUser + " IDENTIFIED BY 'pw'",
+		"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO " + feedUser, // what docs/feed.md asks for
+	} {
+		if _, err := admin.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	as := func(user, db string) string {
+		c := *cfg
+		c.User, c.Passwd, c.DBName = strings.Trim(strings.Split(user, "@")[0], "'"), "pw", db
+		return c.FormatDSN()
+	}
+
+	alone := openFeedDriver(t, as(queueUser, cfg.DBName))
+	if err := alone.FeedHeads(ctx, make(feedEvents, 10)); !errors.Is(err, driver.ErrFeedUnavailable) {
+		t.Fatalf("the queue user's own feed: %v; want ErrFeedUnavailable (it has no replication privilege)", err)
+	}
+
+	d := openFeedDriver(t, as(queueUser, cfg.DBName), mysqldriver.FeedDSN(as(feedUser, "")))
+	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	events := make(feedEvents, 100)
+	fctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.FeedHeads(fctx, events) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("feed: %v", err)
+		}
+	}()
+	events.next(t, "up")
+	res, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := events.next(t, "moved"), fmt.Sprintf("moved t/x/k@%d", res[0].Offset); got != want {
+		t.Fatalf("feed said %q; want %q", got, want)
+	}
+}
+
+// Open checks the feed's options before anything connects.
+func TestFeedOptionsChecked(t *testing.T) {
+	const dsn = "u:p@tcp(127.0.0.1:1)/db"
+	for _, tc := range []struct {
+		opt  mysqldriver.Option
+		want string
+	}{
+		{mysqldriver.FeedMaxEventBytes(-1), "feed max event bytes -1"},
+		{mysqldriver.FeedMaxEventBytes(1 << 32), "feed max event bytes 4294967296"},
+		{mysqldriver.FeedDSN("feed:pw@db:3306"), "mysql feed dsn"},
+	} {
+		d, err := mysqldriver.Open(dsn, tc.opt)
+		if err == nil {
+			d.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open: %v; want an error naming %q", err, tc.want)
+		}
+	}
+	d, err := mysqldriver.Open(dsn, mysqldriver.FeedDSN("feed:pw@tcp(db:3306)/"), mysqldriver.FeedMaxEventBytes(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -48,9 +49,39 @@ type Driver struct {
 	owned      bool
 	migrations []migrate.Migration
 	server     *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
-	feedCfg    *mysql.Config // the connection settings the change feed uses (Open's DSN); nil with New
+	feedCfg    *mysql.Config // the connection settings the change feed uses (Open's DSN, or FeedDSN's); nil with New
+	feedSchema string        // the database whose head rows the feed reads (Open's DSN's)
+	feedDB     *sql.DB       // FeedDSN's pool, for the binary log position; nil: db
+	feedMax    uint32        // FeedMaxEventBytes
 	logs       *logSink      // the driver's own log lines: go-sql-driver's (with Open) and the feed's
 }
+
+// DefaultFeedMaxEventBytes is the largest binary log event the change
+// feed reads unless FeedMaxEventBytes says otherwise.
+const DefaultFeedMaxEventBytes = 16 << 20
+
+// Option configures Open.
+type Option func(*options)
+
+type options struct {
+	feedDSN string
+	feedMax int64
+}
+
+// FeedDSN makes the change feed connect with this go-sql-driver DSN
+// instead of Open's: a user with only the replication privileges
+// (REPLICATION SLAVE and REPLICATION CLIENT, MariaDB: BINLOG MONITOR, on
+// *.*), so that the queue's own user needs neither. Its database name,
+// if any, is not used: the feed reads the head rows of Open's database
+// (docs/feed.md).
+func FeedDSN(dsn string) Option { return func(o *options) { o.feedDSN = dsn } }
+
+// FeedMaxEventBytes bounds the binary log events the change feed reads
+// [DefaultFeedMaxEventBytes]. The server streams every database's row
+// events to the feed; a larger one (another application's huge row, say)
+// is passed over as it arrives, never held in memory whole, and consumers
+// rescan, since it might have carried a head change.
+func FeedMaxEventBytes(n int64) Option { return func(o *options) { o.feedMax = n } }
 
 var _ driver.Logged = (*Driver)(nil)
 
@@ -97,7 +128,8 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 // transactions (10 s) are bounded unless the DSN sets
 // innodb_lock_wait_timeout, idle_transaction_timeout or wait_timeout
 // itself. go-sql-driver's own log lines go to slog at debug level.
-func Open(dsn string) (*Driver, error) {
+// Options configure the change feed (FeedDSN, FeedMaxEventBytes).
+func Open(dsn string, opts ...Option) (*Driver, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
@@ -105,7 +137,25 @@ func Open(dsn string) (*Driver, error) {
 	if err := checkDSNCharset(dsn, cfg); err != nil {
 		return nil, err
 	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	feedCfg, feedMax := cfg, uint32(DefaultFeedMaxEventBytes)
+	switch {
+	case o.feedMax < 0 || o.feedMax > math.MaxUint32:
+		return nil, fmt.Errorf("mysql feed max event bytes %d: must be between 1 and 4 GiB - 1 (0: the default, %d)", o.feedMax, DefaultFeedMaxEventBytes)
+	case o.feedMax > 0:
+		feedMax = uint32(o.feedMax)
+	}
 	logs := &logSink{}
+	if o.feedDSN != "" {
+		if feedCfg, err = mysql.ParseDSN(o.feedDSN); err != nil {
+			return nil, fmt.Errorf("mysql feed dsn: %w", err)
+		}
+		feedCfg.DBName = "" // the feed's user needs no database
+		feedCfg.Logger = logs
+	}
 	cfg.Logger = logs
 	cfg.InterpolateParams = false // values never become SQL text
 	cfg.Loc = time.UTC
@@ -141,7 +191,19 @@ func Open(dsn string) (*Driver, error) {
 		return nil, err
 	}
 	d.owned = true
-	d.feedCfg = cfg
+	d.feedCfg, d.feedSchema, d.feedMax = feedCfg, cfg.DBName, feedMax
+	if o.feedDSN != "" {
+		fconn, err := mysql.NewConnector(feedCfg)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("mysql feed dsn: %w", err)
+		}
+		// Read only for the binary log position, when the feed starts or
+		// lost its position: no connection is kept.
+		d.feedDB = sql.OpenDB(fconn)
+		d.feedDB.SetMaxOpenConns(1)
+		d.feedDB.SetMaxIdleConns(0)
+	}
 	d.logs = logs // go-sql-driver writes to it too
 	return d, nil
 }
@@ -150,10 +212,14 @@ func (d *Driver) Name() string { return "mysql" }
 func (d *Driver) DB() *sql.DB  { return d.db }
 
 func (d *Driver) Close() error {
-	if d.owned {
-		return d.db.Close()
+	var err error
+	if d.feedDB != nil {
+		err = d.feedDB.Close()
 	}
-	return nil
+	if d.owned {
+		err = errors.Join(d.db.Close(), err)
+	}
+	return err
 }
 
 // BeginWrite starts a transaction at the server's default isolation.

@@ -16,7 +16,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -95,6 +97,9 @@ func Open(path string, opts *Options) (*Driver, error) {
 	q.Set("_journal_mode", "WAL")
 	q.Set("_synchronous", o.Synchronous)
 	q.Set("_txlock", "immediate")
+	if err := createPrivate(path); err != nil {
+		return nil, err
+	}
 	write, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
@@ -122,6 +127,25 @@ func Open(path string, opts *Options) (*Driver, error) {
 	d := &Driver{write: write, read: read, migrations: ms, readDSN: readDSN, feedEvery: o.FeedInterval}
 	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: read, Write: write, Insert: d.InsertMessages}
 	return d, nil
+}
+
+// createPrivate creates the file at path, mode 0600, when there is none:
+// it holds every payload, so only its owner may read it, as a database
+// server keeps its files (SQLite would make it 0644 under the usual
+// umask). SQLite gives the -wal and -shm files the database file's mode,
+// so they follow. An existing file keeps its mode.
+func createPrivate(path string) error {
+	if path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return nil // no file, or a URI: SQLite's to open
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case errors.Is(err, fs.ErrExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("sqlite: create %s: %w", path, err)
+	}
+	return f.Close()
 }
 
 func (d *Driver) Name() string { return "sqlite" }

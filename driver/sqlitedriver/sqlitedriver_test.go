@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -127,4 +128,47 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// A new database file, and its -wal and -shm companions, are readable by
+// their owner only, whatever the umask lets through; an existing file
+// keeps the mode its owner gave it.
+func TestNewFileIsPrivate(t *testing.T) {
+	old := syscall.Umask(0o022) // the usual umask, which left SQLite's files 0644
+	defer syscall.Umask(old)
+	dir := t.TempDir()
+	mode := func(path string) os.FileMode {
+		t.Helper()
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode().Perm()
+	}
+	path := filepath.Join(dir, "new.db")
+	testdb.Migrated(t, openPath(t, path)) // open (WAL mode) and written: all three files exist
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if m := mode(p); m != 0o600 {
+			t.Errorf("%s: mode %v; want 0600", filepath.Base(p), m)
+		}
+	}
+
+	existing := filepath.Join(dir, "existing.db")
+	if err := os.WriteFile(existing, nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	testdb.Migrated(t, openPath(t, existing))
+	if m := mode(existing); m != 0o640 {
+		t.Errorf("existing file: mode %v; want its own 0640", m)
+	}
+}
+
+func openPath(t *testing.T, path string) *sqlitedriver.Driver {
+	t.Helper()
+	d, err := sqlitedriver.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }

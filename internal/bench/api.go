@@ -9,9 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
+	"runtime/metrics"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,7 +42,7 @@ func (e *env) startAPI(ctx context.Context, c *shardq.Client, ns namespace) (*ap
 	if err != nil {
 		return nil, err
 	}
-	tok, _, err := server.NewToken(ctx, e.d, ns.tenants, server.RoleAdmin, 0, time.Now())
+	tok, _, err := server.NewToken(ctx, e.d, ns.tenants, []string{server.RoleAdmin}, 0, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -194,3 +199,124 @@ func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
 	}
 	return rec.rep(elapsed), nil
 }
+
+// Large receives: the case of issue 29 (20 messages of a 1 MiB payload
+// and 60 headers of 8,000 '<' each, received with max 20). The server
+// stops each response at its byte budget; this measures the process's
+// peak heap while the receives run.
+const (
+	largeMessages = 20
+	largePayload  = 1 << 20
+	largeHeaders  = 60
+	largeHeader   = 8000
+)
+
+func (e *env) apiLarge(ctx context.Context, ns namespace) (rep, error) {
+	c, err := e.client()
+	if err != nil {
+		return rep{}, err
+	}
+	defer c.Close()
+	tenant := ns.tenants[0]
+	headers := make(map[string]string, largeHeaders)
+	for i := range largeHeaders {
+		headers[fmt.Sprintf("h%02d", i)] = strings.Repeat("<", largeHeader)
+	}
+	payload := bytes.Repeat([]byte("p"), largePayload)
+	for i := range largeMessages {
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: tenant, Topic: ns.topic, PartitionKey: "large", ID: fmt.Sprintf("large-%d", i),
+			Headers: headers, Payload: payload}); err != nil {
+			return rep{}, err
+		}
+	}
+	payload, headers = nil, nil
+	a, err := e.startAPI(ctx, c, ns)
+	if err != nil {
+		return rep{}, err
+	}
+	defer a.stop()
+	runtime.GC()
+	peak := newHeapPeak()
+	start := time.Now()
+	var got, receives, largestBody int
+	for got < largeMessages && receives < 2*largeMessages {
+		receives++
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+topicPath(tenant, ns.topic)+"/groups/bench/receive",
+			strings.NewReader(`{"key":"large","max":20}`))
+		if err != nil {
+			return rep{}, err
+		}
+		req.Header.Set("Authorization", "Bearer "+a.token)
+		resp, err := a.http.Do(req)
+		if err != nil {
+			return rep{}, err
+		}
+		// The answer streams through a decoder that keeps only receipts:
+		// the client's copy of the body is not the server's heap.
+		var out struct{ Messages []struct{ Receipt string } }
+		cr := &countingReader{r: resp.Body}
+		err = json.NewDecoder(cr).Decode(&out)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return rep{}, fmt.Errorf("large receive: %d: %v", resp.StatusCode, err)
+		}
+		largestBody = max(largestBody, cr.n)
+		receipts := make([]string, len(out.Messages))
+		for i, m := range out.Messages {
+			receipts[i] = m.Receipt
+		}
+		got += len(receipts)
+		var ack struct{}
+		if err := a.post(ctx, topicPath(tenant, ns.topic)+"/groups/bench/ack", map[string]any{"receipts": receipts}, &ack); err != nil {
+			return rep{}, err
+		}
+	}
+	elapsed := time.Since(start)
+	peakBytes := peak.stop()
+	if got != largeMessages {
+		return rep{}, fmt.Errorf("large receive: %d of %d messages in %d receives", got, largeMessages, receives)
+	}
+	return rep{msgs: int64(got), elapsed: elapsed, extraParams: map[string]any{
+		"peak_heap_mib": math.Round(float64(peakBytes)/(1<<20)*10) / 10, "budget_mib": server.DefaultMaxResponseBytes >> 20,
+		"largest_response_mib": math.Round(float64(largestBody)/(1<<20)*10) / 10, "receives": receives}}, nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// heapPeak samples the heap's live objects every half millisecond.
+type heapPeak struct {
+	done chan struct{}
+	peak chan uint64
+}
+
+func newHeapPeak() *heapPeak {
+	h := &heapPeak{done: make(chan struct{}), peak: make(chan uint64, 1)}
+	go func() {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var peak uint64
+		t := time.NewTicker(500 * time.Microsecond)
+		defer t.Stop()
+		for {
+			metrics.Read(s)
+			peak = max(peak, s[0].Value.Uint64())
+			select {
+			case <-h.done:
+				h.peak <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return h
+}
+
+func (h *heapPeak) stop() uint64 { close(h.done); return <-h.peak }

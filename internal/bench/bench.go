@@ -207,7 +207,11 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 			return nil, err
 		}
 		con, err := e.compare(ctx, scenCase{"consume", e.consume}, scenCase{"api-consume", e.apiConsume}, false)
-		return append(pub, con...), err
+		if err != nil {
+			return nil, err
+		}
+		large, err := e.repeat(ctx, scenCase{"api-large", e.apiLarge})
+		return append(append(pub, con...), large), err
 	case "idle":
 		e.p.Partitions = max(e.p.Partitions, e.p.Tenants)
 		return e.compare(ctx, scenCase{"idle-poll", e.idle(shardq.FeedOff)}, scenCase{"idle-feed", e.idle(shardq.FeedAuto)}, false)

@@ -54,7 +54,7 @@ func TestScenarios(t *testing.T) {
 				{"latency", func(p Params) Params { return p }, []string{"raw-insert-1conn", "latency"}},
 				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
 				{"discovery", func(p Params) Params { return p }, []string{"consume-without-history", "discovery"}},
-				{"api", func(p Params) Params { p.Batch = 10; return p }, []string{"publish", "api-publish", "consume", "api-consume"}},
+				{"api", func(p Params) Params { p.Batch = 10; return p }, []string{"publish", "api-publish", "consume", "api-consume", "api-large"}},
 			}
 			for _, c := range cases {
 				results, err := r.Run(context.Background(), c.scenario, c.params(small))
@@ -82,6 +82,14 @@ func TestScenarios(t *testing.T) {
 				}
 				if last := results[len(results)-1]; c.scenario == "latency" && (last.P99Ms <= 0 || last.Msgs != 100) {
 					t.Errorf("latency: %d msgs, p99 %v ms", last.Msgs, last.P99Ms)
+				}
+				if last := results[len(results)-1]; c.scenario == "api" {
+					// Each response stops at the byte budget (plus at most
+					// one message of 1.5 MiB).
+					p := last.Params
+					if p["peak_heap_mib"].(float64) <= 0 || p["largest_response_mib"].(float64) > float64(p["budget_mib"].(int))+1.6 || p["receives"].(int) < 3 {
+						t.Errorf("api-large: %v", p)
+					}
 				}
 				if last := results[len(results)-1]; c.scenario == "discovery" {
 					// The history went; the active partitions' rows (head,

@@ -19,7 +19,6 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/bench"
-	"github.com/shardq/shardq/internal/dsn"
 )
 
 func (a *app) benchCmd() *cobra.Command {
@@ -109,7 +108,7 @@ func (a *app) bench(ctx context.Context, scenario string, p bench.Params, asJSON
 		return err
 	}
 	r := &bench.Runner{
-		Open:   func() (driver.Driver, error) { return dsn.Open(spec) },
+		Open:   func() (driver.Driver, error) { return a.openDriver(spec) },
 		Worker: a.startWorker,
 		Logger: a.logger(),
 	}
@@ -201,6 +200,9 @@ func (a *app) startWorker(ctx context.Context, args []string) (io.Reader, io.Clo
 	// local user can read, would show its password.
 	cmd := exec.CommandContext(ctx, self, append([]string{"bench", "worker"}, args...)...)
 	cmd.Env = append(os.Environ(), "SHARDQ_DSN="+a.dsn())
+	if feed, _ := a.feedDSN(); feed != "" {
+		cmd.Env = append(cmd.Env, "SHARDQ_FEED_DSN="+feed)
+	}
 	cmd.Stderr = a.env.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

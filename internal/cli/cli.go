@@ -21,12 +21,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/migrate"
+	"github.com/shardq/shardq/internal/receiptkey"
 )
 
 // DefaultDSN is the database used when neither --dsn nor SHARDQ_DSN is set.
@@ -89,13 +91,19 @@ type app struct {
 	env      Env
 	dsnFlag  string // --dsn as given; see dsn()
 	feedFlag string // --feed: auto or off
+	// --feed-dsn as given; see feedDSN (feeddsn.go)
+	feedDSNFlag string
 	// --metrics-addr and --otlp-endpoint (telemetry.go)
 	metricsAddr, otlpEndpoint string
 	// serveMetrics asks open for a Prometheus registry even without
 	// --metrics-addr (serve answers /metrics itself); metrics is its
 	// handler once open made one.
 	serveMetrics bool
-	metrics      http.Handler
+	// metricsSeries caps the series of one instrument (--metrics-series).
+	metricsSeries int
+	// meterProvider is startTelemetry's (nil: the no-op global).
+	meterProvider metric.MeterProvider
+	metrics       http.Handler
 }
 
 // dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
@@ -122,12 +130,16 @@ func newRoot(env Env) *cobra.Command {
 		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (default $SHARDQ_DSN, else "+DefaultDSN+")")
 	root.PersistentFlags().StringVar(&a.feedFlag, "feed", "auto",
 		"how consumers hear of messages other processes publish: auto (the database's change feed, where it has one; docs/feed.md) or off (poll only)")
+	root.PersistentFlags().IntVar(&a.metricsSeries, "metrics-series", 2000,
+		"series kept per metric (tenants and topics come from clients); past it, one series labelled otel.metric.overflow")
+	root.PersistentFlags().StringVar(&a.feedDSNFlag, "feed-dsn", "", feedDSNHelp)
 	root.PersistentFlags().StringVar(&a.metricsAddr, "metrics-addr", "",
 		"serve Prometheus metrics at http://HOST:PORT/metrics while the command runs (for consume and other long-running commands)")
 	root.PersistentFlags().StringVar(&a.otlpEndpoint, "otlp-endpoint", "",
 		"send traces and metrics over OTLP/HTTP to this URL (like http://localhost:4318); the OTEL_EXPORTER_OTLP_* variables work too")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.versionCmd())
+	root.SetFlagErrorFunc(flagError)
+	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.receiptKeyCmd(), a.versionCmd())
+	singleValued(root)
 	return root
 }
 
@@ -177,7 +189,7 @@ func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	drv, err := dsn.Open(spec)
+	drv, err := a.openDriver(spec)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -315,6 +327,9 @@ func (a *app) migrateCmd() *cobra.Command {
 			applied, err := drv.Migrate(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if _, err := receiptkey.Ensure(cmd.Context(), drv, time.Now()); err != nil {
+				return fmt.Errorf("create the receipt key: %w", err)
 			}
 			current, _, err := drv.SchemaVersion(cmd.Context())
 			if err != nil {

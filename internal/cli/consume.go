@@ -279,7 +279,7 @@ type groupServer struct {
 	enc     *json.Encoder
 	out     *bufio.Writer
 	printed int
-	last    time.Time // the last message's time, for --idle-exit
+	last    time.Time // when the group in hand was accepted or its last message acked, for --idle-exit
 }
 
 // serve delivers r's messages until --max, --idle-exit, a stop, or (when
@@ -294,6 +294,10 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 		}
 	}()
 	fmt.Fprintf(s.a.env.Stderr, "accepted message group %q of tenant %q\n", r.PartitionKey(), r.Tenant())
+	// --idle-exit counts from holding the group: an accept may have
+	// waited longer than --idle-exit (a frozen holder's lease running
+	// out), and the heir must still deliver what waits.
+	s.last = time.Now()
 	for s.f.max == 0 || s.printed < s.f.max {
 		wait := groupIdle
 		if s.f.idleExit > 0 {

@@ -130,3 +130,65 @@ func (v positive) Set(s string) error {
 	}
 	return nil
 }
+
+// A flag that takes one value, given twice, is a usage error: pflag would
+// keep the last value silently (`--role publish --role consume` was one
+// role). Repeatable flags (pflag.SliceValue: StringArray, StringSlice)
+// stay repeatable.
+
+// givenTwiceError is what a single-valued flag's second Set returns.
+type givenTwiceError struct{ flag string }
+
+func (e *givenTwiceError) Error() string {
+	return fmt.Sprintf("--%s given twice (it takes one value)", e.flag)
+}
+
+// onceValue lets its flag be set once per command line.
+type onceValue struct {
+	pflag.Value
+	flag string
+	set  bool
+}
+
+func (v *onceValue) Set(s string) error {
+	if v.set {
+		return &givenTwiceError{v.flag}
+	}
+	v.set = true
+	return v.Value.Set(s)
+}
+
+// singleValued makes every single-valued flag of cmd and its subcommands
+// (persistent ones included) refuse a second value. Run it once the
+// command tree is built, before parsing; flags are shared by pointer, so
+// a persistent flag is wrapped once, where it is defined.
+func singleValued(cmd *cobra.Command) {
+	wrap := func(f *pflag.Flag) {
+		switch f.Value.(type) {
+		case pflag.SliceValue, *onceValue:
+			return
+		}
+		if f.DefValue == "0s" {
+			// pflag's help leaves a zero default out only for its own
+			// duration type; keep it out for the wrapped one too.
+			f.DefValue = "0"
+		}
+		f.Value = &onceValue{Value: f.Value, flag: f.Name}
+	}
+	cmd.Flags().VisitAll(wrap)
+	cmd.PersistentFlags().VisitAll(wrap)
+	for _, sub := range cmd.Commands() {
+		singleValued(sub)
+	}
+}
+
+// flagError makes cobra's parse errors usage errors (exit 2), saying a
+// repeated flag in so many words rather than as pflag's "invalid
+// argument".
+func flagError(_ *cobra.Command, err error) error {
+	var twice *givenTwiceError
+	if errors.As(err, &twice) {
+		return usageError{twice}
+	}
+	return usageError{err}
+}

@@ -15,20 +15,35 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/net/netutil"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/receiptkey"
 	"github.com/shardq/shardq/internal/server"
 )
 
 type serveFlags struct {
 	addr, tlsCert, tlsKey, name string
-	rate                        float64
+	rate, authFailRate          float64
 	burst                       int
-	maxBody                     int64
+	maxBody, maxResponse        int64
 	maxAttempts                 int
+	maxReceives, maxPerToken    int
+	maxConns                    int
+	clientAddrHeader            string
+	secureCookies, metricsAuth  bool
+	readTimeout, writeTimeout   time.Duration
 	shutdown                    time.Duration
 }
+
+// Timeouts of serve's connections besides --read-timeout and
+// --write-timeout: headers must arrive within serveReadHeaderTimeout, and
+// an idle keep-alive connection is closed after serveIdleTimeout.
+const (
+	serveReadHeaderTimeout = 10 * time.Second
+	serveIdleTimeout       = 2 * time.Minute
+)
 
 func (a *app) serveCmd() *cobra.Command {
 	var f serveFlags
@@ -53,8 +68,21 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.Float64Var(&f.rate, "rate", server.DefaultRate, "requests a second allowed per token")
 	fl.IntVar(&f.burst, "burst", server.DefaultBurst, "burst of requests allowed per token above --rate")
 	fl.Int64Var(&f.maxBody, "max-body", server.DefaultMaxBodyBytes, "largest request body in bytes")
+	fl.Int64Var(&f.maxResponse, "max-response-bytes", server.DefaultMaxResponseBytes,
+		"byte budget of a response that carries messages (receive, dead letters, browse, dashboard): it stops adding messages there, always carrying one")
+	fl.IntVar(&f.maxReceives, "max-receives", server.DefaultMaxReceives, "receives in flight (long polls included) on this server; past it, 429")
+	fl.IntVar(&f.maxPerToken, "max-receives-per-token", server.DefaultMaxReceivesPerToken, "receives in flight per token; past it, 429")
+	fl.IntVar(&f.maxConns, "max-conns", 1024, "open connections; more wait to be accepted")
+	fl.Float64Var(&f.authFailRate, "auth-fail-rate", server.DefaultAuthFailRate,
+		"failed authentications a second allowed per client address (bursts of 20); past it, 429 before any token is read")
+	fl.StringVar(&f.clientAddrHeader, "client-addr-header", "",
+		"behind a trusted reverse proxy: the header holding the client's address (X-Forwarded-For: its last entry); default: the peer address")
+	fl.BoolVar(&f.secureCookies, "secure-cookies", false, "mark the dashboard's cookie Secure though TLS ends before this process (at a proxy)")
+	fl.BoolVar(&f.metricsAuth, "metrics-auth", false, "/metrics needs an admin token of the tenant named by ?tenant= (or serve it apart with --metrics-addr)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", shardq.DefaultMaxAttempts, "failed attempts (nacks) after which a received message is dead-lettered")
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "how long a stop waits for requests in flight")
+	fl.DurationVar(&f.readTimeout, "read-timeout", 30*time.Second, "a request's headers and body must arrive within this (a body trickled slowly is cut off)")
+	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "a response must be sent within this; a long poll has its wait on top")
 	return cmd
 }
 
@@ -68,6 +96,10 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 			return nil
 		}(),
 		mustBePositive("--rate", f.rate > 0), mustBePositive("--burst", f.burst > 0), mustBePositive("--max-body", f.maxBody > 0),
+		mustBePositive("--max-response-bytes", f.maxResponse > 0), mustBePositive("--max-receives", f.maxReceives > 0),
+		mustBePositive("--max-receives-per-token", f.maxPerToken > 0), mustBePositive("--max-conns", f.maxConns > 0),
+		mustBePositive("--auth-fail-rate", f.authFailRate > 0), mustBePositive("--read-timeout", f.readTimeout > 0),
+		mustBePositive("--write-timeout", f.writeTimeout > 0),
 		mustBePositive("--max-attempts", f.maxAttempts > 0), mustBePositive("--shutdown-timeout", f.shutdown > 0),
 	); err != nil {
 		return err
@@ -80,7 +112,8 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		}
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	a.serveMetrics = true
+	// With --metrics-addr, /metrics is served there only.
+	a.serveMetrics = a.metricsAddr == ""
 	c, drv, done, err := a.open(false)
 	if err != nil {
 		return err
@@ -101,8 +134,14 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 			return usageError{err}
 		}
 	}
+	var metrics http.Handler
+	if a.metricsAddr == "" {
+		metrics = a.metrics
+	}
 	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
-		MaxBodyBytes: f.maxBody, Metrics: a.metrics, Logger: a.logger()})
+		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxResponseBytes: f.maxResponse,
+		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
+		MeterProvider: a.meterProvider, Logger: a.logger()})
 	if err != nil {
 		return usageError{err}
 	}
@@ -110,12 +149,13 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}
+	ln = netutil.LimitListener(ln, f.maxConns)
 	scheme := "http"
 	if tlsCfg != nil {
 		ln, scheme = tls.NewListener(ln, tlsCfg), "https"
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: nil}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: min(serveReadHeaderTimeout, f.readTimeout), ReadTimeout: f.readTimeout,
+		WriteTimeout: f.writeTimeout, IdleTimeout: serveIdleTimeout, MaxHeaderBytes: 64 << 10}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	fmt.Fprintf(a.env.Stderr, "shardq serve: listening on %s://%s\n", scheme, ln.Addr())
@@ -155,19 +195,29 @@ func mustBePositive(flag string, ok bool) error {
 func (a *app) tokenCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke the bearer tokens of shardq serve"}
 	var tenants []string
-	var role string
+	var roles []string
 	var expires time.Duration
 	create := &cobra.Command{
-		Use:   "create --tenant T [--tenant T2 ...] --role publish|consume|admin [--expires D]",
+		Use:   "create --tenant T [--tenant T2 ...] --role publish|consume|admin [--role R2 ...] [--expires D]",
 		Short: "Create a token and print it once (only its hash is stored)",
 		Args:  cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if len(tenants) == 0 {
 				return usagef("--tenant is required")
 			}
-			if err := oneOf("--role", server.Roles...)(cmd, []string{role}); err != nil {
-				return err
+			var split []string
+			for _, r := range roles {
+				split = append(split, strings.Split(r, ",")...)
 			}
+			if len(split) == 0 {
+				return usagef("--role is required: %s", strings.Join(server.Roles, ", "))
+			}
+			for _, r := range split {
+				if err := oneOf("--role", server.Roles...)(cmd, []string{r}); err != nil {
+					return err
+				}
+			}
+			role, _ := server.JoinRoles(split)
 			if expires < 0 {
 				return usagef("--expires must not be negative")
 			}
@@ -176,7 +226,7 @@ func (a *app) tokenCmd() *cobra.Command {
 				return err
 			}
 			defer done()
-			tok, id, err := server.NewToken(cmd.Context(), drv, tenants, role, expires, time.Now())
+			tok, id, err := server.NewToken(cmd.Context(), drv, tenants, split, expires, time.Now())
 			if err != nil {
 				return err
 			}
@@ -186,7 +236,7 @@ func (a *app) tokenCmd() *cobra.Command {
 		}),
 	}
 	create.Flags().StringArrayVar(&tenants, "tenant", nil, "a tenant the token may use (repeatable)")
-	create.Flags().StringVar(&role, "role", "", "publish, consume or admin (admin may do everything in its tenants)")
+	create.Flags().StringArrayVar(&roles, "role", nil, "publish, consume or admin, repeatable or comma-separated (admin may do everything in its tenants)")
 	create.Flags().DurationVar(&expires, "expires", 0, "the token expires this long from now (0: never)")
 	var listTenants []string
 	list := &cobra.Command{
@@ -253,4 +303,61 @@ func stamp(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+func (a *app) receiptKeyCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "receipt-key", Short: "List and rotate the key that signs shardq serve's receipts and dashboard sessions"}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the receipt keys: id, created, and until when each verifies (secrets are never shown)",
+		Args:  cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			_, drv, done, err := a.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			keys, err := drv.ReceiptKeys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tCREATED\tVERIFIES UNTIL")
+			for i, k := range keys {
+				until := "signs"
+				if i+1 < len(keys) {
+					until = stamp(keys[i+1].CreatedAt.Add(shardq.MaxVisibility))
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\n", k.ID, stamp(k.CreatedAt), until)
+			}
+			return tw.Flush()
+		}),
+	}
+	var dropPrevious bool
+	rotate := &cobra.Command{
+		Use:   "rotate [--drop-previous]",
+		Short: "Add a key that signs from now on; the previous verifies for one longest visibility timeout, then goes",
+		Long: "Every serve process of the database signs with the newest key within a minute and verifies with any key\n" +
+			"replaced less than " + shardq.MaxVisibility.String() + " ago (the longest visibility timeout: no receipt signed before can be\n" +
+			"live after it); keys older than that are deleted. --drop-previous deletes every older key at once, for a key\n" +
+			"that leaked: receipts and dashboard sessions signed with it are refused from then on (their messages are\n" +
+			"delivered again after their visibility timeout; people sign in again).",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			_, drv, done, err := a.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			k, dropped, err := receiptkey.Rotate(cmd.Context(), drv, shardq.MaxVisibility, dropPrevious, time.Now())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "receipt key %d signs from now on; deleted keys %v\n", k.ID, dropped)
+			return nil
+		}),
+	}
+	rotate.Flags().BoolVar(&dropPrevious, "drop-previous", false, "delete every older key now (a leaked key)")
+	cmd.AddCommand(list, rotate)
+	return cmd
 }

@@ -24,6 +24,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/shardq/shardq"
 )
 
@@ -44,6 +46,9 @@ var otlpEnv = []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES
 // checkTelemetryFlags validates --metrics-addr and --otlp-endpoint before
 // anything starts.
 func (a *app) checkTelemetryFlags() error {
+	if a.metricsSeries <= 0 {
+		return usagef("--metrics-series must be more than 0")
+	}
 	if a.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(a.metricsAddr); err != nil {
 			return usagef("--metrics-addr: %q must be HOST:PORT (like 127.0.0.1:9464): %v", a.metricsAddr, err)
@@ -82,9 +87,14 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 		return nil, fmt.Errorf("telemetry resource: %w", err)
 	}
 	t := &telemetry{}
-	readers := []sdkmetric.Option{sdkmetric.WithResource(res)}
+	// Series per instrument are capped: tenants and topics come from
+	// clients, and past the cap their points go to one series marked
+	// otel.metric.overflow="true" instead of growing without bound.
+	readers := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(a.metricsSeries)}
 	if a.metricsAddr != "" || a.serveMetrics {
 		reg := prometheus.NewRegistry()
+		// The Go runtime's and the process's own series beside shardq's.
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 		if err != nil {
 			return nil, fmt.Errorf("prometheus exporter: %w", err)
@@ -99,7 +109,7 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics)
-		t.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		t.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 		t.served = make(chan error, 1)
 		go func() { t.served <- t.server.Serve(ln) }()
 	}
@@ -126,7 +136,7 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 		cfg.TracerProvider = t.tp
 	}
 	t.mp = sdkmetric.NewMeterProvider(readers...)
-	cfg.MeterProvider = t.mp
+	cfg.MeterProvider, a.meterProvider = t.mp, t.mp
 	// The trace context travels in messages: W3C traceparent, and baggage.
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return t, nil

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -159,9 +160,94 @@ func storedView(m shardq.StoredMessage) messageOut {
 }
 
 func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, tenant string) {
-	list(s, w, r, tenant, func(sc shardq.Scope) ([]shardq.StoredMessage, error) {
-		return s.admin.DeadLetters(r.Context(), sc, r.PathValue("topic"), "")
-	}, storedView)
+	sc, err := s.scope(r.URL.Query(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit := sc.Limit
+	if limit == 0 {
+		limit = shardq.DefaultPageLimit
+	}
+	ms, cut, err := s.deadLettersWithin(r.Context(), tenant, r.PathValue("topic"), sc.After, limit, s.cfg.MaxResponseBytes)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeMessages(w, "items", mapSlice(ms, storedView), cut)
+}
+
+// Reads of stored messages within a byte budget: pages no larger than
+// what the budget left can hold at the largest message size, so that a
+// response never holds more than the budget (or one message, the first,
+// whatever its size); cut says the budget stopped it before limit.
+func (s *Server) pagesWithin(limit int, budget int64, page func(n int, last *shardq.StoredMessage) ([]shardq.StoredMessage, error)) (out []shardq.StoredMessage, cut bool, err error) {
+	largest := s.cfg.Client.MaxMessageBytes()
+	var used int64
+	for len(out) < limit {
+		n := int(min(int64(limit-len(out)), (budget-used)/largest))
+		if n <= 0 {
+			if len(out) > 0 {
+				return out, true, nil
+			}
+			n = 1
+		}
+		var last *shardq.StoredMessage
+		if len(out) > 0 {
+			last = &out[len(out)-1]
+		}
+		ms, err := page(n, last)
+		if err != nil {
+			return nil, false, err
+		}
+		out = append(out, ms...)
+		for _, m := range ms {
+			used += int64(len(m.Payload))
+			for k, v := range m.Headers {
+				used += int64(len(k) + len(v))
+			}
+		}
+		if len(ms) < n {
+			return out, false, nil
+		}
+	}
+	return out, false, nil
+}
+
+// deadLettersWithin reads the topic's dead letters after after (the
+// listing's sort key: tenant, offset) within budget.
+func (s *Server) deadLettersWithin(ctx context.Context, tenant, topic string, after []string, limit int, budget int64) ([]shardq.StoredMessage, bool, error) {
+	return s.pagesWithin(limit, budget, func(n int, last *shardq.StoredMessage) ([]shardq.StoredMessage, error) {
+		sc := shardq.Scope{Tenants: []string{tenant}, After: after, Limit: n}
+		if last != nil {
+			sc.After = []string{last.Tenant, strconv.FormatInt(last.Offset, 10)}
+		}
+		return s.admin.DeadLetters(ctx, sc, topic, "")
+	})
+}
+
+// browseWithin reads br's page within budget.
+func (s *Server) browseWithin(ctx context.Context, br shardq.BrowseRequest, budget int64) ([]shardq.StoredMessage, bool, error) {
+	limit := br.Limit
+	if limit == 0 {
+		limit = shardq.DefaultPageLimit
+	}
+	return s.pagesWithin(limit, budget, func(n int, last *shardq.StoredMessage) ([]shardq.StoredMessage, error) {
+		b := br
+		b.Limit = n
+		if last != nil {
+			b.AfterOffset, b.FromTime = last.Offset, time.Time{}
+		}
+		return s.admin.Messages(ctx, b)
+	})
+}
+
+func mapSlice[T, U any](in []T, f func(T) U) []U {
+	out := make([]U, len(in))
+	for i, x := range in {
+		out[i] = f(x)
+	}
+	return out
 }
 
 // requeueIn names one dead letter (key and id) or all of them.
@@ -243,16 +329,12 @@ func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
 		}
 		br.Limit = n
 	}
-	ms, err := s.admin.Messages(r.Context(), br)
+	ms, cut, err := s.browseWithin(r.Context(), br, s.cfg.MaxResponseBytes)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]messageOut, len(ms))
-	for i, m := range ms {
-		out[i] = storedView(m)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+	writeMessages(w, "items", mapSlice(ms, storedView), cut)
 }
 
 // deleteMessage deletes one message by identity: ?key= and ?id=.

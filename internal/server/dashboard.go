@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/shardq/shardq"
@@ -21,8 +22,10 @@ import (
 // The dashboard is server-rendered HTML (html/template, embedded) with one
 // small script for the lag chart: no build step, no CDN, nothing to fetch
 // at run time, and every page is a plain GET that a test (or curl) reads.
-// It signs in with an admin token, kept in an HttpOnly, SameSite=Strict
-// cookie; its writes are form POSTs that must come from its own origin.
+// It signs in with an admin token; the cookie (HttpOnly, SameSite=Strict)
+// holds a signed session that names the token, never the token. Its
+// writes are form POSTs that http.CrossOriginProtection lets through only
+// from its own origin, checked before any body is read.
 
 //go:embed templates/*.html static/*
 var dashboardFS embed.FS
@@ -40,6 +43,7 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05")
 	},
+	"seg": pathSeg,
 	"payload": func(p []byte) string {
 		const max = 120
 		s := string(p)
@@ -52,37 +56,50 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 
 const sessionCookie = "shardq_session"
 
+// pathSeg escapes one path segment: '/' and '%' as url.PathEscape does,
+// and '.' too, so that no name (".." or "x%2F..%2Fy") makes a path that
+// the router cleans into another resource's.
+func pathSeg(v string) string { return strings.ReplaceAll(url.PathEscape(v), ".", "%2E") }
+
 // fromDashboard reports whether a request carrying the session cookie may
 // use it on the API: a GET made by the dashboard's own script.
 func fromDashboard(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.Header.Get("Sec-Fetch-Site") == "same-origin"
 }
 
-// sameOrigin reports whether a form POST comes from this server's pages.
-func sameOrigin(r *http.Request) bool {
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
-		return site == "same-origin"
-	}
-	o, err := url.Parse(r.Header.Get("Origin"))
-	return err == nil && o.Host == r.Host
-}
-
 func (s *Server) dashboardRoutes() {
 	static, _ := fs.Sub(dashboardFS, "static")
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	s.mux.HandleFunc("GET /{$}", s.loginPage)
-	s.mux.HandleFunc("POST /login", s.login)
-	s.mux.HandleFunc("POST /logout", s.logout)
+	s.mux.Handle("POST /login", s.csrf.Handler(http.HandlerFunc(s.login)))
+	s.mux.Handle("POST /logout", s.csrf.Handler(http.HandlerFunc(s.logout)))
 	s.mux.HandleFunc("GET /ui/{$}", s.switchTenant)
-	s.mux.HandleFunc("GET /ui/{tenant}", s.page(s.tenantPage))
-	s.mux.HandleFunc("GET /ui/{tenant}/topics/{topic}", s.page(s.topicPage))
-	s.mux.HandleFunc("POST /ui/{tenant}/topics/{topic}/requeue", s.page(s.requeueForm))
-	s.mux.HandleFunc("POST /ui/{tenant}/topics/{topic}/groups/{group}/{action}", s.page(s.pauseForm))
+	s.mux.Handle("GET /ui/{tenant}", s.page(s.tenantPage))
+	s.mux.Handle("GET /ui/{tenant}/topics/{topic}", s.page(s.topicPage))
+	s.mux.Handle("POST /ui/{tenant}/topics/{topic}/requeue", s.page(s.requeueForm))
+	s.mux.Handle("POST /ui/{tenant}/topics/{topic}/groups/{group}/{action}", s.page(s.pauseForm))
+}
+
+// signInErrors are what the sign-in page may say: the page shows one by
+// its code, never text from the URL.
+var signInErrors = map[string]string{
+	"invalid":   "the token is not valid, revoked or expired",
+	"tenant":    "the token may not use this tenant, or the tenant is not served here",
+	"admin":     "the dashboard needs an admin token",
+	"name":      "the tenant's name is not valid",
+	"rate":      "too many failed sign-ins from this address; wait a while",
+	"failed":    "the server failed; its log says why",
+	"session":   "sign in with an admin token of that tenant",
+	"signedout": "signed out",
+}
+
+func backToSignIn(w http.ResponseWriter, r *http.Request, code string) {
+	http.Redirect(w, r, "/?error="+code, http.StatusSeeOther)
 }
 
 func (s *Server) render(w http.ResponseWriter, name string, data any) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := pages.ExecuteTemplate(w, name, data); err != nil {
 		s.log.Warn("shardq serve: rendering a dashboard page failed", "page", name, "err", err)
@@ -90,46 +107,55 @@ func (s *Server) render(w http.ResponseWriter, name string, data any) {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	s.render(w, "login.html", map[string]any{"Error": r.URL.Query().Get("error"), "Tenants": s.cfg.Tenants})
+	s.render(w, "login.html", map[string]any{"Error": signInErrors[r.URL.Query().Get("error")], "Tenants": s.cfg.Tenants})
 }
 
-// login checks an admin token for a tenant and keeps it in the session
-// cookie.
+// login checks an admin token for a tenant and starts a session: a
+// signed cookie naming the token.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	tenant, tok := r.PostFormValue("tenant"), r.PostFormValue("token")
-	back := func(msg string) { http.Redirect(w, r, "/?error="+url.QueryEscape(msg), http.StatusSeeOther) }
-	if !sameOrigin(r) {
-		writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: "a sign-in must come from this server's page"})
+	addr := clientAddr(r, s.cfg.ClientAddrHeader)
+	if !s.limits.mayAuthenticate(addr) {
+		backToSignIn(w, r, "rate")
 		return
 	}
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	tenant, tok := r.PostFormValue("tenant"), r.PostFormValue("token")
 	if err := ident.Tenant(tenant); err != nil {
-		back(err.Error())
+		backToSignIn(w, r, "name")
 		return
 	}
 	if s.cfg.Tenants != nil && !slices.Contains(s.cfg.Tenants, tenant) {
-		back(fmt.Sprintf("tenant %q is not served here", tenant))
+		backToSignIn(w, r, "tenant")
 		return
 	}
-	if !s.allow(tok) {
-		back("too many attempts; wait a second")
-		return
-	}
-	_, role, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
+	id, role, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
 	switch {
-	case err != nil && !errors.Is(err, errTokenInvalid) && !errors.Is(err, errTokenRevoked) && !errors.Is(err, errTokenExpired) && !errors.Is(err, errTokenTenant):
-		s.log.Error("shardq serve: sign-in failed", "err", err)
-		back("the server failed; its log says why")
+	case errors.Is(err, errTokenTenant):
+		s.limits.failed(addr)
+		backToSignIn(w, r, "tenant")
+		return
+	case errors.Is(err, errTokenInvalid), errors.Is(err, errTokenRevoked), errors.Is(err, errTokenExpired):
+		s.limits.failed(addr)
+		backToSignIn(w, r, "invalid")
 		return
 	case err != nil:
-		back(err.Error())
+		s.log.Error("shardq serve: sign-in failed", "err", err)
+		backToSignIn(w, r, "failed")
 		return
-	case role != RoleAdmin:
-		back("the dashboard needs an admin token")
+	case !allows(role, RoleAdmin):
+		backToSignIn(w, r, "admin")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: tok, Path: "/", HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
-	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant), http.StatusSeeOther)
+	exp := s.cfg.Clock().Add(SessionTTL)
+	v, err := signSession(r.Context(), s.keys, session{ID: id, Expires: exp.Unix()})
+	if err != nil {
+		s.log.Error("shardq serve: sign-in failed", "err", err)
+		backToSignIn(w, r, "failed")
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v, Path: "/", Expires: exp, HttpOnly: true, Secure: r.TLS != nil || s.cfg.SecureCookies,
+		SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/ui/"+pathSeg(tenant), http.StatusSeeOther)
 }
 
 // switchTenant opens another tenant's page with the session's token (the
@@ -137,43 +163,56 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 func (s *Server) switchTenant(w http.ResponseWriter, r *http.Request) {
 	tenant := r.URL.Query().Get("tenant")
 	if err := ident.Tenant(tenant); err != nil {
-		http.Redirect(w, r, "/?error="+url.QueryEscape(err.Error()), http.StatusSeeOther)
+		backToSignIn(w, r, "name")
 		return
 	}
-	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant), http.StatusSeeOther)
+	http.Redirect(w, r, "/ui/"+pathSeg(tenant), http.StatusSeeOther)
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	http.Redirect(w, r, "/", http.StatusSeeOther)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: r.TLS != nil || s.cfg.SecureCookies,
+		SameSite: http.SameSiteStrictMode})
+	backToSignIn(w, r, "signedout")
 }
 
 // page wraps a dashboard page: the session's token must be an admin of
 // the URL's tenant (else back to the sign-in), and a POST must come from
-// the dashboard itself.
-func (s *Server) page(next func(w http.ResponseWriter, r *http.Request, tenant string)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+// the dashboard itself (checked before its body is read).
+func (s *Server) page(next func(w http.ResponseWriter, r *http.Request, tenant string)) http.Handler {
+	return s.csrf.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant := r.PathValue("tenant")
-		c, err := r.Cookie(sessionCookie)
-		if err != nil || ident.Tenant(tenant) != nil || (s.cfg.Tenants != nil && !slices.Contains(s.cfg.Tenants, tenant)) {
-			http.Redirect(w, r, "/", http.StatusSeeOther)
+		if ident.Tenant(tenant) != nil || (s.cfg.Tenants != nil && !slices.Contains(s.cfg.Tenants, tenant)) {
+			backToSignIn(w, r, "tenant")
 			return
 		}
-		if !s.allow(c.Value) {
+		addr := clientAddr(r, s.cfg.ClientAddrHeader)
+		if !s.limits.mayAuthenticate(addr) {
+			backToSignIn(w, r, "rate")
+			return
+		}
+		sess, err := s.session(r)
+		var role string
+		if err == nil {
+			role, err = sessionRole(r.Context(), s.cfg.Driver, tenant, sess, s.cfg.Clock())
+		}
+		switch {
+		case err != nil && !errors.Is(err, errSession) && !errors.Is(err, errTokenTenant) && !errors.Is(err, errTokenRevoked) && !errors.Is(err, errTokenExpired):
+			s.pageError(w, r, err)
+			return
+		case err != nil || !allows(role, RoleAdmin):
+			if !errors.Is(err, errSession) {
+				s.limits.failed(addr)
+			}
+			backToSignIn(w, r, "session")
+			return
+		}
+		if !s.limits.allowToken(sess.ID) {
 			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "too many requests with this token"})
-			return
-		}
-		if _, role, err := verify(r.Context(), s.cfg.Driver, tenant, c.Value, s.cfg.Clock()); err != nil || role != RoleAdmin {
-			http.Redirect(w, r, "/?error="+url.QueryEscape("sign in with an admin token of "+tenant), http.StatusSeeOther)
-			return
-		}
-		if r.Method == http.MethodPost && !sameOrigin(r) {
-			writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: "a dashboard action must come from the dashboard"})
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 		next(w, r, tenant)
-	}
+	}))
 }
 
 func (s *Server) pageError(w http.ResponseWriter, r *http.Request, err error) {
@@ -246,8 +285,9 @@ func (s *Server) topicPage(w http.ResponseWriter, r *http.Request, tenant string
 			}
 		}
 	}
+	var deadCut, msgsCut bool
 	if err == nil {
-		dead, err = s.admin.DeadLetters(ctx, sc, topic, "")
+		dead, deadCut, err = s.deadLettersWithin(ctx, tenant, topic, nil, 100, s.cfg.MaxResponseBytes/2)
 	}
 	br := shardq.BrowseRequest{Tenant: tenant, Topic: topic, Limit: 50}
 	q := r.URL.Query()
@@ -258,18 +298,18 @@ func (s *Server) topicPage(w http.ResponseWriter, r *http.Request, tenant string
 		br.AfterOffset = after
 	}
 	if err == nil {
-		msgs, err = s.admin.Messages(ctx, br)
+		msgs, msgsCut, err = s.browseWithin(ctx, br, s.cfg.MaxResponseBytes/2)
 	}
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
 	var next int64
-	if len(msgs) == br.Limit {
+	if len(msgs) == br.Limit || msgsCut {
 		next = msgs[len(msgs)-1].Offset
 	}
 	s.render(w, "topic.html", map[string]any{"Tenant": tenant, "Topic": topic, "Offsets": offsets, "Groups": groups, "Leases": leases,
-		"Members": members, "Dead": dead, "Messages": msgs, "Browse": br, "Next": next, "Notice": q.Get("notice")})
+		"Members": members, "Dead": dead, "DeadCut": deadCut, "Messages": msgs, "Browse": br, "Next": next, "Notice": q.Get("notice")})
 }
 
 func (s *Server) requeueForm(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -283,7 +323,7 @@ func (s *Server) requeueForm(w http.ResponseWriter, r *http.Request, tenant stri
 	} else {
 		notice = "no such dead letter: " + ref.ID
 	}
-	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant)+"/topics/"+url.PathEscape(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
+	http.Redirect(w, r, "/ui/"+pathSeg(tenant)+"/topics/"+pathSeg(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
 }
 
 func (s *Server) pauseForm(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -301,5 +341,5 @@ func (s *Server) pauseForm(w http.ResponseWriter, r *http.Request, tenant string
 	if _, err := op(r.Context(), shardq.Scope{Tenants: []string{tenant}}, topic, group); err != nil {
 		notice = action + " failed: " + err.Error()
 	}
-	http.Redirect(w, r, "/ui/"+url.PathEscape(tenant)+"/topics/"+url.PathEscape(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
+	http.Redirect(w, r, "/ui/"+pathSeg(tenant)+"/topics/"+pathSeg(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
 }

@@ -256,7 +256,7 @@ func TestSignInPageOffersServedTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	if loc := res.Header.Get("Location"); res.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/?error=tenant") {
+	if loc := res.Header.Get("Location"); res.StatusCode != http.StatusSeeOther || loc != "/?error=name" {
 		t.Fatalf("switch to an invalid tenant: %d, Location %q", res.StatusCode, loc)
 	}
 }

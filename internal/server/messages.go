@@ -238,18 +238,32 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 		s.decodeError(w, r, err)
 		return
 	}
+	id, _ := r.Context().Value(tokenIDKey{}).(string)
+	done, ok := s.limits.startReceive(id)
+	if !ok {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests,
+			Detail: fmt.Sprintf("too many receives in flight (at most %d on this server, %d per token)", s.cfg.MaxReceives, s.cfg.MaxReceivesPerToken)})
+		return
+	}
+	defer done()
+	// A long poll may outlast the server's WriteTimeout: this response's
+	// deadline is its wait plus that timeout.
+	rc := http.NewResponseController(w)
+	rc.SetWriteDeadline(time.Now().Add(rq.Wait + s.cfg.WriteTimeout)) //nolint:errcheck // not every writer has deadlines (tests' recorders)
 	rq.Done = s.draining
+	rq.MaxBytes = s.cfg.MaxResponseBytes
 	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]messageOut, len(got))
-	for i, m := range got {
+	out := make([]messageOut, len(got.Messages))
+	for i, m := range got.Messages {
 		out[i] = messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
 		out[i].Attempt, out[i].Receipt = m.Attempt, m.Receipt
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"messages": out})
+	writeMessages(w, "messages", out, got.Truncated)
 }
 
 // settleIn is an ack or nack request; retry_after is in seconds.

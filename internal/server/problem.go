@@ -3,10 +3,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -94,14 +96,38 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
+// writeJSON answers v as JSON, HTML escaping off (a JSON API, not a
+// page: escaping '<' to six bytes only grows the body).
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		writeProblem(w, problem{Type: typeInternal, Status: http.StatusInternalServerError, Detail: "encoding the response failed"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.Header().Set("Content-Length", strconv.Itoa(b.Len()))
 	w.WriteHeader(status)
-	w.Write(append(b, '\n')) //nolint:errcheck // the client went away
+	w.Write(b.Bytes()) //nolint:errcheck // the client went away
+}
+
+// writeMessages streams {"<list>": [...], "truncated": bool}: one item
+// encoded at a time, so a response holds no more than its largest item
+// besides what the caller already holds.
+func writeMessages[T any](w http.ResponseWriter, list string, items []T, truncated bool) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	io.WriteString(w, `{"`+list+`":[`) //nolint:errcheck // the client went away: later writes fail too
+	for i, it := range items {
+		if i > 0 {
+			io.WriteString(w, ",") //nolint:errcheck
+		}
+		if enc.Encode(it) != nil {
+			return // the client went away; encoding our own types cannot fail
+		}
+	}
+	fmt.Fprintf(w, "],\"truncated\":%t}\n", truncated)
 }

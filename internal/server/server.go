@@ -19,11 +19,13 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/receiptkey"
 )
 
 // Config configures a Server. Client, Driver and Receipts are required.
@@ -35,13 +37,41 @@ type Config struct {
 	// other is refused with 403 before any SQL runs.
 	Tenants []string
 	// Rate bounds each token's requests a second, with bursts of Burst
-	// [50 a second, bursts of 100].
+	// [50 a second, bursts of 100]; it is charged only once the token
+	// verified.
 	Rate  float64
 	Burst int
+	// AuthFailRate bounds failed authentications a second per client
+	// address, with bursts of 20 [1]: past it, the address is answered
+	// 429 before any token is read.
+	AuthFailRate float64
+	// ClientAddrHeader names the header in which a trusted reverse proxy
+	// puts the client's address (X-Forwarded-For: its last entry); empty:
+	// the connection's peer.
+	ClientAddrHeader string
 	// MaxBodyBytes bounds a request body [8 MiB].
 	MaxBodyBytes int64
-	// Metrics serves /metrics (nil: 404).
-	Metrics http.Handler
+	// MaxResponseBytes is the byte budget of a response that carries
+	// messages (receive, dead letters, browse, the dashboard's topic
+	// page): it stops adding messages there, always carrying at least one,
+	// and says so [8 MiB].
+	MaxResponseBytes int64
+	// MaxReceives caps the receives in flight (long polls included),
+	// server-wide [64] and per token [16]: past them, 429.
+	MaxReceives         int
+	MaxReceivesPerToken int
+	// Metrics serves /metrics (nil: 404). With MetricsAuth it needs an
+	// admin token of the tenant named by ?tenant=.
+	Metrics     http.Handler
+	MetricsAuth bool
+	// WriteTimeout is the HTTP server's: a receive extends its own
+	// response's deadline to its wait plus this [60s].
+	WriteTimeout time.Duration
+	// SecureCookies marks the dashboard's cookie Secure even when TLS ends
+	// before this process (at a proxy); it is Secure anyway under TLS.
+	SecureCookies bool
+	// MeterProvider records the HTTP server's metrics [otel's global].
+	MeterProvider metric.MeterProvider
 	// StaleAfter is when a member's heartbeat counts as stale in listings
 	// [15s].
 	StaleAfter time.Duration
@@ -56,8 +86,10 @@ type Server struct {
 	mux   *http.ServeMux
 	admin *shardq.Admin
 
-	mu       sync.Mutex
-	limiters map[string]*rate.Limiter // by token id
+	limits *limits
+	keys   *receiptkey.Ring // signs dashboard sessions
+	csrf   *http.CrossOriginProtection
+	http   httpMetrics
 
 	draining  chan struct{} // closed by Drain: long polls answer at once
 	drainOnce sync.Once
@@ -70,9 +102,13 @@ func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // Defaults of Config.
 const (
-	DefaultRate         = 50
-	DefaultBurst        = 100
-	DefaultMaxBodyBytes = 8 << 20
+	DefaultRate                = 50
+	DefaultBurst               = 100
+	DefaultAuthFailRate        = 1
+	DefaultMaxBodyBytes        = 8 << 20
+	DefaultMaxResponseBytes    = 8 << 20
+	DefaultMaxReceives         = 64
+	DefaultMaxReceivesPerToken = 16
 )
 
 // New returns a Server.
@@ -80,8 +116,26 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Client == nil || cfg.Driver == nil || cfg.Receipts == nil {
 		return nil, errors.New("server: Client, Driver and Receipts are required")
 	}
-	if cfg.Rate < 0 || cfg.Burst < 0 || cfg.MaxBodyBytes < 0 {
-		return nil, &ident.Error{Field: "rate", Rule: "rate, burst and body limits must not be negative"}
+	if cfg.Rate < 0 || cfg.Burst < 0 || cfg.MaxBodyBytes < 0 || cfg.AuthFailRate < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxReceives < 0 || cfg.MaxReceivesPerToken < 0 {
+		return nil, &ident.Error{Field: "rate", Rule: "rates, bursts, sizes and caps must not be negative"}
+	}
+	if cfg.AuthFailRate == 0 {
+		cfg.AuthFailRate = DefaultAuthFailRate
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.MaxReceives == 0 {
+		cfg.MaxReceives = DefaultMaxReceives
+	}
+	if cfg.MaxReceivesPerToken == 0 {
+		cfg.MaxReceivesPerToken = DefaultMaxReceivesPerToken
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 60 * time.Second
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
 	}
 	if cfg.Rate == 0 {
 		cfg.Rate = DefaultRate
@@ -101,7 +155,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), admin: cfg.Client.Admin(), limiters: map[string]*rate.Limiter{}, draining: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), admin: cfg.Client.Admin(), limits: newLimits(cfg),
+		keys: receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{})}
+	var err error
+	if s.http, err = newHTTPMetrics(cfg.MeterProvider); err != nil {
+		return nil, err
+	}
 	s.routes()
 	return s, nil
 }
@@ -110,8 +169,13 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Handler() http.Handler { return s }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	s.mux.ServeHTTP(w, r)
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	done := s.http.start(r)
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	defer func() { done(r, sw.status) }()
+	s.mux.ServeHTTP(sw, r)
 }
 
 // route is one API operation: its pattern, the role it needs ("" for the
@@ -159,7 +223,7 @@ func (s *Server) routes() {
 		w.Write(openAPI) //nolint:errcheck // the client went away
 	})
 	if s.cfg.Metrics != nil {
-		s.mux.Handle("GET /metrics", s.cfg.Metrics)
+		s.mux.Handle("GET /metrics", s.metrics())
 	}
 	s.dashboardRoutes()
 	s.mux.HandleFunc("/", s.notFound)
@@ -187,9 +251,11 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized checks, in this order and before any other SQL: the
-// tenant's form, the served tenants (MQ_TENANTS), the bearer token's
-// form, the token's rate, then the token itself (one row read) and its
-// role. The request body is bounded.
+// tenant's form, the served tenants (MQ_TENANTS), the credential's form
+// (a bearer token, or the dashboard's session on its own GETs), the
+// client address's rate of failed authentications, then the credential
+// itself (one row read) and its role, and only then the token's rate, so
+// that nobody can spend another's. The request body is bounded.
 func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Request, string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant := r.PathValue("tenant")
@@ -202,32 +268,8 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 				Detail: fmt.Sprintf("tenant %q is not served here (MQ_TENANTS)", tenant)})
 			return
 		}
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || tok == "" {
-			if c, err := r.Cookie(sessionCookie); err == nil && fromDashboard(r) {
-				tok = c.Value // the dashboard's own calls
-			} else {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="shardq"`)
-				writeProblem(w, problem{Type: typeAuth, Status: http.StatusUnauthorized, Detail: "an Authorization: Bearer token is required (shardq token create)"})
-				return
-			}
-		}
-		if !s.allow(tok) {
-			w.Header().Set("Retry-After", "1")
-			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: fmt.Sprintf("more than %g requests a second with this token", s.cfg.Rate)})
-			return
-		}
-		_, got, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
-		switch {
-		case errors.Is(err, errTokenTenant):
-			writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: fmt.Sprintf("%v %q", err, tenant)})
-			return
-		case errors.Is(err, errTokenInvalid), errors.Is(err, errTokenRevoked), errors.Is(err, errTokenExpired):
-			w.Header().Set("WWW-Authenticate", `Bearer realm="shardq", error="invalid_token"`)
-			writeProblem(w, problem{Type: typeAuth, Status: http.StatusUnauthorized, Detail: err.Error()})
-			return
-		case err != nil:
-			s.fail(w, r, err)
+		id, got, ok := s.authenticate(w, r, tenant, true)
+		if !ok {
 			return
 		}
 		if !allows(got, role) {
@@ -235,31 +277,102 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 				Detail: fmt.Sprintf("this needs the %s role; the token has %s", role, got)})
 			return
 		}
+		if !s.limits.allowToken(id) {
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: fmt.Sprintf("more than %g requests a second with this token", s.cfg.Rate)})
+			return
+		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		next(w, r, tenant)
+		next(w, r.WithContext(context.WithValue(r.Context(), tokenIDKey{}, id)), tenant)
 	})
 }
 
-// allow takes one request from the token's bucket. Buckets are keyed by
-// the token's id when it has the token's form, else by the raw value's
-// first bytes (garbage is limited too). The map is bounded: when full, it
-// starts over.
-func (s *Server) allow(tok string) bool {
-	key := tok
-	if id, _, ok := parseToken(tok); ok {
-		key = id
-	} else if len(key) > 32 {
-		key = key[:32]
+// tokenIDKey carries the verified token's id in a request's context.
+type tokenIDKey struct{}
+
+// bearer returns the Authorization header's bearer token (the scheme is
+// case-insensitive, RFC 9110).
+func bearer(r *http.Request) (string, bool) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.limiters[key]
-	if l == nil {
-		if len(s.limiters) >= 10_000 {
-			clear(s.limiters)
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// authenticate verifies the request's bearer token (or, with cookies,
+// the dashboard session on one of its GETs) for tenant and returns the
+// token's id and roles; it has answered the request when ok is false.
+// A failure is charged to the client's address, and an address past its
+// rate of failures is refused before anything is read.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant string, cookies bool) (id, roles string, ok bool) {
+	addr := clientAddr(r, s.cfg.ClientAddrHeader)
+	if !s.limits.mayAuthenticate(addr) {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "too many failed authentications from this address"})
+		return "", "", false
+	}
+	tok, hasBearer := bearer(r)
+	var err error
+	switch {
+	case hasBearer:
+		id, roles, err = verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
+	case cookies && fromDashboard(r):
+		var sess session
+		if sess, err = s.session(r); err == nil {
+			id = sess.ID
+			roles, err = sessionRole(r.Context(), s.cfg.Driver, tenant, sess, s.cfg.Clock())
 		}
-		l = rate.NewLimiter(rate.Limit(s.cfg.Rate), s.cfg.Burst)
-		s.limiters[key] = l
+	default:
+		s.limits.failed(addr)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="shardq"`)
+		writeProblem(w, problem{Type: typeAuth, Status: http.StatusUnauthorized, Detail: "an Authorization: Bearer token is required (shardq token create)"})
+		return "", "", false
 	}
-	return l.Allow()
+	switch {
+	case err == nil:
+		return id, roles, true
+	case errors.Is(err, errTokenTenant):
+		s.limits.failed(addr)
+		writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: fmt.Sprintf("%v %q", err, tenant)})
+	case errors.Is(err, errTokenInvalid), errors.Is(err, errTokenRevoked), errors.Is(err, errTokenExpired), errors.Is(err, errSession):
+		s.limits.failed(addr)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="shardq", error="invalid_token"`)
+		writeProblem(w, problem{Type: typeAuth, Status: http.StatusUnauthorized, Detail: err.Error()})
+	default:
+		s.fail(w, r, err)
+	}
+	return "", "", false
+}
+
+// session opens the request's dashboard session cookie.
+func (s *Server) session(r *http.Request) (session, error) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return session{}, errSession
+	}
+	return openSession(r.Context(), s.keys, c.Value, s.cfg.Clock())
+}
+
+// metrics serves /metrics, behind an admin token of ?tenant= when
+// MetricsAuth is set.
+func (s *Server) metrics() http.Handler {
+	if !s.cfg.MetricsAuth {
+		return s.cfg.Metrics
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant := r.URL.Query().Get("tenant")
+		if err := ident.Tenant(tenant); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if _, roles, ok := s.authenticate(w, r, tenant, false); !ok {
+			return
+		} else if !allows(roles, RoleAdmin) {
+			writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: "/metrics needs an admin token"})
+			return
+		}
+		s.cfg.Metrics.ServeHTTP(w, r)
+	})
 }

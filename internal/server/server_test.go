@@ -59,6 +59,13 @@ type harnessOptions struct {
 	rate        float64
 	burst       int
 	maxBody     int64
+	// authFailRate is high unless a test sets it: most tests send many
+	// unauthenticated requests on purpose.
+	authFailRate     float64
+	maxResponseBytes int64
+	maxReceives      int
+	maxPerToken      int
+	metricsAuth      bool
 }
 
 func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
@@ -77,8 +84,12 @@ func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Config{Client: c, Driver: drv, Receipts: rc, Tenants: o.tenants, Rate: o.rate, Burst: o.burst,
-		MaxBodyBytes: o.maxBody, Logger: log, Clock: clk.Now})
+	if o.authFailRate == 0 {
+		o.authFailRate = 1e6
+	}
+	srv, err := New(Config{Client: c, Driver: drv, Receipts: rc, Tenants: o.tenants, Rate: o.rate, Burst: o.burst, AuthFailRate: o.authFailRate,
+		MaxBodyBytes: o.maxBody, MaxResponseBytes: o.maxResponseBytes, MaxReceives: o.maxReceives, MaxReceivesPerToken: o.maxPerToken,
+		Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +108,7 @@ func eachDB(t *testing.T, fn func(t *testing.T, drv driver.Driver)) {
 // token makes a token of role in tenants, valid for d (0: forever).
 func (h *harness) token(role string, d time.Duration, tenants ...string) (tok, id string) {
 	h.t.Helper()
-	tok, id, err := NewToken(context.Background(), h.drv, tenants, role, d, h.clock.Now())
+	tok, id, err := NewToken(context.Background(), h.drv, tenants, []string{role}, d, h.clock.Now())
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -731,3 +742,7 @@ func TestSettleChecksEveryReceiptFirst(t *testing.T) {
 		}
 	})
 }
+
+// testMetrics stands in for the CLI's Prometheus handler: what it serves
+// is the CLI's concern (tested there); these tests check who may read it.
+var testMetrics = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "# shardq metrics\n") })

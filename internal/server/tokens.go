@@ -30,15 +30,33 @@ const (
 // Roles lists the roles, for flags and errors.
 var Roles = []string{RolePublish, RoleConsume, RoleAdmin}
 
+// JoinRoles checks roles and returns them as stored: sorted, without
+// repeats, comma-separated ("admin" alone when it is among them: it may
+// do everything).
+func JoinRoles(roles []string) (string, error) {
+	if len(roles) == 0 {
+		return "", &ident.Error{Field: "role", Rule: "at least one is required: " + strings.Join(Roles, ", ")}
+	}
+	for _, r := range roles {
+		if !slices.Contains(Roles, r) {
+			return "", &ident.Error{Field: "role", Rule: fmt.Sprintf("%q: want one of %s", r, strings.Join(Roles, ", "))}
+		}
+	}
+	if slices.Contains(roles, RoleAdmin) {
+		return RoleAdmin, nil
+	}
+	return strings.Join(slices.Compact(slices.Sorted(slices.Values(roles))), ","), nil
+}
+
 // A token is "sq_" + its id (16 hex digits, public: list and revoke name
 // it) + "." + its secret (32 random bytes, base64url). Only the secret's
 // SHA-256 is stored: the secret has 256 bits of entropy, so a fast hash
 // is enough (no password-hashing work factor is needed against guessing).
 const tokenPrefix = "sq_"
 
-// NewToken makes a token for tenants and role, stores its hash and
+// NewToken makes a token for tenants with roles, stores its hash and
 // returns the token (shown once) and its id.
-func NewToken(ctx context.Context, drv driver.Tokens, tenants []string, role string, expires time.Duration, now time.Time) (token, id string, err error) {
+func NewToken(ctx context.Context, drv driver.Tokens, tenants []string, roles []string, expires time.Duration, now time.Time) (token, id string, err error) {
 	if len(tenants) == 0 {
 		return "", "", &ident.Error{Field: "tenant", Rule: "at least one is required"}
 	}
@@ -47,8 +65,9 @@ func NewToken(ctx context.Context, drv driver.Tokens, tenants []string, role str
 			return "", "", err
 		}
 	}
-	if !slices.Contains(Roles, role) {
-		return "", "", &ident.Error{Field: "role", Rule: fmt.Sprintf("%q: want one of %s", role, strings.Join(Roles, ", "))}
+	role, err := JoinRoles(roles)
+	if err != nil {
+		return "", "", err
 	}
 	if expires < 0 {
 		return "", "", &ident.Error{Field: "expires", Rule: "must not be negative (0: never)"}
@@ -132,5 +151,13 @@ func verify(ctx context.Context, drv driver.Tokens, tenant, tok string, now time
 	return id, t.Role, nil
 }
 
-// allows reports whether role may do what needs want.
-func allows(role, want string) bool { return role == RoleAdmin || role == want }
+// allows reports whether a token of roles (as stored) may do what needs
+// want.
+func allows(roles, want string) bool {
+	for r := range strings.SplitSeq(roles, ",") {
+		if r == RoleAdmin || r == want {
+			return true
+		}
+	}
+	return false
+}

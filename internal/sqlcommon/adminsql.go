@@ -15,6 +15,7 @@ import (
 // parameters (Bind).
 type adminSQL struct {
 	fetch          string // a partition's messages after a cursor, in offset order
+	sizes          string // the sizes of fetch's messages, for a read within a byte budget
 	withWork       string // partitions whose head is past a group's cursor
 	withWorkMoved  string // withWork, of partitions whose head moved at or after :since
 	withWorkOf     string // withWork, of named partitions (:tenants × :keys)
@@ -136,6 +137,8 @@ func newAdminSQL(s Syntax) adminSQL {
 	}
 	return adminSQL{
 		fetch: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() + " " +
+			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
+		sizes: "SELECT " + o + ", " + s.messageBytes() + " FROM queue_messages" + s.partitionOrder() + " " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
 		withWork: withWork("p.tenant IN (:tenants) AND p.topic = :topic") + " ORDER BY p.tenant, p.partition_key",
 		// Unordered (the member sorts): ordered by key, MariaDB was seen to

@@ -40,7 +40,7 @@ type statements struct {
 }
 
 func newStatements(s Syntax) *statements {
-	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL()}
+	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL(s)}
 }
 
 // FetchAfter reads up to limit messages of one partition after offset
@@ -62,6 +62,29 @@ func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey stri
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
+}
+
+// MessageSizes reads the sizes of up to limit messages of one partition
+// after offset after, in offset order.
+func (d *Store) MessageSizes(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]driver.MessageSize, error) {
+	op := fmt.Sprintf("read message sizes of tenant %q topic %q partition %q", tenant, topic, partitionKey)
+	rows, err := d.query(ctx, d.Read, d.sql().admin.sizes, Args{"tenant": tenant, "topic": topic, "key": partitionKey, "after": after, "limit": limit})
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []driver.MessageSize
+	for rows.Next() {
+		var m driver.MessageSize
+		if err := rows.Scan(&m.Offset, &m.Bytes); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.Wrap(op, err)
 	}
 	return out, nil
 }

@@ -139,7 +139,7 @@ func (a Args) with(more Args) Args {
 // collide on the claim rows' key: the first insert wins, the others do
 // nothing, and the rows carrying the token afterwards are this caller's.
 // A few rounds absorb such collisions.
-func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit int) ([]driver.Claim, error) {
+func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, error) {
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
 	// Most polls of an idle group find nothing: ask the read pool first,
 	// and open a write transaction only when there is something to
@@ -161,7 +161,7 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 	}
 	for round := 0; ; round++ {
 		claims, contended, err := d.claimRound(ctx, tenant, topic, group, owner, now, visibility, limit, op)
-		d.busyClaims.Store(key, err == nil && len(claims) == limit)
+		d.busyClaims.Store(key, err == nil && len(claims) == limit.Messages)
 		if err != nil || len(claims) > 0 || !contended || round == 2 {
 			for i := range claims {
 				claims[i].VisibleUntil = now.Add(visibility)
@@ -174,7 +174,7 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 // claimRound is one claiming transaction; contended reports candidates
 // that a concurrent claimer took first.
 func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration,
-	limit int, op string) (claims []driver.Claim, contended bool, err error) {
+	limit driver.ClaimLimit, op string) (claims []driver.Claim, contended bool, err error) {
 	token := rand.Int64N(1<<62) + 1
 	key, err := d.ungroupedArgs(ctx, tenant, topic, group)
 	if err != nil {
@@ -186,7 +186,7 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		if err := d.queryRow(ctx, tx, st.positions, key).Scan(&cursor, &highest); err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		rows, err := d.query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit}))
+		rows, err := d.query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit.Messages}))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -212,9 +212,21 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		// (TestClaimSeesWhatItLocks). Messages claimed again are older
 		// than their claim rows, which the snapshot holds.
 		msgs := map[int64]driver.Message{}
-		fresh, err := d.claimedMessages(ctx, tx, tenant, topic, st.fresh, key.with(Args{"after": max(cursor, highest), "limit": limit - len(again)}), msgs, op)
-		if err != nil {
-			return nil, err
+		freshArgs := key.with(Args{"after": max(cursor, highest), "limit": limit.Messages - len(again)})
+		var fresh []any
+		notBefore := map[int64]time.Time{}
+		if limit.Bytes > 0 {
+			// Within a byte budget: choose by sizes, load only the chosen.
+			if again, fresh, err = d.claimWithin(ctx, tx, key, again, freshArgs, limit.Bytes, now, notBefore, op); err != nil {
+				return nil, err
+			}
+		} else {
+			if fresh, err = d.claimedMessages(ctx, tx, tenant, topic, st.fresh, freshArgs, msgs, op); err != nil {
+				return nil, err
+			}
+			for _, o := range fresh {
+				notBefore[o.(int64)] = msgs[o.(int64)].NotBefore
+			}
 		}
 		// A delayed message gets a claim row that nobody holds, visible
 		// from its NotBefore: it is claimed then as a retry is, and the
@@ -222,8 +234,8 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		var delayed Rows
 		ready := fresh[:0]
 		for _, o := range fresh {
-			if m := msgs[o.(int64)]; m.NotBefore.After(now) {
-				delayed = append(delayed, []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(m.NotBefore), 0, d.EncodeTime(now)})
+			if nb := notBefore[o.(int64)]; nb.After(now) {
+				delayed = append(delayed, []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(nb), 0, d.EncodeTime(now)})
 				continue
 			}
 			ready = append(ready, o)
@@ -254,6 +266,13 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			}
 			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
 				return nil, d.Wrap(op, err)
+			}
+			if limit.Bytes > 0 {
+				// Rows the size read locked: a locking read sees them
+				// current, where a plain one reads the snapshot.
+				if _, err := d.claimedMessages(ctx, tx, tenant, topic, st.lockedAt, key.with(Args{"offsets": List(fresh)}), msgs, op); err != nil {
+					return nil, err
+				}
 			}
 		}
 		// A row at or below the cursor is not a claim: a concurrent
@@ -294,6 +313,82 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		return out, rows.Err()
 	})
 	return claims, contended, err
+}
+
+// claimWithin chooses, by size, which of the visible-again offsets and
+// of the fresh candidates (locked) a claim within budget bytes takes: in
+// offset order, each that fits, and the first whatever its size. It stops
+// at the first ready message that does not fit, so that no fresh message
+// is passed over: a claim row above it would hide it from later claims.
+// Delayed candidates before the cut are returned for their placeholder
+// rows, with their not_before in notBefore.
+func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, key Args, again []any, freshArgs Args, budget int64, now time.Time,
+	notBefore map[int64]time.Time, op string) (keptAgain, fresh []any, err error) {
+	st := &d.sql().group
+	sizes := map[int64]int64{}
+	if len(again) > 0 {
+		rows, err := d.query(ctx, tx, st.sizesAt, key.with(Args{"offsets": List(again)}))
+		if err != nil {
+			return nil, nil, d.Wrap(op, err)
+		}
+		for rows.Next() {
+			var o, n int64
+			if err := rows.Scan(&o, &n); err != nil {
+				rows.Close()
+				return nil, nil, fmt.Errorf("%s: %w", op, err)
+			}
+			sizes[o] = n
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, d.Wrap(op, err)
+		}
+	}
+	var candidates []any
+	rows, err := d.query(ctx, tx, st.freshSizes, freshArgs)
+	if err != nil {
+		return nil, nil, d.Wrap(op, err)
+	}
+	for rows.Next() {
+		var o, n int64
+		var nb any
+		if err := rows.Scan(&o, &n, &nb); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if notBefore[o], err = d.decodeNotBefore(nb); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("%s: %w", op, err)
+		}
+		sizes[o] = n
+		candidates = append(candidates, o)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, d.Wrap(op, err)
+	}
+	var used int64
+	fits := func(o int64) bool {
+		n := sizes[o]
+		if used > 0 && used+n > budget {
+			return false
+		}
+		used += max(n, 1)
+		return true
+	}
+	for _, o := range again {
+		if !fits(o.(int64)) {
+			return keptAgain, nil, nil
+		}
+		keptAgain = append(keptAgain, o)
+	}
+	for _, o := range candidates {
+		if !notBefore[o.(int64)].After(now) && !fits(o.(int64)) {
+			break
+		}
+		fresh = append(fresh, o)
+	}
+	return keptAgain, fresh, nil
 }
 
 // claimedMessages runs stmt, a read of ungrouped messages, adds them to
@@ -342,7 +437,7 @@ func (d *Store) ungroupedGaps(ctx context.Context, db driver.DBTX, key Args, aft
 }
 
 func claimFenceArgs(c driver.Claim) Args {
-	return claimArgsOf(c.Message.Tenant, c.Message.Topic, c.ConsumerGroup).with(Args{"offset": c.Message.Offset, "token": c.Token})
+	return claimArgsOf(c.Message.Tenant, c.Message.Topic, c.ConsumerGroup).with(Args{"offset": c.Message.Offset, "token": c.Token, "owner": c.Owner})
 }
 
 // claimWrite runs stmt, a write fenced by c's token: no row matched means
@@ -378,7 +473,7 @@ func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time)
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		pairs := make(Rows, len(cs))
 		for i, c := range cs {
-			pairs[i] = []any{c.Message.Offset, c.Token}
+			pairs[i] = []any{c.Message.Offset, c.Token, c.Owner}
 		}
 		res, err := d.exec(ctx, tx, d.sql().group.ack, claimArgsOf(c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup).with(
 			Args{"now": d.EncodeTime(now), "claims": pairs}))

@@ -12,7 +12,10 @@ type groupSQL struct {
 	positions  string // the group's cursor and highest claim
 	again      string // claims visible again (expired, or retry due)
 	fresh      string // messages above the highest claim, locked, read current
+	freshSizes string // fresh's offsets, sizes and not_before, for a claim within a byte budget
+	sizesAt    string // the sizes of messages at offsets (:offsets)
 	messagesAt string // messages at offsets (:offsets)
+	lockedAt   string // messagesAt, read current (rows freshSizes locked)
 	reclaim    string // take visible-again claims (:offsets) under a new token
 	insert     string // insert claim rows (:rows), keeping any that exist
 	cursorNow  string // the group's cursor, read current (locking), not from the snapshot
@@ -41,8 +44,9 @@ const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WH
 // highestClaim is a scalar subquery: the group's highest claimed offset.
 const highestClaim = "COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE " + claimKey + "), 0)"
 
-// claimFence selects a claim row while its token is current.
-const claimFence = claimKey + " AND message_offset = :offset AND token = :token AND done = 0"
+// claimFence selects a claim row while its owner and token are current.
+// Token 0 is nobody's: a delayed message's placeholder row.
+const claimFence = claimKey + " AND message_offset = :offset AND token = :token AND token > 0 AND owner = :owner AND done = 0"
 
 func newGroupSQL(s Syntax) groupSQL {
 	o, open := s.offset(), s.useIndex("idx_claims_open")
@@ -65,8 +69,14 @@ func newGroupSQL(s Syntax) groupSQL {
 			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
 		fresh: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+		freshSizes: "SELECT " + o + ", " + s.messageBytes() + ", not_before FROM queue_messages" + s.partitionOrder() +
+			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+		sizesAt: "SELECT " + o + ", " + s.messageBytes() + " FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
+			"AND partition_key = '' AND " + o + " IN (:offsets)",
 		messagesAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND " + o + " IN (:offsets)",
+		lockedAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
+			"AND partition_key = '' AND " + o + " IN (:offsets)" + s.forUpdate(),
 		reclaim: "UPDATE queue_message_claims SET owner = :owner, token = :token, attempts = attempts + 1, visible_at = :visible_at, updated_at = :now " +
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
 		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +
@@ -78,8 +88,8 @@ func newGroupSQL(s Syntax) groupSQL {
 		retry:   "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
 		release: "UPDATE queue_message_claims SET visible_at = :now, attempts = attempts - 1, updated_at = :now WHERE " + claimFence,
 		settle:  "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
-		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND " +
-			s.inRows("message_offset, token", "claims"),
+		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND token > 0 AND " +
+			s.inRows("message_offset, token, owner", "claims"),
 		head:   "SELECT head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key = ''",
 		cursor: "SELECT " + ungroupedCursor,
 		firstOpen: "SELECT (SELECT MIN(message_offset) FROM queue_message_claims" + open + " WHERE " + claimKey +

@@ -10,6 +10,7 @@
 package sqlcommon
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -163,11 +164,15 @@ func EncodeHeaders(h map[string]string) ([]byte, error) {
 	if len(h) == 0 {
 		return []byte("{}"), nil
 	}
-	b, err := json.Marshal(h)
-	if err != nil {
+	// HTML escaping off: '<', '>' and '&' stay one byte each (escaped, a
+	// header of them is stored six times its size).
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(h); err != nil {
 		return nil, fmt.Errorf("encode headers: %w", err)
 	}
-	return b, nil
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // DecodeHeaders reads what EncodeHeaders wrote.

@@ -132,3 +132,13 @@ func (s Syntax) String() string {
 	}
 	return fmt.Sprintf("Syntax(%d)", int(s))
 }
+
+// messageBytes is the SQL expression of a queue_messages row's size: its
+// payload's and headers' bytes (SQLite's LENGTH counts a text's
+// characters, so headers are read as a blob).
+func (s Syntax) messageBytes() string {
+	if s == MySQL {
+		return "(LENGTH(payload) + LENGTH(headers))"
+	}
+	return "(LENGTH(payload) + LENGTH(CAST(headers AS BLOB)))"
+}

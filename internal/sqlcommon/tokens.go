@@ -3,10 +3,12 @@
 package sqlcommon
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -19,14 +21,24 @@ type tokenSQL struct {
 	get    string // one token's row in one tenant
 	list   scoped // the rows of some tenants or all, by token then tenant
 	revoke string // mark a token's rows in :tenants revoked
+
+	keys      string // every receipt key
+	addKey    string // a receipt key, unless its id exists
+	deleteKey string // one receipt key
 }
 
-func newTokenSQL() tokenSQL {
+func newTokenSQL(s Syntax) tokenSQL {
 	return tokenSQL{
 		insert: "INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at, expires_at, revoked_at) VALUES :rows",
 		get:    "SELECT secret_hash, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE tenant = :tenant AND token_id = :id",
 		list:   scopedOn("tenant", "SELECT token_id, tenant, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE {scope} ORDER BY token_id, tenant"),
 		revoke: "UPDATE queue_api_tokens SET revoked_at = :now WHERE tenant IN (:tenants) AND token_id = :id AND revoked_at IS NULL",
+
+		keys: "SELECT key_id, secret, created_at FROM shardq_receipt_keys ORDER BY key_id",
+		// created_at, not key_id: Vitess refuses an update of the vindex
+		// column, even to itself.
+		addKey:    "INSERT INTO shardq_receipt_keys (key_id, secret, created_at) VALUES (:id, :secret, :created_at)" + s.upsert("key_id", "created_at = created_at"),
+		deleteKey: "DELETE FROM shardq_receipt_keys WHERE key_id = :id",
 	}
 }
 
@@ -124,4 +136,52 @@ func (d *Store) RevokeToken(ctx context.Context, tenants []string, id string, no
 		return 0, fmt.Errorf("%s: %w", op, err)
 	}
 	return n, nil
+}
+
+// ReceiptKeys reads every receipt key, by id.
+func (d *Store) ReceiptKeys(ctx context.Context) ([]driver.ReceiptKey, error) {
+	const op = "read receipt keys"
+	rows, err := d.query(ctx, d.Read, d.sql().token.keys, Args{})
+	if err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	var out []driver.ReceiptKey
+	for rows.Next() {
+		var k driver.ReceiptKey
+		var created any
+		if err := rows.Scan(&k.ID, &k.Secret, &created); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if k.CreatedAt, err = d.DecodeTime(created); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.Wrap(op, err)
+	}
+	// On Vitess a scatter read merges shards unordered.
+	slices.SortFunc(out, func(a, b driver.ReceiptKey) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// AddReceiptKey inserts k unless its id exists.
+func (d *Store) AddReceiptKey(ctx context.Context, k driver.ReceiptKey) (bool, error) {
+	op := fmt.Sprintf("add receipt key %d", k.ID)
+	res, err := d.exec(ctx, d.Write, d.sql().token.addKey, Args{"id": k.ID, "secret": k.Secret, "created_at": d.EncodeTime(k.CreatedAt)})
+	if err != nil {
+		return false, d.Wrap(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", op, err)
+	}
+	return n == 1, nil
+}
+
+// DeleteReceiptKey deletes key id.
+func (d *Store) DeleteReceiptKey(ctx context.Context, id int64) error {
+	_, err := d.exec(ctx, d.Write, d.sql().token.deleteKey, Args{"id": id})
+	return d.wrapNil(fmt.Sprintf("delete receipt key %d", id), err)
 }

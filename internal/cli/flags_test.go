@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Every flag of every command that takes one value refuses a second one
+// (exit 2, naming the flag) instead of keeping the last; repeatable flags
+// stay repeatable. The command tree is walked, so a new command or flag
+// is covered without a new test. --help keeps any command body from
+// running, should a repeat be accepted.
+func TestFlagGivenTwice(t *testing.T) {
+	var walk func(c *cobra.Command)
+	single, repeatable := 0, 0
+	walk = func(c *cobra.Command) {
+		path := strings.Fields(c.CommandPath())[1:] // without "shardq"
+		check := func(f *pflag.Flag) {
+			if f.Name == "help" {
+				return
+			}
+			_, slice := f.Value.(pflag.SliceValue)
+			v := f.DefValue // valid for the flag, whatever its type
+			if slice {
+				v = "a"
+			}
+			args := append(append([]string(nil), path...), "--"+f.Name+"="+v, "--"+f.Name+"="+v, "--help")
+			r := runCLI(t, nil, "", args...)
+			switch {
+			case slice:
+				repeatable++
+				if r.code != 0 || strings.Contains(r.stderr, "given twice") {
+					t.Errorf("%v: exit %d, %q; want the repeatable flag accepted", args, r.code, r.stderr)
+				}
+			default:
+				single++
+				if want := "error: --" + f.Name + " given twice (it takes one value)\n"; r.code != 2 || r.stderr != want {
+					t.Errorf("%v: exit %d, %q; want 2, %q", args, r.code, r.stderr, want)
+				}
+			}
+		}
+		c.LocalFlags().VisitAll(check)
+		c.InheritedFlags().VisitAll(check)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot(Env{Getenv: func(string) string { return "" }}))
+	if single < 50 || repeatable < 3 {
+		t.Fatalf("checked %d single-valued and %d repeatable flags; the walk missed the command tree", single, repeatable)
+	}
+	t.Logf("%d single-valued and %d repeatable flags checked", single, repeatable)
+	// The value given once is the value used.
+	if r := runCLI(t, nil, "", "publish", "--tenant", "acme", "--topic", "t", "--tenant", "other", "x"); r.code != 2 || !strings.Contains(r.stderr, "--tenant given twice") {
+		t.Fatalf("publish --tenant twice: %+v", r)
+	}
+}

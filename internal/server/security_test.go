@@ -1,0 +1,418 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+)
+
+// The attacks of issue 29, as written there, each against its fix.
+
+// One receive of large messages stops at the byte budget (and says so),
+// escapes nothing it need not, and loses nothing: the rest come next.
+func TestReceiveStopsAtByteBudget(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		const budget = 3 << 20
+		h := newHarness(t, drv, harnessOptions{maxResponseBytes: budget})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		headers := map[string]string{}
+		for i := range 60 {
+			headers[fmt.Sprintf("h%02d", i)] = strings.Repeat("<", 8000)
+		}
+		payload := strings.Repeat("p", 1<<20)
+		for i := range 8 {
+			for _, key := range []string{"k", ""} { // a message group and ungrouped ones
+				if _, err := h.client.Publish(context.Background(), shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: key,
+					ID: fmt.Sprintf("%s%d", key, i), Headers: headers, Payload: []byte(payload)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, mode := range []string{`"key":"k"`, `"ungrouped":true`} {
+			var got []string
+			for round := 0; len(got) < 8 && round < 20; round++ {
+				r := h.call("POST", groupPath+"/receive", tok, `{`+mode+`,"max":20}`)
+				if r.status != 200 {
+					t.Fatalf("%s: receive: %d %s", mode, r.status, r.raw)
+				}
+				ms := received(r.body)
+				perMessage := len(payload) + 60*(8000+3)
+				if len(ms) == 0 || len(ms)*perMessage > budget+perMessage {
+					t.Fatalf("%s: %d messages of %d bytes in one receive, budget %d", mode, len(ms), perMessage, budget)
+				}
+				if len(r.raw) > budget+2*perMessage {
+					t.Fatalf("%s: a body of %d bytes, budget %d", mode, len(r.raw), budget)
+				}
+				if strings.Contains(r.raw, `\u003c`) {
+					t.Fatalf("%s: '<' escaped in a JSON answer", mode)
+				}
+				if len(got)+len(ms) < 8 && r.body["truncated"] != true {
+					t.Fatalf("%s: %d of 8 messages and not truncated", mode, len(ms))
+				}
+				for _, m := range ms {
+					got = append(got, m["id"].(string))
+				}
+				h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
+			}
+			if len(got) != 8 {
+				t.Fatalf("%s: received %v, want 8 messages", mode, got)
+			}
+		}
+	})
+}
+
+// A receipt a client made (a claim row nobody holds: a delayed message)
+// or edited (offsets past the head) settles nothing.
+func TestForgedAndEditedReceiptsSettleNothing(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		later := h.must(200, "POST", "/v1/tenants/acme/topics/sched/messages", tok, `{"id":"later","payload":"x","delay":3600}`)
+		h.must(200, "POST", "/v1/tenants/acme/topics/sched/messages", tok, `{"id":"now","payload":"y"}`)
+		off := int64(later["results"].([]any)[0].(map[string]any)["offset"].(float64))
+		first := received(h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/receive", tok, `{"ungrouped":true,"max":10}`))
+		h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/ack", tok, map[string]any{"receipts": receipts(first)})
+		forged, _ := json.Marshal(map[string]any{"t": "acme", "p": "sched", "g": "victim", "w": "anyone", "n": 0, "o": off, "c": true})
+		for _, rcpt := range []string{
+			"r1." + base64.RawURLEncoding.EncodeToString(forged),
+			"r2.1." + base64.RawURLEncoding.EncodeToString(forged) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32)),
+		} {
+			for _, op := range []string{"ack", "nack"} {
+				body := map[string]any{"receipts": []string{rcpt}}
+				if op == "nack" {
+					body["retry_after"] = 0
+				}
+				r := h.call("POST", "/v1/tenants/acme/topics/sched/groups/victim/"+op, tok, body)
+				if r.status != 400 || r.body["field"] != "receipts[0]" {
+					t.Fatalf("%s of a forged receipt: %d %s, want 400 naming receipts[0]", op, r.status, r.raw)
+				}
+			}
+		}
+		// The delayed message is still delayed, and still the group's.
+		h.clock.Add(59 * time.Minute)
+		if ms := received(h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/receive", tok, `{"ungrouped":true}`)); len(ms) != 0 {
+			t.Fatalf("before its time: %v", ms)
+		}
+		h.clock.Add(2 * time.Minute)
+		if ms := received(h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/receive", tok, `{"ungrouped":true}`)); len(ms) != 1 || ms[0]["id"] != "later" {
+			t.Fatalf("when due: %v, want the delayed message", ms)
+		}
+
+		// An edited grouped receipt.
+		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[{"key":"k","id":"a"},{"key":"k","id":"b"}]}`)
+		ms := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":1}`))
+		parts := strings.Split(ms[0]["receipt"].(string), ".")
+		raw, _ := base64.RawURLEncoding.DecodeString(parts[2])
+		var m map[string]any
+		json.Unmarshal(raw, &m)
+		m["o"], m["l"] = 9e18, 9e18
+		raw, _ = json.Marshal(m)
+		parts[2] = base64.RawURLEncoding.EncodeToString(raw)
+		if r := h.call("POST", groupPath+"/ack", tok, map[string]any{"receipts": []string{strings.Join(parts, ".")}}); r.status != 400 {
+			t.Fatalf("ack of an edited receipt: %d %s, want 400", r.status, r.raw)
+		}
+		h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
+		if next := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k"}`)); len(next) != 1 || next[0]["id"] != "b" {
+			t.Fatalf("after the edited ack: %v, want b", next)
+		}
+	})
+}
+
+// serve sends one request straight to the handler from addr.
+func (h *harness) serve(method, path, auth, addr string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader("{}"))
+	req.RemoteAddr = addr + ":40000"
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	rec := httptest.NewRecorder()
+	h.srv.ServeHTTP(rec, req)
+	return rec
+}
+
+// Rate buckets are charged only after a token verified; failed
+// authentications are limited per client address; no flood of values
+// clears anyone's bucket.
+func TestAuthenticateBeforeRateLimits(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{rate: 1, burst: 3, authFailRate: 0.001})
+		tok, id := h.token(RoleAdmin, 0, "acme")
+		path := "/v1/tenants/acme/topics"
+		// Someone who knows the id but not the secret, from elsewhere.
+		fake := "Bearer sq_" + id + "." + strings.Repeat("A", 43)
+		for i := range failBurst {
+			if rec := h.serve("GET", path, fake, "192.0.2.1"); rec.Code != 401 {
+				t.Fatalf("wrong secret #%d: %d, want 401", i, rec.Code)
+			}
+		}
+		if rec := h.serve("GET", path, fake, "192.0.2.1"); rec.Code != 429 {
+			t.Fatalf("the %d-th failure from one address: %d, want 429", failBurst+1, rec.Code)
+		}
+		// The real token, from its own address, has its whole burst.
+		for i := range 3 {
+			if rec := h.serve("GET", path, "bearer "+tok, "192.0.2.2"); rec.Code != 200 { // the scheme is case-insensitive
+				t.Fatalf("real token #%d after the attack: %d %s", i, rec.Code, rec.Body)
+			}
+		}
+		if rec := h.serve("GET", path, "Bearer "+tok, "192.0.2.2"); rec.Code != 429 {
+			t.Fatalf("past its burst: %d, want 429", rec.Code)
+		}
+		// A flood of malformed values from many addresses evicts no
+		// token's bucket: it stays spent.
+		for i := range limiterEntries + 50 {
+			h.serve("GET", path, fmt.Sprintf("Bearer garbage-%d", i), fmt.Sprintf("198.51.%d.%d", i/250, i%250))
+		}
+		if rec := h.serve("GET", path, "Bearer "+tok, "192.0.2.2"); rec.Code != 429 {
+			t.Fatalf("after a flood of garbage: %d, want 429 (the bucket kept)", rec.Code)
+		}
+	})
+}
+
+// A token may hold several roles.
+func TestTokenWithSeveralRoles(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _, err := NewToken(context.Background(), drv, []string{"acme"}, []string{RolePublish, RoleConsume, RolePublish}, 0, h.clock.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.must(200, "POST", topicPath+"/messages", tok, `{"key":"k","id":"m"}`)
+		h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k"}`)
+		h.must(403, "GET", "/v1/tenants/acme/topics", tok, nil)
+		if _, err := JoinRoles([]string{"publish", "root"}); err == nil {
+			t.Fatal("an unknown role was accepted")
+		}
+	})
+}
+
+// Receives in flight are capped per token and server-wide.
+func TestConcurrentReceivesCapped(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{maxReceives: 2, maxPerToken: 1})
+		a, _ := h.token(RoleConsume, 0, "acme")
+		b, _ := h.token(RoleConsume, 0, "acme")
+		c, _ := h.token(RoleConsume, 0, "acme")
+		done := make(chan reply, 2)
+		poll := func(tok, key string, holders int) {
+			go func() { done <- h.call("POST", groupPath+"/receive", tok, `{"key":"`+key+`","wait":20}`) }()
+			// Until the long poll holds its slot (the limiter says so).
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				h.srv.limits.mu.Lock()
+				n := len(h.srv.limits.inFlight)
+				h.srv.limits.mu.Unlock()
+				if n == holders {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the long poll of %s never started", key)
+				}
+			}
+		}
+		poll(a, "k", 1)
+		r := h.call("POST", groupPath+"/receive", a, `{"key":"j"}`)
+		if r.status != 429 || r.header.Get("Retry-After") == "" || !strings.Contains(r.raw, "1 per token") {
+			t.Fatalf("a second receive of one token while its first waits: %d %s, want 429 with Retry-After", r.status, r.raw)
+		}
+		h.must(200, "POST", groupPath+"/receive", b, `{"key":"j"}`) // another token is not held back
+		poll(b, "i", 2)
+		if r := h.call("POST", groupPath+"/receive", c, `{"key":"h"}`); r.status != 429 {
+			t.Fatalf("a third receive with the server's two slots taken: %d %s, want 429", r.status, r.raw)
+		}
+		h.srv.Drain() // the waiting ones answer
+		for range 2 {
+			if r := <-done; r.status != 200 {
+				t.Fatalf("a long poll: %d %s", r.status, r.raw)
+			}
+		}
+	})
+}
+
+// A waiting receive wakes on the change feed when another process (here:
+// another client) publishes, not at its next poll.
+func TestLongPollWakesOnFeed(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		ctx := context.Background()
+		c, err := shardq.NewClient(drv, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		const never = time.Hour
+		rc, err := c.Receipts(&shardq.ReceiptOptions{PollInterval: never, FeedPollInterval: never})
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := shardq.NewClient(drv, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		for _, rq := range []shardq.ReceiveRequest{{PartitionKey: "k"}, {Ungrouped: true}, {}} {
+			rq.Tenant, rq.Topic, rq.ConsumerGroup, rq.Wait = "acme", "orders", "g", 15*time.Second
+			got := make(chan shardq.ReceiveResult, 1)
+			go func() {
+				res, err := rc.Receive(ctx, rq)
+				if err != nil {
+					t.Error(err)
+				}
+				got <- res
+			}()
+			// Publish until the receive has it: the first publishes may
+			// come before it waits, and find it later (bounded by Wait).
+			key := rq.PartitionKey
+			var res shardq.ReceiveResult
+			for i := 0; ; i++ {
+				if _, err := other.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: key, ID: fmt.Sprintf("%s-%v-%d", key, rq.Ungrouped, i)}); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case res = <-got:
+				case <-time.After(200 * time.Millisecond):
+					if i < 40 {
+						continue
+					}
+					res = <-got
+				}
+				break
+			}
+			if len(res.Messages) == 0 {
+				t.Fatalf("%+v: the waiting receive got nothing (no wake-up from the feed)", rq)
+			}
+			var rcpts []string
+			for _, m := range res.Messages {
+				rcpts = append(rcpts, m.Receipt)
+			}
+			if _, err := rc.AckAll(ctx, "acme", "orders", "g", rcpts); err != nil {
+				t.Fatal(err)
+			}
+			// Drain what the extra publishes left.
+			for {
+				more, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", Max: 100})
+				if err != nil || len(more.Messages) == 0 {
+					break
+				}
+				rcpts = rcpts[:0]
+				for _, m := range more.Messages {
+					rcpts = append(rcpts, m.Receipt)
+				}
+				if _, err := rc.AckAll(ctx, "acme", "orders", "g", rcpts); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
+// The dashboard: names escaped in every path, no framing, a session that
+// is not the token, sign-in errors never taken from the URL, and a
+// cross-origin POST refused before its body is read.
+func TestDashboardHardening(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		h.must(200, "POST", topicPath+"/messages", tok, `{"key":"k","id":"m"}`)
+		evil := "x%2F..%2Fbilling"
+		h.must(200, "POST", "/v1/tenants/acme/topics/orders/groups/"+url.PathEscape(evil)+"/receive", tok, `{"key":"k"}`)
+
+		cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		form := url.Values{"tenant": {"acme"}, "token": {tok}}
+		req, _ := http.NewRequest("POST", h.http.URL+"/login", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		res, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		var cookie *http.Cookie
+		for _, c := range res.Cookies() {
+			if c.Name == sessionCookie {
+				cookie = c
+			}
+		}
+		if res.StatusCode != http.StatusSeeOther || cookie == nil || strings.Contains(cookie.Value, tok) || strings.Contains(cookie.Value, "sq_") || !cookie.HttpOnly {
+			t.Fatalf("sign-in: %d, cookie %+v: want a session that is not the token", res.StatusCode, cookie)
+		}
+		page := func(path string, c *http.Cookie) (*http.Response, string) {
+			req, _ := http.NewRequest("GET", h.http.URL+path, nil)
+			req.AddCookie(c)
+			res, err := cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			return res, string(b)
+		}
+		res, body := page("/ui/acme/topics/orders", cookie)
+		if res.StatusCode != 200 {
+			t.Fatalf("topic page: %d", res.StatusCode)
+		}
+		if csp := res.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Fatalf("CSP %q lacks frame-ancestors 'none'", csp)
+		}
+		if !strings.Contains(body, "/groups/x%252F%2E%2E%252Fbilling/pause") || strings.Contains(body, "/groups/x%2F..%2Fbilling/") {
+			t.Fatalf("the group's pause form path is not escaped:\n%s", body)
+		}
+		// A session cookie a client made or edited is refused.
+		forged := *cookie
+		forged.Value = cookie.Value[:len(cookie.Value)-2] + "AA"
+		if res, _ := page("/ui/acme", &forged); res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("forged session: %d, want a redirect to the sign-in", res.StatusCode)
+		}
+		// Sign-in errors come from a fixed list.
+		_, body = page("/?error="+url.QueryEscape("<b>call 555</b>"), cookie)
+		if strings.Contains(body, "call 555") {
+			t.Fatal("the sign-in page shows text from its URL")
+		}
+		// A cross-origin POST is refused before its body is read: the body
+		// never ends, and the answer comes anyway.
+		pr, pw := io.Pipe()
+		defer pw.Close()
+		req, _ = http.NewRequest("POST", h.http.URL+"/login", pr)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		req.ContentLength = 1 << 20
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err = cl.Do(req.WithContext(ctx))
+		if err != nil {
+			t.Fatalf("cross-origin sign-in with an endless body: %v (the server read the body first)", err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusForbidden {
+			t.Fatalf("cross-origin sign-in: %d, want 403", res.StatusCode)
+		}
+	})
+}
+
+// /metrics behind an admin token, when asked.
+func TestMetricsAuth(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{metricsAuth: true})
+		admin, _ := h.token(RoleAdmin, 0, "acme")
+		pub, _ := h.token(RolePublish, 0, "acme")
+		if r := h.call("GET", "/metrics?tenant=acme", "", nil); r.status != 401 {
+			t.Fatalf("/metrics without a token: %d", r.status)
+		}
+		if r := h.call("GET", "/metrics?tenant=acme", pub, nil); r.status != 403 {
+			t.Fatalf("/metrics with a publish token: %d", r.status)
+		}
+		if r := h.call("GET", "/metrics?tenant=acme", admin, nil); r.status != 200 || !strings.Contains(r.raw, "shardq metrics") {
+			t.Fatalf("/metrics with an admin token: %d %s", r.status, r.raw)
+		}
+	})
+}
