@@ -404,26 +404,17 @@ func (r *Receipts) budgeted(rq ReceiveRequest) bool {
 	return rq.MaxBytes > 0 && int64(rq.Max)*r.maxMessageBytes() > rq.MaxBytes
 }
 
-func deliveryBytes(m driver.Message) int64 {
-	n := int64(len(m.Payload))
-	for k, v := range m.Headers {
-		n += int64(len(k) + len(v))
-	}
-	return n
-}
-
 func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
 	owner := ident.MemberID(r.o.Name)
 	limit := driver.ClaimLimit{Messages: rq.Max}
 	if r.budgeted(rq) {
 		limit.Bytes = rq.MaxBytes
 	}
-	claims, err := r.c.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, owner, r.o.Clock(), rq.Visibility, limit)
+	claims, truncated, err := r.c.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, owner, r.o.Clock(), rq.Visibility, limit)
 	if err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
-	var res ReceiveResult
-	var used int64
+	res := ReceiveResult{Truncated: truncated}
 	for _, c := range claims {
 		rc := receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Owner: owner, Token: c.Token, Offset: c.Message.Offset, Claim: true, Attempts: c.Attempts}
 		signed, err := r.sign(ctx, rc)
@@ -431,11 +422,7 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) (Rec
 			return ReceiveResult{}, r.releaseClaims(ctx, claims, fmt.Errorf("shardq: receive: %w", err))
 		}
 		res.Messages = append(res.Messages, ReceivedMessage{Delivery: *newDelivery(c.Message, c.Attempts), Receipt: signed})
-		used += deliveryBytes(c.Message)
 	}
-	// The claim stopped short of Max while another message of the
-	// largest size would not fit: the budget may have ended it.
-	res.Truncated = limit.Bytes > 0 && len(claims) > 0 && len(claims) < rq.Max && used+r.maxMessageBytes() > rq.MaxBytes
 	return res, nil
 }
 
@@ -506,26 +493,15 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq ReceiveRequest, key stri
 
 // ready reads up to rq.Max messages after l's cursor that may be
 // delivered now, within rq.MaxBytes: it stops at a message delayed past
-// now or waiting for its retry. Under a budget that can bind, it reads
-// the sizes first and loads only what fits; truncated says the budget
-// left a message behind.
+// now or waiting for its retry. truncated says the budget left a message
+// behind.
 func (r *Receipts) ready(ctx context.Context, l driver.Lease, rq ReceiveRequest, now time.Time) (msgs []driver.Message, states map[int64]driver.DeliveryState, truncated bool, err error) {
-	n := rq.Max
 	if r.budgeted(rq) {
-		sizes, err := r.c.drv.MessageSizes(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max)
-		if err != nil {
-			return nil, nil, false, err
-		}
-		var used int64
-		for i, sz := range sizes {
-			if i > 0 && used+sz.Bytes > rq.MaxBytes {
-				n, truncated = i, true
-				break
-			}
-			used += sz.Bytes
-		}
+		msgs, truncated, err = r.c.drv.FetchWithin(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max, rq.MaxBytes)
+	} else {
+		msgs, err = r.c.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max)
 	}
-	if msgs, err = r.c.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, n); err != nil || len(msgs) == 0 {
+	if err != nil || len(msgs) == 0 {
 		return nil, nil, false, err
 	}
 	if states, err = r.c.drv.DeliveryStates(ctx, l.PartitionRef, l.Committed, msgs[len(msgs)-1].Offset); err != nil {
@@ -565,18 +541,13 @@ func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) e
 // group back when rc is its receive's last message.
 func (r *Receipts) commit(ctx context.Context, rc receipt, now time.Time) error {
 	// Whatever a receipt says, a cursor never passes the partition's
-	// head: that would skip every message published up to it. The head
-	// only grows while the lease is held, so a read before the fenced
-	// commit bounds it as well as one inside.
-	heads, err := r.c.drv.HeadsOf(ctx, rc.Topic, []string{rc.Tenant}, []string{rc.Key})
-	if err != nil {
-		return r.settled("ack", rc, err)
-	}
-	if head := heads[driver.HeadKey{Tenant: rc.Tenant, PartitionKey: rc.Key}]; rc.Offset > head || rc.Last > head {
-		return r.settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head %d", max(rc.Offset, rc.Last), head)})
-	}
+	// head: that would skip every message published up to it.
+	// (A receipt's Last only decides whether its ack gives the group back.)
 	l := rc.lease()
-	err = r.c.drv.CommitOffset(ctx, l, rc.Offset, now)
+	err := r.c.drv.CommitReceived(ctx, l, rc.Offset, now)
+	if errors.Is(err, driver.ErrPastHead) {
+		return r.settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)})
+	}
 	if err == nil && rc.Offset == rc.Last {
 		// Committed: give the group back even if the caller has gone.
 		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {

@@ -111,10 +111,11 @@ type Driver interface {
 	// FetchAfter returns up to limit messages of one partition with offsets
 	// greater than after, in offset order.
 	FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]Message, error)
-	// MessageSizes reads the sizes (payload and headers bytes) of what
-	// FetchAfter would read, so that a reader within a byte budget loads
-	// only what fits.
-	MessageSizes(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]MessageSize, error)
+	// FetchWithin reads what FetchAfter would, but no more than budget
+	// bytes of payload and headers (the first message whatever its
+	// size); the messages are sized in the database before their bodies
+	// are read. truncated reports a message the budget left out.
+	FetchWithin(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int, budget int64) (msgs []Message, truncated bool, err error)
 	// PartitionsWithWork lists the partitions of topic, in the given tenants
 	// only, whose head is past the consumer group's committed cursor.
 	PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]Partition, error)
@@ -162,6 +163,10 @@ var (
 	ErrLeaseLost = errors.New("lease lost")
 	// ErrLeaseHeld means another subscriber holds an unexpired lease.
 	ErrLeaseHeld = errors.New("lease held by another subscriber")
+	// ErrPastHead means a commit named an offset past its partition's
+	// head: it would skip every message published up to it. Nothing
+	// changed.
+	ErrPastHead = errors.New("offset past the partition's head")
 )
 
 // HeadKey names a partition of a topic known from context.
@@ -191,12 +196,6 @@ type Lease struct {
 	// the acquiring transaction, so it includes the previous owner's last
 	// commit (set by AcquireLease only).
 	Committed int64
-}
-
-// MessageSize is a stored message's payload and headers in bytes.
-type MessageSize struct {
-	Offset int64
-	Bytes  int64
 }
 
 // ClaimLimit bounds one ClaimMessages: at most Messages messages and,
@@ -246,6 +245,10 @@ type Leases interface {
 	// and drops the retry bookkeeping of the messages it passed, or
 	// returns ErrLeaseLost and changes nothing.
 	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// CommitReceived is CommitOffset for an offset a client named (a
+	// receipt): it returns ErrPastHead, changing nothing, when offset is
+	// past the partition's head, read in the fencing statement.
+	CommitReceived(ctx context.Context, l Lease, offset int64, now time.Time) error
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
 	ListLeases(ctx context.Context, tenants []string, group, topic string) ([]Lease, error)
@@ -500,7 +503,8 @@ type Groups interface {
 	// (expired, or retry due) and not done. Each claim lasts until
 	// now+visibility. A claim is owned by owner under a token > 0; only
 	// the two together settle it.
-	ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit ClaimLimit) ([]Claim, error)
+	// truncated reports that limit.Bytes left a ready message behind.
+	ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit ClaimLimit) (claims []Claim, truncated bool, err error)
 	// AckClaims marks the messages of cs (one tenant, topic and group)
 	// done in one transaction, or, when any claim is no longer current
 	// (its token and owner),

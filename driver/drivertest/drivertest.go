@@ -54,7 +54,7 @@ func Run(t *testing.T, open Open) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, receiptTests) {
+	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, receiptTests, budgetTests) {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
 }

@@ -721,7 +721,7 @@ func testUngroupedGapIsRepaired(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
 		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"})
-	claims, err := d.ClaimMessages(ctx, "t", "x", "g", "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
+	claims, _, err := d.ClaimMessages(ctx, "t", "x", "g", "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
@@ -737,7 +737,7 @@ func testUngroupedGapIsRepaired(t *testing.T, open Open) {
 	if err != nil || cur >= res[0].Offset {
 		t.Fatalf("cursor %d (%v) passed the gap at offset %d", cur, err, res[0].Offset)
 	}
-	again, err := d.ClaimMessages(ctx, "t", "x", "g", "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
+	again, _, err := d.ClaimMessages(ctx, "t", "x", "g", "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(again) != 2 || again[0].Message.ID != "u1" || again[1].Message.ID != "u2" || again[0].Attempts != 1 {
 		t.Fatalf("claims after the repair: %+v, %v; want u1 and u2 at attempt 1", again, err)
 	}

@@ -137,7 +137,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 	}
 	// The ungrouped message is claimed and never settled: it ages out
 	// with its claim row left.
-	cs, err := d.ClaimMessages(ctx, "t", "x", "g", "m", clock.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m", clock.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim = %d, %v", len(cs), err)
 	}
@@ -468,7 +468,7 @@ func testStartPositionLatest(t *testing.T, open Open) {
 	if rs, err := d.ReadyGroups(ctx, []string{"t"}, "x", "late", time.Now(), 10); err != nil || len(rs) != 0 {
 		t.Fatalf("ready groups of a latest group before any new message = %+v, %v", rs, err)
 	}
-	if cs, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10}); err != nil || len(cs) != 0 {
+	if cs, _, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10}); err != nil || len(cs) != 0 {
 		t.Fatalf("claims of a latest group before any new message = %+v, %v", cs, err)
 	}
 	fresh := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2"},
@@ -487,7 +487,7 @@ func testStartPositionLatest(t *testing.T, open Open) {
 			t.Fatalf("latest group reads %s after %d: %+v, %v; want only %d", k, l.Committed, got, err, want)
 		}
 	}
-	cs, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(cs) != 1 || cs[0].Message.Offset != fresh[2].Offset {
 		t.Fatalf("latest group claims %+v, %v; want only the new ungrouped message", cs, err)
 	}

@@ -149,7 +149,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := c.Publish(ctx, ungrouped...); err != nil {
 		t.Fatal(err)
 	}
-	claims, err := d.ClaimMessages(ctx, "a", "u", "g", "s", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, "a", "u", "g", "s", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d ungrouped messages, %v", len(claims), err)
 	}

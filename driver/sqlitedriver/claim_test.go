@@ -60,7 +60,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 		}
 	}
 	publish("a")
-	claims, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(claims) != 1 {
 		t.Fatalf("claim: %v, %v", claims, err)
 	}

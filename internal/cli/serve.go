@@ -28,6 +28,7 @@ type serveFlags struct {
 	rate, authFailRate          float64
 	burst                       int
 	maxBody, maxResponse        int64
+	maxInflightBody             int64
 	maxAttempts                 int
 	maxReceives, maxPerToken    int
 	maxConns                    int
@@ -68,6 +69,8 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.Float64Var(&f.rate, "rate", server.DefaultRate, "requests a second allowed per token")
 	fl.IntVar(&f.burst, "burst", server.DefaultBurst, "burst of requests allowed per token above --rate")
 	fl.Int64Var(&f.maxBody, "max-body", server.DefaultMaxBodyBytes, "largest request body in bytes")
+	fl.Int64Var(&f.maxInflightBody, "max-inflight-body", server.DefaultMaxInflightBodyBytes,
+		"request body bytes read and decoded at once, server-wide (each counted at its Content-Length); past it, 429")
 	fl.Int64Var(&f.maxResponse, "max-response-bytes", server.DefaultMaxResponseBytes,
 		"byte budget of a response that carries messages (receive, dead letters, browse, dashboard): it stops adding messages there, always carrying one")
 	fl.IntVar(&f.maxReceives, "max-receives", server.DefaultMaxReceives, "receives in flight (long polls included) on this server; past it, 429")
@@ -96,7 +99,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 			return nil
 		}(),
 		mustBePositive("--rate", f.rate > 0), mustBePositive("--burst", f.burst > 0), mustBePositive("--max-body", f.maxBody > 0),
-		mustBePositive("--max-response-bytes", f.maxResponse > 0), mustBePositive("--max-receives", f.maxReceives > 0),
+		mustBePositive("--max-response-bytes", f.maxResponse > 0), mustBePositive("--max-inflight-body", f.maxInflightBody > 0), mustBePositive("--max-receives", f.maxReceives > 0),
 		mustBePositive("--max-receives-per-token", f.maxPerToken > 0), mustBePositive("--max-conns", f.maxConns > 0),
 		mustBePositive("--auth-fail-rate", f.authFailRate > 0), mustBePositive("--read-timeout", f.readTimeout > 0),
 		mustBePositive("--write-timeout", f.writeTimeout > 0),
@@ -139,7 +142,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		metrics = a.metrics
 	}
 	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
-		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxResponseBytes: f.maxResponse,
+		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxInflightBodyBytes: f.maxInflightBody, MaxResponseBytes: f.maxResponse,
 		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
 		MeterProvider: a.meterProvider, Logger: a.logger()})
 	if err != nil {

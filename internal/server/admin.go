@@ -174,7 +174,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, tenant stri
 		s.fail(w, r, err)
 		return
 	}
-	writeMessages(w, "items", mapSlice(ms, storedView), cut)
+	writeMessages(w, "items", ms, storedView, cut)
 }
 
 // Reads of stored messages within a byte budget: pages no larger than
@@ -240,14 +240,6 @@ func (s *Server) browseWithin(ctx context.Context, br shardq.BrowseRequest, budg
 		}
 		return s.admin.Messages(ctx, b)
 	})
-}
-
-func mapSlice[T, U any](in []T, f func(T) U) []U {
-	out := make([]U, len(in))
-	for i, x := range in {
-		out[i] = f(x)
-	}
-	return out
 }
 
 // requeueIn names one dead letter (key and id) or all of them.
@@ -334,7 +326,7 @@ func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.fail(w, r, err)
 		return
 	}
-	writeMessages(w, "items", mapSlice(ms, storedView), cut)
+	writeMessages(w, "items", ms, storedView, cut)
 }
 
 // deleteMessage deletes one message by identity: ?key= and ?id=.

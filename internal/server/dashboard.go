@@ -3,6 +3,7 @@
 package server
 
 import (
+	"context"
 	"embed"
 	"errors"
 	"fmt"
@@ -113,11 +114,6 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 // login checks an admin token for a tenant and starts a session: a
 // signed cookie naming the token.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
-	addr := clientAddr(r, s.cfg.ClientAddrHeader)
-	if !s.limits.mayAuthenticate(addr) {
-		backToSignIn(w, r, "rate")
-		return
-	}
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	tenant, tok := r.PostFormValue("tenant"), r.PostFormValue("token")
 	if err := ident.Tenant(tenant); err != nil {
@@ -128,20 +124,29 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		backToSignIn(w, r, "tenant")
 		return
 	}
+	attempt, allowed := s.limits.beginAuth(clientAddr(r, s.cfg.ClientAddrHeader), tok, s.cfg.Clock())
+	if !allowed {
+		backToSignIn(w, r, "rate")
+		return
+	}
 	id, role, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
 	switch {
 	case errors.Is(err, errTokenTenant):
-		s.limits.failed(addr)
+		attempt.failed()
 		backToSignIn(w, r, "tenant")
 		return
 	case errors.Is(err, errTokenInvalid), errors.Is(err, errTokenRevoked), errors.Is(err, errTokenExpired):
-		s.limits.failed(addr)
+		attempt.failed()
 		backToSignIn(w, r, "invalid")
 		return
 	case err != nil:
+		attempt.undecided()
 		s.log.Error("shardq serve: sign-in failed", "err", err)
 		backToSignIn(w, r, "failed")
 		return
+	}
+	attempt.verified()
+	switch {
 	case !allows(role, RoleAdmin):
 		backToSignIn(w, r, "admin")
 		return
@@ -185,8 +190,12 @@ func (s *Server) page(next func(w http.ResponseWriter, r *http.Request, tenant s
 			backToSignIn(w, r, "tenant")
 			return
 		}
-		addr := clientAddr(r, s.cfg.ClientAddrHeader)
-		if !s.limits.mayAuthenticate(addr) {
+		var cookie string
+		if c, err := r.Cookie(sessionCookie); err == nil {
+			cookie = c.Value
+		}
+		attempt, allowed := s.limits.beginAuth(clientAddr(r, s.cfg.ClientAddrHeader), cookie, s.cfg.Clock())
+		if !allowed {
 			backToSignIn(w, r, "rate")
 			return
 		}
@@ -197,21 +206,23 @@ func (s *Server) page(next func(w http.ResponseWriter, r *http.Request, tenant s
 		}
 		switch {
 		case err != nil && !errors.Is(err, errSession) && !errors.Is(err, errTokenTenant) && !errors.Is(err, errTokenRevoked) && !errors.Is(err, errTokenExpired):
+			attempt.undecided()
 			s.pageError(w, r, err)
 			return
 		case err != nil || !allows(role, RoleAdmin):
-			if !errors.Is(err, errSession) {
-				s.limits.failed(addr)
-			}
+			attempt.failed()
 			backToSignIn(w, r, "session")
 			return
 		}
+		attempt.verified()
 		if !s.limits.allowToken(sess.ID) {
 			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "too many requests with this token"})
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-		next(w, r, tenant)
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.WriteTimeout)
+		defer cancel()
+		next(w, r.WithContext(ctx), tenant)
 	}))
 }
 

@@ -3,7 +3,6 @@
 package server
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -36,30 +35,38 @@ type publishIn struct {
 	Messages []messageIn `json:"messages"`
 }
 
-// decodeJSON reads exactly one JSON value of the request's body into v,
+// decodeJSON decodes exactly one JSON value of the request's body into v
+// as it arrives (the body is not held besides what it decodes into),
 // refusing unknown fields and trailing data. An empty body is {}.
 func decodeJSON(body io.Reader, v any) error {
-	b, err := io.ReadAll(body)
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		return errBodyTooLarge{tooBig.Limit}
-	}
-	if err != nil {
-		return fmt.Errorf("read body: %w", err)
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		b = []byte("{}")
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
+	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return &ident.Error{Field: "body", Rule: "malformed JSON: " + err.Error()}
+	err := dec.Decode(v)
+	if errors.Is(err, io.EOF) {
+		err = json.Unmarshal([]byte("{}"), v)
 	}
-	if dec.More() {
+	if err == nil {
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errTrailing
+			var tooBig *http.MaxBytesError
+			if errors.As(terr, &tooBig) {
+				err = terr
+			}
+		}
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooBig):
+		return errBodyTooLarge{tooBig.Limit}
+	case errors.Is(err, errTrailing):
 		return &ident.Error{Field: "body", Rule: "one JSON object expected; found more after it"}
 	}
-	return nil
+	return &ident.Error{Field: "body", Rule: "malformed JSON: " + err.Error()}
 }
+
+var errTrailing = errors.New("trailing data")
 
 type errBodyTooLarge struct{ limit int64 }
 
@@ -258,12 +265,11 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]messageOut, len(got.Messages))
-	for i, m := range got.Messages {
-		out[i] = messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
-		out[i].Attempt, out[i].Receipt = m.Attempt, m.Receipt
-	}
-	writeMessages(w, "messages", out, got.Truncated)
+	writeMessages(w, "messages", got.Messages, func(m shardq.ReceivedMessage) messageOut {
+		out := messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
+		out.Attempt, out.Receipt = m.Attempt, m.Receipt
+		return out
+	}, got.Truncated)
 }
 
 // settleIn is an ack or nack request; retry_after is in seconds.

@@ -112,21 +112,26 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b.Bytes()) //nolint:errcheck // the client went away
 }
 
-// writeMessages streams {"<list>": [...], "truncated": bool}: one item
-// encoded at a time, so a response holds no more than its largest item
-// besides what the caller already holds.
-func writeMessages[T any](w http.ResponseWriter, list string, items []T, truncated bool) {
+// writeMessages streams {"<list>": [...], "truncated": bool}: each item
+// turned into its view and encoded one at a time, so a response holds no
+// more than one item's view and encoding besides what the caller holds.
+func writeMessages[T, O any](w http.ResponseWriter, list string, items []T, view func(T) O, truncated bool) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	io.WriteString(w, `{"`+list+`":[`) //nolint:errcheck // the client went away: later writes fail too
 	for i, it := range items {
+		buf.Reset()
 		if i > 0 {
-			io.WriteString(w, ",") //nolint:errcheck
+			buf.WriteByte(',')
 		}
-		if enc.Encode(it) != nil {
-			return // the client went away; encoding our own types cannot fail
+		if enc.Encode(view(it)) != nil {
+			return // our own types: cannot fail
+		}
+		if _, err := w.Write(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))); err != nil {
+			return // the client went away
 		}
 	}
 	fmt.Fprintf(w, "],\"truncated\":%t}\n", truncated)

@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,7 +136,7 @@ func TestForgedAndEditedReceiptsSettleNothing(t *testing.T) {
 // serve sends one request straight to the handler from addr.
 func (h *harness) serve(method, path, auth, addr string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(method, path, strings.NewReader("{}"))
-	req.RemoteAddr = addr + ":40000"
+	req.RemoteAddr = net.JoinHostPort(addr, "40000")
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
@@ -169,6 +171,39 @@ func TestAuthenticateBeforeRateLimits(t *testing.T) {
 		}
 		if rec := h.serve("GET", path, "Bearer "+tok, "192.0.2.2"); rec.Code != 429 {
 			t.Fatalf("past its burst: %d, want 429", rec.Code)
+		}
+		// Concurrent failures from one address: the limit holds them all,
+		// not only those that come after the first ones were charged.
+		var wg sync.WaitGroup
+		codes := make(chan int, 60)
+		for range 60 {
+			wg.Go(func() { codes <- h.serve("GET", path, fake, "192.0.2.9").Code })
+		}
+		wg.Wait()
+		close(codes)
+		read := 0
+		for c := range codes {
+			if c != 429 {
+				read++
+			}
+		}
+		if read > failBurst {
+			t.Fatalf("%d of 60 concurrent bad tokens from one address were read, limit %d", read, failBurst)
+		}
+		// A token that verified lately is not locked out by a bad client
+		// behind the same address (a NAT); IPv6 counts by /64.
+		other, _ := h.token(RoleAdmin, 0, "acme")
+		if rec := h.serve("GET", path, "Bearer "+other, "2001:db8::1"); rec.Code != 200 {
+			t.Fatalf("other token: %d", rec.Code)
+		}
+		for range failBurst + 1 {
+			h.serve("GET", path, fake, "2001:db8::2") // the same /64
+		}
+		if rec := h.serve("GET", path, fake, "2001:db8::3"); rec.Code != 429 {
+			t.Fatalf("another address of the /64: %d, want 429", rec.Code)
+		}
+		if rec := h.serve("GET", path, "Bearer "+other, "2001:db8::1"); rec.Code != 200 {
+			t.Fatalf("a token that verified lately, behind an address locked out: %d, want 200", rec.Code)
 		}
 		// A flood of malformed values from many addresses evicts no
 		// token's bucket: it stays spent.
@@ -413,6 +448,70 @@ func TestMetricsAuth(t *testing.T) {
 		}
 		if r := h.call("GET", "/metrics?tenant=acme", admin, nil); r.status != 200 || !strings.Contains(r.raw, "shardq metrics") {
 			t.Fatalf("/metrics with an admin token: %d %s", r.status, r.raw)
+		}
+	})
+}
+
+// Request bodies being read are capped server-wide: a client that opens
+// many large publishes and sends them slowly gets 429 past the cap
+// instead of growing the server's memory.
+func TestInflightBodiesCapped(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		const body = 1 << 20
+		h := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: 2 * body})
+		tok, _ := h.token(RolePublish, 0, "acme")
+		post := func(r io.Reader) (*http.Response, error) {
+			req, _ := http.NewRequest("POST", h.http.URL+topicPath+"/messages", r)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			req.ContentLength = body
+			return h.http.Client().Do(req)
+		}
+		var pipes []*io.PipeWriter
+		results := make(chan int, 2)
+		for range 2 {
+			pr, pw := io.Pipe()
+			pipes = append(pipes, pw)
+			go func() {
+				res, err := post(pr)
+				if err != nil {
+					results <- 0
+					return
+				}
+				res.Body.Close()
+				results <- res.StatusCode
+			}()
+			pw.Write([]byte(`{"id":"x","payload":"`)) // a start, then nothing for a while
+		}
+		for deadline := time.Now().Add(10 * time.Second); h.srv.limits.reading.Load() < 2*body; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the two slow bodies never held their room (%d bytes held)", h.srv.limits.reading.Load())
+			}
+		}
+		res, err := post(strings.NewReader(strings.Repeat(" ", body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 429 || res.Header.Get("Retry-After") == "" {
+			t.Fatalf("a third 1 MiB body while two are being read, with room for two: %d, want 429", res.StatusCode)
+		}
+		for _, pw := range pipes {
+			pw.CloseWithError(io.ErrUnexpectedEOF)
+		}
+		h.http.CloseClientConnections() // the slow senders are gone
+		for range 2 {
+			<-results
+		}
+		// The room is back.
+		if code, _ := func() (int, error) {
+			res, err := post(strings.NewReader(`{"id":"y"}` + strings.Repeat(" ", body-10)))
+			if err != nil {
+				return 0, err
+			}
+			res.Body.Close()
+			return res.StatusCode, nil
+		}(); code != 200 {
+			t.Fatalf("a body after the others ended: %d, want 200", code)
 		}
 	})
 }

@@ -49,8 +49,12 @@ type Config struct {
 	// puts the client's address (X-Forwarded-For: its last entry); empty:
 	// the connection's peer.
 	ClientAddrHeader string
-	// MaxBodyBytes bounds a request body [8 MiB].
-	MaxBodyBytes int64
+	// MaxBodyBytes bounds a request body [8 MiB]; MaxInflightBodyBytes
+	// the bodies being read and decoded at once, server-wide, each counted
+	// at its Content-Length (or MaxBodyBytes without one) [64 MiB]: past
+	// it, 429.
+	MaxBodyBytes         int64
+	MaxInflightBodyBytes int64
 	// MaxResponseBytes is the byte budget of a response that carries
 	// messages (receive, dead letters, browse, the dashboard's topic
 	// page): it stops adding messages there, always carrying at least one,
@@ -102,13 +106,14 @@ func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // Defaults of Config.
 const (
-	DefaultRate                = 50
-	DefaultBurst               = 100
-	DefaultAuthFailRate        = 1
-	DefaultMaxBodyBytes        = 8 << 20
-	DefaultMaxResponseBytes    = 8 << 20
-	DefaultMaxReceives         = 64
-	DefaultMaxReceivesPerToken = 16
+	DefaultRate                 = 50
+	DefaultBurst                = 100
+	DefaultAuthFailRate         = 1
+	DefaultMaxBodyBytes         = 8 << 20
+	DefaultMaxInflightBodyBytes = 64 << 20
+	DefaultMaxResponseBytes     = 8 << 20
+	DefaultMaxReceives          = 64
+	DefaultMaxReceivesPerToken  = 16
 )
 
 // New returns a Server.
@@ -121,6 +126,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.AuthFailRate == 0 {
 		cfg.AuthFailRate = DefaultAuthFailRate
+	}
+	if cfg.MaxInflightBodyBytes < 0 {
+		return nil, &ident.Error{Field: "max inflight body", Rule: "must not be negative"}
+	}
+	if cfg.MaxInflightBodyBytes == 0 {
+		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
 	}
 	if cfg.MaxResponseBytes == 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
@@ -146,6 +157,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	// One body of the largest size must fit among those in flight.
+	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, cfg.MaxBodyBytes)
 	if cfg.StaleAfter == 0 {
 		cfg.StaleAfter = 15 * time.Second
 	}
@@ -283,7 +296,18 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		next(w, r.WithContext(context.WithValue(r.Context(), tokenIDKey{}, id)), tenant)
+		done, ok := s.limits.startBody(r, s.cfg.MaxBodyBytes)
+		if !ok {
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "the server is reading as many request bodies as it may; try again"})
+			return
+		}
+		defer done()
+		// Every request's work is bounded in time, the database's included:
+		// the longest wait a receive may ask for, plus WriteTimeout.
+		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), tokenIDKey{}, id), shardq.MaxReceiveWait+s.cfg.WriteTimeout)
+		defer cancel()
+		next(w, r.WithContext(ctx), tenant)
 	})
 }
 
@@ -307,13 +331,19 @@ func bearer(r *http.Request) (string, bool) {
 // A failure is charged to the client's address, and an address past its
 // rate of failures is refused before anything is read.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant string, cookies bool) (id, roles string, ok bool) {
-	addr := clientAddr(r, s.cfg.ClientAddrHeader)
-	if !s.limits.mayAuthenticate(addr) {
+	tok, hasBearer := bearer(r)
+	credential := tok
+	if !hasBearer && cookies {
+		if c, err := r.Cookie(sessionCookie); err == nil {
+			credential = c.Value
+		}
+	}
+	attempt, allowed := s.limits.beginAuth(clientAddr(r, s.cfg.ClientAddrHeader), credential, s.cfg.Clock())
+	if !allowed {
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "too many failed authentications from this address"})
 		return "", "", false
 	}
-	tok, hasBearer := bearer(r)
 	var err error
 	switch {
 	case hasBearer:
@@ -325,22 +355,24 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant str
 			roles, err = sessionRole(r.Context(), s.cfg.Driver, tenant, sess, s.cfg.Clock())
 		}
 	default:
-		s.limits.failed(addr)
+		attempt.failed()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="shardq"`)
 		writeProblem(w, problem{Type: typeAuth, Status: http.StatusUnauthorized, Detail: "an Authorization: Bearer token is required (shardq token create)"})
 		return "", "", false
 	}
 	switch {
 	case err == nil:
+		attempt.verified()
 		return id, roles, true
 	case errors.Is(err, errTokenTenant):
-		s.limits.failed(addr)
+		attempt.failed()
 		writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden, Detail: fmt.Sprintf("%v %q", err, tenant)})
 	case errors.Is(err, errTokenInvalid), errors.Is(err, errTokenRevoked), errors.Is(err, errTokenExpired), errors.Is(err, errSession):
-		s.limits.failed(addr)
+		attempt.failed()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="shardq", error="invalid_token"`)
 		writeProblem(w, problem{Type: typeAuth, Status: http.StatusUnauthorized, Detail: err.Error()})
 	default:
+		attempt.undecided()
 		s.fail(w, r, err)
 	}
 	return "", "", false

@@ -66,6 +66,7 @@ type harnessOptions struct {
 	maxReceives      int
 	maxPerToken      int
 	metricsAuth      bool
+	maxInflightBody  int64
 }
 
 func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
@@ -88,13 +89,13 @@ func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
 		o.authFailRate = 1e6
 	}
 	srv, err := New(Config{Client: c, Driver: drv, Receipts: rc, Tenants: o.tenants, Rate: o.rate, Burst: o.burst, AuthFailRate: o.authFailRate,
-		MaxBodyBytes: o.maxBody, MaxResponseBytes: o.maxResponseBytes, MaxReceives: o.maxReceives, MaxReceivesPerToken: o.maxPerToken,
+		MaxBodyBytes: o.maxBody, MaxInflightBodyBytes: o.maxInflightBody, MaxResponseBytes: o.maxResponseBytes, MaxReceives: o.maxReceives, MaxReceivesPerToken: o.maxPerToken,
 		Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv)
-	t.Cleanup(func() { srv.Drain(); hs.Close() })
+	t.Cleanup(func() { srv.Drain(); hs.CloseClientConnections(); hs.Close() }) // a failed test may leave a request hanging
 	return &harness{t: t, drv: drv, client: c, srv: srv, http: hs, clock: clk}
 }
 

@@ -15,7 +15,8 @@ import (
 // parameters (Bind).
 type adminSQL struct {
 	fetch          string // a partition's messages after a cursor, in offset order
-	sizes          string // the sizes of fetch's messages, for a read within a byte budget
+	fetchWithin    string // fetch's messages with their sizes, the large ones' bodies left out (sizedColumns)
+	fetchAt        string // a partition's messages at :offsets
 	withWork       string // partitions whose head is past a group's cursor
 	withWorkMoved  string // withWork, of partitions whose head moved at or after :since
 	withWorkOf     string // withWork, of named partitions (:tenants × :keys)
@@ -138,8 +139,10 @@ func newAdminSQL(s Syntax) adminSQL {
 	return adminSQL{
 		fetch: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() + " " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
-		sizes: "SELECT " + o + ", " + s.messageBytes() + " FROM queue_messages" + s.partitionOrder() + " " +
+		fetchWithin: "SELECT " + s.sizedColumns() + " FROM queue_messages" + s.partitionOrder() + " " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
+		fetchAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages " +
+			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " IN (:offsets)",
 		withWork: withWork("p.tenant IN (:tenants) AND p.topic = :topic") + " ORDER BY p.tenant, p.partition_key",
 		// Unordered (the member sorts): ordered by key, MariaDB was seen to
 		// walk the primary key over every partition of the topic instead of

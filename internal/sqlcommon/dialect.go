@@ -66,27 +66,92 @@ func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey stri
 	return out, nil
 }
 
-// MessageSizes reads the sizes of up to limit messages of one partition
-// after offset after, in offset order.
-func (d *Store) MessageSizes(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]driver.MessageSize, error) {
-	op := fmt.Sprintf("read message sizes of tenant %q topic %q partition %q", tenant, topic, partitionKey)
-	rows, err := d.query(ctx, d.Read, d.sql().admin.sizes, Args{"tenant": tenant, "topic": topic, "key": partitionKey, "after": after, "limit": limit})
+// FetchWithin reads what FetchAfter would, but no more than budget bytes
+// of payload and headers (the first message whatever its size), in one
+// statement when the messages are small: each row's body comes only when
+// the row alone is within budget/limit, and the larger rows that fit are
+// read by offset afterwards. truncated reports a message left out.
+func (d *Store) FetchWithin(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int, budget int64) ([]driver.Message, bool, error) {
+	op := fmt.Sprintf("fetch tenant %q topic %q partition %q within %d bytes", tenant, topic, partitionKey, budget)
+	key := Args{"tenant": tenant, "topic": topic, "key": partitionKey}
+	rows, err := d.query(ctx, d.Read, d.sql().admin.fetchWithin, key.with(Args{"after": after, "limit": limit, "small": max(budget/int64(limit), 1)}))
 	if err != nil {
-		return nil, d.Wrap(op, err)
+		return nil, false, d.Wrap(op, err)
 	}
-	defer rows.Close()
-	var out []driver.MessageSize
+	var out []driver.Message
+	var withheld []any
+	var used int64
+	truncated := false
 	for rows.Next() {
-		var m driver.MessageSize
-		if err := rows.Scan(&m.Offset, &m.Bytes); err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
+		m := driver.Message{Tenant: tenant, Topic: topic, PartitionKey: partitionKey}
+		size, held, err := d.scanSized(rows, &m, op)
+		if err != nil {
+			rows.Close()
+			return nil, false, err
+		}
+		if len(out) > 0 && used+size > budget {
+			truncated = true
+			break
+		}
+		used += size
+		if held {
+			withheld = append(withheld, m.Offset)
 		}
 		out = append(out, m)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, d.Wrap(op, err)
+		return nil, false, d.Wrap(op, err)
 	}
-	return out, nil
+	if len(withheld) == 0 {
+		return out, truncated, nil
+	}
+	bodies := map[int64]driver.Message{}
+	rows, err = d.query(ctx, d.Read, d.sql().admin.fetchAt, key.with(Args{"offsets": List(withheld)}))
+	if err != nil {
+		return nil, false, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		m := driver.Message{Tenant: tenant, Topic: topic, PartitionKey: partitionKey}
+		if err := d.scanMessage(rows, &m, op); err != nil {
+			return nil, false, err
+		}
+		bodies[m.Offset] = m
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, d.Wrap(op, err)
+	}
+	for i, m := range out {
+		if b, ok := bodies[m.Offset]; ok {
+			out[i] = b
+		} else if m.Headers == nil {
+			return out[:i], truncated, nil // deleted meanwhile (retention): deliver what came before it
+		}
+	}
+	return out, truncated, nil
+}
+
+// scanSized reads the sizedColumns into m and returns the row's size and
+// whether its headers and payload were left out.
+func (d *Store) scanSized(rows *sql.Rows, m *driver.Message, op string) (size int64, withheld bool, err error) {
+	var headers []byte
+	var created, notBefore any
+	if err := rows.Scan(&m.Offset, &m.ID, &size, &headers, &m.Payload, &created, &notBefore); err != nil {
+		return 0, false, fmt.Errorf("%s: %w", op, err)
+	}
+	if m.NotBefore, err = d.decodeNotBefore(notBefore); err != nil {
+		return 0, false, fmt.Errorf("%s offset %d: not_before: %w", op, m.Offset, err)
+	}
+	if headers == nil {
+		if m.CreatedAt, err = d.DecodeTime(created); err != nil {
+			return 0, false, fmt.Errorf("%s offset %d: %w", op, m.Offset, err)
+		}
+		m.Payload = nil
+		return size, true, nil
+	}
+	*m, err = d.decodeMessage(*m, headers, created, op)
+	return size, false, err
 }
 
 // scanMessage reads the columns offset, id, headers, payload, created_at,

@@ -139,7 +139,7 @@ func (a Args) with(more Args) Args {
 // collide on the claim rows' key: the first insert wins, the others do
 // nothing, and the rows carrying the token afterwards are this caller's.
 // A few rounds absorb such collisions.
-func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, error) {
+func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
 	// Most polls of an idle group find nothing: ask the read pool first,
 	// and open a write transaction only when there is something to
@@ -150,35 +150,36 @@ func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner s
 		var something bool
 		args, err := d.ungroupedArgs(ctx, tenant, topic, group)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if err := d.queryRow(ctx, d.Read, d.sql().group.anyWork, args.with(Args{"now": d.EncodeTime(now)})).Scan(&something); err != nil {
-			return nil, d.Wrap(op, err)
+			return nil, false, d.Wrap(op, err)
 		}
 		if !something {
-			return nil, nil
+			return nil, false, nil
 		}
 	}
 	for round := 0; ; round++ {
-		claims, contended, err := d.claimRound(ctx, tenant, topic, group, owner, now, visibility, limit, op)
-		d.busyClaims.Store(key, err == nil && len(claims) == limit.Messages)
+		claims, contended, truncated, err := d.claimRound(ctx, tenant, topic, group, owner, now, visibility, limit, op)
+		d.busyClaims.Store(key, err == nil && (len(claims) == limit.Messages || truncated))
 		if err != nil || len(claims) > 0 || !contended || round == 2 {
 			for i := range claims {
 				claims[i].VisibleUntil = now.Add(visibility)
 			}
-			return claims, err
+			return claims, truncated, err
 		}
 	}
 }
 
 // claimRound is one claiming transaction; contended reports candidates
-// that a concurrent claimer took first.
+// that a concurrent claimer took first, truncated a ready message that
+// limit.Bytes left behind.
 func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration,
-	limit driver.ClaimLimit, op string) (claims []driver.Claim, contended bool, err error) {
+	limit driver.ClaimLimit, op string) (claims []driver.Claim, contended, truncated bool, err error) {
 	token := rand.Int64N(1<<62) + 1
 	key, err := d.ungroupedArgs(ctx, tenant, topic, group)
 	if err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	st := &d.sql().group
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
@@ -215,9 +216,11 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		freshArgs := key.with(Args{"after": max(cursor, highest), "limit": limit.Messages - len(again)})
 		var fresh []any
 		notBefore := map[int64]time.Time{}
+		var withheld []any // chosen fresh messages whose bodies the sized read left out
 		if limit.Bytes > 0 {
-			// Within a byte budget: choose by sizes, load only the chosen.
-			if again, fresh, err = d.claimWithin(ctx, tx, key, again, freshArgs, limit.Bytes, now, notBefore, op); err != nil {
+			// Within a byte budget: choose by sizes; small bodies come with
+			// the sizes, the others are read once chosen.
+			if again, fresh, withheld, truncated, err = d.claimWithin(ctx, tx, tenant, topic, key, again, freshArgs, limit, now, msgs, notBefore, op); err != nil {
 				return nil, err
 			}
 		} else {
@@ -267,10 +270,10 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
 				return nil, d.Wrap(op, err)
 			}
-			if limit.Bytes > 0 {
-				// Rows the size read locked: a locking read sees them
-				// current, where a plain one reads the snapshot.
-				if _, err := d.claimedMessages(ctx, tx, tenant, topic, st.lockedAt, key.with(Args{"offsets": List(fresh)}), msgs, op); err != nil {
+			if len(withheld) > 0 {
+				// The sized read was a plain one: these rows are in the
+				// transaction's snapshot, which a plain read sees.
+				if _, err := d.claimedMessages(ctx, tx, tenant, topic, st.messagesAt, key.with(Args{"offsets": List(withheld)}), msgs, op); err != nil {
 					return nil, err
 				}
 			}
@@ -312,65 +315,68 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		contended = len(out) < len(all)
 		return out, rows.Err()
 	})
-	return claims, contended, err
+	return claims, contended, truncated, err
 }
 
 // claimWithin chooses, by size, which of the visible-again offsets and
-// of the fresh candidates (locked) a claim within budget bytes takes: in
-// offset order, each that fits, and the first whatever its size. It stops
-// at the first ready message that does not fit, so that no fresh message
-// is passed over: a claim row above it would hide it from later claims.
-// Delayed candidates before the cut are returned for their placeholder
-// rows, with their not_before in notBefore.
-func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, key Args, again []any, freshArgs Args, budget int64, now time.Time,
-	notBefore map[int64]time.Time, op string) (keptAgain, fresh []any, err error) {
+// of the fresh messages a claim within limit.Bytes takes: in offset
+// order, each that fits, and the first whatever its size. The fresh ones
+// are read without locks and only the chosen are locked (SKIP LOCKED): a
+// row locked and then left unclaimed would make concurrent claimers claim
+// above it, hiding it until an advance repairs the gap. Delayed ones
+// before the cut are chosen too, for their placeholder rows, with their
+// not_before in notBefore. Small bodies come with the sized read into
+// msgs; withheld lists the chosen ready ones whose bodies are still to be
+// read.
+func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, tenant, topic string, key Args, again []any, freshArgs Args, limit driver.ClaimLimit,
+	now time.Time, msgs map[int64]driver.Message, notBefore map[int64]time.Time, op string) (keptAgain, fresh, withheld []any, cut bool, err error) {
 	st := &d.sql().group
 	sizes := map[int64]int64{}
 	if len(again) > 0 {
 		rows, err := d.query(ctx, tx, st.sizesAt, key.with(Args{"offsets": List(again)}))
 		if err != nil {
-			return nil, nil, d.Wrap(op, err)
+			return nil, nil, nil, false, d.Wrap(op, err)
 		}
 		for rows.Next() {
 			var o, n int64
 			if err := rows.Scan(&o, &n); err != nil {
 				rows.Close()
-				return nil, nil, fmt.Errorf("%s: %w", op, err)
+				return nil, nil, nil, false, fmt.Errorf("%s: %w", op, err)
 			}
 			sizes[o] = n
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, nil, d.Wrap(op, err)
+			return nil, nil, nil, false, d.Wrap(op, err)
 		}
 	}
-	var candidates []any
-	rows, err := d.query(ctx, tx, st.freshSizes, freshArgs)
+	held := map[int64]bool{}
+	var candidates []int64
+	rows, err := d.query(ctx, tx, st.freshSized, freshArgs.with(Args{"small": max(limit.Bytes/int64(limit.Messages), 1)}))
 	if err != nil {
-		return nil, nil, d.Wrap(op, err)
+		return nil, nil, nil, false, d.Wrap(op, err)
 	}
 	for rows.Next() {
-		var o, n int64
-		var nb any
-		if err := rows.Scan(&o, &n, &nb); err != nil {
+		m := driver.Message{Tenant: tenant, Topic: topic}
+		n, h, err := d.scanSized(rows, &m, op)
+		if err != nil {
 			rows.Close()
-			return nil, nil, fmt.Errorf("%s: %w", op, err)
+			return nil, nil, nil, false, err
 		}
-		if notBefore[o], err = d.decodeNotBefore(nb); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("%s: %w", op, err)
+		sizes[m.Offset], notBefore[m.Offset], held[m.Offset] = n, m.NotBefore, h
+		if !h {
+			msgs[m.Offset] = m
 		}
-		sizes[o] = n
-		candidates = append(candidates, o)
+		candidates = append(candidates, m.Offset)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, nil, d.Wrap(op, err)
+		return nil, nil, nil, false, d.Wrap(op, err)
 	}
 	var used int64
 	fits := func(o int64) bool {
 		n := sizes[o]
-		if used > 0 && used+n > budget {
+		if used > 0 && used+n > limit.Bytes {
 			return false
 		}
 		used += max(n, 1)
@@ -378,17 +384,40 @@ func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, key Args, again []a
 	}
 	for _, o := range again {
 		if !fits(o.(int64)) {
-			return keptAgain, nil, nil
+			return keptAgain, nil, nil, true, nil
 		}
 		keptAgain = append(keptAgain, o)
 	}
+	var chosen []any
 	for _, o := range candidates {
-		if !notBefore[o.(int64)].After(now) && !fits(o.(int64)) {
+		if !notBefore[o].After(now) && !fits(o) {
+			cut = true
 			break
 		}
-		fresh = append(fresh, o)
+		chosen = append(chosen, o)
 	}
-	return keptAgain, fresh, nil
+	if len(chosen) == 0 {
+		return keptAgain, nil, nil, cut, nil
+	}
+	rows, err = d.query(ctx, tx, st.lockAt, key.with(Args{"offsets": List(chosen)}))
+	if err != nil {
+		return nil, nil, nil, false, d.Wrap(op, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var o int64
+		if err := rows.Scan(&o); err != nil {
+			return nil, nil, nil, false, fmt.Errorf("%s: %w", op, err)
+		}
+		fresh = append(fresh, o)
+		if held[o] && !notBefore[o].After(now) {
+			withheld = append(withheld, o)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, nil, false, d.Wrap(op, err)
+	}
+	return keptAgain, fresh, withheld, cut, nil
 }
 
 // claimedMessages runs stmt, a read of ungrouped messages, adds them to

@@ -12,10 +12,10 @@ type groupSQL struct {
 	positions  string // the group's cursor and highest claim
 	again      string // claims visible again (expired, or retry due)
 	fresh      string // messages above the highest claim, locked, read current
-	freshSizes string // fresh's offsets, sizes and not_before, for a claim within a byte budget
+	freshSized string // fresh's candidates, not locked, with sizes and the large ones' bodies left out (sizedColumns)
+	lockAt     string // lock the messages at :offsets that no other claimer holds
 	sizesAt    string // the sizes of messages at offsets (:offsets)
 	messagesAt string // messages at offsets (:offsets)
-	lockedAt   string // messagesAt, read current (rows freshSizes locked)
 	reclaim    string // take visible-again claims (:offsets) under a new token
 	insert     string // insert claim rows (:rows), keeping any that exist
 	cursorNow  string // the group's cursor, read current (locking), not from the snapshot
@@ -69,14 +69,15 @@ func newGroupSQL(s Syntax) groupSQL {
 			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
 		fresh: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
-		freshSizes: "SELECT " + o + ", " + s.messageBytes() + ", not_before FROM queue_messages" + s.partitionOrder() +
-			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+		freshSized: "SELECT " + s.sizedColumns() + " FROM queue_messages" + s.partitionOrder() +
+			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
+		lockAt: "SELECT " + o + " FROM queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " IN (:offsets) ORDER BY " + o +
+			s.skipLocked(),
 		sizesAt: "SELECT " + o + ", " + s.messageBytes() + " FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND " + o + " IN (:offsets)",
 		messagesAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND " + o + " IN (:offsets)",
-		lockedAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
-			"AND partition_key = '' AND " + o + " IN (:offsets)" + s.forUpdate(),
+
 		reclaim: "UPDATE queue_message_claims SET owner = :owner, token = :token, attempts = attempts + 1, visible_at = :visible_at, updated_at = :now " +
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
 		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +

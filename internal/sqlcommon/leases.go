@@ -247,6 +247,26 @@ func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, 
 	return err
 }
 
+// CommitReceived commits like CommitOffset, but only up to the
+// partition's head, read in the statement that fences the lease.
+func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64, now time.Time) error {
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
+		op := fmt.Sprintf("commit received offset %d on %s", offset, l.PartitionRef)
+		var head sql.NullInt64
+		err := d.queryRow(ctx, tx, d.leases().fenceHead, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&head)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return struct{}{}, fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
+		case err != nil:
+			return struct{}{}, d.Wrap(op, err)
+		case offset > head.Int64:
+			return struct{}{}, fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
+		}
+		return struct{}{}, d.commitOffset(ctx, tx, l, offset, now, op)
+	})
+	return err
+}
+
 func (d *Store) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
 	st, args := d.leases(), refNamed(l.PartitionRef).with(Args{"offset": offset, "now": d.EncodeTime(now)})
 	if _, err := d.exec(ctx, tx, st.commit, args); err != nil {

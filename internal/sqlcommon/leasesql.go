@@ -15,6 +15,7 @@ type leaseSQL struct {
 	start       string // where the group starts in a partition it has no cursor for
 	take        string // give the row to an owner with a new token
 	fence       string // lock the row only while the token and owner are current
+	fenceHead   string // fence, returning the partition's head (a scalar subquery: a plain read, it locks nothing)
 	renew       string // extend a lease under its token
 	renewMany   string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
 	ownedTokens string // an owner's rows and their tokens
@@ -50,6 +51,8 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		take: "UPDATE queue_partition_leases SET owner = :owner, token = :token, expires_at = :expires_at, acquired_at = :now " +
 			"WHERE " + leaseKeyNamed,
 		fence: "SELECT 1 FROM queue_partition_leases WHERE " + leaseKeyNamed + " AND token = :token AND owner = :owner" + s.forUpdate(),
+		fenceHead: "SELECT (SELECT head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key = :key) " +
+			"FROM queue_partition_leases WHERE " + leaseKeyNamed + " AND token = :token AND owner = :owner" + s.forUpdate(),
 		renew: "UPDATE queue_partition_leases SET expires_at = :expires_at WHERE " + leaseKeyNamed + " AND token = :token",
 		renewMany: "UPDATE queue_partition_leases SET expires_at = :expires_at WHERE " + memberScope + " AND owner = :owner AND " +
 			s.inRows("tenant, partition_key, token", "leases"),

@@ -142,3 +142,13 @@ func (s Syntax) messageBytes() string {
 	}
 	return "(LENGTH(payload) + LENGTH(CAST(headers AS BLOB)))"
 }
+
+// sizedColumns are a message's columns for a read within a byte budget
+// (scanSized): offset, id, size, then headers and payload only when the
+// row's size is at most :small (else NULL, loaded later if it fits), then
+// created_at and not_before. :small is the budget over the rows read, so
+// the rows a read carries never pass the budget, whatever they hold.
+func (s Syntax) sizedColumns() string {
+	n := s.messageBytes()
+	return s.offset() + ", id, " + n + ", CASE WHEN " + n + " <= :small THEN headers END, CASE WHEN " + n + " <= :small THEN payload END, created_at, not_before"
+}

@@ -366,7 +366,7 @@ func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) 
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, driver.ClaimLimit{Messages: room})
+	claims, _, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, driver.ClaimLimit{Messages: room})
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {
