@@ -426,10 +426,22 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq ReceiveRequest) (Rec
 	return res, nil
 }
 
+// detached is ctx without its cancellation (a caller gone must not stop
+// a give-back that keeps others waiting) but with a bound of its own.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+}
+
+// releaseTimeout bounds a give-back that outlives its caller.
+const releaseTimeout = 10 * time.Second
+
 // releaseClaims gives back claims that cannot be handed out, uncounted.
 func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cause error) error {
 	for _, c := range claims {
-		if err := r.c.drv.ReleaseClaim(context.WithoutCancel(ctx), c, r.o.Clock()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		dctx, cancel := detached(ctx)
+		err := r.c.drv.ReleaseClaim(dctx, c, r.o.Clock())
+		cancel()
+		if err != nil && !errors.Is(err, driver.ErrLeaseLost) {
 			cause = errors.Join(cause, err)
 		}
 	}
@@ -480,7 +492,10 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq ReceiveRequest, key stri
 		}
 	}
 	if err != nil || len(msgs) == 0 {
-		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+		dctx, cancel := detached(ctx)
+		rerr := r.c.drv.ReleaseLease(dctx, l, now)
+		cancel()
+		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
 		}
 		if err != nil {
@@ -550,7 +565,10 @@ func (r *Receipts) commit(ctx context.Context, rc receipt, now time.Time) error 
 	}
 	if err == nil && rc.Offset == rc.Last {
 		// Committed: give the group back even if the caller has gone.
-		if rerr := r.c.drv.ReleaseLease(context.WithoutCancel(ctx), l, now); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+		dctx, cancel := detached(ctx)
+		rerr := r.c.drv.ReleaseLease(dctx, l, now)
+		cancel()
+		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			r.c.cfg.Logger.Warn("shardq: giving back a message group after its last ack failed; it is free after its visibility timeout",
 				"tenant", rc.Tenant, "topic", rc.Topic, "partition_key", rc.Key, "err", rerr)
 		}
@@ -759,6 +777,9 @@ func (r *Receipts) settled(op string, rc receipt, err error) error {
 	return fmt.Errorf("shardq: %s offset %d of tenant %q topic %q partition %q: %w", op, rc.Offset, rc.Tenant, rc.Topic, rc.Key, err)
 }
 
+// maxAdvanced bounds Receipts.advanced before it sheds old entries.
+const maxAdvanced = 10_000
+
 // advance moves the group's ungrouped cursor past what is done, at most
 // once a second per tenant, topic and group (subscribers do it on their
 // discovery ticks; a receipt's receiver has no ticks).
@@ -767,6 +788,15 @@ func (r *Receipts) advance(ctx context.Context, rc receipt, now time.Time) {
 	r.mu.Lock()
 	due := now.Sub(r.advanced[k]) >= time.Second
 	if due {
+		if len(r.advanced) >= maxAdvanced {
+			// Groups come from clients: forget those not advanced in the
+			// last second (the map only spaces advances out).
+			for g, at := range r.advanced {
+				if now.Sub(at) >= time.Second {
+					delete(r.advanced, g)
+				}
+			}
+		}
 		r.advanced[k] = now
 	}
 	r.mu.Unlock()

@@ -288,9 +288,11 @@ func (c *Client) tryAccept(ctx context.Context, ref driver.PartitionRef, o Recei
 			err = fmt.Errorf("%s: %w", ref, ErrNoReadyGroup)
 		}
 		if err != nil {
-			if rerr := c.drv.ReleaseLease(context.WithoutCancel(ctx), l, o.Clock()); rerr != nil {
+			dctx, cancel := detached(ctx)
+			if rerr := c.drv.ReleaseLease(dctx, l, o.Clock()); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
 			}
+			cancel()
 			return nil, err
 		}
 	}

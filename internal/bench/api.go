@@ -50,7 +50,7 @@ func (e *env) startAPI(ctx context.Context, c *shardq.Client, ns namespace) (*ap
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, WriteTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	conns := e.p.Publishers + e.p.Subscribers

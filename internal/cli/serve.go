@@ -343,8 +343,8 @@ func (a *app) receiptKeyCmd() *cobra.Command {
 		Long: "Every serve process of the database signs with the newest key within a minute and verifies with any key\n" +
 			"replaced less than " + shardq.MaxVisibility.String() + " ago (the longest visibility timeout: no receipt signed before can be\n" +
 			"live after it); keys older than that are deleted. --drop-previous deletes every older key at once, for a key\n" +
-			"that leaked: receipts and dashboard sessions signed with it are refused from then on (their messages are\n" +
-			"delivered again after their visibility timeout; people sign in again).",
+			"that leaked: every server refuses receipts and dashboard sessions signed with it within a minute, when it\n" +
+			"next reads the keys (their messages are delivered again after their visibility timeout; people sign in again).",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			_, drv, done, err := a.open(false)

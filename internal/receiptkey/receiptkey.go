@@ -37,16 +37,20 @@ const Refresh = time.Minute
 // secretBytes is a key's size: HMAC-SHA256's block-size-bounded ideal.
 const secretBytes = 32
 
-// Ring signs with the newest key and verifies with any valid one.
+// Ring signs with the newest key and verifies with any valid one. Its
+// lock is never held across a database read: while one caller reloads
+// the keys, the others go on with the keys they have.
 type Ring struct {
 	store driver.Tokens
 	grace time.Duration
 	clock func() time.Time
 
+	loading sync.Mutex // one reload at a time
+
 	mu       sync.Mutex
-	keys     []driver.ReceiptKey // by ID
+	keys     []driver.ReceiptKey // by ID; replaced whole, never changed in place
 	loadedAt time.Time
-	missAt   time.Time // the last reload for an unknown key
+	missAt   time.Time // the last reload for a key not known or not newest
 }
 
 // New returns a Ring on store; a key is valid for grace after its
@@ -58,31 +62,39 @@ func New(store driver.Tokens, grace time.Duration, clock func() time.Time) *Ring
 // Sign builds a message for the newest key's id and returns it with its
 // MAC under that key. With no key stored yet it creates the first.
 func (r *Ring) Sign(ctx context.Context, build func(keyID int64) []byte) (msg, sum []byte, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := r.loadLocked(ctx, false); err != nil {
+	keys, err := r.current(ctx)
+	if err != nil {
 		return nil, nil, err
 	}
-	k := r.keys[len(r.keys)-1]
+	k := keys[len(keys)-1]
 	msg = build(k.ID)
 	return msg, mac(k.Secret, msg), nil
 }
 
-// Verify checks sum, the MAC of msg under key id, in constant time.
+// Verify checks sum, the MAC of msg under key id, in constant time. A key
+// it does not know, or one that is no longer the newest, makes it read
+// the keys again (at most once a second): one rotated in, or dropped, by
+// another server.
 func (r *Ring) Verify(ctx context.Context, id int64, msg, sum []byte) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := r.loadLocked(ctx, false); err != nil {
+	keys, err := r.current(ctx)
+	if err != nil {
 		return err
 	}
 	now := r.clock()
-	k, ok := r.validLocked(id, now)
-	if !ok && now.Sub(r.missAt) >= time.Second {
-		r.missAt = now
-		if err := r.loadLocked(ctx, true); err != nil {
-			return err
+	k, ok := valid(keys, id, now, r.grace)
+	if !ok || id != keys[len(keys)-1].ID {
+		r.mu.Lock()
+		due := now.Sub(r.missAt) >= time.Second
+		if due {
+			r.missAt = now
 		}
-		k, ok = r.validLocked(id, now)
+		r.mu.Unlock()
+		if due {
+			if keys, err = r.reload(ctx); err != nil {
+				return err
+			}
+			k, ok = valid(keys, id, now, r.grace)
+		}
 	}
 	if !ok {
 		return fmt.Errorf("receipt key %d: %w", id, ErrUnknownKey)
@@ -93,13 +105,13 @@ func (r *Ring) Verify(ctx context.Context, id int64, msg, sum []byte) error {
 	return nil
 }
 
-// validLocked finds key id if it may still verify at now.
-func (r *Ring) validLocked(id int64, now time.Time) (driver.ReceiptKey, bool) {
-	for i, k := range r.keys {
+// valid finds key id among keys if it may still verify at now.
+func valid(keys []driver.ReceiptKey, id int64, now time.Time, grace time.Duration) (driver.ReceiptKey, bool) {
+	for i, k := range keys {
 		if k.ID != id {
 			continue
 		}
-		if i+1 < len(r.keys) && !now.Before(r.keys[i+1].CreatedAt.Add(r.grace)) {
+		if i+1 < len(keys) && !now.Before(keys[i+1].CreatedAt.Add(grace)) {
 			return k, false // retired more than grace ago
 		}
 		return k, true
@@ -107,19 +119,38 @@ func (r *Ring) validLocked(id int64, now time.Time) (driver.ReceiptKey, bool) {
 	return driver.ReceiptKey{}, false
 }
 
-// loadLocked reads the keys when they are older than Refresh (or always,
-// with force), creating the first key if there is none.
-func (r *Ring) loadLocked(ctx context.Context, force bool) error {
-	now := r.clock()
-	if !force && len(r.keys) > 0 && now.Sub(r.loadedAt) < Refresh {
-		return nil
+// current returns the keys, reloading them when they are older than
+// Refresh: the caller that reloads waits for it, the others (when keys
+// are loaded) go on with the old ones.
+func (r *Ring) current(ctx context.Context) ([]driver.ReceiptKey, error) {
+	r.mu.Lock()
+	keys, stale := r.keys, r.clock().Sub(r.loadedAt) >= Refresh
+	r.mu.Unlock()
+	if len(keys) > 0 && !stale {
+		return keys, nil
 	}
+	if len(keys) > 0 {
+		if !r.loading.TryLock() {
+			return keys, nil // another caller reloads
+		}
+		r.loading.Unlock()
+	}
+	return r.reload(ctx)
+}
+
+// reload reads the keys (creating the first if there is none).
+func (r *Ring) reload(ctx context.Context) ([]driver.ReceiptKey, error) {
+	r.loading.Lock()
+	defer r.loading.Unlock()
+	now := r.clock()
 	keys, err := Ensure(ctx, r.store, now)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	r.mu.Lock()
 	r.keys, r.loadedAt = keys, now
-	return nil
+	r.mu.Unlock()
+	return keys, nil
 }
 
 // Ensure returns the stored keys, creating the first when there is none

@@ -106,9 +106,14 @@ func TestRingAcrossServersAndRotation(t *testing.T) {
 		if err != nil || k4.ID != 4 || len(dropped) != 2 {
 			t.Fatalf("rotate --drop-previous = %+v, dropped %v, %v; want keys 2 and 3 dropped", k4, dropped, err)
 		}
-		c := receiptkey.New(drv, grace, clk.Now)
-		if err := c.Verify(ctx, id2, msg2, sum2); !errors.Is(err, receiptkey.ErrUnknownKey) {
-			t.Fatalf("a dropped key: %v, want ErrUnknownKey", err)
+		// b read the keys before the drop: key 2 is still the newest it
+		// knows, and verifies until b reads them again, within Refresh.
+		if err := b.Verify(ctx, id2, msg2, sum2); err != nil {
+			t.Fatalf("before b's refresh: %v", err)
+		}
+		clk.Add(receiptkey.Refresh)
+		if err := b.Verify(ctx, id2, msg2, sum2); !errors.Is(err, receiptkey.ErrUnknownKey) {
+			t.Fatalf("a dropped key after b's refresh: %v, want ErrUnknownKey", err)
 		}
 		keys, err := drv.ReceiptKeys(ctx)
 		if err != nil || len(keys) != 1 || keys[0].ID != 4 {

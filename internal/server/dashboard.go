@@ -320,21 +320,45 @@ func (s *Server) topicPage(w http.ResponseWriter, r *http.Request, tenant string
 		next = msgs[len(msgs)-1].Offset
 	}
 	s.render(w, "topic.html", map[string]any{"Tenant": tenant, "Topic": topic, "Offsets": offsets, "Groups": groups, "Leases": leases,
-		"Members": members, "Dead": dead, "DeadCut": deadCut, "Messages": msgs, "Browse": br, "Next": next, "Notice": q.Get("notice")})
+		"Members": members, "Dead": dead, "DeadCut": deadCut, "Messages": msgs, "Browse": br, "Next": next, "Notice": notice(q)})
+}
+
+// A form's outcome travels to the page it redirects to as a code and the
+// names it concerns: the page words it, so no text in a URL is shown as
+// the server's.
+func notice(q url.Values) string {
+	switch q.Get("notice") {
+	case "requeued":
+		return fmt.Sprintf("requeued %s at offset %s", q.Get("id"), q.Get("offset"))
+	case "nosuch":
+		return "no such dead letter: " + q.Get("id")
+	case "paused", "resumed":
+		return q.Get("notice") + " " + q.Get("group")
+	case "failed":
+		return "the action failed; the server's log says why"
+	}
+	return ""
+}
+
+func (s *Server) topicURL(tenant, topic string, q url.Values) string {
+	return "/ui/" + pathSeg(tenant) + "/topics/" + pathSeg(topic) + "?" + q.Encode()
 }
 
 func (s *Server) requeueForm(w http.ResponseWriter, r *http.Request, tenant string) {
 	topic := r.PathValue("topic")
 	ref := shardq.MessageRef{Tenant: tenant, Topic: topic, PartitionKey: r.PostFormValue("key"), ID: r.PostFormValue("id")}
-	notice := ""
-	if res, err := s.admin.Requeue(r.Context(), ref, ""); err != nil {
-		notice = "requeue failed: " + err.Error()
-	} else if res != nil {
-		notice = fmt.Sprintf("requeued %s at offset %d", ref.ID, res.Offset)
-	} else {
-		notice = "no such dead letter: " + ref.ID
+	q := url.Values{"id": {ref.ID}}
+	switch res, err := s.admin.Requeue(r.Context(), ref, ""); {
+	case err != nil:
+		s.log.Warn("shardq serve: dashboard requeue failed", "tenant", tenant, "topic", topic, "partition_key", ref.PartitionKey, "id", ref.ID, "err", err)
+		q.Set("notice", "failed")
+	case res != nil:
+		q.Set("notice", "requeued")
+		q.Set("offset", strconv.FormatInt(res.Offset, 10))
+	default:
+		q.Set("notice", "nosuch")
 	}
-	http.Redirect(w, r, "/ui/"+pathSeg(tenant)+"/topics/"+pathSeg(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
+	http.Redirect(w, r, s.topicURL(tenant, topic, q), http.StatusSeeOther)
 }
 
 func (s *Server) pauseForm(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -348,9 +372,10 @@ func (s *Server) pauseForm(w http.ResponseWriter, r *http.Request, tenant string
 		s.notFound(w, r)
 		return
 	}
-	notice := action + "d " + group
+	q := url.Values{"notice": {action + "d"}, "group": {group}}
 	if _, err := op(r.Context(), shardq.Scope{Tenants: []string{tenant}}, topic, group); err != nil {
-		notice = action + " failed: " + err.Error()
+		s.log.Warn("shardq serve: dashboard "+action+" failed", "tenant", tenant, "topic", topic, "group", group, "err", err)
+		q = url.Values{"notice": {"failed"}}
 	}
-	http.Redirect(w, r, "/ui/"+pathSeg(tenant)+"/topics/"+pathSeg(topic)+"?notice="+url.QueryEscape(notice), http.StatusSeeOther)
+	http.Redirect(w, r, s.topicURL(tenant, topic, q), http.StatusSeeOther)
 }

@@ -38,7 +38,7 @@ func newHTTPMetrics(mp metric.MeterProvider) (httpMetrics, error) {
 // start counts r as active; the returned func records it as done.
 func (h httpMetrics) start(r *http.Request) func(*http.Request, int) {
 	t0 := time.Now()
-	method := attribute.String("http.request.method", r.Method)
+	method := attribute.String("http.request.method", knownMethod(r.Method))
 	ctx := context.WithoutCancel(r.Context())
 	h.active.Add(ctx, 1, metric.WithAttributes(method))
 	return func(r *http.Request, status int) {
@@ -74,3 +74,15 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection (deadlines,
 // flushes).
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// knownMethod is r.Method when HTTP defines it, else "_OTHER" (the
+// semantic conventions' rule): a client inventing methods must not
+// invent series.
+func knownMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "_OTHER"
+}

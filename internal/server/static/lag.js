@@ -7,7 +7,7 @@
   if (!svg) { return; }
   var legend = document.getElementById("lag-legend");
   var colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"];
-  var span = 5 * 60 * 1000, series = {};
+  var span = 5 * 60 * 1000, series = Object.create(null); // no prototype: a group may be named "__proto__"
   var ns = "http://www.w3.org/2000/svg";
   function draw() {
     while (svg.firstChild) { svg.removeChild(svg.firstChild); }
@@ -48,7 +48,7 @@
     fetch(svg.dataset.groups, { credentials: "same-origin" })
       .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
       .then(function (body) {
-        var totals = {}, now = Date.now();
+        var totals = Object.create(null), now = Date.now();
         body.items.forEach(function (g) { totals[g.group] = g.lag; });
         Object.keys(totals).forEach(function (g) { (series[g] = series[g] || []).push([now, totals[g]]); });
         svg.dataset.samples = String((+svg.dataset.samples || 0) + 1);
