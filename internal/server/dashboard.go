@@ -158,7 +158,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		backToSignIn(w, r, "failed")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v, Path: "/", Expires: exp, HttpOnly: true, Secure: r.TLS != nil || s.cfg.SecureCookies,
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v, Path: "/", MaxAge: int(SessionTTL / time.Second), HttpOnly: true, Secure: r.TLS != nil || s.cfg.SecureCookies,
 		SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/ui/"+pathSeg(tenant), http.StatusSeeOther)
 }

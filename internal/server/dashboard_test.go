@@ -85,9 +85,13 @@ func TestDashboardInBrowser(t *testing.T) {
 		b := browser(t)
 		text := func(sel string) string {
 			t.Helper()
-			s, err := chromedp.Run(b, chromedp.Text(chromedp.CSS(sel)))
+			ctx, cancel := context.WithTimeout(b, 10*time.Second)
+			defer cancel()
+			s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
 			if err != nil {
-				t.Fatalf("read %s: %v", sel, err)
+				loc, _ := chromedp.Run(b, chromedp.Location())
+				body, _ := chromedp.Run(b, chromedp.Text(chromedp.CSS("body")))
+				t.Fatalf("read %s: %v (page %s: %.500s)", sel, err, loc, body)
 			}
 			return s
 		}
@@ -182,7 +186,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		if err := load(b, chromedp.Click(chromedp.CSS("#switch"))); err != nil {
 			t.Fatal(err)
 		}
-		contains("#error", "sign in with an admin token of gamma")
+		contains("#error", "sign in with an admin token of that tenant")
 		if err := signIn(admin); err != nil {
 			t.Fatal(err)
 		}
