@@ -3,11 +3,15 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/receiptkey"
+	"github.com/shardq/shardq/internal/testdb"
 )
 
 // The request decoders read bytes from the network: they never panic,
@@ -100,6 +104,33 @@ func FuzzParseToken(f *testing.F) {
 		}
 		if again := tokenPrefix + id + "." + b64(secret); again != tok {
 			t.Fatalf("%q parsed, but prints back as %q", tok, again)
+		}
+	})
+}
+
+// FuzzOpenSession: a session cookie comes from the network. Opening one
+// never panics, and only a cookie this database's key signed opens: a
+// fuzzed value that opens is one the seed signed, unchanged.
+func FuzzOpenSession(f *testing.F) {
+	drv := testdb.Migrated(f, testdb.SQLite(f))
+	ring := receiptkey.New(drv, SessionTTL, time.Now)
+	good, err := signSession(context.Background(), ring, session{ID: "0123456789abcdef", Expires: time.Now().Add(time.Hour).Unix()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{good, good[:len(good)-1] + "A", "s1.1.e30.AAAA", "s1.", "r2.1.e30.AAAA", strings.Replace(good, "s1.1.", "s1.2.", 1)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		s, err := openSession(context.Background(), ring, v, time.Now())
+		if err != nil {
+			if !errors.Is(err, errSession) {
+				t.Fatalf("refusal %v is not errSession", err)
+			}
+			return
+		}
+		if v != good || s.ID != "0123456789abcdef" {
+			t.Fatalf("opened %q as %+v: only the signed seed may open", v, s)
 		}
 	})
 }
