@@ -25,6 +25,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/migrate"
@@ -93,6 +94,9 @@ type app struct {
 	feedFlag string // --feed: auto or off
 	// --feed-dsn as given; see feedDSN (feeddsn.go)
 	feedDSNFlag string
+	// feedMaxEvent is --feed-max-event: the change feed passes over binary
+	// log events larger than this (with a rescan).
+	feedMaxEvent int64
 	// --metrics-addr and --otlp-endpoint (telemetry.go)
 	metricsAddr, otlpEndpoint string
 	// serveMetrics asks open for a Prometheus registry even without
@@ -133,6 +137,8 @@ func newRoot(env Env) *cobra.Command {
 	root.PersistentFlags().IntVar(&a.metricsSeries, "metrics-series", 2000,
 		"series kept per metric (tenants and topics come from clients); past it, one series labelled otel.metric.overflow")
 	root.PersistentFlags().StringVar(&a.feedDSNFlag, "feed-dsn", "", feedDSNHelp)
+	root.PersistentFlags().Int64Var(&a.feedMaxEvent, "feed-max-event", mysqldriver.DefaultFeedMaxEventBytes,
+		"the MySQL change feed passes over binary log events larger than this many bytes, unread, and has consumers rescan (docs/feed.md)")
 	root.PersistentFlags().StringVar(&a.metricsAddr, "metrics-addr", "",
 		"serve Prometheus metrics at http://HOST:PORT/metrics while the command runs (for consume and other long-running commands)")
 	root.PersistentFlags().StringVar(&a.otlpEndpoint, "otlp-endpoint", "",

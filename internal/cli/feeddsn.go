@@ -4,6 +4,7 @@ package cli
 
 import (
 	"errors"
+	"math"
 	"net/url"
 	"strings"
 
@@ -32,17 +33,24 @@ func (a *app) feedDSN() (value, from string) {
 // DSN when one is given.
 func (a *app) openDriver(spec dsn.Spec) (driver.Driver, error) {
 	feed, from := a.feedDSN()
+	if a.feedMaxEvent <= 0 || a.feedMaxEvent > math.MaxUint32 {
+		return nil, usagef("--feed-max-event: want 1 to %d bytes", uint32(math.MaxUint32))
+	}
 	switch {
-	case feed == "":
-		return dsn.Open(spec)
-	case spec.Driver != "mysql":
+	case spec.Driver != "mysql" && feed != "":
 		return nil, usagef("%s: a feed connection applies to a MySQL database only; --dsn is %s", from, spec.Driver)
+	case spec.Driver != "mysql":
+		return dsn.Open(spec)
 	}
-	f, err := parseFeedDSN(feed)
-	if err != nil {
-		return nil, usagef("%s: %v", from, err)
+	opts := []mysqldriver.Option{mysqldriver.FeedMaxEventBytes(a.feedMaxEvent)}
+	if feed != "" {
+		f, err := parseFeedDSN(feed)
+		if err != nil {
+			return nil, usagef("%s: %v", from, err)
+		}
+		opts = append(opts, mysqldriver.FeedDSN(f))
 	}
-	return mysqldriver.Open(spec.MySQL, mysqldriver.FeedDSN(f))
+	return mysqldriver.Open(spec.MySQL, opts...)
 }
 
 // parseFeedDSN reads a feed DSN as go-sql-driver's: a mysql:// URL (the

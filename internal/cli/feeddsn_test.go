@@ -26,6 +26,7 @@ func TestFeedDSN(t *testing.T) {
 		{map[string]string{"SHARDQ_FEED_DSN": "feed:pw@tcp(db:3306)/"}, []string{"--dsn", sqlite, "admin", "topics", "--tenant", "acme"}, "SHARDQ_FEED_DSN: a feed connection applies"},
 		{nil, []string{"--dsn", "mysql://u:p@127.0.0.1:1/db", "--feed-dsn", "mysql://feed:s3cret@db:3306/a/b", "admin", "topics", "--tenant", "acme"}, "--feed-dsn: want mysql://"},
 		{nil, []string{"--dsn", "mysql://u:p@127.0.0.1:1/db", "--feed-dsn", "feed:s3cret@db:3306", "admin", "topics", "--tenant", "acme"}, "--feed-dsn: want mysql://"},
+		{nil, []string{"--dsn", "mysql://u:s3cret@127.0.0.1:1/db", "--feed-max-event", "0", "admin", "topics", "--tenant", "acme"}, "--feed-max-event: want 1 to"},
 	} {
 		r := runCLI(t, tc.env, "", tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "s3cret") {
