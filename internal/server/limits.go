@@ -47,13 +47,21 @@ func newLimits(cfg Config) *limits {
 		bodies: semaphore.NewWeighted(cfg.MaxInflightBodyBytes), receives: make(chan struct{}, cfg.MaxReceives), perToken: cfg.MaxReceivesPerToken, inFlight: map[string]int{}}
 }
 
-func take(c *lru.Cache[string, *rate.Limiter], key string, r rate.Limit, burst int) bool {
-	l, ok := c.Get(key)
-	if !ok {
-		l = rate.NewLimiter(r, burst)
-		c.Add(key, l)
+// limiter is key's limiter in c, made on first use (concurrent first
+// uses share one).
+func limiter(c *lru.Cache[string, *rate.Limiter], key string, r rate.Limit, burst int) *rate.Limiter {
+	if l, ok := c.Get(key); ok {
+		return l
 	}
-	return l.Allow()
+	l := rate.NewLimiter(r, burst)
+	if prev, found, _ := c.PeekOrAdd(key, l); found {
+		return prev
+	}
+	return l
+}
+
+func take(c *lru.Cache[string, *rate.Limiter], key string, r rate.Limit, burst int) bool {
+	return limiter(c, key, r, burst).Allow()
 }
 
 // allowToken takes one request from a verified token's bucket.
@@ -83,12 +91,7 @@ func (l *limits) beginAuth(addr, credential string, now time.Time) (authAttempt,
 	if at, ok := l.verified.Get(a.sum); ok && a.credential && now.Sub(at) < verifiedFor {
 		return a, true
 	}
-	lim, ok := l.failures.Get(addr)
-	if !ok {
-		lim = rate.NewLimiter(l.failRate, failBurst)
-		l.failures.Add(addr, lim)
-	}
-	a.reserved = lim.Reserve()
+	a.reserved = limiter(l.failures, addr, l.failRate, failBurst).Reserve()
 	if !a.reserved.OK() || a.reserved.Delay() > 0 {
 		a.reserved.Cancel()
 		return a, false
