@@ -203,3 +203,52 @@ func ExampleAdmin_Groups() {
 	// notifier read: new
 	// notifier: 1 partition read, 0 unread, lag 0
 }
+
+// Receipts receive as SQS FIFO's ReceiveMessage does: a message group's
+// messages in order under a visibility timeout, each with a signed
+// receipt that any process of the database can settle later.
+func ExampleReceipts() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+
+	for _, id := range []string{"created", "paid", "shipped"} {
+		if _, err := client.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "order-42", ID: id}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	rc, err := client.Receipts(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rq := shardq.ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "billing", PartitionKey: "order-42",
+		Max: 2, MaxBytes: 8 << 20} // at most two messages, and no more than 8 MiB of them
+	got, err := rc.Receive(ctx, rq)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var receipts []string
+	for _, m := range got.Messages {
+		fmt.Println("received", m.ID, "attempt", m.Attempt)
+		receipts = append(receipts, m.Receipt)
+	}
+	// Acks are cumulative within a receive; acking its last message gives
+	// the group back at once.
+	if stale, err := rc.AckAll(ctx, "acme", "orders", "billing", receipts); err != nil || len(stale) > 0 {
+		log.Fatal(stale, err)
+	}
+	// A receipt a client made or edited settles nothing.
+	err = rc.Ack(ctx, "acme", "orders", "billing", receipts[0][:len(receipts[0])-2]+"AA")
+	fmt.Println("edited receipt:", errors.Is(err, shardq.ErrBadReceipt))
+
+	got, err = rc.Receive(ctx, rq)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("next:", got.Messages[0].ID, "truncated:", got.Truncated)
+	// Output:
+	// received created attempt 1
+	// received paid attempt 1
+	// edited receipt: true
+	// next: shipped truncated: false
+}
