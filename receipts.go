@@ -338,7 +338,7 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 		if r.c.local.Up() {
 			poll = r.o.FeedPollInterval
 		}
-		if !waitForWork(ctx, rq.Done, wake.ch, deadline, poll) {
+		if !sleepUntilNext(ctx, rq.Done, wake.ch, deadline, poll) {
 			return ReceiveResult{Messages: []ReceivedMessage{}}, nil
 		}
 	}
@@ -365,27 +365,6 @@ func (w *receiveWake) Rescan() {
 	select {
 	case w.ch <- struct{}{}:
 	default:
-	}
-}
-
-// waitForWork waits for a wake-up, poll, or deadline, whichever is first;
-// false when the deadline passed, ctx ended or done closed.
-func waitForWork(ctx context.Context, done <-chan struct{}, wake <-chan struct{}, deadline time.Time, poll time.Duration) bool {
-	left := time.Until(deadline)
-	if left <= 0 {
-		return false
-	}
-	t := time.NewTimer(min(poll, left))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-done:
-		return false
-	case <-wake:
-		return true
-	case <-t.C:
-		return time.Now().Before(deadline)
 	}
 }
 

@@ -173,7 +173,7 @@ func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, 
 		if o.Wait == 0 {
 			return nil, err
 		}
-		if !sleepUntilNext(ctx, nil, deadline, o.PollInterval) {
+		if !sleepUntilNext(ctx, nil, nil, deadline, o.PollInterval) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -221,7 +221,7 @@ func (c *Client) AcceptNextGroup(ctx context.Context, tenants []string, topic, c
 		if o.Wait == 0 {
 			return nil, err
 		}
-		if !sleepUntilNext(ctx, nil, deadline, o.PollInterval) {
+		if !sleepUntilNext(ctx, nil, nil, deadline, o.PollInterval) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -243,9 +243,11 @@ func validateGroupRef(tenant, topic, group string) error {
 // tenantList is tenants, or MQ_TENANTS when tenants is empty, validated.
 func tenantList(tenants []string) ([]string, error) { return consumerTenants("tenants", tenants) }
 
-// sleepUntilNext waits poll, but not past deadline; false when the
-// deadline has passed, ctx ended or done (nil: never) is closed.
-func sleepUntilNext(ctx context.Context, done <-chan struct{}, deadline time.Time, poll time.Duration) bool {
+// sleepUntilNext waits for a wake-up (nil: none), poll, or deadline,
+// whichever is first; false when the deadline has passed, ctx ended or
+// done (nil: never) is closed. A poll that ends at the deadline returns
+// true: the caller looks once more.
+func sleepUntilNext(ctx context.Context, done, wake <-chan struct{}, deadline time.Time, poll time.Duration) bool {
 	left := time.Until(deadline)
 	if left <= 0 {
 		return false
@@ -254,6 +256,8 @@ func sleepUntilNext(ctx context.Context, done <-chan struct{}, deadline time.Tim
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
+	case <-wake:
 		return true
 	case <-ctx.Done():
 		return false
