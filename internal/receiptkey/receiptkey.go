@@ -50,7 +50,7 @@ type Ring struct {
 	mu       sync.Mutex
 	keys     []driver.ReceiptKey // by ID; replaced whole, never changed in place
 	loadedAt time.Time
-	missAt   time.Time // the last reload for a key not known or not newest
+	missAt   time.Time // the last read for a key newer than the newest known
 }
 
 // New returns a Ring on store; a key is valid for grace after its
@@ -71,31 +71,23 @@ func (r *Ring) Sign(ctx context.Context, build func(keyID int64) []byte) (msg, s
 	return msg, mac(k.Secret, msg), nil
 }
 
-// Verify checks sum, the MAC of msg under key id, in constant time. A key
-// it does not know, or one that is no longer the newest, makes it read
-// the keys again (at most once a second): one rotated in, or dropped, by
-// another server.
+// Verify checks sum, the MAC of msg under key id, in constant time. An
+// id above the newest it knows makes it read the keys again, at most once
+// a second, or wait for a read under way: a key another server rotated
+// in. (A key dropped elsewhere is refused from the next read, within
+// Refresh.)
 func (r *Ring) Verify(ctx context.Context, id int64, msg, sum []byte) error {
 	keys, err := r.current(ctx)
 	if err != nil {
 		return err
 	}
 	now := r.clock()
-	k, ok := valid(keys, id, now, r.grace)
-	if !ok || id != keys[len(keys)-1].ID {
-		r.mu.Lock()
-		due := now.Sub(r.missAt) >= time.Second
-		if due {
-			r.missAt = now
-		}
-		r.mu.Unlock()
-		if due {
-			if keys, err = r.reload(ctx); err != nil {
-				return err
-			}
-			k, ok = valid(keys, id, now, r.grace)
+	if id > keys[len(keys)-1].ID {
+		if keys, err = r.newer(ctx, id, now); err != nil {
+			return err
 		}
 	}
+	k, ok := valid(keys, id, now, r.grace)
 	if !ok {
 		return fmt.Errorf("receipt key %d: %w", id, ErrUnknownKey)
 	}
@@ -103,6 +95,23 @@ func (r *Ring) Verify(ctx context.Context, id int64, msg, sum []byte) error {
 		return ErrSignature
 	}
 	return nil
+}
+
+// newer returns keys that include id if a read finds it: it waits for a
+// read under way, or makes one when the last was a second ago or more.
+func (r *Ring) newer(ctx context.Context, id int64, now time.Time) ([]driver.ReceiptKey, error) {
+	r.loading.Lock()
+	defer r.loading.Unlock()
+	r.mu.Lock()
+	keys, due := r.keys, now.Sub(r.missAt) >= time.Second
+	if due {
+		r.missAt = now
+	}
+	r.mu.Unlock()
+	if id <= keys[len(keys)-1].ID || !due {
+		return keys, nil // a read under way found it, or a read was made this second
+	}
+	return r.loadLocked(ctx)
 }
 
 // valid finds key id among keys if it may still verify at now.
@@ -119,29 +128,37 @@ func valid(keys []driver.ReceiptKey, id int64, now time.Time, grace time.Duratio
 	return driver.ReceiptKey{}, false
 }
 
-// current returns the keys, reloading them when they are older than
-// Refresh: the caller that reloads waits for it, the others (when keys
-// are loaded) go on with the old ones.
+// current returns the keys, reading them when they are older than
+// Refresh: with keys in hand, one caller reads and the others go on with
+// the old keys; without, they wait for the first read.
 func (r *Ring) current(ctx context.Context) ([]driver.ReceiptKey, error) {
-	r.mu.Lock()
-	keys, stale := r.keys, r.clock().Sub(r.loadedAt) >= Refresh
-	r.mu.Unlock()
-	if len(keys) > 0 && !stale {
+	keys, fresh := r.snapshot()
+	if fresh {
 		return keys, nil
 	}
 	if len(keys) > 0 {
 		if !r.loading.TryLock() {
-			return keys, nil // another caller reloads
+			return keys, nil // another caller reads
 		}
-		r.loading.Unlock()
+	} else {
+		r.loading.Lock()
 	}
-	return r.reload(ctx)
+	defer r.loading.Unlock()
+	if keys, fresh := r.snapshot(); fresh {
+		return keys, nil // read meanwhile
+	}
+	return r.loadLocked(ctx)
 }
 
-// reload reads the keys (creating the first if there is none).
-func (r *Ring) reload(ctx context.Context) ([]driver.ReceiptKey, error) {
-	r.loading.Lock()
-	defer r.loading.Unlock()
+func (r *Ring) snapshot() (keys []driver.ReceiptKey, fresh bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.keys, len(r.keys) > 0 && r.clock().Sub(r.loadedAt) < Refresh
+}
+
+// loadLocked reads the keys (creating the first if there is none); the
+// caller holds loading.
+func (r *Ring) loadLocked(ctx context.Context) ([]driver.ReceiptKey, error) {
 	now := r.clock()
 	keys, err := Ensure(ctx, r.store, now)
 	if err != nil {

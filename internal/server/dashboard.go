@@ -209,6 +209,10 @@ func (s *Server) page(next func(w http.ResponseWriter, r *http.Request, tenant s
 			attempt.undecided()
 			s.pageError(w, r, err)
 			return
+		case cookie == "" || errors.Is(err, errSessionExpired):
+			attempt.undecided() // nothing to judge: a visit before signing in, or after the session ended
+			backToSignIn(w, r, "session")
+			return
 		case err != nil || !allows(role, RoleAdmin):
 			attempt.failed()
 			backToSignIn(w, r, "session")

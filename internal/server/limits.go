@@ -4,6 +4,7 @@ package server
 
 import (
 	"crypto/sha256"
+	"io"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -25,7 +26,7 @@ type limits struct {
 	burst    int
 	tokens   *lru.Cache[string, *rate.Limiter] // by token id, after it verified
 	failRate rate.Limit
-	failures *lru.Cache[string, *rate.Limiter] // by client address
+	failures *lru.Cache[string, *addrLimiter] // by client address
 	verified *lru.Cache[[32]byte, time.Time]   // SHA-256 of credentials that verified lately, and when
 
 	bodies   *semaphore.Weighted // request body bytes being read and decoded, server-wide
@@ -41,7 +42,7 @@ const limiterEntries = 10_000
 
 func newLimits(cfg Config) *limits {
 	tokens, _ := lru.New[string, *rate.Limiter](limiterEntries) // size > 0: cannot fail
-	failures, _ := lru.New[string, *rate.Limiter](limiterEntries)
+	failures, _ := lru.New[string, *addrLimiter](limiterEntries)
 	verified, _ := lru.New[[32]byte, time.Time](limiterEntries)
 	return &limits{rate: rate.Limit(cfg.Rate), burst: cfg.Burst, tokens: tokens, failRate: rate.Limit(cfg.AuthFailRate), failures: failures, verified: verified,
 		bodies: semaphore.NewWeighted(cfg.MaxInflightBodyBytes), receives: make(chan struct{}, cfg.MaxReceives), perToken: cfg.MaxReceivesPerToken, inFlight: map[string]int{}}
@@ -72,53 +73,81 @@ func (l *limits) allowToken(id string) bool { return take(l.tokens, id, l.rate, 
 // address (a NAT, a proxy).
 const verifiedFor = 5 * time.Minute
 
+// addrLimiter bounds one address's failed authentications: the limiter
+// is charged only when an attempt fails, and attempts in flight count
+// against what it has left, so concurrent attempts cannot overrun it (a
+// rate.Reservation cannot be handed back once it took effect).
+type addrLimiter struct {
+	mu      sync.Mutex
+	lim     *rate.Limiter
+	pending int
+}
+
 // authAttempt is one authentication under way: exactly one of its
 // methods ends it.
 type authAttempt struct {
 	l          *limits
 	sum        [32]byte
 	credential bool
-	reserved   *rate.Reservation // nil: a credential that verified lately
+	addr       *addrLimiter // nil: a credential that verified lately
 	now        time.Time
 }
 
-// beginAuth reserves a failed authentication for addr before a
-// credential is read, so that concurrent attempts cannot all pass a check
-// charged only afterwards; a credential that verified lately skips it.
-// false: addr has failed too often, and nothing is to be read.
+// beginAuth admits an authentication from addr when addr's failures in
+// flight and past leave room for one more; a credential that verified
+// lately skips the check. false: addr has failed too often, and nothing
+// is to be read.
 func (l *limits) beginAuth(addr, credential string, now time.Time) (authAttempt, bool) {
 	a := authAttempt{l: l, sum: sha256.Sum256([]byte(credential)), credential: credential != "", now: now}
 	if at, ok := l.verified.Get(a.sum); ok && a.credential && now.Sub(at) < verifiedFor {
 		return a, true
 	}
-	a.reserved = limiter(l.failures, addr, l.failRate, failBurst).Reserve()
-	if !a.reserved.OK() || a.reserved.Delay() > 0 {
-		a.reserved.Cancel()
+	al, ok := l.failures.Get(addr)
+	if !ok {
+		al = &addrLimiter{lim: rate.NewLimiter(l.failRate, failBurst)}
+		if prev, found, _ := l.failures.PeekOrAdd(addr, al); found {
+			al = prev
+		}
+	}
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if al.lim.Tokens()-float64(al.pending) < 1 {
 		return a, false
 	}
+	al.pending++
+	a.addr = al
 	return a, true
 }
 
-// verified gives the reservation back and remembers the credential.
-func (a authAttempt) verified() {
-	if a.reserved != nil {
-		a.reserved.Cancel()
+func (a authAttempt) end(charge bool) {
+	if a.addr == nil {
+		return
 	}
+	a.addr.mu.Lock()
+	a.addr.pending--
+	if charge {
+		a.addr.lim.Allow()
+	}
+	a.addr.mu.Unlock()
+}
+
+// verified ends the attempt uncharged and remembers the credential.
+func (a authAttempt) verified() {
+	a.end(false)
 	if a.credential {
 		a.l.verified.Add(a.sum, a.now)
 	}
 }
 
-// failed keeps the reservation: the address is charged.
-func (a authAttempt) failed() { a.l.verified.Remove(a.sum) }
-
-// undecided gives the reservation back: the server, not the credential,
-// failed.
-func (a authAttempt) undecided() {
-	if a.reserved != nil {
-		a.reserved.Cancel()
-	}
+// failed charges the address.
+func (a authAttempt) failed() {
+	a.end(true)
+	a.l.verified.Remove(a.sum)
 }
+
+// undecided ends the attempt uncharged: the server failed, or there was
+// nothing to judge.
+func (a authAttempt) undecided() { a.end(false) }
 
 // failBurst is how many failed authentications an address may make at once.
 const failBurst = 20
@@ -149,9 +178,32 @@ func (l *limits) startReceive(id string) (func(), bool) {
 	}, true
 }
 
+// releasingBody gives its reservation back once the body is read to its
+// end (or fails, or is closed): a receive must not hold it through its
+// long poll.
+type releasingBody struct {
+	io.ReadCloser
+	release func()
+	once    sync.Once
+}
+
+func (b *releasingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.once.Do(b.release)
+	}
+	return n, err
+}
+
+func (b *releasingBody) Close() error {
+	b.once.Do(b.release)
+	return b.ReadCloser.Close()
+}
+
 // startBody reserves what r's body may take (its Content-Length, or the
-// body limit when it has none) among the bodies in flight; the returned
-// func gives it back. false: the server reads as many bodies as it may.
+// body limit when it has none) among the bodies in flight, until the body
+// is read to its end or closed, or the returned func runs. false: the
+// server reads as many bodies as it may.
 func (l *limits) startBody(r *http.Request, limit int64) (func(), bool) {
 	n := limit
 	if r.ContentLength >= 0 && r.ContentLength < limit {
@@ -164,7 +216,10 @@ func (l *limits) startBody(r *http.Request, limit int64) (func(), bool) {
 		return nil, false
 	}
 	l.reading.Add(n)
-	return func() { l.reading.Add(-n); l.bodies.Release(n) }, true
+	var once sync.Once
+	release := func() { once.Do(func() { l.reading.Add(-n); l.bodies.Release(n) }) }
+	r.Body = &releasingBody{ReadCloser: r.Body, release: release}
+	return release, true
 }
 
 // clientAddr is the address failed authentications are counted against:

@@ -36,7 +36,7 @@ type publishIn struct {
 }
 
 // decodeJSON decodes exactly one JSON value of the request's body into v
-// as it arrives (the body is not held besides what it decodes into),
+// through a decoder (which buffers the value it reads, no second copy),
 // refusing unknown fields and trailing data. An empty body is {}.
 func decodeJSON(body io.Reader, v any) error {
 	dec := json.NewDecoder(body)

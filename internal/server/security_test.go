@@ -190,6 +190,14 @@ func TestAuthenticateBeforeRateLimits(t *testing.T) {
 		if read > failBurst {
 			t.Fatalf("%d of 60 concurrent bad tokens from one address were read, limit %d", read, failBurst)
 		}
+		// Authentications that succeed are not charged: many first uses
+		// from one address (a NAT) all pass.
+		for i := range 2 * failBurst {
+			tok, _ := h.token(RoleAdmin, 0, "acme")
+			if rec := h.serve("GET", path, "Bearer "+tok, "192.0.2.50"); rec.Code != 200 {
+				t.Fatalf("first use #%d of a valid token from one address: %d, want 200", i, rec.Code)
+			}
+		}
 		// A token that verified lately is not locked out by a bad client
 		// behind the same address (a NAT); IPv6 counts by /64.
 		other, _ := h.token(RoleAdmin, 0, "acme")
@@ -501,6 +509,40 @@ func TestInflightBodiesCapped(t *testing.T) {
 		h.http.CloseClientConnections() // the slow senders are gone
 		for range 2 {
 			<-results
+		}
+		// A long poll does not hold its body's room while it waits: once
+		// its body is read, the room is back.
+		h.srv.Drain()
+		hold := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: body})
+		consumer, _ := hold.token(RoleAdmin, 0, "acme")
+		waiting := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", hold.http.URL+groupPath+"/receive", io.NopCloser(strings.NewReader(`{"key":"k","wait":20}`)))
+			req.Header.Set("Authorization", "Bearer "+consumer)
+			req.ContentLength = -1 // chunked: it reserves the whole body limit
+			res, err := hold.http.Client().Do(req)
+			if err != nil {
+				waiting <- 0
+				return
+			}
+			res.Body.Close()
+			waiting <- res.StatusCode
+		}()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			hold.srv.limits.mu.Lock()
+			n := len(hold.srv.limits.inFlight)
+			hold.srv.limits.mu.Unlock()
+			if n == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the long poll never started")
+			}
+		}
+		hold.must(200, "POST", topicPath+"/messages", consumer, `{"key":"other","id":"p"}`)
+		hold.srv.Drain()
+		if code := <-waiting; code != 200 {
+			t.Fatalf("the long poll: %d", code)
 		}
 		// The room is back.
 		if code, _ := func() (int, error) {

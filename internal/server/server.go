@@ -296,7 +296,7 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		done, ok := s.limits.startBody(r, s.cfg.MaxBodyBytes)
+		done, ok := s.limits.startBody(r, s.cfg.MaxBodyBytes) // wraps r.Body: released once it is read
 		if !ok {
 			w.Header().Set("Retry-After", "1")
 			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "the server is reading as many request bodies as it may; try again"})

@@ -32,7 +32,10 @@ type session struct {
 	Expires int64  `json:"e"` // Unix seconds
 }
 
-var errSession = errors.New("no valid dashboard session")
+var (
+	errSession        = errors.New("no valid dashboard session")
+	errSessionExpired = fmt.Errorf("%w: it expired", errSession)
+)
 
 func signSession(ctx context.Context, ring *receiptkey.Ring, s session) (string, error) {
 	b, _ := json.Marshal(s) // a string and an integer: cannot fail
@@ -68,8 +71,11 @@ func openSession(ctx context.Context, ring *receiptkey.Ring, v string, now time.
 		return s, err
 	}
 	b, err := base64.RawURLEncoding.Strict().DecodeString(enc)
-	if err != nil || json.Unmarshal(b, &s) != nil || s.ID == "" || !now.Before(time.Unix(s.Expires, 0)) {
+	if err != nil || json.Unmarshal(b, &s) != nil || s.ID == "" {
 		return session{}, errSession
+	}
+	if !now.Before(time.Unix(s.Expires, 0)) {
+		return session{}, errSessionExpired
 	}
 	return s, nil
 }

@@ -259,6 +259,8 @@ func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64
 			return struct{}{}, fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
 		case err != nil:
 			return struct{}{}, d.Wrap(op, err)
+		case !head.Valid: // the partition was removed: so was what the lease held
+			return struct{}{}, fmt.Errorf("%s: %w (no partition)", op, driver.ErrLeaseLost)
 		case offset > head.Int64:
 			return struct{}{}, fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
 		}
