@@ -27,7 +27,7 @@ type limits struct {
 	tokens   *lru.Cache[string, *rate.Limiter] // by token id, after it verified
 	failRate rate.Limit
 	failures *lru.Cache[string, *addrLimiter] // by client address
-	verified *lru.Cache[[32]byte, time.Time]   // SHA-256 of credentials that verified lately, and when
+	verified *lru.Cache[[32]byte, time.Time]  // SHA-256 of credentials that verified lately, and when
 
 	bodies   *semaphore.Weighted // request body bytes being read and decoded, server-wide
 	reading  atomic.Int64        // what bodies holds (the semaphore does not say)
