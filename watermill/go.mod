@@ -55,8 +55,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-// The adapter is developed beside the core and tested against it; a
-// release tags both, and this line keeps the two in step inside the
-// repository.
-replace github.com/shardq/shardq => ../

@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/shardq/shardq/internal/cli"
+	"github.com/shardq/shardq/cmd/shardq/internal/cli"
 )
 
 func main() {

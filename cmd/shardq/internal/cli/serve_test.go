@@ -376,7 +376,7 @@ func TestPythonExample(t *testing.T) {
 	p := startServe(t, dsn)
 	run := func() string {
 		t.Helper()
-		cmd := exec.Command(python, "../../examples/python/shardq_example.py")
+		cmd := exec.Command(python, "../../../../examples/python/shardq_example.py")
 		cmd.Env = append(os.Environ(), "SHARDQ_URL="+p.base, "SHARDQ_TOKEN="+tok)
 		out, err := cmd.CombinedOutput()
 		if err != nil {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shardq/shardq/internal/bench"
+	"github.com/shardq/shardq/cmd/shardq/internal/bench"
 )
 
 // bench consume with subscribers in separate processes, as JSON lines.

@@ -61,9 +61,9 @@ func decodeJSON(body io.Reader, v any) error {
 	case errors.As(err, &tooBig):
 		return errBodyTooLarge{tooBig.Limit}
 	case errors.Is(err, errTrailing):
-		return &ident.Error{Field: "body", Rule: "one JSON object expected; found more after it"}
+		return &shardq.ValidationError{Field: "body", Rule: "one JSON object expected; found more after it"}
 	}
-	return &ident.Error{Field: "body", Rule: "malformed JSON: " + err.Error()}
+	return &shardq.ValidationError{Field: "body", Rule: "malformed JSON: " + err.Error()}
 }
 
 var errTrailing = errors.New("trailing data")
@@ -95,13 +95,13 @@ func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, erro
 		in.messageIn.PayloadBase64 != nil || in.messageIn.Delay != 0 || in.messageIn.NotBefore != nil
 	switch {
 	case list != nil && single:
-		return nil, &ident.Error{Field: "body", Rule: `either one message or "messages", not both`}
+		return nil, &shardq.ValidationError{Field: "body", Rule: `either one message or "messages", not both`}
 	case list == nil:
 		list = []messageIn{in.messageIn}
 	case len(list) == 0:
-		return nil, &ident.Error{Field: "messages", Rule: "must not be empty"}
+		return nil, &shardq.ValidationError{Field: "messages", Rule: "must not be empty"}
 	case len(list) > 1000:
-		return nil, &ident.Error{Field: "messages", Rule: fmt.Sprintf("%d messages, limit 1000 a request", len(list))}
+		return nil, &shardq.ValidationError{Field: "messages", Rule: fmt.Sprintf("%d messages, limit 1000 a request", len(list))}
 	}
 	out := make([]shardq.Message, len(list))
 	for i, m := range list {
@@ -114,13 +114,13 @@ func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, erro
 		msg := shardq.Message{Tenant: tenant, Topic: topic, PartitionKey: m.Key, ID: m.ID, Headers: m.Headers}
 		switch {
 		case m.Payload != nil && m.PayloadBase64 != nil:
-			return nil, &ident.Error{Field: field("payload"), Rule: "set payload or payload_base64, not both"}
+			return nil, &shardq.ValidationError{Field: field("payload"), Rule: "set payload or payload_base64, not both"}
 		case m.Payload != nil:
 			msg.Payload = []byte(*m.Payload)
 		case m.PayloadBase64 != nil:
 			p, err := base64.StdEncoding.DecodeString(*m.PayloadBase64)
 			if err != nil {
-				return nil, &ident.Error{Field: field("payload_base64"), Rule: "not standard base64"}
+				return nil, &shardq.ValidationError{Field: field("payload_base64"), Rule: "not standard base64"}
 			}
 			msg.Payload = p
 		}
@@ -141,11 +141,11 @@ func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, erro
 // the library accepts, which it checks).
 func seconds(field string, v float64, limit time.Duration) (time.Duration, error) {
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) || v > float64(math.MaxInt64/int64(time.Second)) {
-		return 0, &ident.Error{Field: field, Rule: "want a number of seconds, 0 or more"}
+		return 0, &shardq.ValidationError{Field: field, Rule: "want a number of seconds, 0 or more"}
 	}
 	d := time.Duration(v * float64(time.Second))
 	if limit > 0 && d > limit {
-		return 0, &ident.Error{Field: field, Rule: fmt.Sprintf("%g seconds, limit %g", v, limit.Seconds())}
+		return 0, &shardq.ValidationError{Field: field, Rule: fmt.Sprintf("%g seconds, limit %g", v, limit.Seconds())}
 	}
 	return d, nil
 }
@@ -286,13 +286,13 @@ func decodeSettle(body io.Reader, nack bool) (settleIn, time.Duration, error) {
 	}
 	switch {
 	case len(in.Receipts) == 0:
-		return in, 0, &ident.Error{Field: "receipts", Rule: "must not be empty"}
+		return in, 0, &shardq.ValidationError{Field: "receipts", Rule: "must not be empty"}
 	case len(in.Receipts) > shardq.MaxReceiveMessages:
-		return in, 0, &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Receipts), shardq.MaxReceiveMessages)}
+		return in, 0, &shardq.ValidationError{Field: "receipts", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Receipts), shardq.MaxReceiveMessages)}
 	case !nack && (in.RetryAfter != 0 || in.Reason != ""):
-		return in, 0, &ident.Error{Field: "retry_after", Rule: "only a nack takes retry_after and reason"}
+		return in, 0, &shardq.ValidationError{Field: "retry_after", Rule: "only a nack takes retry_after and reason"}
 	case len(in.Reason) > ident.MaxHeaderValueBytes || !utf8.ValidString(in.Reason):
-		return in, 0, &ident.Error{Field: "reason", Rule: fmt.Sprintf("valid UTF-8 of at most %d bytes", ident.MaxHeaderValueBytes)}
+		return in, 0, &shardq.ValidationError{Field: "reason", Rule: fmt.Sprintf("valid UTF-8 of at most %d bytes", ident.MaxHeaderValueBytes)}
 	}
 	d, err := seconds("retry_after", in.RetryAfter, shardq.MaxVisibility)
 	return in, d, err

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 )
@@ -35,11 +36,11 @@ var Roles = []string{RolePublish, RoleConsume, RoleAdmin}
 // do everything).
 func JoinRoles(roles []string) (string, error) {
 	if len(roles) == 0 {
-		return "", &ident.Error{Field: "role", Rule: "at least one is required: " + strings.Join(Roles, ", ")}
+		return "", &shardq.ValidationError{Field: "role", Rule: "at least one is required: " + strings.Join(Roles, ", ")}
 	}
 	for _, r := range roles {
 		if !slices.Contains(Roles, r) {
-			return "", &ident.Error{Field: "role", Rule: fmt.Sprintf("%q: want one of %s", r, strings.Join(Roles, ", "))}
+			return "", &shardq.ValidationError{Field: "role", Rule: fmt.Sprintf("%q: want one of %s", r, strings.Join(Roles, ", "))}
 		}
 	}
 	if slices.Contains(roles, RoleAdmin) {
@@ -58,7 +59,7 @@ const tokenPrefix = "sq_"
 // returns the token (shown once) and its id.
 func NewToken(ctx context.Context, drv driver.Tokens, tenants []string, roles []string, expires time.Duration, now time.Time) (token, id string, err error) {
 	if len(tenants) == 0 {
-		return "", "", &ident.Error{Field: "tenant", Rule: "at least one is required"}
+		return "", "", &shardq.ValidationError{Field: "tenant", Rule: "at least one is required"}
 	}
 	for _, t := range tenants {
 		if err := ident.Tenant(t); err != nil {
@@ -70,7 +71,7 @@ func NewToken(ctx context.Context, drv driver.Tokens, tenants []string, roles []
 		return "", "", err
 	}
 	if expires < 0 {
-		return "", "", &ident.Error{Field: "expires", Rule: "must not be negative (0: never)"}
+		return "", "", &shardq.ValidationError{Field: "expires", Rule: "must not be negative (0: never)"}
 	}
 	idb, secret := make([]byte, 8), make([]byte, 32)
 	rand.Read(idb)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package telemetry
+package otelcheck_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // What instrumentation adds to one publish call and one delivery, with
@@ -31,14 +32,14 @@ func BenchmarkInstrumentation(b *testing.B) {
 		{"default", nil, nil},
 		{"sdk", sdktrace.NewTracerProvider(), sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))},
 	} {
-		t := New(p.tp, p.mp)
+		t := telemetry.New(p.tp, p.mp)
 		b.Run(p.name+"/send", func(b *testing.B) {
 			b.ReportAllocs()
 			row := &driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m"}
 			for b.Loop() {
 				ctx, span := t.StartSend(context.Background(), false)
 				headers := map[string]string{"queue_name": "t"}
-				Inject(ctx, headers)
+				telemetry.Inject(ctx, headers)
 				row.Headers = headers
 				t.EndSend(ctx, span, time.Now(), []*driver.InsertMessage{row}, nil)
 			}

@@ -20,7 +20,7 @@ type httpMetrics struct {
 }
 
 func newHTTPMetrics(mp metric.MeterProvider) (httpMetrics, error) {
-	m := mp.Meter("github.com/shardq/shardq/internal/server")
+	m := mp.Meter("github.com/shardq/shardq/cmd/shardq/internal/server")
 	var h httpMetrics
 	var err error
 	if h.duration, err = m.Float64Histogram("http.server.request.duration", metric.WithUnit("s"),

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/shardq/shardq"
-	"github.com/shardq/shardq/internal/ident"
 )
 
 // The admin endpoints are the CLI's admin commands, scoped to the URL's
@@ -23,7 +22,7 @@ func (s *Server) scope(q url.Values, tenant string) (shardq.Scope, error) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > shardq.MaxPageLimit {
-			return sc, &ident.Error{Field: "limit", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)}
+			return sc, &shardq.ValidationError{Field: "limit", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)}
 		}
 		sc.Limit = n
 	}
@@ -258,7 +257,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) 
 	topic := r.PathValue("topic")
 	switch {
 	case in.All && (in.ID != "" || in.Key != ""):
-		s.fail(w, r, &ident.Error{Field: "all", Rule: "set all, or key and id, not both"})
+		s.fail(w, r, &shardq.ValidationError{Field: "all", Rule: "set all, or key and id, not both"})
 	case in.All:
 		n, err := s.admin.RequeueAll(r.Context(), tenant, topic, "")
 		if err != nil {
@@ -267,7 +266,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) 
 		}
 		writeJSON(w, http.StatusOK, map[string]int{"requeued": n})
 	case in.ID == "":
-		s.fail(w, r, &ident.Error{Field: "id", Rule: "must not be empty (or set all)"})
+		s.fail(w, r, &shardq.ValidationError{Field: "id", Rule: "must not be empty (or set all)"})
 	default:
 		res, err := s.admin.Requeue(r.Context(), shardq.MessageRef{Tenant: tenant, Topic: topic, PartitionKey: in.Key, ID: in.ID}, "")
 		if err != nil {
@@ -308,7 +307,7 @@ func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
 	if v := q.Get("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			s.fail(w, r, &ident.Error{Field: "after", Rule: fmt.Sprintf("%q: want an offset, 0 or more", v)})
+			s.fail(w, r, &shardq.ValidationError{Field: "after", Rule: fmt.Sprintf("%q: want an offset, 0 or more", v)})
 			return
 		}
 		br.AfterOffset = n
@@ -316,7 +315,7 @@ func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > shardq.MaxPageLimit {
-			s.fail(w, r, &ident.Error{Field: "limit", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)})
+			s.fail(w, r, &shardq.ValidationError{Field: "limit", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)})
 			return
 		}
 		br.Limit = n
@@ -333,7 +332,7 @@ func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
 func (s *Server) deleteMessage(w http.ResponseWriter, r *http.Request, tenant string) {
 	q := r.URL.Query()
 	if q.Get("id") == "" {
-		s.fail(w, r, &ident.Error{Field: "id", Rule: "the query parameter id is required (and key, for a message group)"})
+		s.fail(w, r, &shardq.ValidationError{Field: "id", Rule: "the query parameter id is required (and key, for a message group)"})
 		return
 	}
 	ok, err := s.admin.Delete(r.Context(), shardq.MessageRef{Tenant: tenant, Topic: r.PathValue("topic"), PartitionKey: q.Get("key"), ID: q.Get("id")})
@@ -377,7 +376,7 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request, tenant string) {
 	rq := shardq.ResetRequest{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group"), Key: in.Key, Offset: in.Offset,
 		Force: in.Force, Create: in.Create, DryRun: !in.Execute}
 	if in.Key != "" && in.To != "offset" {
-		s.fail(w, r, &ident.Error{Field: "key", Rule: `only with "to": "offset"; the other targets move every partition's cursor`})
+		s.fail(w, r, &shardq.ValidationError{Field: "key", Rule: `only with "to": "offset"; the other targets move every partition's cursor`})
 		return
 	}
 	switch in.To {
@@ -390,12 +389,12 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request, tenant string) {
 	case "time":
 		rq.To = shardq.ResetToTime
 		if in.Time == nil {
-			s.fail(w, r, &ident.Error{Field: "time", Rule: `required with "to": "time"`})
+			s.fail(w, r, &shardq.ValidationError{Field: "time", Rule: `required with "to": "time"`})
 			return
 		}
 		rq.Time = *in.Time
 	default:
-		s.fail(w, r, &ident.Error{Field: "to", Rule: fmt.Sprintf("%q: want earliest, latest, offset or time", in.To)})
+		s.fail(w, r, &shardq.ValidationError{Field: "to", Rule: fmt.Sprintf("%q: want earliest, latest, offset or time", in.To)})
 		return
 	}
 	changes, err := s.admin.ResetOffsets(r.Context(), rq)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package shardq_test
+package otelcheck_test
 
 import (
 	"context"

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq"
-	"github.com/shardq/shardq/internal/server"
+	"github.com/shardq/shardq/cmd/shardq/internal/server"
 )
 
 // apiServer is `shardq serve` in this process on a loopback port, with an

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/internal/receiptkey"
 	"github.com/shardq/shardq/internal/testdb"
 )
@@ -20,7 +20,7 @@ import (
 
 func checkRefusal(t *testing.T, err error) {
 	t.Helper()
-	var ve *ident.Error
+	var ve *shardq.ValidationError
 	var big errBodyTooLarge
 	if !errors.As(err, &ve) && !errors.As(err, &big) {
 		t.Fatalf("refusal %v is neither a ValidationError nor a body limit", err)

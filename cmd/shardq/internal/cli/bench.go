@@ -17,8 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shardq/shardq/cmd/shardq/internal/bench"
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/bench"
 )
 
 func (a *app) benchCmd() *cobra.Command {

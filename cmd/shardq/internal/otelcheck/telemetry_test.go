@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package telemetry
+package otelcheck_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // A client made before the application installs its SDK (the common
@@ -19,7 +20,7 @@ import (
 // once the SDK is there; before, it starts none. (This test sets otel's
 // global tracer provider for the rest of the package's tests.)
 func TestGlobalProviderInstalledLater(t *testing.T) {
-	tel := New(nil, nil)
+	tel := telemetry.New(nil, nil)
 	_, span := tel.StartSend(context.Background(), false)
 	if span.SpanContext().IsValid() || span.IsRecording() {
 		t.Fatal("a span was started with no SDK installed")
@@ -28,7 +29,7 @@ func TestGlobalProviderInstalledLater(t *testing.T) {
 	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
 	ctx, span := tel.StartSend(context.Background(), false)
 	headers := map[string]string{}
-	Inject(ctx, headers)
+	telemetry.Inject(ctx, headers)
 	tel.EndSend(ctx, span, time.Now(), []*driver.InsertMessage{{Tenant: "t", Topic: "x", Headers: headers}}, nil)
 	if got := rec.Ended(); len(got) != 1 || got[0].Name() != "send x" {
 		t.Fatalf("after the SDK was installed: spans %v; want one send span", got)
@@ -43,7 +44,7 @@ func TestErrorTypeIsBounded(t *testing.T) {
 		driver.ErrLeaseLost:      "lease_lost",
 		driver.ErrHalfResolved:   "_OTHER",
 	} {
-		if got := ErrorType(err); got != want {
+		if got := telemetry.ErrorType(err); got != want {
 			t.Errorf("ErrorType(%v) = %q, want %q", err, got, want)
 		}
 	}

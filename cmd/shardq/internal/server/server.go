@@ -122,13 +122,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("server: Client, Driver and Receipts are required")
 	}
 	if cfg.Rate < 0 || cfg.Burst < 0 || cfg.MaxBodyBytes < 0 || cfg.AuthFailRate < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxReceives < 0 || cfg.MaxReceivesPerToken < 0 {
-		return nil, &ident.Error{Field: "rate", Rule: "rates, bursts, sizes and caps must not be negative"}
+		return nil, &shardq.ValidationError{Field: "rate", Rule: "rates, bursts, sizes and caps must not be negative"}
 	}
 	if cfg.AuthFailRate == 0 {
 		cfg.AuthFailRate = DefaultAuthFailRate
 	}
 	if cfg.MaxInflightBodyBytes < 0 {
-		return nil, &ident.Error{Field: "max inflight body", Rule: "must not be negative"}
+		return nil, &shardq.ValidationError{Field: "max inflight body", Rule: "must not be negative"}
 	}
 	if cfg.MaxInflightBodyBytes == 0 {
 		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes

@@ -18,9 +18,9 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/cmd/shardq/internal/server"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/receiptkey"
-	"github.com/shardq/shardq/internal/server"
 )
 
 type serveFlags struct {
