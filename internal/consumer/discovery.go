@@ -120,9 +120,8 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 // budget, and returns the partitions with work among them. The first
 // sweep reads larger pages while the member has nothing else to do, so
 // that a member starting on an old backlog finds it soon; one that
-// already has work does not take CPU and cache from it (measured: at a
-// million drained partitions, 10,000-row pages took 43% of the CPU four
-// starting members spent while consuming 1,000 active partitions).
+// already has work does not take CPU and cache from it (docs/BENCHMARKS.md,
+// statement costs: large pages cost a busy member much of its CPU).
 func (s *Member) sweepStep(ctx context.Context, busy bool) ([]driver.Partition, error) {
 	sw := &s.disc.sweep
 	budget := sweepRows

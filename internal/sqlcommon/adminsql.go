@@ -144,10 +144,10 @@ func newAdminSQL(s Syntax) adminSQL {
 		fetchAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " IN (:offsets)",
 		withWork: withWork("p.tenant IN (:tenants) AND p.topic = :topic") + " ORDER BY p.tenant, p.partition_key",
-		// Unordered (the member sorts): ordered by key, MariaDB was seen to
-		// walk the primary key over every partition of the topic instead of
-		// the stamp index over those that moved (31 ms instead of 6 at
-		// 100,000 partitions).
+		// Unordered (the member sorts): ordered by key, MariaDB walks the
+		// primary key over every partition of the topic instead of the
+		// stamp index over those that moved (docs/BENCHMARKS.md, statement
+		// costs).
 		withWorkMoved: withWork("p.tenant IN (:tenants) AND p.topic = :topic AND p.updated_at >= :since"),
 		withWorkOf:    withWork("p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key IN (:keys)"),
 		sweep:         sweepPage + " ORDER BY p.partition_key LIMIT :limit",

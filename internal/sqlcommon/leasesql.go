@@ -73,9 +73,9 @@ func newLeaseSQL(s Syntax) leaseSQL {
 			" ORDER BY tenant, partition_key",
 		// idx_leases_owner, forced and unordered (HeldLeases sorts): with
 		// an ORDER BY, or "owner <> ''" (not a range to SQLite), both
-		// databases walked the primary key over every lease row of the
-		// group, drained partitions' free rows included (29 ms a tick at
-		// 100,000 of them on MariaDB instead of 5).
+		// databases walk the primary key over every lease row of the
+		// group, drained partitions' free rows included (docs/BENCHMARKS.md,
+		// statement costs).
 		held: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases" + s.useIndex("idx_leases_owner") +
 			" WHERE " + memberScope + " AND owner > ''",
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
