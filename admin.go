@@ -4,22 +4,18 @@ package shardq
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/admin"
 	"github.com/shardq/shardq/internal/ident"
 )
 
 // Page sizes of the operator's listings.
 const (
 	DefaultPageLimit = 1000
-	MaxPageLimit     = 10000
+	MaxPageLimit     = admin.MaxPageLimit
 )
 
 // ErrNoMessage means no message has the given identity.
@@ -27,7 +23,7 @@ var ErrNoMessage = driver.ErrNoMessage
 
 // ErrPartitionLeased refuses an offset reset while a live subscriber holds
 // a lease on an affected partition (see ResetRequest.Force).
-var ErrPartitionLeased = errors.New("partition leased by a live subscriber")
+var ErrPartitionLeased = admin.ErrPartitionLeased
 
 // Admin is the operator's API; the `shardq admin` commands wrap it. Every
 // statement is scoped by tenant, except listings an operator asked to run
@@ -114,58 +110,13 @@ func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]GroupOffs
 		}
 	}
 	return scoped(s, func(s Scope) ([]GroupOffset, error) {
-		rows, err := a.c.drv.OffsetReport(ctx, s.toDriver(), group)
-		if err == nil && group != "" && len(rows) < s.Limit {
-			var unread []driver.OffsetRow
-			unread, err = a.unread(ctx, s, group)
-			rows = append(rows, unread...)
-		}
+		rows, err := admin.Offsets(ctx, a.c.drv, s.toDriver(), group)
 		return mapSlice(rows, func(o driver.OffsetRow) GroupOffset {
 			return GroupOffset{Tenant: o.Tenant, Topic: o.Topic, PartitionKey: o.PartitionKey, ConsumerGroup: o.ConsumerGroup,
 				HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset, Lag: o.Lag, LagCapped: o.LagCapped, Scheduled: o.Scheduled, OldestUnconsumed: o.OldestUnconsumed,
 				NoCursor: o.NoCursor}
 		}), err
 	})
-}
-
-// unread lists, for every topic of s that group reads, the partitions
-// with messages the group has no cursor for (up to MaxPageLimit a topic).
-func (a *Admin) unread(ctx context.Context, s Scope, group string) ([]driver.OffsetRow, error) {
-	var out []driver.OffsetRow
-	err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
-		groups, err := a.c.drv.TopicGroups(ctx, t.Tenant, t.Topic)
-		if err != nil || !slices.Contains(groups, group) {
-			return err
-		}
-		rows, err := a.c.drv.UnreadPartitions(ctx, t.Tenant, t.Topic, group, MaxPageLimit)
-		for _, r := range rows {
-			if r.HeadOffset > r.CommittedOffset {
-				out = append(out, r)
-			}
-		}
-		return err
-	})
-	return out, err
-}
-
-// eachTopic calls fn with every topic of s, reading them a page at a time.
-func (a *Admin) eachTopic(ctx context.Context, s Scope, fn func(driver.TopicSummary) error) error {
-	page := driver.Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: MaxPageLimit}
-	for {
-		ts, err := a.c.drv.Topics(ctx, page)
-		if err != nil {
-			return err
-		}
-		for _, t := range ts {
-			if err := fn(t); err != nil {
-				return err
-			}
-		}
-		if len(ts) < page.Limit {
-			return nil
-		}
-		page.After = []string{ts[len(ts)-1].Tenant, ts[len(ts)-1].Topic}
-	}
 }
 
 // Leases lists lease rows (free ones included). Sort key: (tenant, group,
@@ -187,38 +138,8 @@ func leaseOf(l driver.Lease) Lease {
 // than staleAfter.
 func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]Lease, error) {
 	return scoped(s, func(s Scope) ([]Lease, error) {
-		leases, err := a.c.drv.AllLeases(ctx, s.toDriver())
-		if err != nil {
-			return nil, err
-		}
-		// The members of the groups on this page, read group by group
-		// (each read names its tenant, group and topic).
-		now := a.c.cfg.Clock()
-		fresh := map[[4]string]bool{}
-		read := map[[3]string]bool{}
-		for _, l := range leases {
-			g := [3]string{l.Tenant, l.ConsumerGroup, l.Topic}
-			if l.Owner == "" || read[g] {
-				continue
-			}
-			read[g] = true
-			subs, err := a.c.drv.Subscribers(ctx, []string{l.Tenant}, l.ConsumerGroup, l.Topic)
-			if err != nil {
-				return nil, err
-			}
-			for _, sub := range subs {
-				if now.Sub(sub.HeartbeatAt) < staleAfter {
-					fresh[[4]string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name}] = true
-				}
-			}
-		}
-		var out []Lease
-		for _, l := range leases {
-			if l.Owner != "" && (!l.ExpiresAt.After(now) || !fresh[[4]string{l.Tenant, l.ConsumerGroup, l.Topic, l.Owner}]) {
-				out = append(out, leaseOf(l))
-			}
-		}
-		return out, nil
+		ls, err := admin.StaleLeases(ctx, a.c.drv, s.toDriver(), staleAfter, a.c.cfg.Clock())
+		return mapSlice(ls, leaseOf), err
 	})
 }
 
@@ -267,7 +188,7 @@ func (a *Admin) Inspect(ctx context.Context, ref MessageRef) (*StoredMessage, ma
 	sm := storedMessage(*m)
 	out := make(map[string]DeliveryState, len(states))
 	for g, st := range states {
-		out[g] = DeliveryState{Attempts: st.Attempts, NextAttemptAt: st.NextAttemptAt, LastError: st.LastError}
+		out[g] = DeliveryState(st)
 	}
 	return &sm, out, nil
 }
@@ -308,16 +229,7 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 	}
 	dl := ref
 	dl.Topic = ref.Topic + suffix
-	m, _, err := a.c.drv.GetMessage(ctx, dl.toDriver())
-	if err != nil {
-		return nil, err
-	}
-	if m == nil {
-		return nil, fmt.Errorf("shardq: admin: requeue tenant %q topic %q partition %q id %q: %w", dl.Tenant, dl.Topic, dl.PartitionKey, dl.ID, ErrNoMessage)
-	}
-	headers := maps.Clone(m.Headers)
-	maps.DeleteFunc(headers, func(k, _ string) bool { return strings.HasPrefix(k, "dlq_") })
-	im, err := a.c.drv.Requeue(ctx, dl.toDriver(), ref.Topic, headers)
+	im, err := admin.Requeue(ctx, a.c.drv, dl.toDriver(), ref.Topic)
 	if err != nil {
 		return nil, err
 	}
@@ -423,121 +335,14 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 	if r.To == ResetToOffset && r.Offset < 0 {
 		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset", Rule: fmt.Sprintf("%d: must not be negative", r.Offset)})
 	}
-	scope := Scope{Tenants: []string{r.Tenant}}
-	if !r.Create {
-		groups, err := a.c.drv.TopicGroups(ctx, r.Tenant, r.Topic)
-		if err != nil {
-			return nil, err
-		}
-		if !slices.Contains(groups, r.ConsumerGroup) {
-			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "consumer group",
-				Rule: fmt.Sprintf("%q has never read tenant %q topic %q (known: %s); set Create (--create) to start it at the new position",
-					r.ConsumerGroup, r.Tenant, r.Topic, strings.Join(groups, ", "))})
-		}
-	}
-	heads, err := a.c.drv.PartitionHeads(ctx, scope.Tenants, r.Topic)
-	if err != nil {
-		return nil, err
-	}
 	if r.To == ResetToOffset {
 		if err := ident.PartitionKey(r.Key); err != nil {
 			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
 		}
-		heads = filterKey(heads, r.Key)
-		if len(heads) == 0 {
-			return nil, fmt.Errorf("shardq: admin: reset offsets: tenant %q topic %q has no partition %q", r.Tenant, r.Topic, r.Key)
-		}
-		// Past the head, the group would skip every message published
-		// until the head caught up: refuse, like a negative offset.
-		if r.Offset < 0 || r.Offset > heads[0].HeadOffset {
-			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset",
-				Rule: fmt.Sprintf("%d is outside partition %q: want 0 (before the first message) up to its head %d", r.Offset, r.Key, heads[0].HeadOffset)})
-		}
 	}
-	affected := map[string]bool{}
-	for _, h := range heads {
-		affected[h.PartitionKey] = true
-	}
-	leases, err := a.c.drv.ListLeases(ctx, scope.Tenants, r.ConsumerGroup, r.Topic)
-	if err != nil {
-		return nil, err
-	}
-	now := a.c.cfg.Clock()
-	for _, l := range leases {
-		if l.Topic == r.Topic && l.ConsumerGroup == r.ConsumerGroup && affected[l.PartitionKey] && l.Owner != "" && l.ExpiresAt.After(now) && !r.Force {
-			return nil, fmt.Errorf("shardq: admin: reset offsets: %w: %s held by %q until %s (stop it, or force)",
-				ErrPartitionLeased, l.PartitionRef, l.Owner, l.ExpiresAt.Format(time.RFC3339))
-		}
-	}
-	cursors, err := a.c.drv.TopicCursors(ctx, r.Tenant, r.Topic)
-	if err != nil {
-		return nil, err
-	}
-	current := map[string]int64{}
-	for _, c := range cursors {
-		if c.ConsumerGroup == r.ConsumerGroup {
-			current[c.PartitionKey] = c.Committed
-		}
-	}
-	var changes []OffsetChange
-	for _, h := range heads {
-		var to int64
-		switch r.To {
-		case ResetToLatest:
-			to = h.HeadOffset
-		case ResetToOffset:
-			to = r.Offset
-		case ResetToTime:
-			if to, err = a.c.drv.OffsetBefore(ctx, r.Tenant, r.Topic, h.PartitionKey, r.Time); err != nil {
-				return changes, err
-			}
-		}
-		ch := OffsetChange{PartitionKey: h.PartitionKey, From: current[h.PartitionKey], To: to}
-		if err := a.countBetween(ctx, r, &ch); err != nil {
-			return changes, err
-		}
-		if !r.DryRun {
-			if err := a.c.drv.ResetOffset(ctx, r.Tenant, r.Topic, h.PartitionKey, r.ConsumerGroup, to); err != nil {
-				return changes, err
-			}
-		}
-		changes = append(changes, ch)
-	}
-	return changes, nil
-}
-
-// countBetween fills ch's Replay or Skip: the messages between its two
-// cursors, as the difference of two bounded lag counts.
-func (a *Admin) countBetween(ctx context.Context, r ResetRequest, ch *OffsetChange) error {
-	lo, hi := min(ch.From, ch.To), max(ch.From, ch.To)
-	if lo == hi {
-		return nil
-	}
-	fromLo, err := a.c.drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, lo)
-	if err != nil {
-		return err
-	}
-	fromHi, err := a.c.drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, hi)
-	if err != nil {
-		return err
-	}
-	n := fromLo.Lag - fromHi.Lag
-	ch.Capped = fromLo.Capped
-	if ch.To < ch.From {
-		ch.Replay = n
-	} else {
-		ch.Skip = n
-	}
-	return nil
-}
-
-func filterKey(ps []driver.Partition, key string) []driver.Partition {
-	for _, p := range ps {
-		if p.PartitionKey == key {
-			return []driver.Partition{p}
-		}
-	}
-	return nil
+	changes, err := admin.ResetOffsets(ctx, a.c.drv, admin.Reset{Tenant: r.Tenant, Topic: r.Topic, Group: r.ConsumerGroup, To: admin.Target(r.To),
+		Key: r.Key, Offset: r.Offset, Time: r.Time, Force: r.Force, DryRun: r.DryRun, Create: r.Create}, a.c.cfg.Clock())
+	return mapSlice(changes, func(c admin.Change) OffsetChange { return OffsetChange(c) }), err
 }
 
 // Where a consumer group stands with one message (MessageStatus).
@@ -567,26 +372,17 @@ func (a *Admin) MessageStatus(ctx context.Context, ref MessageRef) (*StoredMessa
 	if err != nil {
 		return nil, nil, err
 	}
-	groups, err := a.c.drv.TopicGroups(ctx, ref.Tenant, ref.Topic)
+	drvStates := make(map[string]driver.DeliveryState, len(states))
+	for g, st := range states {
+		drvStates[g] = driver.DeliveryState(st)
+	}
+	standings, err := admin.Standings(ctx, a.c.drv, ref.toDriver(), drvStates)
 	if err != nil {
 		return nil, nil, err
-	}
-	cursors, err := a.c.drv.TopicCursors(ctx, ref.Tenant, ref.Topic)
-	if err != nil {
-		return nil, nil, err
-	}
-	cursor := map[string]int64{}
-	for _, c := range cursors {
-		if c.PartitionKey == ref.PartitionKey {
-			cursor[c.ConsumerGroup] = c.Committed
-		}
 	}
 	var out []GroupStatus
-	for _, g := range groups {
-		if g == RetentionGroup {
-			continue
-		}
-		gs := GroupStatus{ConsumerGroup: g, Cursor: cursor[g], State: states[g], Status: StatusPending}
+	for _, st := range standings {
+		gs := GroupStatus{ConsumerGroup: st.Group, Cursor: st.Cursor, State: DeliveryState(st.State), Status: StatusPending}
 		switch {
 		case gs.Cursor >= m.Offset:
 			gs.Status = StatusConsumed
@@ -641,20 +437,8 @@ func (a *Admin) Messages(ctx context.Context, r BrowseRequest) ([]StoredMessage,
 	if r.Limit == 0 {
 		r.Limit = DefaultPageLimit
 	}
-	var ms []driver.Message
-	var err error
-	if r.OnePartition {
-		after := r.AfterOffset
-		if !r.FromTime.IsZero() {
-			if after, err = a.c.drv.OffsetBefore(ctx, r.Tenant, r.Topic, r.PartitionKey, r.FromTime); err != nil {
-				return nil, err
-			}
-		}
-		ms, err = a.c.drv.FetchAfter(ctx, r.Tenant, r.Topic, r.PartitionKey, after, r.Limit)
-	} else {
-		ms, err = a.c.drv.TopicMessages(ctx, driver.Scope{Tenants: []string{r.Tenant}, Limit: r.Limit,
-			After: []string{r.Tenant, strconv.FormatInt(r.AfterOffset, 10)}}, r.Topic)
-	}
+	ms, err := admin.Messages(ctx, a.c.drv, admin.Browse{Tenant: r.Tenant, Topic: r.Topic, OnePartition: r.OnePartition, PartitionKey: r.PartitionKey,
+		AfterOffset: r.AfterOffset, FromTime: r.FromTime, Limit: r.Limit})
 	if err != nil {
 		return nil, err
 	}

@@ -5,11 +5,10 @@ package shardq
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/admin"
 	"github.com/shardq/shardq/internal/ident"
 )
 
@@ -56,111 +55,11 @@ func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter ti
 	if staleAfter <= 0 {
 		staleAfter = 3 * DefaultHeartbeatInterval
 	}
-	now := a.c.cfg.Clock()
-	var out []GroupInfo
-	cursors := groupCursors{}
-	err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
-		if topic != "" && t.Topic != topic {
-			return nil
-		}
-		gs, err := a.topicGroups(ctx, cursors, t.Tenant, t.Topic, now.Add(-staleAfter))
-		out = append(out, gs...)
-		return err
-	})
+	gs, err := admin.Groups(ctx, a.c.drv, s.toDriver(), topic, a.c.cfg.Clock().Add(-staleAfter))
 	if err != nil {
-		return out, fmt.Errorf("shardq: admin groups: %w", err)
+		err = fmt.Errorf("shardq: admin groups: %w", err)
 	}
-	return out, nil
-}
-
-// topicGroups summarises the groups of one tenant's topic.
-func (a *Admin) topicGroups(ctx context.Context, cursors groupCursors, tenant, topic string, liveSince time.Time) ([]GroupInfo, error) {
-	names, err := a.c.drv.TopicGroups(ctx, tenant, topic)
-	if err != nil {
-		return nil, err
-	}
-	var out []GroupInfo
-	for _, g := range names {
-		info := GroupInfo{Tenant: tenant, Topic: topic, ConsumerGroup: g}
-		paused, err := a.c.drv.PausedTenants(ctx, []string{tenant}, topic, g)
-		if err != nil {
-			return nil, err
-		}
-		info.Paused = len(paused) > 0
-		members, err := a.c.drv.Subscribers(ctx, []string{tenant}, g, topic)
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range members {
-			info.Members++
-			if !m.HeartbeatAt.Before(liveSince) {
-				info.Live++
-			}
-			info.LastActivity = later(info.LastActivity, m.HeartbeatAt)
-		}
-		rows, err := cursors.of(ctx, a.c.drv, tenant, g)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range rows[topic] {
-			info.Partitions++
-			info.add(r)
-		}
-		unread, err := a.c.drv.UnreadPartitions(ctx, tenant, topic, g, MaxPageLimit)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range unread {
-			if r.HeadOffset > r.CommittedOffset {
-				info.Unread++
-				info.add(r)
-			}
-		}
-		out = append(out, info)
-	}
-	return out, nil
-}
-
-// groupCursors holds, per (tenant, group), the group's cursor rows by
-// topic: the offset report lists a group's cursors in every topic of a
-// tenant, so it is read once per tenant and group, not once per topic.
-type groupCursors map[[2]string]map[string][]driver.OffsetRow
-
-func (c groupCursors) of(ctx context.Context, drv driver.Driver, tenant, group string) (map[string][]driver.OffsetRow, error) {
-	if byTopic, ok := c[[2]string{tenant, group}]; ok {
-		return byTopic, nil
-	}
-	byTopic := map[string][]driver.OffsetRow{}
-	page := driver.Scope{Tenants: []string{tenant}, Limit: MaxPageLimit}
-	for {
-		rows, err := drv.OffsetReport(ctx, page, group)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range rows {
-			byTopic[r.Topic] = append(byTopic[r.Topic], r)
-		}
-		if len(rows) < page.Limit {
-			break
-		}
-		last := rows[len(rows)-1]
-		page.After = []string{last.Tenant, last.Topic, last.ConsumerGroup, last.PartitionKey}
-	}
-	c[[2]string{tenant, group}] = byTopic
-	return byTopic, nil
-}
-
-func (g *GroupInfo) add(r driver.OffsetRow) {
-	g.Lag += r.Lag
-	g.LagCapped = g.LagCapped || r.LagCapped
-	g.LastActivity = later(g.LastActivity, r.CommittedAt)
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
+	return mapSlice(gs, func(g admin.GroupInfo) GroupInfo { return GroupInfo(g) }), err
 }
 
 // DeleteGroup removes a consumer group from one tenant's topic: its
@@ -215,41 +114,7 @@ func (a *Admin) setPaused(ctx context.Context, s Scope, topic, group string, pau
 	if err := firstInvalid(ident.Topic(topic), ident.ConsumerGroup(group)); err != nil {
 		return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
 	}
-	var tenants []string
-	if s.AllTenants {
-		if err := a.eachTopic(ctx, s, func(t driver.TopicSummary) error {
-			if t.Topic == topic {
-				tenants = append(tenants, t.Tenant)
-			}
-			return nil
-		}); err != nil {
-			return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
-		}
-	} else {
-		tenants = s.Tenants
-	}
-	var known []string
-	for _, t := range tenants {
-		groups, err := a.c.drv.TopicGroups(ctx, t, topic)
-		if err != nil {
-			return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
-		}
-		switch {
-		case slices.Contains(groups, group):
-			known = append(known, t)
-		case !s.AllTenants:
-			return nil, fmt.Errorf("shardq: admin %s: %w", op, &ident.Error{Field: "consumer group",
-				Rule: fmt.Sprintf("%q has never read tenant %q topic %q (known: %s)", group, t, topic, strings.Join(groups, ", "))})
-		}
-	}
-	if len(known) == 0 {
-		return nil, fmt.Errorf("shardq: admin %s: %w", op, &ident.Error{Field: "consumer group",
-			Rule: fmt.Sprintf("%q reads topic %q in none of the tenants", group, topic)})
-	}
-	if err := a.c.drv.SetGroupPaused(ctx, known, topic, group, paused, a.c.cfg.Clock()); err != nil {
-		return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
-	}
-	return known, nil
+	return admin.SetPaused(ctx, a.c.drv, s.toDriver(), topic, group, paused, a.c.cfg.Clock(), op)
 }
 
 // firstInvalid returns the first non-nil error.

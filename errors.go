@@ -8,6 +8,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/settle"
 )
 
 var (
@@ -23,7 +24,7 @@ var (
 	// SubscriberConfig.HandlerTimeout: its context was cancelled with this
 	// cause (context.Cause) and the attempt counts as failed, whatever the
 	// handler returned after.
-	ErrHandlerTimeout = errors.New("shardq: handler timed out")
+	ErrHandlerTimeout = settle.ErrHandlerTimeout
 )
 
 // ValidationError names the field and the rule that input broke, as in

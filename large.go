@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 )
 
 // Large messages (docs/large.md): a payload larger than one message is
@@ -27,14 +28,12 @@ import (
 // large message only once its end marker is stored, so it never sees
 // half of one.
 const (
-	HeaderLargeID      = "shardq-large-id"      // on a chunk: the large message's id
-	HeaderLargeChunk   = "shardq-large-chunk"   // on a chunk: its number, from 0
-	HeaderLargeChunks  = "shardq-large-chunks"  // on the end marker: how many chunks
-	HeaderLargeBytes   = "shardq-large-bytes"   // on the end marker: the payload's size
-	HeaderLargeSHA256  = "shardq-large-sha256"  // on the end marker: the payload's SHA-256, hex
-	HeaderLargeAborted = "shardq-large-aborted" // on the end marker of a write that failed: "true"
-
-	largeHeaderPrefix = "shardq-large-"
+	HeaderLargeID      = large.HeaderID      // on a chunk: the large message's id
+	HeaderLargeChunk   = large.HeaderChunk   // on a chunk: its number, from 0
+	HeaderLargeChunks  = large.HeaderChunks  // on the end marker: how many chunks
+	HeaderLargeBytes   = large.HeaderBytes   // on the end marker: the payload's size
+	HeaderLargeSHA256  = large.HeaderSHA256  // on the end marker: the payload's SHA-256, hex
+	HeaderLargeAborted = large.HeaderAborted // on the end marker of a write that failed: "true"
 )
 
 // Defaults of LargeOptions.
@@ -104,7 +103,7 @@ func (c *Client) PublishLarge(ctx context.Context, msg Message, body io.Reader, 
 			copy(chunk, buf[:n])
 			sum.Write(chunk)
 			batch = append(batch, Message{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey,
-				ID: largeChunkID(msg.ID, res.Chunks), Payload: chunk, CreatedAt: msg.CreatedAt,
+				ID: large.ChunkID(msg.ID, res.Chunks), Payload: chunk, CreatedAt: msg.CreatedAt,
 				Headers: map[string]string{HeaderLargeID: msg.ID, HeaderLargeChunk: strconv.Itoa(res.Chunks)}})
 			res.Chunks++
 			res.Bytes += int64(n)
@@ -173,7 +172,7 @@ func (c *Client) checkLarge(msg *Message, body io.Reader, o LargeOptions) error 
 		msg.PartitionKey = "large-" + u.String()
 	}
 	// Every chunk's id must be valid too: check the longest one.
-	if err := ident.MessageID(largeChunkID(msg.ID, 1<<30)); err != nil {
+	if err := ident.MessageID(large.ChunkID(msg.ID, 1<<30)); err != nil {
 		var ie *ident.Error
 		if errors.As(err, &ie) {
 			return &ident.Error{Field: "message id", Rule: "too long for a large message, whose chunk ids add up to 11 characters: " + ie.Rule}
@@ -181,8 +180,8 @@ func (c *Client) checkLarge(msg *Message, body io.Reader, o LargeOptions) error 
 		return err
 	}
 	for k := range msg.Headers {
-		if strings.HasPrefix(k, largeHeaderPrefix) {
-			return &ident.Error{Field: fmt.Sprintf("header %q", k), Rule: "the prefix " + largeHeaderPrefix + " is shardq's"}
+		if strings.HasPrefix(k, large.HeaderPrefix) {
+			return &ident.Error{Field: fmt.Sprintf("header %q", k), Rule: "the prefix " + large.HeaderPrefix + " is shardq's"}
 		}
 	}
 	// The end marker carries the caller's fields: validate them now.
@@ -191,9 +190,6 @@ func (c *Client) checkLarge(msg *Message, body io.Reader, o LargeOptions) error 
 	_, err := c.prepare(context.Background(), []Message{probe}, false)
 	return err
 }
-
-// largeChunkID is the id of chunk i of large message id.
-func largeChunkID(id string, i int) string { return id + "#" + strconv.Itoa(i) }
 
 // abortLarge stores an aborted end marker, so that readers skip the
 // chunks already stored, and returns cause (with the marker's own

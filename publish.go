@@ -16,6 +16,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/telemetry"
 )
@@ -156,9 +157,9 @@ func (c *Client) prepare(ctx context.Context, msgs []Message, reserved bool) ([]
 	for i := range msgs {
 		if !reserved {
 			for k := range msgs[i].Headers {
-				if strings.HasPrefix(k, largeHeaderPrefix) {
+				if strings.HasPrefix(k, large.HeaderPrefix) {
 					return nil, &MessageError{Index: i, Err: &ident.Error{Field: fmt.Sprintf("header %q", k),
-						Rule: "the prefix " + largeHeaderPrefix + " is shardq's (PublishLarge)"}}
+						Rule: "the prefix " + large.HeaderPrefix + " is shardq's (PublishLarge)"}}
 				}
 			}
 		}

@@ -28,8 +28,21 @@ import (
 // Open returns a driver on a fresh, empty database owned by t.
 type Open func(t *testing.T) driver.Driver
 
-// Run runs every conformance test against the driver open returns.
-func Run(t *testing.T, open Open) {
+// Run runs every conformance test against the driver open returns, one
+// after another: for drivers whose databases share state, as the tests of
+// one Vitess keyspace do.
+func Run(t *testing.T, open Open) { run(t, open, false) }
+
+// RunParallel runs the conformance tests side by side (t.Parallel), but
+// for those that change the process's environment: open must return a
+// database of the test's own each time.
+func RunParallel(t *testing.T, open Open) { run(t, open, true) }
+
+// changesEnv names the tests that set environment variables, which every
+// client of the process reads: they run alone, before the others start.
+var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates": true}
+
+func run(t *testing.T, open Open, parallel bool) {
 	tests := []struct {
 		name string
 		fn   func(*testing.T, Open)
@@ -54,8 +67,13 @@ func Run(t *testing.T, open Open) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, receiptTests, budgetTests) {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
+	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, receiptTests, budgetTests, settleTests) {
+		t.Run(tc.name, func(t *testing.T) {
+			if parallel && !changesEnv[tc.name] {
+				t.Parallel()
+			}
+			tc.fn(t, open)
+		})
 	}
 }
 

@@ -87,6 +87,8 @@ type Member struct {
 	drv driver.Driver
 	cfg Config
 	log *slog.Logger
+	// settler applies a failed delivery's verdict (retry or dead-letter).
+	settler settle.Settler
 
 	// life runs the loops and workers: its Context ends at Stop (no more
 	// fetching or rebalancing), its HardContext at a hard stop (handlers
@@ -124,6 +126,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		workers: map[driver.PartitionRef]*worker{},
 		rescan:  make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
+		settler: settle.Settler{Driver: drv, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix, Clock: cfg.Clock},
 	}
 	// A member that takes grouped messages heartbeats (its first beat also
 	// proves the database reachable and migrated); one that takes only

@@ -345,30 +345,28 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		if w.ctx.Err() != nil {
 			return false // lease lost or hard stop: the next owner redelivers
 		}
-		v := s.cfg.Policy.Decide(err, attempt)
+		// The verdict is the batch's: its first message records the
+		// attempt, or every message is dead-lettered.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
+		v, serr := s.settler.Leased(ctx, w.leaseNow(), msgs[0], nil, attempt, err)
+		cancel()
 		if v.DeadLetter {
-			if !w.deadLetter(msgs, attempt, v.Cause) {
+			if !w.deadLetter(msgs, attempt, v.Cause, serr) {
 				return false
 			}
 			w.cursor, w.commit = last, last
 			return true
 		}
-		delay := v.Delay
-		now := s.cfg.Clock()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
-		rerr := s.drv.RecordAttempt(ctx, w.leaseNow(), first,
-			driver.DeliveryState{Attempts: attempt, NextAttemptAt: now.Add(delay), LastError: settle.ErrText(err)}, now)
-		cancel()
-		if errorsIsLost(rerr) {
+		if errorsIsLost(serr) {
 			w.lose()
 			return false
 		}
-		if rerr != nil {
-			s.log.Warn("shardq: recording a failed attempt failed", w.logArgs("offset", first, "err", rerr)...)
+		if serr != nil {
+			s.log.Warn("shardq: recording a failed attempt failed", w.logArgs("offset", first, "err", serr)...)
 		}
 		s.cfg.Metrics.Retry(w.lease.Tenant)
-		s.log.Info("shardq: handler failed; retrying after backoff", w.logArgs("offset", first, "attempt", attempt, "delay", delay, "err", err)...)
-		if !w.commitCursor() || !w.wait(delay) {
+		s.log.Info("shardq: handler failed; retrying after backoff", w.logArgs("offset", first, "attempt", attempt, "delay", v.Delay, "err", err)...)
+		if !w.commitCursor() || !w.wait(v.Delay) {
 			return false
 		}
 		attempt++
@@ -381,25 +379,36 @@ func (w *worker) call(msgs []driver.Message, attempt int) error {
 }
 
 // deadLetter copies msgs to the dead-letter topic and passes the cursor
-// over them, one message per fenced transaction.
-func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause error) bool {
+// over them, one message per fenced transaction. The settler has tried
+// the first already, with the result err; after a failure it starts
+// again from the first (a dead letter is stored once, and a cursor never
+// moves back).
+func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause, err error) bool {
 	s := w.s
-	for _, m := range msgs {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
-		err := s.drv.DeadLetter(ctx, w.leaseNow(), settle.DeadLetterCopy(m, s.cfg.DLQSuffix, attempts, cause), m.Offset, s.cfg.Clock())
-		cancel()
+	for i, m := range msgs {
+		if i > 0 {
+			err = w.deadLetterOne(m, attempts, cause)
+		}
 		if errorsIsLost(err) {
 			w.lose()
 			return false
 		}
 		if err != nil {
 			s.log.Warn("shardq: dead-lettering failed; retrying", w.logArgs("offset", m.Offset, "err", err)...)
-			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, attempts, cause)
+			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, attempts, cause, w.deadLetterOne(msgs[0], attempts, cause))
 		}
 		s.cfg.Metrics.DeadLettered(w.lease.Tenant, 1)
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
 	}
 	return true
+}
+
+// deadLetterOne dead-letters m, one of a batch that cause dead-lettered.
+func (w *worker) deadLetterOne(m driver.Message, attempts int, cause error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
+	defer cancel()
+	_, err := w.s.settler.Leased(ctx, w.leaseNow(), m, nil, attempts, &settle.DeadLetterError{Err: cause})
+	return err
 }
 
 // later is the later of a and b.

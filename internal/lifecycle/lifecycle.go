@@ -101,3 +101,35 @@ func Every(ctx context.Context, interval time.Duration, now bool, fn func()) {
 		fn()
 	}
 }
+
+// SleepUntilNext waits for a wake-up (nil: none), poll, or deadline,
+// whichever is first; false when the deadline has passed, ctx ended or
+// done (nil: never) is closed. A poll that ends at the deadline returns
+// true: the caller looks once more.
+func SleepUntilNext(ctx context.Context, done, wake <-chan struct{}, deadline time.Time, poll time.Duration) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	t := time.NewTimer(min(poll, left))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-wake:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-done:
+		return false
+	}
+}
+
+// Detached is ctx without its cancellation (a caller gone must not stop
+// a give-back that keeps others waiting) but with a bound of its own.
+func Detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+}
+
+// ReleaseTimeout bounds a give-back that outlives its caller.
+const ReleaseTimeout = 10 * time.Second

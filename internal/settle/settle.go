@@ -1,12 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package settle is the one settle policy of every consumer (partition
-// workers, ungrouped claims, group receivers): what a handler's result
-// means for its message (ack, retry after a delay, dead-letter), and the
-// dead-letter copy of a message.
+// workers, ungrouped claims, group receivers, receipts): what a handler's
+// result means for its message (ack, retry after a delay, dead-letter),
+// and, through a Settler, the one place that writes a failure's verdict:
+// the retry's bookkeeping, or the dead-letter copy and the message passed.
+//
+// Acks are not a Settler's: each runtime commits them its own way (a
+// partition's worker moves its cursor in batches, claims' acks are
+// coalesced, a receiver or a receipt commits one cursor), so Decide's
+// Ack verdict is applied by the caller.
 package settle
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -28,6 +35,23 @@ type RetryAfterError struct {
 func (e *RetryAfterError) Error() string { return fmt.Sprintf("retry after %s: %v", e.After, e.Err) }
 func (e *RetryAfterError) Unwrap() error { return e.Err }
 
+// NackError is a failure whose retry delay its caller chose apart from
+// its reason (a receipt's Nack): Decide retries it after After, as it does
+// a RetryAfterError, but it reads as Err alone, so that the attempt and a
+// dead letter record the caller's reason.
+type NackError struct {
+	After time.Duration
+	Err   error
+}
+
+func (e *NackError) Error() string { return e.Err.Error() }
+func (e *NackError) Unwrap() error { return e.Err }
+
+// ErrHandlerTimeout is the failure of an attempt that ran past its
+// handler timeout (a subscriber's handler call, a receiver's message in
+// hand).
+var ErrHandlerTimeout = errors.New("shardq: handler timed out")
+
 // DeadLetterError is a handler result: dead-letter the message now.
 type DeadLetterError struct{ Err error }
 
@@ -48,6 +72,9 @@ type Verdict struct {
 	Ack, DeadLetter bool
 	Delay           time.Duration // with a retry
 	Cause           error         // with a dead-letter: the handler's reason, unwrapped
+	// Due is, with a retry a Settler applied, when the message is due
+	// again: the Settler's now plus Delay.
+	Due time.Time
 }
 
 // Decide settles the result err of the attempt-th delivery: nil acks; a
@@ -68,6 +95,10 @@ func (p Policy) Decide(err error, attempt int) Verdict {
 	var ra *RetryAfterError
 	if errors.As(err, &ra) {
 		return Verdict{Delay: ra.After}
+	}
+	var nk *NackError
+	if errors.As(err, &nk) {
+		return Verdict{Delay: nk.After}
 	}
 	return Verdict{Delay: backoff.Delay(attempt, p.BackoffMin, p.BackoffMax)}
 }
@@ -101,4 +132,68 @@ func ErrText(err error) string {
 		t = strings.ToValidUTF8(t[:ident.MaxHeaderValueBytes], "")
 	}
 	return t
+}
+
+// Driver is what a Settler writes through (a driver.Driver is one).
+type Driver interface {
+	RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error
+	DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error
+	RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Time, lastError string, now time.Time) error
+	DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error
+}
+
+// Settler decides a failed attempt's verdict by Policy and applies it,
+// one fenced write each: every consumer settles failures through one, so
+// that the same failures end the same way on every path. Metrics and log
+// lines stay with the caller, which knows its context.
+type Settler struct {
+	Driver    Driver
+	Policy    Policy
+	DLQSuffix string // dead-letter topic = the message's topic + DLQSuffix
+	Clock     func() time.Time
+}
+
+// Leased settles err, the failure of the attempt-th delivery of m, a
+// message of l's partition, under l's fence. A retry records the attempt
+// at m's offset (attempts, when it is due, err's text); a dead-letter
+// copies m to the dead-letter topic and moves the cursor to it. When end
+// is not nil, m is the first chunk of a large message and end its end
+// marker: the dead-letter copies end (its id, headers, size and checksum)
+// and the cursor passes the chunks with it. A nil err is an ack, which
+// Leased leaves to the caller. It returns the verdict and the write's
+// error (driver.ErrLeaseLost when l is no longer current).
+func (s Settler) Leased(ctx context.Context, l driver.Lease, m driver.Message, end *driver.Message, attempt int, err error) (Verdict, error) {
+	v := s.Policy.Decide(err, attempt)
+	now := s.Clock()
+	switch {
+	case v.Ack:
+		return v, nil
+	case v.DeadLetter:
+		copied := m
+		if end != nil {
+			copied = *end
+		}
+		return v, s.Driver.DeadLetter(ctx, l, DeadLetterCopy(copied, s.DLQSuffix, attempt, v.Cause), copied.Offset, now)
+	}
+	v.Due = now.Add(v.Delay)
+	return v, s.Driver.RecordAttempt(ctx, l, m.Offset, driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: ErrText(err)}, now)
+}
+
+// Claim settles err, the failure of c's delivery (its c.Attempts-th),
+// under c's token: a retry makes the message claimable again when it is
+// due, recording err's text; a dead-letter copies it to the dead-letter
+// topic and marks it done. A nil err is an ack, left to the caller (acks
+// of claims are coalesced). It returns the verdict and the write's error
+// (driver.ErrLeaseLost when the message was claimed again).
+func (s Settler) Claim(ctx context.Context, c driver.Claim, err error) (Verdict, error) {
+	v := s.Policy.Decide(err, c.Attempts)
+	now := s.Clock()
+	switch {
+	case v.Ack:
+		return v, nil
+	case v.DeadLetter:
+		return v, s.Driver.DeadLetterClaim(ctx, c, DeadLetterCopy(c.Message, s.DLQSuffix, c.Attempts, v.Cause), now)
+	}
+	v.Due = now.Add(v.Delay)
+	return v, s.Driver.RetryClaim(ctx, c, v.Due, ErrText(err), now)
 }

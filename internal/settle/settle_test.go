@@ -3,9 +3,12 @@
 package settle
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/shardq/shardq/driver"
 )
 
 // The one settle policy, as partition workers, ungrouped claims and
@@ -43,5 +46,74 @@ func TestDecide(t *testing.T) {
 	}
 	if v := u.Decide(&DeadLetterError{boom}, 1); !v.DeadLetter {
 		t.Fatalf("DeadLetter with Unlimited: %+v", v)
+	}
+}
+
+// recorder is a Driver that records the writes a Settler makes.
+type recorder struct {
+	attempt  *driver.DeliveryState
+	at       int64
+	dlq      *driver.InsertMessage
+	upTo     int64
+	retryAt  time.Time
+	lastErr  string
+	claimDLQ *driver.InsertMessage
+}
+
+func (r *recorder) RecordAttempt(_ context.Context, _ driver.Lease, offset int64, st driver.DeliveryState, _ time.Time) error {
+	r.attempt, r.at = &st, offset
+	return nil
+}
+
+func (r *recorder) DeadLetter(_ context.Context, _ driver.Lease, dlq *driver.InsertMessage, offset int64, _ time.Time) error {
+	r.dlq, r.upTo = dlq, offset
+	return nil
+}
+
+func (r *recorder) RetryClaim(_ context.Context, _ driver.Claim, retryAt time.Time, lastError string, _ time.Time) error {
+	r.retryAt, r.lastErr = retryAt, lastError
+	return nil
+}
+
+func (r *recorder) DeadLetterClaim(_ context.Context, _ driver.Claim, dlq *driver.InsertMessage, _ time.Time) error {
+	r.claimDLQ = dlq
+	return nil
+}
+
+// A Settler writes what Decide chose: the attempt at the delivery's
+// offset, or the dead-letter copy with the cursor passing it (a large
+// message's end marker, past its chunks); an ack writes nothing.
+func TestSettlerApplies(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := &recorder{}
+	s := Settler{Driver: rec, Policy: Policy{MaxAttempts: 3, BackoffMin: time.Second, BackoffMax: time.Second}, DLQSuffix: ".dlq",
+		Clock: func() time.Time { return now }}
+	ctx := context.Background()
+	first := driver.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big#0", Offset: 10}
+	end := &driver.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big", Offset: 14}
+
+	if v, err := s.Leased(ctx, driver.Lease{}, first, end, 1, nil); err != nil || !v.Ack || rec.attempt != nil || rec.dlq != nil {
+		t.Fatalf("ack: %+v, %v; wrote %+v %+v", v, err, rec.attempt, rec.dlq)
+	}
+	v, err := s.Leased(ctx, driver.Lease{}, first, end, 1, errors.New("boom"))
+	if err != nil || v.DeadLetter || rec.at != 10 || rec.attempt.Attempts != 1 || rec.attempt.LastError != "boom" ||
+		!rec.attempt.NextAttemptAt.Equal(now.Add(v.Delay)) || !v.Due.Equal(rec.attempt.NextAttemptAt) {
+		t.Fatalf("retry: %+v, %v; recorded %+v at %d", v, err, rec.attempt, rec.at)
+	}
+	v, err = s.Leased(ctx, driver.Lease{}, first, end, 3, errors.New("boom"))
+	if err != nil || !v.DeadLetter || rec.upTo != 14 || rec.dlq.ID != "big" || rec.dlq.Topic != "x.dlq" ||
+		rec.dlq.Headers[HeaderAttempts] != "3" || rec.dlq.Headers[HeaderLastError] != "boom" {
+		t.Fatalf("dead-letter: %+v, %v; copied %+v up to %d", v, err, rec.dlq, rec.upTo)
+	}
+
+	c := driver.Claim{Attempts: 1, Message: driver.Message{Tenant: "t", Topic: "x", ID: "u", Offset: 3}}
+	v, err = s.Claim(ctx, c, &NackError{After: time.Minute, Err: errors.New("later")})
+	if err != nil || v.Delay != time.Minute || !rec.retryAt.Equal(now.Add(time.Minute)) || rec.lastErr != "later" {
+		t.Fatalf("claim retry: %+v, %v; retry at %s, %q", v, err, rec.retryAt, rec.lastErr)
+	}
+	c.Attempts = 3
+	v, err = s.Claim(ctx, c, &NackError{After: time.Minute, Err: errors.New("still")})
+	if err != nil || !v.DeadLetter || rec.claimDLQ.ID != "u" || rec.claimDLQ.Headers[HeaderLastError] != "still" {
+		t.Fatalf("claim dead-letter: %+v, %v; copied %+v", v, err, rec.claimDLQ)
 	}
 }

@@ -70,6 +70,8 @@ type Service struct {
 	// it is flushed, so that unflushed acks stay bounded.
 	acks     *coalesce.Batcher[string, driver.Claim]
 	ackSlots chan struct{}
+	// settler applies a failure's verdict under the claim's token.
+	settler settle.Settler
 }
 
 // maxPendingAcks bounds a member's acks not yet committed; ackReruns
@@ -83,7 +85,8 @@ const (
 // Start runs the service until Stop.
 func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
 	s := &Service{drv: drv, cfg: cfg, log: cfg.Log, life: lifecycle.New(ctx), wake: make(chan struct{}, 1),
-		woken: map[string]bool{}, ackSlots: make(chan struct{}, maxPendingAcks)}
+		woken: map[string]bool{}, ackSlots: make(chan struct{}, maxPendingAcks),
+		settler: settle.Settler{Driver: drv, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix, Clock: cfg.Clock}}
 	s.acks = coalesce.New[string](func(ctx context.Context, cs []driver.Claim, _ int) error {
 		// Acks run beside claims and cursor advances, and nobody waits on
 		// them: rerun a deadlock longer than other settlements (a lost ack
@@ -421,8 +424,7 @@ func (s *Service) handleClaim(c driver.Claim) {
 		s.giveBack(c)
 		return
 	}
-	v := s.cfg.Policy.Decide(err, c.Attempts)
-	if v.Ack {
+	if err == nil {
 		// The ack coalescer stamps its own time: acks of one flush share
 		// it. The handler goes on to its next message meanwhile.
 		s.ackSlots <- struct{}{}
@@ -437,26 +439,25 @@ func (s *Service) handleClaim(c driver.Claim) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
-	now := s.cfg.Clock()
-	var op string
+	var v settle.Verdict
+	serr := s.retrying(ctx, func() error {
+		var err2 error
+		v, err2 = s.settler.Claim(ctx, c, err)
+		return err2
+	})
+	op := "retry"
 	switch {
 	case v.DeadLetter:
-		op, err = "dead-letter", s.retrying(ctx, func() error {
-			return s.drv.DeadLetterClaim(ctx, c, settle.DeadLetterCopy(m, s.cfg.DLQSuffix, c.Attempts, v.Cause), now)
-		})
-		if err == nil {
+		op = "dead-letter"
+		if serr == nil {
 			s.cfg.Metrics.DeadLettered(m.Tenant, 1)
 			s.log.Warn("shardq: message dead-lettered", "tenant", m.Tenant, "offset", m.Offset, "id", m.ID, "attempts", c.Attempts, "err", v.Cause)
 		}
-	default:
-		lastErr := settle.ErrText(err)
-		op, err = "retry", s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, now.Add(v.Delay), lastErr, now) })
-		if err == nil {
-			s.cfg.Metrics.Retry(m.Tenant)
-			s.wakeAt(m.Tenant, v.Delay)
-		}
+	case serr == nil:
+		s.cfg.Metrics.Retry(m.Tenant)
+		s.wakeAt(m.Tenant, v.Delay)
 	}
-	s.settled(c, op, err)
+	s.settled(c, op, serr)
 }
 
 // settled logs a settlement op of c that failed.

@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package admin is the operator API's runtime (shardq.Admin, which the
+// `shardq admin` commands wrap): listings, requeues, offset resets, group
+// summaries and pauses, on driver types. The root package validates the
+// operator's input, forwards and converts.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// MaxPageLimit bounds a listing's page; the reads below that go through
+// every page use it.
+const MaxPageLimit = 10000
+
+// ErrPartitionLeased refuses an offset reset while a live subscriber holds
+// a lease on an affected partition; the root package exports it.
+var ErrPartitionLeased = errors.New("partition leased by a live subscriber")
+
+// Offsets lists the cursors of s (of group alone when it is not ""); for
+// one group, a page that is not full goes on with the partitions of its
+// topics that have messages and no cursor of the group yet.
+func Offsets(ctx context.Context, drv driver.Driver, s driver.Scope, group string) ([]driver.OffsetRow, error) {
+	rows, err := drv.OffsetReport(ctx, s, group)
+	if err == nil && group != "" && len(rows) < s.Limit {
+		var unread []driver.OffsetRow
+		unread, err = unreadRows(ctx, drv, s, group)
+		rows = append(rows, unread...)
+	}
+	return rows, err
+}
+
+// unreadRows lists, for every topic of s that group reads, the partitions
+// with messages the group has no cursor for (up to MaxPageLimit a topic).
+func unreadRows(ctx context.Context, drv driver.Driver, s driver.Scope, group string) ([]driver.OffsetRow, error) {
+	var out []driver.OffsetRow
+	err := EachTopic(ctx, drv, s, func(t driver.TopicSummary) error {
+		groups, err := drv.TopicGroups(ctx, t.Tenant, t.Topic)
+		if err != nil || !slices.Contains(groups, group) {
+			return err
+		}
+		rows, err := drv.UnreadPartitions(ctx, t.Tenant, t.Topic, group, MaxPageLimit)
+		for _, r := range rows {
+			if r.HeadOffset > r.CommittedOffset {
+				out = append(out, r)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// EachTopic calls fn with every topic of s's tenants, reading them a page
+// at a time.
+func EachTopic(ctx context.Context, drv driver.Driver, s driver.Scope, fn func(driver.TopicSummary) error) error {
+	page := driver.Scope{Tenants: s.Tenants, AllTenants: s.AllTenants, Limit: MaxPageLimit}
+	for {
+		ts, err := drv.Topics(ctx, page)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			if err := fn(t); err != nil {
+				return err
+			}
+		}
+		if len(ts) < page.Limit {
+			return nil
+		}
+		page.After = []string{ts[len(ts)-1].Tenant, ts[len(ts)-1].Topic}
+	}
+}
+
+// StaleLeases lists the held leases of one page of lease rows that are
+// past expiry by now or whose holder's heartbeat is older than
+// staleAfter.
+func StaleLeases(ctx context.Context, drv driver.Driver, s driver.Scope, staleAfter time.Duration, now time.Time) ([]driver.Lease, error) {
+	leases, err := drv.AllLeases(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	// The members of the groups on this page, read group by group (each
+	// read names its tenant, group and topic).
+	fresh := map[[4]string]bool{}
+	read := map[[3]string]bool{}
+	for _, l := range leases {
+		g := [3]string{l.Tenant, l.ConsumerGroup, l.Topic}
+		if l.Owner == "" || read[g] {
+			continue
+		}
+		read[g] = true
+		subs, err := drv.Subscribers(ctx, []string{l.Tenant}, l.ConsumerGroup, l.Topic)
+		if err != nil {
+			return nil, err
+		}
+		for _, sub := range subs {
+			if now.Sub(sub.HeartbeatAt) < staleAfter {
+				fresh[[4]string{sub.Tenant, sub.ConsumerGroup, sub.Topic, sub.Name}] = true
+			}
+		}
+	}
+	var out []driver.Lease
+	for _, l := range leases {
+		if l.Owner != "" && (!l.ExpiresAt.After(now) || !fresh[[4]string{l.Tenant, l.ConsumerGroup, l.Topic, l.Owner}]) {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// Requeue moves the dead letter dl (in a dead-letter topic) back to the
+// topic toTopic with a fresh offset, without its dlq_ headers.
+func Requeue(ctx context.Context, drv driver.Driver, dl driver.MessageRef, toTopic string) (*driver.InsertMessage, error) {
+	m, _, err := drv.GetMessage(ctx, dl)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, fmt.Errorf("shardq: admin: requeue tenant %q topic %q partition %q id %q: %w", dl.Tenant, dl.Topic, dl.PartitionKey, dl.ID, driver.ErrNoMessage)
+	}
+	headers := maps.Clone(m.Headers)
+	maps.DeleteFunc(headers, func(k, _ string) bool { return strings.HasPrefix(k, "dlq_") })
+	return drv.Requeue(ctx, dl, toTopic, headers)
+}
+
+// Target is where Reset moves cursors (shardq.ResetTarget's values).
+type Target int
+
+const (
+	ToEarliest Target = iota + 1
+	ToLatest
+	ToOffset
+	ToTime
+)
+
+// Reset moves a consumer group's cursors on one tenant's topic, validated
+// as far as the input alone allows.
+type Reset struct {
+	Tenant, Topic, Group string
+	To                   Target
+	Key                  string // with ToOffset
+	Offset               int64  // with ToOffset
+	Time                 time.Time
+	Force, DryRun        bool
+	Create               bool
+}
+
+// Change is one cursor a reset moves (shardq.OffsetChange).
+type Change struct {
+	PartitionKey string
+	From, To     int64
+	Replay, Skip int64
+	Capped       bool
+}
+
+// ResetOffsets moves cursors as r says (not with DryRun) and returns what
+// changed, refusing (ErrPartitionLeased) while a lease unexpired by now
+// covers an affected partition, unless r.Force.
+func ResetOffsets(ctx context.Context, drv driver.Driver, r Reset, now time.Time) ([]Change, error) {
+	if !r.Create {
+		groups, err := drv.TopicGroups(ctx, r.Tenant, r.Topic)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(groups, r.Group) {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "consumer group",
+				Rule: fmt.Sprintf("%q has never read tenant %q topic %q (known: %s); set Create (--create) to start it at the new position",
+					r.Group, r.Tenant, r.Topic, strings.Join(groups, ", "))})
+		}
+	}
+	tenants := []string{r.Tenant}
+	heads, err := drv.PartitionHeads(ctx, tenants, r.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if r.To == ToOffset {
+		heads = filterKey(heads, r.Key)
+		if len(heads) == 0 {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: tenant %q topic %q has no partition %q", r.Tenant, r.Topic, r.Key)
+		}
+		// Past the head, the group would skip every message published
+		// until the head caught up: refuse, like a negative offset.
+		if r.Offset < 0 || r.Offset > heads[0].HeadOffset {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset",
+				Rule: fmt.Sprintf("%d is outside partition %q: want 0 (before the first message) up to its head %d", r.Offset, r.Key, heads[0].HeadOffset)})
+		}
+	}
+	affected := map[string]bool{}
+	for _, h := range heads {
+		affected[h.PartitionKey] = true
+	}
+	leases, err := drv.ListLeases(ctx, tenants, r.Group, r.Topic)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range leases {
+		if l.Topic == r.Topic && l.ConsumerGroup == r.Group && affected[l.PartitionKey] && l.Owner != "" && l.ExpiresAt.After(now) && !r.Force {
+			return nil, fmt.Errorf("shardq: admin: reset offsets: %w: %s held by %q until %s (stop it, or force)",
+				ErrPartitionLeased, l.PartitionRef, l.Owner, l.ExpiresAt.Format(time.RFC3339))
+		}
+	}
+	cursors, err := drv.TopicCursors(ctx, r.Tenant, r.Topic)
+	if err != nil {
+		return nil, err
+	}
+	current := map[string]int64{}
+	for _, c := range cursors {
+		if c.ConsumerGroup == r.Group {
+			current[c.PartitionKey] = c.Committed
+		}
+	}
+	var changes []Change
+	for _, h := range heads {
+		var to int64
+		switch r.To {
+		case ToLatest:
+			to = h.HeadOffset
+		case ToOffset:
+			to = r.Offset
+		case ToTime:
+			if to, err = drv.OffsetBefore(ctx, r.Tenant, r.Topic, h.PartitionKey, r.Time); err != nil {
+				return changes, err
+			}
+		}
+		ch := Change{PartitionKey: h.PartitionKey, From: current[h.PartitionKey], To: to}
+		if err := countBetween(ctx, drv, r, &ch); err != nil {
+			return changes, err
+		}
+		if !r.DryRun {
+			if err := drv.ResetOffset(ctx, r.Tenant, r.Topic, h.PartitionKey, r.Group, to); err != nil {
+				return changes, err
+			}
+		}
+		changes = append(changes, ch)
+	}
+	return changes, nil
+}
+
+// countBetween fills ch's Replay or Skip: the messages between its two
+// cursors, as the difference of two bounded lag counts.
+func countBetween(ctx context.Context, drv driver.Driver, r Reset, ch *Change) error {
+	lo, hi := min(ch.From, ch.To), max(ch.From, ch.To)
+	if lo == hi {
+		return nil
+	}
+	fromLo, err := drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, lo)
+	if err != nil {
+		return err
+	}
+	fromHi, err := drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, hi)
+	if err != nil {
+		return err
+	}
+	n := fromLo.Lag - fromHi.Lag
+	ch.Capped = fromLo.Capped
+	if ch.To < ch.From {
+		ch.Replay = n
+	} else {
+		ch.Skip = n
+	}
+	return nil
+}
+
+func filterKey(ps []driver.Partition, key string) []driver.Partition {
+	for _, p := range ps {
+		if p.PartitionKey == key {
+			return []driver.Partition{p}
+		}
+	}
+	return nil
+}
+
+// Standing is one consumer group's standing with a message.
+type Standing struct {
+	Group  string
+	Cursor int64 // the group's cursor in the message's partition (0: none)
+	State  driver.DeliveryState
+}
+
+// Standings lists, for every group that reads ref's topic (retention's
+// claim group aside), its cursor in ref's partition and its bookkeeping
+// of the message, from states (GetMessage's).
+func Standings(ctx context.Context, drv driver.Driver, ref driver.MessageRef, states map[string]driver.DeliveryState) ([]Standing, error) {
+	groups, err := drv.TopicGroups(ctx, ref.Tenant, ref.Topic)
+	if err != nil {
+		return nil, err
+	}
+	cursors, err := drv.TopicCursors(ctx, ref.Tenant, ref.Topic)
+	if err != nil {
+		return nil, err
+	}
+	cursor := map[string]int64{}
+	for _, c := range cursors {
+		if c.PartitionKey == ref.PartitionKey {
+			cursor[c.ConsumerGroup] = c.Committed
+		}
+	}
+	var out []Standing
+	for _, g := range groups {
+		if g != driver.RetentionGroup {
+			out = append(out, Standing{Group: g, Cursor: cursor[g], State: states[g]})
+		}
+	}
+	return out, nil
+}
+
+// Browse selects messages to read without a consumer group, validated.
+type Browse struct {
+	Tenant, Topic string
+	OnePartition  bool
+	PartitionKey  string
+	AfterOffset   int64
+	FromTime      time.Time // with OnePartition
+	Limit         int
+}
+
+// Messages reads messages as they are stored, moving no cursor.
+func Messages(ctx context.Context, drv driver.Driver, r Browse) ([]driver.Message, error) {
+	if !r.OnePartition {
+		return drv.TopicMessages(ctx, driver.Scope{Tenants: []string{r.Tenant}, Limit: r.Limit,
+			After: []string{r.Tenant, strconv.FormatInt(r.AfterOffset, 10)}}, r.Topic)
+	}
+	after := r.AfterOffset
+	if !r.FromTime.IsZero() {
+		var err error
+		if after, err = drv.OffsetBefore(ctx, r.Tenant, r.Topic, r.PartitionKey, r.FromTime); err != nil {
+			return nil, err
+		}
+	}
+	return drv.FetchAfter(ctx, r.Tenant, r.Topic, r.PartitionKey, after, r.Limit)
+}

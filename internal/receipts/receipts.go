@@ -1,0 +1,667 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package receipts is the runtime of receives with receipts
+// (shardq.Receipts, which `shardq serve` is built on): a receive takes a
+// message group's lease, or ungrouped messages' claims, for a visibility
+// timeout and hands out signed receipts that settle the messages later,
+// from any process. The root package holds the public types, validates
+// requests and converts.
+package receipts
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/receiptkey"
+	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/wakeup"
+)
+
+// Errors of receipts; the root package exports them.
+var (
+	ErrBad   = errors.New("shardq: receipt not issued here")
+	ErrStale = errors.New("shardq: stale receipt")
+)
+
+// Config is the receiver's settings, with defaults filled.
+type Config struct {
+	Name string // each receive's lease or claims are owned by Name#random
+	// Settler settles Nacks: its Policy's MaxAttempts, its DLQSuffix and
+	// its Clock are the receiver's.
+	Settler          settle.Settler
+	PollInterval     time.Duration // a waiting receive's poll while the change feed is down
+	FeedPollInterval time.Duration // and while it streams
+	// MaxVisibility bounds a Nack's delay, and how long a retired key
+	// still verifies receipts.
+	MaxVisibility time.Duration
+	// MaxMessageBytes is the most payload and header bytes one message
+	// can carry.
+	MaxMessageBytes int64
+	Local           *wakeup.Registry // the client's wake-ups
+	Log             *slog.Logger
+}
+
+// Receipts receives with receipts.
+type Receipts struct {
+	drv  driver.Driver
+	cfg  Config
+	keys *receiptkey.Ring
+
+	mu       sync.Mutex
+	advanced map[[3]string]time.Time // ungrouped cursors moved, by (tenant, topic, group)
+}
+
+// New returns a receiver of receipts over drv.
+func New(drv driver.Driver, cfg Config) *Receipts {
+	return &Receipts{drv: drv, cfg: cfg, keys: receiptkey.New(drv, cfg.MaxVisibility, cfg.Settler.Clock), advanced: map[[3]string]time.Time{}}
+}
+
+func (r *Receipts) now() time.Time { return r.cfg.Settler.Clock() }
+
+// Request is one receive, validated: Key takes that message group;
+// NextGroup the free group whose next message is oldest; Ungrouped only
+// ungrouped messages; none of them, ungrouped messages when there are
+// any, else the next free group.
+type Request struct {
+	Tenant, Topic, Group string
+	Key                  string
+	NextGroup, Ungrouped bool
+	Max                  int
+	Wait, Visibility     time.Duration
+	MaxBytes             int64 // 0: no bound
+	Done                 <-chan struct{}
+}
+
+// Result is what a receive hands out.
+type Result struct {
+	Messages  []Received
+	Truncated bool
+}
+
+// Received is a message handed out as its Attempt-th delivery, and the
+// receipt that settles it.
+type Received struct {
+	Message driver.Message
+	Attempt int
+	Receipt string
+}
+
+// Receipt is what a receipt names. It travels as
+// "r2.<key id>.<base64url JSON>.<base64url HMAC-SHA256>", the MAC taken
+// over everything before its dot under the database's receipt key
+// (internal/receiptkey): a client can neither make nor edit one.
+type Receipt struct {
+	Tenant string `json:"t"`
+	Topic  string `json:"p"`
+	Group  string `json:"g"`
+	Key    string `json:"k,omitempty"`
+	Owner  string `json:"w"`
+	Token  int64  `json:"n"`
+	Offset int64  `json:"o"`
+	Last   int64  `json:"l,omitempty"` // grouped: the receive's last offset, whose ack gives the group back
+	Claim  bool   `json:"c,omitempty"` // an ungrouped message's claim
+	// Attempts counts an ungrouped message's claims, this one included
+	// (a message group's failures are stored under its lease instead).
+	Attempts int `json:"a,omitempty"`
+}
+
+// Prefix starts every receipt; maxBytes bounds one.
+const (
+	Prefix   = "r2."
+	maxBytes = 2048
+)
+
+// signedPart is a receipt's text before its MAC.
+func (rc Receipt) signedPart(keyID int64) string {
+	b, _ := json.Marshal(rc) // strings and integers only: cannot fail
+	return Prefix + strconv.FormatInt(keyID, 10) + "." + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// Sign encodes rc with its MAC under the newest receipt key.
+func (r *Receipts) Sign(ctx context.Context, rc Receipt) (string, error) {
+	signed, sum, err := r.keys.Sign(ctx, func(id int64) []byte { return []byte(rc.signedPart(id)) })
+	if err != nil {
+		return "", fmt.Errorf("sign receipt: %w", err)
+	}
+	return string(signed) + "." + base64.RawURLEncoding.EncodeToString(sum), nil
+}
+
+// split splits a receipt into its key id, the signed text, the JSON it
+// carries and its MAC, checking only their form.
+func split(s string) (keyID int64, signed string, body, sum []byte, err error) {
+	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
+	rest, ok := strings.CutPrefix(s, Prefix)
+	if !ok || len(s) > maxBytes {
+		return 0, "", nil, nil, bad(fmt.Sprintf("not a receipt of this server (want %s…, at most %d bytes)", Prefix, maxBytes))
+	}
+	id, rest, ok1 := strings.Cut(rest, ".")
+	enc, mac, ok2 := strings.Cut(rest, ".")
+	if !ok1 || !ok2 {
+		return 0, "", nil, nil, bad("malformed")
+	}
+	keyID, err = strconv.ParseInt(id, 10, 64)
+	if err != nil || keyID <= 0 || strconv.FormatInt(keyID, 10) != id {
+		return 0, "", nil, nil, bad("malformed key id")
+	}
+	if body, err = base64.RawURLEncoding.Strict().DecodeString(enc); err != nil {
+		return 0, "", nil, nil, bad("not base64url")
+	}
+	if sum, err = base64.RawURLEncoding.Strict().DecodeString(mac); err != nil || len(sum) != 32 {
+		return 0, "", nil, nil, bad("malformed signature")
+	}
+	return keyID, s[:len(s)-len(mac)-1], body, sum, nil
+}
+
+// Decode checks a receipt's signature, then its form and that it belongs
+// to tenant, topic and group (a receipt is not a credential: the caller's
+// access to them is checked elsewhere).
+func (r *Receipts) Decode(ctx context.Context, s, tenant, topic, group string) (Receipt, error) {
+	keyID, signed, body, sum, err := split(s)
+	if err != nil {
+		return Receipt{}, err
+	}
+	switch err := r.keys.Verify(ctx, keyID, []byte(signed), sum); {
+	case errors.Is(err, receiptkey.ErrSignature), errors.Is(err, receiptkey.ErrUnknownKey):
+		return Receipt{}, fmt.Errorf("%w: %w", &ident.Error{Field: "receipt", Rule: "not issued by a server of this database (" + err.Error() + ")"}, ErrBad)
+	case err != nil:
+		return Receipt{}, fmt.Errorf("verify receipt: %w", err)
+	}
+	return parse(body, tenant, topic, group)
+}
+
+// parse checks a signed receipt's JSON. It touches no database.
+func parse(b []byte, tenant, topic, group string) (Receipt, error) {
+	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
+	var r Receipt
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, bad("malformed")
+	}
+	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
+		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
+	}
+	if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 {
+		return r, bad("inconsistent")
+	}
+	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
+		return r, bad("inconsistent")
+	}
+	if err := ident.ASCII("owner", r.Owner); err != nil {
+		return r, bad("inconsistent")
+	}
+	return r, nil
+}
+
+func (rc *Receipt) lease() driver.Lease {
+	return driver.Lease{PartitionRef: rc.ref(), Owner: rc.Owner, Token: rc.Token}
+}
+
+func (rc *Receipt) ref() driver.PartitionRef {
+	return driver.PartitionRef{Tenant: rc.Tenant, ConsumerGroup: rc.Group, Topic: rc.Topic, PartitionKey: rc.Key}
+}
+
+// ClaimOf is the claim an ungrouped message's receipt names, m its message.
+func (rc *Receipt) ClaimOf(m driver.Message) driver.Claim {
+	m.Tenant, m.Topic, m.Offset = rc.Tenant, rc.Topic, rc.Offset
+	return driver.Claim{ConsumerGroup: rc.Group, Owner: rc.Owner, Token: rc.Token, Attempts: rc.Attempts, Message: m}
+}
+
+// receive names the receive of a message group's receipt: the receipt
+// without its own offset.
+func (rc Receipt) receive() Receipt {
+	rc.Offset = 0
+	return rc
+}
+
+// Receive hands out up to rq.Max messages (within rq.MaxBytes) of one
+// message group under its lease, or ungrouped ones under their claims,
+// waiting up to rq.Wait while there is none.
+func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
+	var wake *receiveWake
+	deadline := time.Now().Add(rq.Wait)
+	for {
+		var res Result
+		var err error
+		switch {
+		case rq.Key != "":
+			res, err = r.receiveGroup(ctx, rq, rq.Key)
+		case rq.NextGroup:
+			res, err = r.receiveNextGroup(ctx, rq)
+		case rq.Ungrouped:
+			res, err = r.receiveUngrouped(ctx, rq)
+		default:
+			if res, err = r.receiveUngrouped(ctx, rq); err == nil && len(res.Messages) == 0 {
+				res, err = r.receiveNextGroup(ctx, rq)
+			}
+		}
+		if err != nil || len(res.Messages) > 0 || !time.Now().Before(deadline) {
+			return res, err
+		}
+		if wake == nil {
+			// Registered before the next look, so that a move between that
+			// look and the wait still wakes it.
+			wake = &receiveWake{key: rq.Key, one: rq.Key != "", ch: make(chan struct{}, 1)}
+			r.cfg.Local.Add(rq.Topic, []string{rq.Tenant}, wake, wake)
+			defer r.cfg.Local.Remove(rq.Topic, wake)
+			continue
+		}
+		poll := r.cfg.PollInterval
+		if r.cfg.Local.Up() {
+			poll = r.cfg.FeedPollInterval
+		}
+		if !lifecycle.SleepUntilNext(ctx, rq.Done, wake.ch, deadline, poll) {
+			return Result{}, nil
+		}
+	}
+}
+
+// receiveWake wakes a waiting receive when a partition it may take moves
+// (wakeup.Consumer).
+type receiveWake struct {
+	key string // with one: the only partition that matters
+	one bool
+	ch  chan struct{}
+}
+
+func (w *receiveWake) Moved(heads []driver.HeadChange) {
+	for _, h := range heads {
+		if !w.one || h.PartitionKey == w.key {
+			w.Rescan()
+			return
+		}
+	}
+}
+
+func (w *receiveWake) Rescan() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// budgeted reports whether rq's byte budget can bind: Max messages of the
+// largest size would pass it.
+func (r *Receipts) budgeted(rq Request) bool {
+	return rq.MaxBytes > 0 && int64(rq.Max)*r.cfg.MaxMessageBytes > rq.MaxBytes
+}
+
+func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, error) {
+	owner := ident.MemberID(r.cfg.Name)
+	limit := driver.ClaimLimit{Messages: rq.Max}
+	if r.budgeted(rq) {
+		limit.Bytes = rq.MaxBytes
+	}
+	claims, truncated, err := r.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.Group, owner, r.now(), rq.Visibility, limit)
+	if err != nil {
+		return Result{}, fmt.Errorf("shardq: receive: %w", err)
+	}
+	res := Result{Truncated: truncated}
+	for _, c := range claims {
+		rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Owner: owner, Token: c.Token, Offset: c.Message.Offset, Claim: true, Attempts: c.Attempts}
+		signed, err := r.Sign(ctx, rc)
+		if err != nil {
+			return Result{}, r.releaseClaims(ctx, claims, fmt.Errorf("shardq: receive: %w", err))
+		}
+		res.Messages = append(res.Messages, Received{Message: c.Message, Attempt: c.Attempts, Receipt: signed})
+	}
+	return res, nil
+}
+
+// releaseClaims gives back claims that cannot be handed out, uncounted.
+func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cause error) error {
+	dctx, cancel := lifecycle.Detached(ctx) // one bound for all of them
+	defer cancel()
+	for _, c := range claims {
+		if err := r.drv.ReleaseClaim(dctx, c, r.now()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+			cause = errors.Join(cause, err)
+		}
+	}
+	return cause
+}
+
+// receiveNextGroup takes the free message group whose next message is
+// oldest (trying the 20 oldest: others may take some meanwhile).
+func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, error) {
+	groups, err := r.drv.ReadyGroups(ctx, []string{rq.Tenant}, rq.Topic, rq.Group, r.now(), 20)
+	if err != nil {
+		return Result{}, fmt.Errorf("shardq: receive: %w", err)
+	}
+	for _, g := range groups {
+		res, err := r.receiveGroup(ctx, rq, g.PartitionKey)
+		if err != nil || len(res.Messages) > 0 {
+			return res, err
+		}
+	}
+	return Result{}, nil
+}
+
+// receiveGroup takes group key's lease and hands out its ready messages
+// after the cursor; with none ready it gives the lease back.
+func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Result, error) {
+	ref := driver.PartitionRef{Tenant: rq.Tenant, ConsumerGroup: rq.Group, Topic: rq.Topic, PartitionKey: key}
+	owner := ident.MemberID(r.cfg.Name)
+	now := r.now()
+	l, err := r.drv.AcquireLease(ctx, ref, owner, now, rq.Visibility)
+	if errors.Is(err, driver.ErrLeaseHeld) {
+		return Result{}, nil // in flight elsewhere: its messages are not ours to see
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
+	}
+	var res Result
+	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
+	if err == nil && len(msgs) > 0 {
+		last := msgs[len(msgs)-1].Offset
+		res = Result{Messages: make([]Received, len(msgs)), Truncated: truncated}
+		for i, m := range msgs {
+			rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Key: key, Owner: owner, Token: l.Token, Offset: m.Offset, Last: last}
+			var signed string
+			if signed, err = r.Sign(ctx, rc); err != nil {
+				break
+			}
+			res.Messages[i] = Received{Message: m, Attempt: states[m.Offset].Attempts + 1, Receipt: signed}
+		}
+	}
+	if err != nil || len(msgs) == 0 {
+		dctx, cancel := lifecycle.Detached(ctx)
+		rerr := r.drv.ReleaseLease(dctx, l, now)
+		cancel()
+		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
+		}
+		return Result{}, nil
+	}
+	return res, nil
+}
+
+// ready reads up to rq.Max messages after l's cursor that may be
+// delivered now, within rq.MaxBytes: it stops at a message delayed past
+// now or waiting for its retry. truncated says the budget left a message
+// behind.
+func (r *Receipts) ready(ctx context.Context, l driver.Lease, rq Request, now time.Time) (msgs []driver.Message, states map[int64]driver.DeliveryState, truncated bool, err error) {
+	if r.budgeted(rq) {
+		msgs, truncated, err = r.drv.FetchWithin(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max, rq.MaxBytes)
+	} else {
+		msgs, err = r.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max)
+	}
+	if err != nil || len(msgs) == 0 {
+		return nil, nil, false, err
+	}
+	if states, err = r.drv.DeliveryStates(ctx, l.PartitionRef, l.Committed, msgs[len(msgs)-1].Offset); err != nil {
+		return nil, nil, false, err
+	}
+	for i, m := range msgs {
+		if m.NotBefore.After(now) || states[m.Offset].NextAttemptAt.After(now) {
+			return msgs[:i], states, false, nil
+		}
+	}
+	return msgs, states, truncated, nil
+}
+
+// Ack settles the message of a receipt: an ungrouped message's claim is
+// marked done; a message group's cursor is committed past it (acks are
+// cumulative), and the receive's last message gives the group back.
+func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) error {
+	rc, err := r.Decode(ctx, rcpt, tenant, topic, group)
+	if err != nil {
+		return fmt.Errorf("shardq: ack: %w", err)
+	}
+	now := r.now()
+	if rc.Claim {
+		err := r.drv.AckClaims(ctx, []driver.Claim{rc.ClaimOf(driver.Message{})}, now)
+		if err == nil {
+			r.advance(ctx, rc, now)
+		}
+		return settled("ack", rc, err)
+	}
+	return r.commit(ctx, rc, now)
+}
+
+// commit commits a message group's cursor past rc's offset, and gives the
+// group back when rc is its receive's last message.
+func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error {
+	// Whatever a receipt says, a cursor never passes the partition's
+	// head: that would skip every message published up to it.
+	// (A receipt's Last only decides whether its ack gives the group back.)
+	l := rc.lease()
+	err := r.drv.CommitReceived(ctx, l, rc.Offset, now)
+	if errors.Is(err, driver.ErrPastHead) {
+		return settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)})
+	}
+	if err == nil && rc.Offset == rc.Last {
+		// Committed: give the group back even if the caller has gone.
+		dctx, cancel := lifecycle.Detached(ctx)
+		rerr := r.drv.ReleaseLease(dctx, l, now)
+		cancel()
+		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			r.cfg.Log.Warn("shardq: giving back a message group after its last ack failed; it is free after its visibility timeout",
+				"tenant", rc.Tenant, "topic", rc.Topic, "partition_key", rc.Key, "err", rerr)
+		}
+	}
+	return settled("ack", rc, err)
+}
+
+// AckAll acknowledges receipts as Ack does each, in few statements: the
+// claims in one transaction, and per receive of a message group one
+// cursor commit, at its highest offset. Every receipt is checked first;
+// it returns the indexes of the stale ones.
+func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpts []string) (stale []int, err error) {
+	rcs, err := r.decodeAll(ctx, rcpts, tenant, topic, group)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: ack: %w", err)
+	}
+	now := r.now()
+	var claims []int
+	receives := map[Receipt][]int{} // a receive -> its receipts
+	for i, rc := range rcs {
+		if rc.Claim {
+			claims = append(claims, i)
+			continue
+		}
+		receives[rc.receive()] = append(receives[rc.receive()], i)
+	}
+	if len(claims) > 0 {
+		cs := make([]driver.Claim, len(claims))
+		for j, i := range claims {
+			cs[j] = rcs[i].ClaimOf(driver.Message{})
+		}
+		switch err := r.drv.AckClaims(ctx, cs, now); {
+		case errors.Is(err, driver.ErrLeaseLost):
+			// One or more moved on: settle the others one by one.
+			for j, i := range claims {
+				if err := r.drv.AckClaims(ctx, cs[j:j+1], now); errors.Is(err, driver.ErrLeaseLost) {
+					stale = append(stale, i)
+				} else if err != nil {
+					return nil, settled("ack", rcs[i], err)
+				}
+			}
+		case err != nil:
+			return nil, settled("ack", rcs[claims[0]], err)
+		}
+		r.advance(ctx, rcs[claims[0]], now)
+	}
+	for _, idx := range receives {
+		top := rcs[idx[0]]
+		for _, i := range idx {
+			if rcs[i].Offset > top.Offset {
+				top = rcs[i]
+			}
+		}
+		switch err := r.commit(ctx, top, now); {
+		case errors.Is(err, ErrStale):
+			stale = append(stale, idx...)
+		case err != nil:
+			return nil, err
+		}
+	}
+	slices.Sort(stale)
+	return stale, nil
+}
+
+// NackAll fails the messages of receipts as Nack does each; of one
+// receive of a message group only the lowest offset is failed (the
+// others wait behind it, uncounted). Every receipt is checked first; it
+// returns the indexes of the stale ones.
+func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcpts []string, retryAfter time.Duration, reason string) (stale []int, err error) {
+	rcs, err := r.decodeAll(ctx, rcpts, tenant, topic, group)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: nack: %w", err)
+	}
+	first := map[Receipt]int{} // a receive -> its lowest receipt
+	var order []int
+	for i, rc := range rcs {
+		if rc.Claim {
+			order = append(order, i)
+			continue
+		}
+		if j, ok := first[rc.receive()]; !ok || rc.Offset < rcs[j].Offset {
+			first[rc.receive()] = i
+		}
+	}
+	for _, i := range first {
+		order = append(order, i)
+	}
+	slices.Sort(order)
+	failed := map[int]bool{} // a receive whose nack found its lease gone
+	for _, i := range order {
+		switch err := r.Nack(ctx, tenant, topic, group, rcpts[i], retryAfter, reason); {
+		case errors.Is(err, ErrStale):
+			failed[i] = true
+		case err != nil:
+			return nil, err
+		}
+	}
+	for i, rc := range rcs {
+		if failed[i] || (!rc.Claim && failed[first[rc.receive()]]) {
+			stale = append(stale, i)
+		}
+	}
+	return stale, nil
+}
+
+// decodeAll decodes every receipt, or names the first bad one.
+func (r *Receipts) decodeAll(ctx context.Context, rcpts []string, tenant, topic, group string) ([]Receipt, error) {
+	if len(rcpts) == 0 || len(rcpts) > MaxMessages {
+		return nil, &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts: want 1 to %d", len(rcpts), MaxMessages)}
+	}
+	rcs := make([]Receipt, len(rcpts))
+	for i, s := range rcpts {
+		rc, err := r.Decode(ctx, s, tenant, topic, group)
+		if err != nil {
+			var ve *ident.Error
+			if errors.As(err, &ve) {
+				named := &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: ve.Rule}
+				if errors.Is(err, ErrBad) {
+					return nil, fmt.Errorf("%w: %w", named, ErrBad)
+				}
+				return nil, named
+			}
+			return nil, err
+		}
+		rcs[i] = rc
+	}
+	return rcs, nil
+}
+
+// MaxMessages bounds one receive, and the receipts of one AckAll or
+// NackAll.
+const MaxMessages = 100
+
+// Nack fails the message of a receipt: the settler delivers it again
+// after retryAfter, or dead-letters it once it has failed MaxAttempts
+// times. A message group is given back at once (its messages after this
+// one wait behind it, in order); the receipts of that receive become
+// stale.
+func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, retryAfter time.Duration, reason string) error {
+	rc, err := r.Decode(ctx, rcpt, tenant, topic, group)
+	if err == nil && (retryAfter < 0 || retryAfter > r.cfg.MaxVisibility) {
+		err = &ident.Error{Field: "retry_after", Rule: fmt.Sprintf("%s: want 0 to %s", retryAfter, r.cfg.MaxVisibility)}
+	}
+	if err != nil {
+		return fmt.Errorf("shardq: nack: %w", err)
+	}
+	if reason == "" {
+		reason = "nacked"
+	}
+	cause := &settle.NackError{After: retryAfter, Err: errors.New(reason)}
+	msgs, err := r.drv.FetchAfter(ctx, tenant, topic, rc.Key, rc.Offset-1, 1)
+	if err == nil && (len(msgs) == 0 || msgs[0].Offset != rc.Offset) {
+		err = ErrStale // removed meanwhile (retention, delete)
+	}
+	if err != nil {
+		return settled("nack", rc, err)
+	}
+	m := msgs[0]
+	if rc.Claim {
+		_, err = r.cfg.Settler.Claim(ctx, rc.ClaimOf(m), cause)
+		return settled("nack", rc, err)
+	}
+	l := rc.lease()
+	states, err := r.drv.DeliveryStates(ctx, rc.ref(), rc.Offset-1, rc.Offset)
+	if err != nil {
+		return settled("nack", rc, err)
+	}
+	if _, err = r.cfg.Settler.Leased(ctx, l, m, nil, states[rc.Offset].Attempts+1, cause); err == nil {
+		if rerr := r.drv.ReleaseLease(ctx, l, r.now()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			r.cfg.Log.Warn("shardq: giving back a message group after a nack failed; it is free after its visibility timeout",
+				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)
+		}
+	}
+	return settled("nack", rc, err)
+}
+
+// settled maps a settlement's error: a moved lease or claim is a stale
+// receipt.
+func settled(op string, rc Receipt, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, driver.ErrLeaseLost), errors.Is(err, ErrStale):
+		return fmt.Errorf("shardq: %s offset %d of tenant %q topic %q partition %q: %w", op, rc.Offset, rc.Tenant, rc.Topic, rc.Key, ErrStale)
+	}
+	return fmt.Errorf("shardq: %s offset %d of tenant %q topic %q partition %q: %w", op, rc.Offset, rc.Tenant, rc.Topic, rc.Key, err)
+}
+
+// maxAdvanced bounds Receipts.advanced before it sheds old entries.
+const maxAdvanced = 10_000
+
+// advance moves the group's ungrouped cursor past what is done, at most
+// once a second per tenant, topic and group (subscribers do it on their
+// discovery ticks; a receipt's receiver has no ticks).
+func (r *Receipts) advance(ctx context.Context, rc Receipt, now time.Time) {
+	k := [3]string{rc.Tenant, rc.Topic, rc.Group}
+	r.mu.Lock()
+	due := now.Sub(r.advanced[k]) >= time.Second
+	if due {
+		if len(r.advanced) >= maxAdvanced {
+			// Groups come from clients: the map only spaces advances out,
+			// so forgetting all of it costs one early advance per group.
+			clear(r.advanced)
+		}
+		r.advanced[k] = now
+	}
+	r.mu.Unlock()
+	if !due {
+		return
+	}
+	if _, err := r.drv.AdvanceUngrouped(ctx, rc.Tenant, rc.Topic, rc.Group, now); err != nil {
+		r.cfg.Log.Warn("shardq: advancing the ungrouped cursor failed; the next ack retries", "tenant", rc.Tenant, "topic", rc.Topic,
+			"group", rc.Group, "err", err)
+	}
+}
