@@ -202,9 +202,10 @@ func (a *Admin) Delete(ctx context.Context, ref MessageRef) (bool, error) {
 	return a.c.drv.DeleteMessage(ctx, ref.toDriver())
 }
 
-// DeadLetters lists the dead letters of topic (topic+suffix; suffix ""
-// means ".dlq"). Sort key: (tenant, offset).
-func (a *Admin) DeadLetters(ctx context.Context, s Scope, topic, suffix string) ([]StoredMessage, error) {
+// DeadLetters lists the dead letters of r.Topic (r.Topic + r.Suffix;
+// suffix "" means ".dlq") in r.Scope's tenants. Sort key: (tenant, offset).
+func (a *Admin) DeadLetters(ctx context.Context, r DeadLetterRequest) ([]StoredMessage, error) {
+	s, topic, suffix := r.Scope, r.Topic, r.Suffix
 	if suffix == "" {
 		suffix = DefaultDLQSuffix
 	}
@@ -236,15 +237,17 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 	return &PublishResult{Tenant: im.Tenant, Topic: im.Topic, PartitionKey: im.PartitionKey, ID: im.ID, Offset: im.Offset}, nil
 }
 
-// RequeueAll requeues every dead letter of one tenant's topic, in offset
-// order, and returns how many.
-func (a *Admin) RequeueAll(ctx context.Context, tenant, topic, suffix string) (int, error) {
+// RequeueAll requeues every dead letter of one tenant's topic (its
+// dead-letter topic is t.Topic + suffix, ".dlq" when suffix is ""), in
+// offset order, and returns how many.
+func (a *Admin) RequeueAll(ctx context.Context, t TopicRef, suffix string) (int, error) {
+	tenant, topic := t.Tenant, t.Topic
 	if err := ident.Tenant(tenant); err != nil {
 		return 0, fmt.Errorf("shardq: admin: %w", err)
 	}
 	n := 0
 	for {
-		dls, err := a.DeadLetters(ctx, Scope{Tenants: []string{tenant}, Limit: 500}, topic, suffix)
+		dls, err := a.DeadLetters(ctx, DeadLetterRequest{Scope: Scope{Tenants: []string{tenant}, Limit: 500}, Topic: topic, Suffix: suffix})
 		if err != nil || len(dls) == 0 {
 			return n, err
 		}

@@ -65,13 +65,14 @@ func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter ti
 // DeleteGroup removes a consumer group from one tenant's topic: its
 // registry row, cursors, leases, retry bookkeeping, message-group state,
 // ungrouped claims and member rows, so that it no longer holds back
-// retention. While a member's heartbeat is within staleAfter (0: three
-// default heartbeat intervals) or a lease is unexpired it fails with
-// ErrGroupLive, unless force is set: then every token the members hold
+// retention. While a member's heartbeat is within opts.StaleAfter or a
+// lease is unexpired it fails with ErrGroupLive, unless opts.Force is
+// set: then every token the members hold
 // becomes void (their commits fail with ErrLeaseLost), and a member still
 // running starts the group anew from its start position, so stop them
 // first.
-func (a *Admin) DeleteGroup(ctx context.Context, tenant, topic, group string, staleAfter time.Duration, force bool) error {
+func (a *Admin) DeleteGroup(ctx context.Context, g GroupRef, opts DeleteGroupOptions) error {
+	tenant, topic, group, staleAfter := g.Tenant, g.Topic, g.ConsumerGroup, opts.StaleAfter
 	if err := validateGroupRef(tenant, topic, group); err != nil {
 		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
@@ -79,28 +80,28 @@ func (a *Admin) DeleteGroup(ctx context.Context, tenant, topic, group string, st
 		staleAfter = 3 * DefaultHeartbeatInterval
 	}
 	now := a.c.cfg.Clock()
-	if err := a.c.drv.DeleteGroup(ctx, tenant, topic, group, now.Add(-staleAfter), now, force); err != nil {
+	if err := a.c.drv.DeleteGroup(ctx, tenant, topic, group, now.Add(-staleAfter), now, opts.Force); err != nil {
 		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
 	a.c.registered.Delete([3]string{tenant, topic, group})
 	return nil
 }
 
-// PauseGroup pauses consumer group on topic in the tenants of s (every
-// tenant with the topic, for AllTenants) where the group reads it: within
+// PauseGroup pauses r.ConsumerGroup on r.Topic in the tenants of r.Scope
+// (every tenant with the topic, for AllTenants) where the group reads it: within
 // one DiscoveryInterval its members deliver nothing more after the
 // message in hand and claim no ungrouped message there, keeping their
 // leases; messages keep arriving. It reports the tenants paused. A group
-// that has never read the topic in a tenant of s is refused there (a
-// typo), as is one known nowhere.
-func (a *Admin) PauseGroup(ctx context.Context, s Scope, topic, group string) ([]string, error) {
-	return a.setPaused(ctx, s, topic, group, true)
+// that has never read the topic in a tenant of the scope is refused there
+// (a typo), as is one known nowhere.
+func (a *Admin) PauseGroup(ctx context.Context, r PauseRequest) ([]string, error) {
+	return a.setPaused(ctx, r.Scope, r.Topic, r.ConsumerGroup, true)
 }
 
 // ResumeGroup undoes PauseGroup: the members go on where they stopped, in
 // order, within one DiscoveryInterval.
-func (a *Admin) ResumeGroup(ctx context.Context, s Scope, topic, group string) ([]string, error) {
-	return a.setPaused(ctx, s, topic, group, false)
+func (a *Admin) ResumeGroup(ctx context.Context, r PauseRequest) ([]string, error) {
+	return a.setPaused(ctx, r.Scope, r.Topic, r.ConsumerGroup, false)
 }
 
 func (a *Admin) setPaused(ctx context.Context, s Scope, topic, group string, paused bool) ([]string, error) {

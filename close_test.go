@@ -33,7 +33,7 @@ func TestCloseStopsWhatTheClientStarted(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-delivered
-		if _, err := c.AcceptGroup(ctx, "t", "x", "g2", "b", nil); err != nil {
+		if _, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g2"}, "b", nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{ProducerGroup: "pg", Tenants: []string{"t"},
@@ -67,7 +67,7 @@ func TestCloseStopsWhatTheClientStarted(t *testing.T) {
 		if _, err := c.Subscribe(ctx, cfg); !errors.Is(err, shardq.ErrClosed) {
 			t.Fatalf("Subscribe after Close = %v, want ErrClosed", err)
 		}
-		if _, err := c.AcceptGroup(ctx, "t", "x", "g2", "a", nil); !errors.Is(err, shardq.ErrClosed) {
+		if _, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g2"}, "a", nil); !errors.Is(err, shardq.ErrClosed) {
 			t.Fatalf("AcceptGroup after Close = %v, want ErrClosed", err)
 		}
 	})

@@ -129,14 +129,14 @@ func ExampleClient_AcceptGroup() {
 	}
 
 	// Hold the message group "order-42" of consumer group "billing".
-	r, err := client.AcceptGroup(ctx, "acme", "orders", "billing", "order-42", nil)
+	r, err := client.AcceptGroup(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "billing"}, "order-42", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer r.Close(ctx)
+	defer r.Stop(ctx)
 
 	// A second receiver is told who holds it.
-	_, err = client.AcceptGroup(ctx, "acme", "orders", "billing", "order-42", &shardq.ReceiverOptions{Name: "other"})
+	_, err = client.AcceptGroup(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "billing"}, "order-42", &shardq.ReceiverOptions{Name: "other"})
 	fmt.Println("second receiver refused:", errors.Is(err, shardq.ErrGroupOwned))
 
 	for range 3 {
@@ -234,11 +234,11 @@ func ExampleReceipts() {
 	}
 	// Acks are cumulative within a receive; acking its last message gives
 	// the group back at once.
-	if stale, err := rc.AckAll(ctx, "acme", "orders", "billing", receipts); err != nil || len(stale) > 0 {
+	if stale, err := rc.AckAll(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "billing"}, receipts); err != nil || len(stale) > 0 {
 		log.Fatal(stale, err)
 	}
 	// A receipt a client made or edited settles nothing.
-	err = rc.Ack(ctx, "acme", "orders", "billing", receipts[0][:len(receipts[0])-2]+"AA")
+	err = rc.Ack(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "billing"}, receipts[0][:len(receipts[0])-2]+"AA")
 	fmt.Println("edited receipt:", errors.Is(err, shardq.ErrBadReceipt))
 
 	got, err = rc.Receive(ctx, rq)

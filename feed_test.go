@@ -204,11 +204,11 @@ func TestFeedWakesAcrossClients(t *testing.T) {
 			}
 
 			// A group receiver waiting in Receive.
-			r, err := p.sub.AcceptGroup(ctx, "t", "x", "receivers", "r", &shardq.ReceiverOptions{PollInterval: never, FeedPollInterval: never})
+			r, err := p.sub.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "receivers"}, "r", &shardq.ReceiverOptions{PollInterval: never, FeedPollInterval: never})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer r.Close(ctx)
+			defer r.Stop(ctx)
 			for i := range 5 {
 				msg := fmt.Sprintf("received %d", i)
 				done := make(chan error, 1)

@@ -56,7 +56,7 @@ func runMemberHelper(url string) int {
 		}
 		select {} // until killed
 	}
-	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", &shardq.ReceiverOptions{Name: name, LeaseTTL: frozenTTL, PollInterval: 10 * time.Millisecond})
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", &shardq.ReceiverOptions{Name: name, LeaseTTL: frozenTTL, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -174,7 +174,7 @@ func TestFrozenMemberIsReplaced(t *testing.T) {
 					}
 					defer s.Stop(ctx)
 				} else {
-					r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", &shardq.ReceiverOptions{Name: "heir", LeaseTTL: frozenTTL,
+					r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", &shardq.ReceiverOptions{Name: "heir", LeaseTTL: frozenTTL,
 						Wait: time.Minute, PollInterval: 10 * time.Millisecond})
 					if err != nil {
 						t.Fatalf("the heir's accept: %v", err)
@@ -197,7 +197,7 @@ func TestFrozenMemberIsReplaced(t *testing.T) {
 					defer func() {
 						stop()
 						<-done
-						r.Close(ctx)
+						r.Stop(ctx)
 					}()
 				}
 				// The heir must get the partition while the holder is

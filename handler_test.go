@@ -138,7 +138,7 @@ func TestReceiverHandlerTimeout(t *testing.T) {
 		opts := &shardq.ReceiverOptions{HandlerTimeout: 200 * time.Millisecond, MaxAttempts: 2, BackoffMin: time.Millisecond,
 			BackoffMax: 2 * time.Millisecond, Wait: 10 * time.Second}
 		for attempt := 1; attempt <= 2; attempt++ {
-			r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", opts)
+			r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -153,16 +153,16 @@ func TestReceiverHandlerTimeout(t *testing.T) {
 			if err := r.Ack(ctx, d); !errors.Is(err, shardq.ErrHandlerTimeout) {
 				t.Fatalf("a late Ack = %v; want ErrHandlerTimeout", err)
 			}
-			if err := r.Close(ctx); err != nil {
+			if err := r.Stop(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
 		// Two attempts timed out: dead-lettered; the group goes on.
-		r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", opts)
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", opts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close(ctx)
+		defer r.Stop(ctx)
 		d, err := r.Receive(ctx)
 		if err != nil || d.ID != "next" {
 			t.Fatalf("after the dead letter: %+v, %v", d, err)
@@ -170,7 +170,7 @@ func TestReceiverHandlerTimeout(t *testing.T) {
 		if err := r.Ack(ctx, d); err != nil {
 			t.Fatal(err)
 		}
-		dl, err := c.Admin().DeadLetters(ctx, shardq.Scope{Tenants: []string{"t"}}, "x", "")
+		dl, err := c.Admin().DeadLetters(ctx, shardq.DeadLetterRequest{Scope: shardq.Scope{Tenants: []string{"t"}}, Topic: "x", Suffix: ""})
 		if err != nil || len(dl) != 1 || dl[0].ID != "stuck" {
 			t.Fatalf("dead letters %+v, %v; want stuck", dl, err)
 		}

@@ -312,7 +312,7 @@ func attackAndCheck(t *testing.T, victimDrv, attackDrv driver.Driver) {
 		if _, err := a.Requeue(ctx, ref, ""); err != nil {
 			t.Fatalf("requeue dead letter %d: %v", i, err)
 		}
-		r, err := c.AcceptGroup(ctx, "attacker", topic, "g2", v, nil)
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "attacker", Topic: topic, ConsumerGroup: "g2"}, v, nil)
 		if err != nil {
 			t.Fatalf("accept injected group %d: %v", i, err)
 		}
@@ -325,7 +325,7 @@ func attackAndCheck(t *testing.T, victimDrv, attackDrv driver.Driver) {
 		if err := r.Nack(ctx, d, shardq.RetryAfter(time.Hour, errors.New(v))); err != nil {
 			t.Fatalf("nack injected group %d: %v", i, err)
 		}
-		if err := r.Close(ctx); err != nil {
+		if err := r.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if deleted, err := a.Delete(ctx, ref); err != nil || !deleted {

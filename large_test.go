@@ -91,11 +91,11 @@ func TestLargeMessageRoundTrip(t *testing.T) {
 		if res.Bytes != size || res.SHA256 != want || res.Chunks != size/shardq.DefaultLargeChunkSize {
 			t.Fatalf("result %+v; want %d bytes, %s", res, size, want)
 		}
-		r, err := c.AcceptGroup(ctx, "t", "x", "g", res.PartitionKey, nil)
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, res.PartitionKey, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close(ctx)
+		defer r.Stop(ctx)
 		runtime.GC()
 		peak = heapPeak()
 		ld, err := r.ReceiveLarge(ctx)
@@ -113,11 +113,11 @@ func TestLargeMessageRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The small messages' group is untouched and ordinary.
-		sr, err := c.AcceptGroup(ctx, "t", "x", "g", "small", nil)
+		sr, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "small", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer sr.Close(ctx)
+		defer sr.Stop(ctx)
 		for i := range 50 {
 			ld, err := sr.ReceiveLarge(ctx)
 			if err != nil || ld.Chunks != 0 || ld.Size != 1 || ld.Payload[0] != byte(i) {
@@ -142,7 +142,7 @@ func TestLargeMessageReaderStoppedMidway(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first, err := c.AcceptGroup(ctx, "t", "x", "g", res.PartitionKey, nil)
+		first, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, res.PartitionKey, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,14 +153,14 @@ func TestLargeMessageReaderStoppedMidway(t *testing.T) {
 		if _, err := io.CopyN(io.Discard, ld.Body, size/2); err != nil {
 			t.Fatal(err)
 		}
-		if err := first.Close(ctx); err != nil { // gone mid-message
+		if err := first.Stop(ctx); err != nil { // gone mid-message
 			t.Fatal(err)
 		}
-		second, err := c.AcceptGroup(ctx, "t", "x", "g", res.PartitionKey, nil)
+		second, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, res.PartitionKey, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer second.Close(ctx)
+		defer second.Stop(ctx)
 		ld, err = second.ReceiveLarge(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -197,11 +197,11 @@ func TestLargeMessageIsAllOrNothing(t *testing.T) {
 			done <- result{res, err}
 		}()
 		<-stall
-		r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", nil)
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close(ctx)
+		defer r.Stop(ctx)
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		_, err = r.ReceiveLarge(short)
 		cancel()
@@ -276,11 +276,11 @@ func TestLargeMessageWaitIsNotHandlerTime(t *testing.T) {
 			done <- err
 		}()
 		<-stall
-		r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", &shardq.ReceiverOptions{HandlerTimeout: 100 * time.Millisecond})
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", &shardq.ReceiverOptions{HandlerTimeout: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close(ctx)
+		defer r.Stop(ctx)
 		go func() {
 			time.Sleep(500 * time.Millisecond) // five handler timeouts
 			close(release)

@@ -57,10 +57,10 @@ func TestPauseAndResume(t *testing.T) {
 		waitFor(t, "the first 30 deliveries", func() bool { return delivered() == 30 })
 
 		admin, scope := c.Admin(), shardq.Scope{Tenants: []string{"t"}}
-		if _, err := admin.PauseGroup(ctx, scope, "x", "typo"); !errors.Is(err, shardq.ErrInvalid) {
+		if _, err := admin.PauseGroup(ctx, shardq.PauseRequest{Scope: scope, Topic: "x", ConsumerGroup: "typo"}); !errors.Is(err, shardq.ErrInvalid) {
 			t.Fatalf("pausing a group that never read the topic: %v; want it refused", err)
 		}
-		paused, err := admin.PauseGroup(ctx, scope, "x", "g")
+		paused, err := admin.PauseGroup(ctx, shardq.PauseRequest{Scope: scope, Topic: "x", ConsumerGroup: "g"})
 		if err != nil || len(paused) != 1 {
 			t.Fatalf("pause: %v, %v", paused, err)
 		}
@@ -91,7 +91,7 @@ func TestPauseAndResume(t *testing.T) {
 			t.Fatalf("the member holds %d leases while paused; want both partitions kept", held)
 		}
 
-		if _, err := admin.ResumeGroup(ctx, scope, "x", "g"); err != nil {
+		if _, err := admin.ResumeGroup(ctx, shardq.PauseRequest{Scope: scope, Topic: "x", ConsumerGroup: "g"}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "every message after the resume", func() bool { return delivered() == 3*sent })

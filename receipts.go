@@ -210,25 +210,25 @@ func (c *Client) MaxMessageBytes() int64 {
 	return int64(c.cfg.MaxPayloadBytes) + ident.MaxHeaders*(ident.MaxHeaderKeyBytes+ident.MaxHeaderValueBytes)
 }
 
-// Ack settles the message of a receipt of tenant's topic and group. For
+// Ack settles the message of a receipt of g's topic and group. For
 // a message group it commits the cursor past the message, and past the
 // ones before it in the same receive: acks are cumulative, like Kafka's
 // offset commits; the receive's last message gives the group back at
 // once. A receipt whose lease or claim moved on fails with
 // ErrStaleReceipt and changes nothing.
-func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) error {
-	return r.rt.Ack(ctx, tenant, topic, group, rcpt)
+func (r *Receipts) Ack(ctx context.Context, g GroupRef, receipt string) error {
+	return r.rt.Ack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
 }
 
-// AckAll acknowledges receipts of tenant's topic and group, as Ack does
+// AckAll acknowledges receipts of g's topic and group, as Ack does
 // each, in few statements: the claims in one transaction, and per receive
 // of a message group one cursor commit, at its highest offset (acks are
 // cumulative). Every receipt is checked before anything is settled: a
 // malformed one fails the call with a ValidationError naming receipts[i],
 // and nothing changes. It returns the indexes of the stale receipts, whose
 // messages are delivered again; the others are settled.
-func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpts []string) (stale []int, err error) {
-	return r.rt.AckAll(ctx, tenant, topic, group, rcpts)
+func (r *Receipts) AckAll(ctx context.Context, g GroupRef, receipts []string) (stale []int, err error) {
+	return r.rt.AckAll(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts)
 }
 
 // NackAll fails the messages of receipts, as Nack does each; every
@@ -236,14 +236,15 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 // group only the lowest offset is failed: the group is given back, and its
 // later messages wait behind that one (in order) and are delivered again
 // with it, without an attempt counted against them.
-func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcpts []string, retryAfter time.Duration, reason string) (stale []int, err error) {
-	return r.rt.NackAll(ctx, tenant, topic, group, rcpts, retryAfter, reason)
+func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, opts NackOptions) (stale []int, err error) {
+	return r.rt.NackAll(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, opts.RetryAfter, opts.Reason)
 }
 
-// Nack fails the message of a receipt: delivered again after retryAfter,
+// Nack fails the message of a receipt: delivered again after
+// opts.RetryAfter,
 // or dead-lettered once it has failed MaxAttempts times. A message group
 // is given back at once (its messages after this one wait behind it, in
 // order); the receipts of that receive become stale.
-func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, retryAfter time.Duration, reason string) error {
-	return r.rt.Nack(ctx, tenant, topic, group, rcpt, retryAfter, reason)
+func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts NackOptions) error {
+	return r.rt.Nack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt, opts.RetryAfter, opts.Reason)
 }

@@ -126,7 +126,7 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 		}
 		forged := receipt{Tenant: "acme", Topic: "orders", Group: "victim", Owner: "anyone", Token: 0, Offset: delayed, Claim: true}
 		unsigned := receiptPrefix + "1." + base64.RawURLEncoding.EncodeToString(must(json.Marshal(forged))) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32))
-		if err := r.Ack(ctx, "acme", "orders", "victim", unsigned); !errors.Is(err, ErrBadReceipt) || !errors.Is(err, ErrInvalid) {
+		if err := r.Ack(ctx, GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "victim"}, unsigned); !errors.Is(err, ErrBadReceipt) || !errors.Is(err, ErrInvalid) {
 			t.Fatalf("ack of an unsigned receipt: %v, want ErrBadReceipt and ErrInvalid", err)
 		}
 		// Signed or not, the store settles no placeholder row.
@@ -159,7 +159,7 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 			t.Fatalf("receive k = %+v, %v", grp, err)
 		}
 		edited := editReceipt(t, grp.Messages[0].Receipt, func(m map[string]any) { m["o"], m["l"] = 9e18, 9e18 })
-		if err := r.Ack(ctx, "acme", "orders", "g", edited); !errors.Is(err, ErrBadReceipt) {
+		if err := r.Ack(ctx, GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, edited); !errors.Is(err, ErrBadReceipt) {
 			t.Fatalf("ack of an edited receipt: %v, want ErrBadReceipt", err)
 		}
 		grc, err := r.decode(ctx, grp.Messages[0].Receipt, "acme", "orders", "g")
@@ -171,11 +171,11 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Ack(ctx, "acme", "orders", "g", past); !errors.Is(err, ErrInvalid) {
+		if err := r.Ack(ctx, GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, past); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("ack of a signed receipt past the head: %v, want ErrInvalid", err)
 		}
 		// Nothing moved: the real receipt still settles, and k2, k3 follow.
-		if err := r.Ack(ctx, "acme", "orders", "g", grp.Messages[0].Receipt); err != nil {
+		if err := r.Ack(ctx, GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, grp.Messages[0].Receipt); err != nil {
 			t.Fatal(err)
 		}
 		rest, err := r.Receive(ctx, ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", PartitionKey: "k", Max: 10})

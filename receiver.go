@@ -146,13 +146,14 @@ func (c *Client) receiverConfig(o ReceiverOptions) receiver.Config {
 		}}
 }
 
-// AcceptGroup takes the message group partitionKey of (tenant, topic) for
-// consumerGroup exclusively, through the same fenced lease a subscriber
+// AcceptGroup takes the message group partitionKey of g's topic for g's
+// consumer group exclusively, through the same fenced lease a subscriber
 // would hold: a subscriber and a receiver never own a group at once. When
 // another consumer holds it, AcceptGroup fails with a *GroupOwnedError, or
 // with opts.Wait keeps trying until the holder releases it or its lease
 // expires, and then fails with ErrAcceptTimeout.
-func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, partitionKey string, opts *ReceiverOptions) (*GroupReceiver, error) {
+func (c *Client) AcceptGroup(ctx context.Context, g GroupRef, partitionKey string, opts *ReceiverOptions) (*GroupReceiver, error) {
+	tenant, topic, consumerGroup := g.Tenant, g.Topic, g.ConsumerGroup
 	o, err := c.receiverDefaults(opts, topic)
 	if err == nil {
 		err = validateGroupRef(tenant, topic, consumerGroup)
@@ -175,12 +176,13 @@ func (c *Client) AcceptGroup(ctx context.Context, tenant, topic, consumerGroup, 
 	return c.startReceiver(ctx, o, rt, err)
 }
 
-// AcceptNextGroup takes a free message group of topic in tenants (or
-// MQ_TENANTS when tenants is empty) that has a message ready, the one whose
+// AcceptNextGroup takes a free message group of r.Topic in r.Tenants (or
+// MQ_TENANTS when empty), for r.ConsumerGroup, that has a message ready, the one whose
 // next message is oldest first. It never hands out an owned group. With no
 // group ready it fails with ErrNoReadyGroup, or with opts.Wait keeps
 // looking and then fails with ErrAcceptTimeout.
-func (c *Client) AcceptNextGroup(ctx context.Context, tenants []string, topic, consumerGroup string, opts *ReceiverOptions) (*GroupReceiver, error) {
+func (c *Client) AcceptNextGroup(ctx context.Context, r NextGroupRequest, opts *ReceiverOptions) (*GroupReceiver, error) {
+	tenants, topic, consumerGroup := r.Tenants, r.Topic, r.ConsumerGroup
 	o, err := c.receiverDefaults(opts, topic)
 	if err == nil {
 		tenants, err = tenantList(tenants)
@@ -296,11 +298,16 @@ func (r *GroupReceiver) SetState(ctx context.Context, state []byte) error {
 }
 
 func (r *GroupReceiver) stopOrder() int                         { return 0 }
-func (r *GroupReceiver) stopForClose(ctx context.Context) error { return r.Close(ctx) }
+func (r *GroupReceiver) stopForClose(ctx context.Context) error { return r.Stop(ctx) }
 
-// Close releases the group. An unsettled message is delivered again to
-// the group's next owner. Close is safe to call more than once.
-func (r *GroupReceiver) Close(ctx context.Context) error {
+// Stop releases the group. An unsettled message is delivered again to the
+// group's next owner. Stop is safe to call more than once.
+func (r *GroupReceiver) Stop(ctx context.Context) error {
 	defer r.c.untrack(r)
 	return r.rt.Close(ctx)
 }
+
+// Done is closed once the receiver has stopped: by Stop, by Client.Close,
+// or on its own when it lost or released the group (idle, handler
+// timeout); Receive then fails with ErrReceiverClosed.
+func (r *GroupReceiver) Done() <-chan struct{} { return r.rt.Done() }

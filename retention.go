@@ -192,11 +192,18 @@ func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval ti
 	return cl, nil
 }
 
-// Stop ends the cleaner, letting a running batch finish until ctx ends.
-func (cl *Cleaner) Stop(ctx context.Context) {
+// Stop ends the cleaner, letting a running batch finish until ctx ends;
+// it returns ctx's error when the batch had to be cancelled.
+func (cl *Cleaner) Stop(ctx context.Context) error {
 	defer cl.c.untrack(cl)
-	cl.svc.Stop(ctx)
+	if err := cl.svc.Stop(ctx); err != nil {
+		return fmt.Errorf("shardq: stop cleaner: %w", err)
+	}
+	return nil
 }
 
+// Done is closed once the cleaner has stopped: by Stop or Client.Close.
+func (cl *Cleaner) Done() <-chan struct{} { return cl.svc.Done() }
+
 func (cl *Cleaner) stopOrder() int                         { return 2 }
-func (cl *Cleaner) stopForClose(ctx context.Context) error { cl.Stop(ctx); return nil }
+func (cl *Cleaner) stopForClose(ctx context.Context) error { return cl.Stop(ctx) }

@@ -163,7 +163,7 @@ func testAdminRequeueDeadLetter(t *testing.T, open Open) {
 	})
 	stopAll(t, s)
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m3"})
-	dls, err := c.Admin().DeadLetters(ctx, shardq.Scope{Tenants: []string{"t"}, Limit: 10}, "x", "")
+	dls, err := c.Admin().DeadLetters(ctx, shardq.DeadLetterRequest{Scope: shardq.Scope{Tenants: []string{"t"}, Limit: 10}, Topic: "x", Suffix: ""})
 	if err != nil || len(dls) != 1 || dls[0].ID != "m1" {
 		t.Fatalf("dead letters: %+v, %v", dls, err)
 	}
@@ -190,7 +190,7 @@ func testAdminRequeueDeadLetter(t *testing.T, open Open) {
 	if _, err := c.Admin().Requeue(ctx, shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}, ""); !errors.Is(err, shardq.ErrNoMessage) {
 		t.Fatalf("second requeue = %v, want ErrNoMessage", err)
 	}
-	if n, err := c.Admin().RequeueAll(ctx, "t", "x", ""); err != nil || n != 0 {
+	if n, err := c.Admin().RequeueAll(ctx, shardq.TopicRef{Tenant: "t", Topic: "x"}, ""); err != nil || n != 0 {
 		t.Fatalf("requeue all of an empty DLQ = %d, %v", n, err)
 	}
 }

@@ -76,7 +76,7 @@ func receiveAck(t *testing.T, r *shardq.GroupReceiver, n int) []string {
 
 func closeReceiver(t *testing.T, r *shardq.GroupReceiver) {
 	t.Helper()
-	if err := r.Close(context.Background()); err != nil {
+	if err := r.Stop(context.Background()); err != nil {
 		t.Errorf("close: %v", err)
 	}
 }
@@ -94,7 +94,7 @@ func testAcceptGroupIsExclusive(t *testing.T, open Open) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", receiverOpts(fmt.Sprintf("r%d", i)))
+			r, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", receiverOpts(fmt.Sprintf("r%d", i)))
 			var goe *shardq.GroupOwnedError
 			switch {
 			case err == nil:
@@ -129,7 +129,7 @@ func testAcceptGroupIsExclusive(t *testing.T, open Open) {
 		t.Fatalf("receive with %s unsettled: %v, want ErrUnsettled", d.ID, err)
 	}
 	closeReceiver(t, r) // m4 unsettled: the next owner gets it again
-	next, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", receiverOpts("next"))
+	next, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", receiverOpts("next"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,14 +142,14 @@ func testAcceptGroupIsExclusive(t *testing.T, open Open) {
 func testAcceptGroupWaits(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	publishGroup(t, c, "k", "m1")
-	holder, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", receiverOpts("holder"))
+	holder, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", receiverOpts("holder"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := receiverOpts("waiter")
 	o.Wait = 300 * time.Millisecond
 	start := time.Now()
-	_, err = c.AcceptGroup(context.Background(), "t", "x", "g", "k", o)
+	_, err = c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", o)
 	if !errors.Is(err, shardq.ErrAcceptTimeout) || !errors.Is(err, shardq.ErrGroupOwned) {
 		t.Fatalf("accept of a held group with a wait: %v, want ErrAcceptTimeout wrapping ErrGroupOwned", err)
 	}
@@ -162,7 +162,7 @@ func testAcceptGroupWaits(t *testing.T, open Open) {
 		closeReceiver(t, holder)
 	}()
 	o.Wait = 30 * time.Second
-	waiter, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", o)
+	waiter, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", o)
 	if err != nil {
 		t.Fatalf("accept with a wait while the holder closes: %v", err)
 	}
@@ -174,7 +174,7 @@ func testAcceptGroupWaits(t *testing.T, open Open) {
 	// RequireReady: nothing is ready in k now; the lease is not kept.
 	o = receiverOpts("picky")
 	o.RequireReady = true
-	if _, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", o); !errors.Is(err, shardq.ErrNoReadyGroup) {
+	if _, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", o); !errors.Is(err, shardq.ErrNoReadyGroup) {
 		t.Fatalf("RequireReady on a drained group: %v, want ErrNoReadyGroup", err)
 	}
 	for _, l := range leaseRows(t, d) {
@@ -182,7 +182,7 @@ func testAcceptGroupWaits(t *testing.T, open Open) {
 			t.Fatalf("lease left held by %q", l.Owner)
 		}
 	}
-	if _, err := c.AcceptGroup(context.Background(), "t", "x", "g", "", o); !errors.Is(err, shardq.ErrInvalid) {
+	if _, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "", o); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("accepting the ungrouped partition: %v, want ErrInvalid", err)
 	}
 }
@@ -201,7 +201,7 @@ func leaseRows(t *testing.T, d driver.Driver) []driver.Lease {
 // subscriber's group is refused to a receiver.
 func testReceiverAndSubscriberNeverShare(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
-	r, err := c.AcceptGroup(context.Background(), "t", "x", "g", "mine", receiverOpts("receiver"))
+	r, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "mine", receiverOpts("receiver"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func testReceiverAndSubscriberNeverShare(t *testing.T, open Open) {
 	}
 	defer stopAll(t, s)
 	waitFor(t, "s1 delivered", 20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return got["s1"] })
-	_, err = c.AcceptGroup(context.Background(), "t", "x", "g", "theirs", receiverOpts("late"))
+	_, err = c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "theirs", receiverOpts("late"))
 	var goe *shardq.GroupOwnedError
 	if !errors.As(err, &goe) || goe.Owner != s.ID() {
 		t.Fatalf("accepting a subscriber's group: %v, want GroupOwnedError naming %q", err, s.ID())
@@ -265,12 +265,12 @@ func testAcceptNextGroup(t *testing.T, open Open) {
 	publishGroup(t, c, "drained", "d1")
 	publishGroup(t, c, "old", "a1", "a2")
 	publishGroup(t, c, "new", "b1")
-	owner, err := c.AcceptGroup(ctx, "t", "x", "g", "owned", receiverOpts("owner"))
+	owner, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "owned", receiverOpts("owner"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeReceiver(t, owner)
-	r, err := c.AcceptGroup(ctx, "t", "x", "g", "retrying", receiverOpts("r"))
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "retrying", receiverOpts("r"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func testAcceptNextGroup(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	closeReceiver(t, r)
-	r, err = c.AcceptGroup(ctx, "t", "x", "g", "drained", receiverOpts("r"))
+	r, err = c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "drained", receiverOpts("r"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +290,7 @@ func testAcceptNextGroup(t *testing.T, open Open) {
 	closeReceiver(t, r)
 
 	for _, want := range []string{"old", "new"} {
-		next, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", receiverOpts("next-"+want))
+		next, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, receiverOpts("next-"+want))
 		if err != nil {
 			t.Fatalf("accept next (want %q): %v", want, err)
 		}
@@ -299,12 +299,12 @@ func testAcceptNextGroup(t *testing.T, open Open) {
 		}
 		defer closeReceiver(t, next)
 	}
-	if _, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", receiverOpts("none")); !errors.Is(err, shardq.ErrNoReadyGroup) {
+	if _, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, receiverOpts("none")); !errors.Is(err, shardq.ErrNoReadyGroup) {
 		t.Fatalf("accept next with only owned, retrying and drained groups: %v, want ErrNoReadyGroup", err)
 	}
 	o := receiverOpts("patient")
 	o.Wait = 200 * time.Millisecond
-	if _, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", o); !errors.Is(err, shardq.ErrAcceptTimeout) {
+	if _, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, o); !errors.Is(err, shardq.ErrAcceptTimeout) {
 		t.Fatalf("accept next with a wait and nothing ready: %v, want ErrAcceptTimeout", err)
 	}
 	// A message arriving during the wait is picked up.
@@ -315,7 +315,7 @@ func testAcceptNextGroup(t *testing.T, open Open) {
 		}
 	}()
 	o.Wait = 30 * time.Second
-	fresh, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", o)
+	fresh, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, o)
 	if err != nil || fresh.PartitionKey() != "fresh" {
 		t.Fatalf("accept next while a message arrives: %v", err)
 	}
@@ -327,7 +327,7 @@ func testReceiverIdleRelease(t *testing.T, open Open) {
 	publishGroup(t, c, "k", "m1")
 	o := receiverOpts("idler")
 	o.IdleTimeout = 300 * time.Millisecond
-	r, err := c.AcceptGroup(context.Background(), "t", "x", "g", "k", o)
+	r, err := c.AcceptGroup(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func testGroupState(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
 	ctx := context.Background()
 	publishGroup(t, c, "k", "m1")
-	a, err := c.AcceptGroup(ctx, "t", "x", "g", "k", receiverOpts("a"))
+	a, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", receiverOpts("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +357,7 @@ func testGroupState(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	closeReceiver(t, a)
-	b, err := c.AcceptGroup(ctx, "t", "x", "g", "k", receiverOpts("b"))
+	b, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", receiverOpts("b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func testGroupState(t *testing.T, open Open) {
 	clock := func(at time.Time) func() time.Time { return func() time.Time { return at } }
 	so := receiverOpts("stale")
 	so.Clock, so.LeaseTTL = clock(t0), time.Minute
-	stale, err := c.AcceptGroup(ctx, "t", "x", "g", "k", so)
+	stale, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +384,7 @@ func testGroupState(t *testing.T, open Open) {
 	}
 	no := receiverOpts("new")
 	no.Clock = clock(t0.Add(2 * time.Minute))
-	fresh, err := c.AcceptGroup(ctx, "t", "x", "g", "k", no)
+	fresh, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", no)
 	if err != nil {
 		t.Fatalf("taking over an expired group: %v", err)
 	}
@@ -413,7 +413,7 @@ func testReceiverNackRetriesThenDeadLetters(t *testing.T, open Open) {
 	publishGroup(t, c, "k", "poison", "next")
 	o := receiverOpts("r")
 	o.MaxAttempts = 3
-	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", o)
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -843,11 +843,11 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 	o := receiverOpts("frozen")
 	o.Clock = clock.Now
 	o.LeaseTTL, o.IdleTimeout = 30*time.Second, time.Hour // keepAlive's ticker (10 s) never fires here
-	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", o)
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close(ctx)
+	defer r.Stop(ctx)
 	d0, err := r.Receive(ctx)
 	if err != nil || d0.ID != "m0" {
 		t.Fatalf("receive = %+v, %v", d0, err)
@@ -861,11 +861,11 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 	}
 	ho := receiverOpts("heir")
 	ho.Clock = o.Clock // the clock both share says the lease has expired
-	heir, err := c.AcceptGroup(ctx, "t", "x", "g", "k", ho)
+	heir, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", ho)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer heir.Close(ctx)
+	defer heir.Stop(ctx)
 	if d1, err := heir.Receive(ctx); err != nil || d1.ID != "m1" {
 		t.Fatalf("heir receives %+v, %v; want m1", d1, err)
 	}

@@ -411,7 +411,7 @@ func testRemovalRacesReceivers(t *testing.T, open Open) {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				r, err := c.AcceptNextGroup(ctx, []string{"t"}, "x", "g", &shardq.ReceiverOptions{Wait: 50 * time.Millisecond, PollInterval: 5 * time.Millisecond})
+				r, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, &shardq.ReceiverOptions{Wait: 50 * time.Millisecond, PollInterval: 5 * time.Millisecond})
 				if err != nil {
 					if !errors.Is(err, shardq.ErrAcceptTimeout) && !errors.Is(err, shardq.ErrNoReadyGroup) && ctx.Err() == nil {
 						t.Error(err)
@@ -433,7 +433,7 @@ func testRemovalRacesReceivers(t *testing.T, open Open) {
 						break
 					}
 				}
-				if err := r.Close(context.WithoutCancel(ctx)); err != nil {
+				if err := r.Stop(context.WithoutCancel(ctx)); err != nil {
 					t.Error(err)
 				}
 			}

@@ -73,21 +73,21 @@ func testReceiptsGroup(t *testing.T, open Open) {
 		t.Fatalf("first delivery %+v", got[0].Delivery)
 	}
 	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}) // in flight: nothing
-	if err := r.Ack(ctx, "t", "x", "g", got[1].Receipt); err != nil {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, got[1].Receipt); err != nil {
 		t.Fatal(err)
 	}
 	next := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 5}, "m3")
 	// The earlier receive's receipts are spent: its lease was given back.
-	if err := r.Ack(ctx, "t", "x", "g", got[0].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, got[0].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
 		t.Fatalf("ack of a receipt whose group was given back = %v, want ErrStaleReceipt", err)
 	}
-	if err := r.Ack(ctx, "t", "x", "h", next[0].Receipt); !errors.Is(err, shardq.ErrInvalid) {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "h"}, next[0].Receipt); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("ack in another group = %v, want ErrInvalid", err)
 	}
-	if err := r.Ack(ctx, "t", "x", "g", "r1.!!"); !errors.Is(err, shardq.ErrInvalid) {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "r1.!!"); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("ack of garbage = %v, want ErrInvalid", err)
 	}
-	if err := r.Ack(ctx, "t", "x", "g", next[0].Receipt); err != nil {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, next[0].Receipt); err != nil {
 		t.Fatal(err)
 	}
 	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"})
@@ -104,14 +104,14 @@ func testReceiptsVisibility(t *testing.T, open Open) {
 	first := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2, Visibility: 5 * time.Second}, "m1", "m2")
 	clock.Advance(6 * time.Second)
 	second := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2}, "m1", "m2")
-	if err := r.Ack(ctx, "t", "x", "g", first[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, first[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
 		t.Fatalf("ack after the visibility timeout = %v, want ErrStaleReceipt", err)
 	}
 	offsets, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
 	if err != nil || len(offsets) != 1 || offsets[0].Committed != 0 {
 		t.Fatalf("cursor after a stale ack: %+v, %v; want unmoved", offsets, err)
 	}
-	if err := r.Ack(ctx, "t", "x", "g", second[1].Receipt); err != nil {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, second[1].Receipt); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -125,10 +125,10 @@ func testReceiptsNack(t *testing.T, open Open) {
 	clock := newFakeClock(time.Now())
 	r := receipts(t, c, clock, 2)
 	got := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2}, "m1", "m2")
-	if err := r.Nack(ctx, "t", "x", "g", got[0].Receipt, time.Minute, "bad"); err != nil {
+	if err := r.Nack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, got[0].Receipt, shardq.NackOptions{RetryAfter: time.Minute, Reason: "bad"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Ack(ctx, "t", "x", "g", got[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, got[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
 		t.Fatalf("ack after the group was nacked = %v, want ErrStaleReceipt", err)
 	}
 	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}) // m1 waits for its retry; m2 waits behind it
@@ -137,7 +137,7 @@ func testReceiptsNack(t *testing.T, open Open) {
 	if again[0].Attempt != 2 {
 		t.Fatalf("redelivery is attempt %d, want 2", again[0].Attempt)
 	}
-	if err := r.Nack(ctx, "t", "x", "g", again[0].Receipt, 0, "still bad"); err != nil {
+	if err := r.Nack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, again[0].Receipt, shardq.NackOptions{RetryAfter: 0, Reason: "still bad"}); err != nil {
 		t.Fatal(err)
 	}
 	if dlq := fetchAll(t, d, "t", "x.dlq", "k"); len(dlq) != 1 || dlq[0].ID != "m1" || dlq[0].Headers[shardq.HeaderDLQAttempts] != "2" {
@@ -157,10 +157,10 @@ func testReceiptsUngrouped(t *testing.T, open Open) {
 	r := receipts(t, c, clock, 3)
 	a := mustReceive(t, r, shardq.ReceiveRequest{Max: 2, Visibility: 5 * time.Second}, "u1", "u2")
 	b := mustReceive(t, r, shardq.ReceiveRequest{Max: 5}, "u3")
-	if err := r.Ack(ctx, "t", "x", "g", a[0].Receipt); err != nil {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, a[0].Receipt); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Nack(ctx, "t", "x", "g", b[0].Receipt, 0, ""); err != nil {
+	if err := r.Nack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, b[0].Receipt, shardq.NackOptions{RetryAfter: 0, Reason: ""}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(6 * time.Second) // u2's claim lapses
@@ -168,11 +168,11 @@ func testReceiptsUngrouped(t *testing.T, open Open) {
 	if again[0].Attempt != 2 || again[1].Attempt != 2 {
 		t.Fatalf("redeliveries %+v, want attempt 2 each", again)
 	}
-	if err := r.Ack(ctx, "t", "x", "g", a[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, a[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
 		t.Fatalf("ack of a lapsed claim = %v, want ErrStaleReceipt", err)
 	}
 	for _, m := range again {
-		if err := r.Ack(ctx, "t", "x", "g", m.Receipt); err != nil {
+		if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, m.Receipt); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -190,7 +190,7 @@ func testReceiptsNextGroup(t *testing.T, open Open) {
 	first := mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true, Max: 10}, "a1")
 	mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true, Max: 10}, "b1")
 	mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true})
-	if err := r.Ack(ctx, "t", "x", "g", first[0].Receipt); err != nil {
+	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, first[0].Receipt); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan []shardq.ReceivedMessage, 1)
@@ -231,7 +231,7 @@ func testReceiptsAny(t *testing.T, open Open) {
 	a := mustReceive(t, r, shardq.ReceiveRequest{Max: 10}, "a1")
 	mustReceive(t, r, shardq.ReceiveRequest{Max: 10}) // both in flight
 	for _, m := range append(u, a...) {
-		if err := r.Ack(ctx, "t", "x", "g", m.Receipt); err != nil {
+		if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, m.Receipt); err != nil {
 			t.Fatal(err)
 		}
 	}

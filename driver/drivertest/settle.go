@@ -142,7 +142,7 @@ func settleBySubscriber(take shardq.Take) settlePath {
 		}
 		defer stopAll(t, s)
 		dlqLen := func() int {
-			ms, err := c.Admin().DeadLetters(context.Background(), shardq.Scope{Tenants: []string{"t"}}, topic, "")
+			ms, err := c.Admin().DeadLetters(context.Background(), shardq.DeadLetterRequest{Scope: shardq.Scope{Tenants: []string{"t"}}, Topic: topic, Suffix: ""})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +160,7 @@ func settleByReceiver(t *testing.T, c *shardq.Client, topic, key string, fail fu
 	ctx := context.Background()
 	o := receiverOpts("r")
 	o.MaxAttempts = settleMaxAttempts
-	r, err := c.AcceptGroup(ctx, "t", topic, "g", key, o)
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: topic, ConsumerGroup: "g"}, key, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func settleByReceipts(t *testing.T, c *shardq.Client, topic, key string, fail fu
 		}
 		m := res.Messages[0]
 		attempts = append(attempts, m.Attempt)
-		if err := r.Nack(ctx, "t", topic, "g", m.Receipt, 0, fail(m.Attempt).Error()); err != nil {
+		if err := r.Nack(ctx, shardq.GroupRef{Tenant: "t", Topic: topic, ConsumerGroup: "g"}, m.Receipt, shardq.NackOptions{RetryAfter: 0, Reason: fail(m.Attempt).Error()}); err != nil {
 			t.Fatal(err)
 		}
 	}

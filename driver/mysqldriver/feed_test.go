@@ -309,11 +309,11 @@ func TestFeedRescanWakesConsumers(t *testing.T) {
 	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("0")}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.AcceptGroup(ctx, "t", "x", "g", "k", &shardq.ReceiverOptions{PollInterval: time.Hour, FeedPollInterval: time.Hour})
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", &shardq.ReceiverOptions{PollInterval: time.Hour, FeedPollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close(ctx)
+	defer r.Stop(ctx)
 	for deadline := time.Now().Add(30 * time.Second); !c.FeedUp(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("feed not up within 30 s")

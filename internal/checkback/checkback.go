@@ -66,7 +66,10 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) *Service {
 }
 
 // Stop ends the loop, letting a running check finish until ctx ends.
-func (s *Service) Stop(ctx context.Context) { s.life.Stop(ctx) }
+func (s *Service) Stop(ctx context.Context) error { return s.life.Stop(ctx) }
+
+// Done is closed once the loop has stopped.
+func (s *Service) Done() <-chan struct{} { return s.life.Done() }
 
 // Stats reports the resolutions so far.
 func (s *Service) Stats() Stats {

@@ -26,13 +26,15 @@ type Group struct {
 	mu               sync.Mutex
 	stopped          bool
 	once             sync.Once
+	done             chan struct{}
+	stopErr          error
 }
 
 // New returns a running group whose contexts carry parent's values but not
 // its cancellation (the group ends by Stop only).
 func New(parent context.Context) *Group {
 	base := context.WithoutCancel(parent)
-	g := &Group{}
+	g := &Group{done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(base)
 	g.hard, g.hardStop = context.WithCancel(base)
 	return g
@@ -60,10 +62,17 @@ func (g *Group) Go(fn func()) bool {
 	return true
 }
 
+// Done is closed once Stop has returned: every goroutine of the group
+// has.
+func (g *Group) Done() <-chan struct{} { return g.done }
+
 // Stop ends Context, waits for the group's goroutines until ctx ends, then
-// ends HardContext and waits for them to return. Later calls return at once.
-func (g *Group) Stop(ctx context.Context) {
+// ends HardContext and waits for them to return. It returns ctx's error
+// when it had to end HardContext (work in flight was cancelled), and
+// later calls return the same at once.
+func (g *Group) Stop(ctx context.Context) error {
 	g.once.Do(func() {
+		defer close(g.done)
 		g.mu.Lock()
 		g.stopped = true
 		g.mu.Unlock()
@@ -73,11 +82,13 @@ func (g *Group) Stop(ctx context.Context) {
 		select {
 		case <-done:
 		case <-ctx.Done():
+			g.stopErr = ctx.Err()
 			g.hardStop()
 			<-done
 		}
 		g.hardStop()
 	})
+	return g.stopErr
 }
 
 // CallTimeout bounds one database call of a background loop, so that a

@@ -224,6 +224,10 @@ func (r *Receiver) shut(reason error) {
 	})
 }
 
+// Done is closed once the receiver is closed: by Close, or on its own
+// when it lost or released its group.
+func (r *Receiver) Done() <-chan struct{} { return r.closing }
+
 // Abort closes a receiver that its owner could not take on (the client
 // closed meanwhile) and releases its group.
 func (r *Receiver) Abort(ctx context.Context, reason error) {

@@ -292,4 +292,7 @@ func Start(ctx context.Context, interval time.Duration, log *slog.Logger, tenant
 }
 
 // Stop ends the service, letting a running batch finish until ctx ends.
-func (c *Cleaner) Stop(ctx context.Context) { c.life.Stop(ctx) }
+func (c *Cleaner) Stop(ctx context.Context) error { return c.life.Stop(ctx) }
+
+// Done is closed once the service has stopped.
+func (c *Cleaner) Done() <-chan struct{} { return c.life.Done() }

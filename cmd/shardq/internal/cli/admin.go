@@ -324,7 +324,7 @@ func (a *app) adminPause(paused bool) *cobra.Command {
 			if paused {
 				set = admin.PauseGroup
 			}
-			tenants, err := set(cmd.Context(), s, topic, group)
+			tenants, err := set(cmd.Context(), shardq.PauseRequest{Scope: s, Topic: topic, ConsumerGroup: group})
 			if err != nil {
 				return err
 			}
@@ -359,7 +359,7 @@ func (a *app) adminGroupsDelete() *cobra.Command {
 				return err
 			}
 			defer done()
-			if err := c.Admin().DeleteGroup(cmd.Context(), tenant, topic, group, staleAfter, force); err != nil {
+			if err := c.Admin().DeleteGroup(cmd.Context(), shardq.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, shardq.DeleteGroupOptions{StaleAfter: staleAfter, Force: force}); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.env.Stdout, "deleted consumer group %q of tenant %q topic %q\n", group, tenant, topic)
@@ -557,7 +557,7 @@ func (a *app) adminDLQ() *cobra.Command {
 		cmd.MarkFlagRequired("topic")
 		cmd.PreRunE = func(*cobra.Command, []string) error { return firstErr(ident.Topic(topic), ident.Topic(topic+suffix)) }
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
-		ms, err := admin.DeadLetters(cmd.Context(), s, topic, suffix)
+		ms, err := admin.DeadLetters(cmd.Context(), shardq.DeadLetterRequest{Scope: s, Topic: topic, Suffix: suffix})
 		if err != nil {
 			return err
 		}
@@ -598,7 +598,7 @@ func (a *app) adminDLQ() *cobra.Command {
 			defer done()
 			if all {
 				prog := a.progress("requeued", false)
-				n, err := c.Admin().WithProgress(prog.add).RequeueAll(cmd.Context(), ref.Tenant, ref.Topic, suffix)
+				n, err := c.Admin().WithProgress(prog.add).RequeueAll(cmd.Context(), shardq.TopicRef{Tenant: ref.Tenant, Topic: ref.Topic}, suffix)
 				prog.done(fmt.Sprintf("requeued %d dead letters", n))
 				fmt.Fprintf(a.env.Stdout, "requeued %d dead letters\n", n)
 				return err

@@ -237,7 +237,7 @@ func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, ten
 	out := bufio.NewWriter(a.env.Stdout)
 	s := &groupServer{a: a, f: f, enc: json.NewEncoder(out), out: out, last: time.Now()}
 	if f.key != "" {
-		r, err := c.AcceptGroup(ctx, tenants[0], f.topic, f.group, f.key, &opts)
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: tenants[0], Topic: f.topic, ConsumerGroup: f.group}, f.key, &opts)
 		if err != nil {
 			return err
 		}
@@ -255,7 +255,7 @@ func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, ten
 				}
 			}
 		}
-		r, err := c.AcceptNextGroup(ctx, tenants, f.topic, f.group, &opts)
+		r, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: tenants, Topic: f.topic, ConsumerGroup: f.group}, &opts)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil // SIGINT/SIGTERM
@@ -289,7 +289,7 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if cerr := r.Close(cctx); cerr != nil {
+		if cerr := r.Stop(cctx); cerr != nil {
 			fmt.Fprintln(s.a.env.Stderr, "error:", cerr)
 		}
 	}()

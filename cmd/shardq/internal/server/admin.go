@@ -221,7 +221,7 @@ func (s *Server) deadLettersWithin(ctx context.Context, tenant, topic string, af
 		if last != nil {
 			sc.After = []string{last.Tenant, strconv.FormatInt(last.Offset, 10)}
 		}
-		return s.admin.DeadLetters(ctx, sc, topic, "")
+		return s.admin.DeadLetters(ctx, shardq.DeadLetterRequest{Scope: sc, Topic: topic, Suffix: ""})
 	})
 }
 
@@ -259,7 +259,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) 
 	case in.All && (in.ID != "" || in.Key != ""):
 		s.fail(w, r, &shardq.ValidationError{Field: "all", Rule: "set all, or key and id, not both"})
 	case in.All:
-		n, err := s.admin.RequeueAll(r.Context(), tenant, topic, "")
+		n, err := s.admin.RequeueAll(r.Context(), shardq.TopicRef{Tenant: tenant, Topic: topic}, "")
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -426,7 +426,7 @@ func (s *Server) pauseOrResume(w http.ResponseWriter, r *http.Request, tenant st
 	if pause {
 		op = s.admin.PauseGroup
 	}
-	if _, err := op(r.Context(), shardq.Scope{Tenants: []string{tenant}}, r.PathValue("topic"), r.PathValue("group")); err != nil {
+	if _, err := op(r.Context(), shardq.PauseRequest{Scope: shardq.Scope{Tenants: []string{tenant}}, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group")}); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -377,7 +377,7 @@ func (s *Server) pauseForm(w http.ResponseWriter, r *http.Request, tenant string
 		return
 	}
 	q := url.Values{"notice": {action + "d"}, "group": {group}}
-	if _, err := op(r.Context(), shardq.Scope{Tenants: []string{tenant}}, topic, group); err != nil {
+	if _, err := op(r.Context(), shardq.PauseRequest{Scope: shardq.Scope{Tenants: []string{tenant}}, Topic: topic, ConsumerGroup: group}); err != nil {
 		s.log.Warn("shardq serve: dashboard "+action+" failed", "tenant", tenant, "topic", topic, "group", group, "err", err)
 		q = url.Values{"notice": {"failed"}}
 	}

@@ -318,9 +318,9 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, tenant string, n
 	topic, group := r.PathValue("topic"), r.PathValue("group")
 	var stale []int
 	if nack {
-		stale, err = s.cfg.Receipts.NackAll(r.Context(), tenant, topic, group, in.Receipts, retry, in.Reason)
+		stale, err = s.cfg.Receipts.NackAll(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, in.Receipts, shardq.NackOptions{RetryAfter: retry, Reason: in.Reason})
 	} else {
-		stale, err = s.cfg.Receipts.AckAll(r.Context(), tenant, topic, group, in.Receipts)
+		stale, err = s.cfg.Receipts.AckAll(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, in.Receipts)
 	}
 	if err != nil {
 		s.fail(w, r, err)

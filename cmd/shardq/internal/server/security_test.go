@@ -338,7 +338,7 @@ func TestLongPollWakesOnFeed(t *testing.T) {
 			for _, m := range res.Messages {
 				rcpts = append(rcpts, m.Receipt)
 			}
-			if _, err := rc.AckAll(ctx, "acme", "orders", "g", rcpts); err != nil {
+			if _, err := rc.AckAll(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, rcpts); err != nil {
 				t.Fatal(err)
 			}
 			// Drain what the extra publishes left.
@@ -351,7 +351,7 @@ func TestLongPollWakesOnFeed(t *testing.T) {
 				for _, m := range more.Messages {
 					rcpts = append(rcpts, m.Receipt)
 				}
-				if _, err := rc.AckAll(ctx, "acme", "orders", "g", rcpts); err != nil {
+				if _, err := rc.AckAll(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, rcpts); err != nil {
 					t.Fatal(err)
 				}
 			}
