@@ -97,7 +97,7 @@ var _ driver.Driver = (*Driver)(nil)
 // parameters on the server (a DSN with interpolateParams=true is refused
 // with ErrInterpolatedParams). Open adds the settings shardq prefers (UTC,
 // bounded lock waits and idle transactions); a caller's own pool should
-// bound them in its DSN (README, "Connections").
+// bound them in its DSN (docs/safety.md, "Connections").
 func New(db *sql.DB) (*Driver, error) {
 	limits := &serverLimits{}
 	if err := checkPool(db, limits); err != nil {
