@@ -15,6 +15,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -342,9 +344,9 @@ func TestServeStopsGracefully(t *testing.T) {
 		a.took = time.Since(start)
 		done <- a
 	}()
-	// Give the receive time to start waiting; if the signal came first,
-	// it would be answered at once all the same.
-	time.Sleep(500 * time.Millisecond)
+	// Until the receive is in the server (if the signal came first, it
+	// would be answered at once all the same).
+	waitActive(t, p, "POST", 1)
 	if err := p.stop(t, syscall.SIGTERM); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.output())
 	}
@@ -458,6 +460,32 @@ func TestServeTLS(t *testing.T) {
 		plain.Body.Close()
 		if plain.StatusCode == 200 {
 			t.Fatal("plain HTTP was answered 200 on the TLS port")
+		}
+	}
+}
+
+// waitActive waits until p's /metrics counts n requests of method in
+// flight.
+func waitActive(t *testing.T, p *serveProc, method string, n float64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		fams, err := scrape(strings.TrimPrefix(p.base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var active float64
+		for _, m := range fams["http_server_active_requests"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "http_request_method" && l.GetValue() == method {
+					active += m.GetGauge().GetValue()
+				}
+			}
+		}
+		if active >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v %s requests in flight after 10 s, want %v; metric families %v", active, method, n, slices.Collect(maps.Keys(fams)))
 		}
 	}
 }

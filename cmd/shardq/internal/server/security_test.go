@@ -251,18 +251,7 @@ func TestConcurrentReceivesCapped(t *testing.T) {
 		done := make(chan reply, 2)
 		poll := func(tok, key string, holders int) {
 			go func() { done <- h.call("POST", groupPath+"/receive", tok, `{"key":"`+key+`","wait":20}`) }()
-			// Until the long poll holds its slot (the limiter says so).
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-				h.srv.limits.mu.Lock()
-				n := len(h.srv.limits.inFlight)
-				h.srv.limits.mu.Unlock()
-				if n == holders {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the long poll of %s never started", key)
-				}
-			}
+			h.waitReceives(holders) // until the long poll holds its slot
 		}
 		poll(a, "k", 1)
 		r := h.call("POST", groupPath+"/receive", a, `{"key":"j"}`)

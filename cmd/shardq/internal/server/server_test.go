@@ -396,7 +396,7 @@ func TestWaitingReceive(t *testing.T) {
 		}
 		// Drain answers a waiting receive at once, with nothing.
 		go func() { done <- h.call("POST", groupPath+"/receive", tok, `{"key":"other","wait":20}`) }()
-		time.Sleep(20 * time.Millisecond) // let it start waiting; a late start still ends at once
+		h.waitReceives(1) // until it waits; a late start would still end at once
 		h.srv.Drain()
 		if r := <-done; r.status != 200 || len(received(r.body)) != 0 {
 			t.Fatalf("receive during drain: %d %v", r.status, r.body)
@@ -747,3 +747,20 @@ func TestSettleChecksEveryReceiptFirst(t *testing.T) {
 // testMetrics stands in for the CLI's Prometheus handler: what it serves
 // is the CLI's concern (tested there); these tests check who may read it.
 var testMetrics = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "# shardq metrics\n") })
+
+// waitReceives waits until n tokens hold receives in flight (the
+// limiter's count).
+func (h *harness) waitReceives(n int) {
+	h.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		h.srv.limits.mu.Lock()
+		held := len(h.srv.limits.inFlight)
+		h.srv.limits.mu.Unlock()
+		if held == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%d tokens hold receives after 10 s, want %d", held, n)
+		}
+	}
+}
