@@ -241,24 +241,13 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 // dead-letter topic is t.Topic + suffix, ".dlq" when suffix is ""), in
 // offset order, and returns how many.
 func (a *Admin) RequeueAll(ctx context.Context, t TopicRef, suffix string) (int, error) {
-	tenant, topic := t.Tenant, t.Topic
-	if err := ident.Tenant(tenant); err != nil {
+	if suffix == "" {
+		suffix = DefaultDLQSuffix
+	}
+	if err := firstInvalid(ident.Tenant(t.Tenant), ident.Topic(t.Topic), ident.Topic(t.Topic+suffix)); err != nil {
 		return 0, fmt.Errorf("shardq: admin: %w", err)
 	}
-	n := 0
-	for {
-		dls, err := a.DeadLetters(ctx, DeadLetterRequest{Scope: Scope{Tenants: []string{tenant}, Limit: 500}, Topic: topic, Suffix: suffix})
-		if err != nil || len(dls) == 0 {
-			return n, err
-		}
-		for _, m := range dls {
-			if _, err := a.Requeue(ctx, MessageRef{Tenant: tenant, Topic: topic, PartitionKey: m.PartitionKey, ID: m.ID}, suffix); err != nil {
-				return n, err
-			}
-			n++
-			a.advance(1)
-		}
-	}
+	return admin.RequeueAll(ctx, a.c.drv, t.Tenant, t.Topic, suffix, func() { a.advance(1) })
 }
 
 // CommitHalf resolves a pending transactional half message by hand: it
@@ -327,32 +316,20 @@ type OffsetChange struct {
 // (ErrPartitionLeased) while a live lease covers an affected partition,
 // unless r.Force.
 func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChange, error) {
-	for _, err := range []error{ident.Tenant(r.Tenant), ident.Topic(r.Topic), ident.ConsumerGroup(r.ConsumerGroup)} {
-		if err != nil {
-			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
-		}
+	reset := admin.Reset{Tenant: r.Tenant, Topic: r.Topic, Group: r.ConsumerGroup, To: admin.Target(r.To),
+		Key: r.Key, Offset: r.Offset, Time: r.Time, Force: r.Force, DryRun: r.DryRun, Create: r.Create}
+	if err := reset.Check(); err != nil {
+		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
 	}
-	if r.To < ResetToEarliest || r.To > ResetToTime {
-		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "target", Rule: "choose earliest, latest, an offset or a time"})
-	}
-	if r.To == ResetToOffset && r.Offset < 0 {
-		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", &ident.Error{Field: "offset", Rule: fmt.Sprintf("%d: must not be negative", r.Offset)})
-	}
-	if r.To == ResetToOffset {
-		if err := ident.PartitionKey(r.Key); err != nil {
-			return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
-		}
-	}
-	changes, err := admin.ResetOffsets(ctx, a.c.drv, admin.Reset{Tenant: r.Tenant, Topic: r.Topic, Group: r.ConsumerGroup, To: admin.Target(r.To),
-		Key: r.Key, Offset: r.Offset, Time: r.Time, Force: r.Force, DryRun: r.DryRun, Create: r.Create}, a.c.cfg.Clock())
+	changes, err := admin.ResetOffsets(ctx, a.c.drv, reset, a.c.cfg.Clock())
 	return mapSlice(changes, func(c admin.Change) OffsetChange { return OffsetChange(c) }), err
 }
 
 // Where a consumer group stands with one message (MessageStatus).
 const (
-	StatusConsumed = "consumed"    // the group's cursor is past it
-	StatusRetrying = "retrying"    // it failed and waits for another attempt
-	StatusPending  = "not reached" // the group has not got to it yet (or is handling it now)
+	StatusConsumed = admin.Consumed // the group's cursor is past it
+	StatusRetrying = admin.Retrying // it failed and waits for another attempt
+	StatusPending  = admin.Pending  // the group has not got to it yet (or is handling it now)
 )
 
 // GroupStatus is one consumer group's standing with a message.
@@ -379,22 +356,10 @@ func (a *Admin) MessageStatus(ctx context.Context, ref MessageRef) (*StoredMessa
 	for g, st := range states {
 		drvStates[g] = driver.DeliveryState(st)
 	}
-	standings, err := admin.Standings(ctx, a.c.drv, ref.toDriver(), drvStates)
-	if err != nil {
-		return nil, nil, err
-	}
-	var out []GroupStatus
-	for _, st := range standings {
-		gs := GroupStatus{ConsumerGroup: st.Group, Cursor: st.Cursor, State: DeliveryState(st.State), Status: StatusPending}
-		switch {
-		case gs.Cursor >= m.Offset:
-			gs.Status = StatusConsumed
-		case gs.State.Attempts > 0:
-			gs.Status = StatusRetrying
-		}
-		out = append(out, gs)
-	}
-	return m, out, nil
+	standings, err := admin.Standings(ctx, a.c.drv, ref.toDriver(), m.Offset, drvStates)
+	return m, mapSlice(standings, func(st admin.Standing) GroupStatus {
+		return GroupStatus{ConsumerGroup: st.Group, Status: st.Status, Cursor: st.Cursor, State: DeliveryState(st.State)}
+	}), err
 }
 
 // BrowseRequest selects messages to read without a consumer group.
@@ -417,33 +382,14 @@ type BrowseRequest struct {
 // touching no consumer group's state: Kafka's console consumer without a
 // group, SQS's peek.
 func (a *Admin) Messages(ctx context.Context, r BrowseRequest) ([]StoredMessage, error) {
-	op := "shardq: admin: browse"
-	if err := firstInvalid(ident.Tenant(r.Tenant), ident.Topic(r.Topic)); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	if r.OnePartition {
-		if err := ident.PartitionKey(r.PartitionKey); err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
-		}
-	}
-	switch {
-	case r.AfterOffset < 0:
-		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "from offset", Rule: fmt.Sprintf("%d is negative", r.AfterOffset)})
-	case !r.FromTime.IsZero() && r.AfterOffset > 0:
-		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "from time", Rule: "give an offset or a time, not both"})
-	case !r.FromTime.IsZero() && !r.OnePartition:
-		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "from time",
-			Rule: "needs a partition key: offsets order a partition by time, not a topic"})
-	case r.Limit < 0 || r.Limit > MaxPageLimit:
-		return nil, fmt.Errorf("%s: %w", op, &ident.Error{Field: "limit", Rule: fmt.Sprintf("%d: want 1 to %d", r.Limit, MaxPageLimit)})
-	}
 	if r.Limit == 0 {
 		r.Limit = DefaultPageLimit
 	}
-	ms, err := admin.Messages(ctx, a.c.drv, admin.Browse{Tenant: r.Tenant, Topic: r.Topic, OnePartition: r.OnePartition, PartitionKey: r.PartitionKey,
-		AfterOffset: r.AfterOffset, FromTime: r.FromTime, Limit: r.Limit})
-	if err != nil {
-		return nil, err
+	b := admin.Browse{Tenant: r.Tenant, Topic: r.Topic, OnePartition: r.OnePartition, PartitionKey: r.PartitionKey,
+		AfterOffset: r.AfterOffset, FromTime: r.FromTime, Limit: r.Limit}
+	if err := b.Check(); err != nil {
+		return nil, fmt.Errorf("shardq: admin: browse: %w", err)
 	}
-	return mapSlice(ms, storedMessage), nil
+	ms, err := admin.Messages(ctx, a.c.drv, b)
+	return mapSlice(ms, storedMessage), err
 }

@@ -164,6 +164,24 @@ type Change struct {
 	Capped       bool
 }
 
+// Check validates r before any SQL runs.
+func (r Reset) Check() error {
+	for _, err := range []error{ident.Tenant(r.Tenant), ident.Topic(r.Topic), ident.ConsumerGroup(r.Group)} {
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case r.To < ToEarliest || r.To > ToTime:
+		return &ident.Error{Field: "target", Rule: "choose earliest, latest, an offset or a time"}
+	case r.To == ToOffset && r.Offset < 0:
+		return &ident.Error{Field: "offset", Rule: fmt.Sprintf("%d: must not be negative", r.Offset)}
+	case r.To == ToOffset:
+		return ident.PartitionKey(r.Key)
+	}
+	return nil
+}
+
 // ResetOffsets moves cursors as r says (not with DryRun) and returns what
 // changed, refusing (ErrPartitionLeased) while a lease unexpired by now
 // covers an affected partition, unless r.Force.
@@ -281,17 +299,26 @@ func filterKey(ps []driver.Partition, key string) []driver.Partition {
 	return nil
 }
 
+// Where a group stands with a message (shardq's StatusConsumed, ...).
+const (
+	Consumed = "consumed"    // the group's cursor is past it
+	Retrying = "retrying"    // it failed and waits for another attempt
+	Pending  = "not reached" // the group has not got to it yet (or is handling it now)
+)
+
 // Standing is one consumer group's standing with a message.
 type Standing struct {
 	Group  string
-	Cursor int64 // the group's cursor in the message's partition (0: none)
+	Status string // Consumed, Retrying or Pending
+	Cursor int64  // the group's cursor in the message's partition (0: none)
 	State  driver.DeliveryState
 }
 
-// Standings lists, for every group that reads ref's topic (retention's
-// claim group aside), its cursor in ref's partition and its bookkeeping
-// of the message, from states (GetMessage's).
-func Standings(ctx context.Context, drv driver.Driver, ref driver.MessageRef, states map[string]driver.DeliveryState) ([]Standing, error) {
+// Standings lists, for every group that reads the topic of m (at offset,
+// its message ref) (retention's claim group aside), its cursor in ref's
+// partition, its bookkeeping of the message, from states (GetMessage's),
+// and what they say.
+func Standings(ctx context.Context, drv driver.Driver, ref driver.MessageRef, offset int64, states map[string]driver.DeliveryState) ([]Standing, error) {
 	groups, err := drv.TopicGroups(ctx, ref.Tenant, ref.Topic)
 	if err != nil {
 		return nil, err
@@ -308,9 +335,17 @@ func Standings(ctx context.Context, drv driver.Driver, ref driver.MessageRef, st
 	}
 	var out []Standing
 	for _, g := range groups {
-		if g != driver.RetentionGroup {
-			out = append(out, Standing{Group: g, Cursor: cursor[g], State: states[g]})
+		if g == driver.RetentionGroup {
+			continue
 		}
+		st := Standing{Group: g, Cursor: cursor[g], State: states[g], Status: Pending}
+		switch {
+		case st.Cursor >= offset:
+			st.Status = Consumed
+		case st.State.Attempts > 0:
+			st.Status = Retrying
+		}
+		out = append(out, st)
 	}
 	return out, nil
 }
@@ -323,6 +358,54 @@ type Browse struct {
 	AfterOffset   int64
 	FromTime      time.Time // with OnePartition
 	Limit         int
+}
+
+// Check validates r before any SQL runs; a Limit of 0 is the caller's
+// default, set before.
+func (r Browse) Check() error {
+	if err := ident.Tenant(r.Tenant); err != nil {
+		return err
+	}
+	if err := ident.Topic(r.Topic); err != nil {
+		return err
+	}
+	if r.OnePartition {
+		if err := ident.PartitionKey(r.PartitionKey); err != nil {
+			return err
+		}
+	}
+	switch {
+	case r.AfterOffset < 0:
+		return &ident.Error{Field: "from offset", Rule: fmt.Sprintf("%d is negative", r.AfterOffset)}
+	case !r.FromTime.IsZero() && r.AfterOffset > 0:
+		return &ident.Error{Field: "from time", Rule: "give an offset or a time, not both"}
+	case !r.FromTime.IsZero() && !r.OnePartition:
+		return &ident.Error{Field: "from time", Rule: "needs a partition key: offsets order a partition by time, not a topic"}
+	case r.Limit < 1 || r.Limit > MaxPageLimit:
+		return &ident.Error{Field: "limit", Rule: fmt.Sprintf("%d: want 1 to %d", r.Limit, MaxPageLimit)}
+	}
+	return nil
+}
+
+// RequeueAll requeues every dead letter of tenant's topic (in its
+// dead-letter topic topic+suffix), in offset order, calling done after
+// each, and returns how many.
+func RequeueAll(ctx context.Context, drv driver.Driver, tenant, topic, suffix string, done func()) (int, error) {
+	n := 0
+	for {
+		dls, err := drv.TopicMessages(ctx, driver.Scope{Tenants: []string{tenant}, Limit: 500}, topic+suffix)
+		if err != nil || len(dls) == 0 {
+			return n, err
+		}
+		for _, m := range dls {
+			ref := driver.MessageRef{Tenant: tenant, Topic: topic + suffix, PartitionKey: m.PartitionKey, ID: m.ID}
+			if _, err := Requeue(ctx, drv, ref, topic); err != nil {
+				return n, err
+			}
+			n++
+			done()
+		}
+	}
 }
 
 // Messages reads messages as they are stored, moving no cursor.
