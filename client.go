@@ -35,12 +35,11 @@
 package shardq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -48,9 +47,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/groupreg"
 	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/receiptkey"
+	"github.com/shardq/shardq/internal/large"
+	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/publish"
+	"github.com/shardq/shardq/internal/schema"
+	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/telemetry"
 	"github.com/shardq/shardq/internal/wakeup"
 )
@@ -124,30 +127,16 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxPayloadBytes <= 0 {
-		c.MaxPayloadBytes = DefaultMaxPayloadBytes
-	}
-	if c.PublishMaxBatch <= 0 {
-		c.PublishMaxBatch = DefaultPublishMaxBatch
-	}
-	if c.PublishMaxInflight <= 0 {
-		c.PublishMaxInflight = DefaultPublishMaxInflight
-	}
-	if c.PublishTimeout <= 0 {
-		c.PublishTimeout = DefaultPublishTimeout
-	}
-	if c.MaxDelay <= 0 {
-		c.MaxDelay = DefaultMaxDelay
-	}
-	if c.PublishRetries <= 0 {
-		c.PublishRetries = DefaultPublishRetries
-	}
+	settings.Positive(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	settings.Positive(&c.PublishMaxBatch, DefaultPublishMaxBatch)
+	settings.Positive(&c.PublishMaxInflight, DefaultPublishMaxInflight)
+	settings.Positive(&c.PublishTimeout, DefaultPublishTimeout)
+	settings.Positive(&c.MaxDelay, DefaultMaxDelay)
+	settings.Positive(&c.PublishRetries, DefaultPublishRetries)
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 
@@ -155,24 +144,19 @@ func (c Config) withDefaults() Config {
 // owns what it starts: Close stops every subscriber, group receiver,
 // transaction producer and cleaner still running.
 type Client struct {
-	// running holds the handles started through this client and not yet
-	// stopped, by kind; closed refuses new ones.
-	mu      sync.Mutex
-	closed  bool
-	running map[stopper]struct{}
+	// handles are the subscribers, receivers, producers and cleaners
+	// started through this client and not yet stopped.
+	handles lifecycle.Handles
 
-	drv     driver.Driver
-	cfg     Config
-	tel     *telemetry.T
-	batcher *coalesce.Batcher[string, *driver.InsertMessage]
+	drv driver.Driver
+	cfg Config
+	tel *telemetry.T
+	pub *publish.Publisher // the publish pipeline (internal/publish)
 	// local tells this client's consumers of heads that moved: its own
 	// publishes, and the change feed.
 	local wakeup.Registry
-	// served is the served tenant list as a set; nil when any tenant goes.
-	served     map[string]bool
-	servedList string
-	// registered remembers the (tenant, topic, group) registry rows this
-	// client made or found (registerGroup), so that accepting message
+	// registered remembers the registry rows this client made or found
+	// (registerGroup), keyed by groupreg.Key, so that accepting message
 	// groups in a loop does not read the registry every time.
 	registered sync.Map
 }
@@ -180,22 +164,7 @@ type Client struct {
 // registerGroup registers group in the tenants' topic (driver.RegisterGroup)
 // where this client has not done so yet.
 func (c *Client) registerGroup(ctx context.Context, tenants []string, topic, group string, start StartPosition, now time.Time) error {
-	var todo []string
-	for _, t := range tenants {
-		if _, ok := c.registered.Load([3]string{t, topic, group}); !ok {
-			todo = append(todo, t)
-		}
-	}
-	if len(todo) == 0 {
-		return nil
-	}
-	if err := c.drv.RegisterGroup(ctx, todo, topic, group, start == StartLatest, now); err != nil {
-		return err
-	}
-	for _, t := range todo {
-		c.registered.Store([3]string{t, topic, group}, true)
-	}
-	return nil
+	return groupreg.Register(ctx, c.drv, &c.registered, tenants, topic, group, start == StartLatest, now)
 }
 
 // NewClient returns a client over drv. Closing the client does not close
@@ -213,7 +182,13 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 	if l, ok := drv.(driver.Logged); ok {
 		l.UseLogger(cl.cfg.Logger)
 	}
-	if err := cl.serveTenants(); err != nil {
+	var err error
+	cl.pub, err = publish.New(drv, cl.tel, &cl.local, publish.Config{MaxPayloadBytes: cl.cfg.MaxPayloadBytes,
+		MaxDelay: cl.cfg.MaxDelay, Retries: cl.cfg.PublishRetries, MaxBatch: cl.cfg.PublishMaxBatch,
+		MaxInflight: cl.cfg.PublishMaxInflight, Linger: cl.cfg.PublishLinger, Timeout: cl.cfg.PublishTimeout,
+		Tenants: cl.cfg.Tenants, ReservedPrefix: large.HeaderPrefix, Clock: cl.cfg.Clock, Logger: cl.cfg.Logger,
+		MessageError: func(i int, err error) error { return &MessageError{Index: i, Err: err} }})
+	if err != nil {
 		return nil, fmt.Errorf("shardq: new client: %w", err)
 	}
 	switch feed, ok := drv.(driver.HeadFeed); {
@@ -222,7 +197,6 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 	case ok && cl.cfg.ChangeFeed == FeedAuto:
 		cl.local.UseFeed(feed, cl.cfg.Logger.With("driver", drv.Name()))
 	}
-	cl.batcher = coalesce.New[string](cl.writeBatch, cl.cfg.PublishMaxBatch, cl.cfg.PublishMaxInflight, cl.cfg.PublishLinger, cl.cfg.PublishTimeout)
 	return cl, nil
 }
 
@@ -238,82 +212,24 @@ const (
 // consumers then poll only every FeedPollInterval, as a safety net.
 func (c *Client) FeedUp() bool { return c.local.Up() }
 
-// serveTenants settles the served tenant list: Config.Tenants, else
-// MQ_TENANTS when set, else none (any tenant).
-func (c *Client) serveTenants() error {
-	ts := c.cfg.Tenants
-	if ts == nil {
-		env, set, err := EnvTenants()
-		if err != nil || !set {
-			return err // unset: any tenant
-		}
-		ts = env
-	} else if err := ident.Tenants("tenants", ts); err != nil {
-		return err
-	}
-	c.served = make(map[string]bool, len(ts))
-	for _, t := range ts {
-		c.served[t] = true
-	}
-	c.servedList = strings.Join(ts, ", ")
-	return nil
-}
-
-// checkServed rejects a tenant outside the served list.
-func (c *Client) checkServed(tenant string) error {
-	if c.served != nil && !c.served[tenant] {
-		return &ident.Error{Field: "tenant", Rule: fmt.Sprintf("%q is not served by this client (served: %s; Config.Tenants or MQ_TENANTS)", tenant, c.servedList)}
-	}
-	return nil
-}
-
 // Migrate applies the schema migrations that are not applied yet.
-func (c *Client) Migrate(ctx context.Context) error {
-	applied, err := c.drv.Migrate(ctx)
-	if err != nil {
-		return fmt.Errorf("shardq: %w", err)
-	}
-	if len(applied) > 0 {
-		c.cfg.Logger.Info("shardq: migrations applied", "driver", c.drv.Name(), "versions", applied)
-	}
-	// The key that signs receipts (shardq serve); a server that finds none
-	// creates it too.
-	if _, err := receiptkey.Ensure(ctx, c.drv, time.Now()); err != nil {
-		return fmt.Errorf("shardq: create the receipt key: %w", err)
-	}
-	return nil
-}
+func (c *Client) Migrate(ctx context.Context) error { return schema.Migrate(ctx, c.drv, c.cfg.Logger) }
 
 // DefaultCloseTimeout bounds how long Close lets in-flight handlers and
 // checks finish before it cancels them.
 const DefaultCloseTimeout = 30 * time.Second
 
 // stopper is a handle the client started: a *Subscriber, *GroupReceiver,
-// *TransactionProducer or *Cleaner.
+// *TransactionProducer or *Cleaner. Close stops lower orders first.
 type stopper interface {
 	stopOrder() int
 	stopForClose(ctx context.Context) error
 }
 
 // track registers h, unless the client is closed.
-func (c *Client) track(h stopper) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return ErrClosed
-	}
-	if c.running == nil {
-		c.running = map[stopper]struct{}{}
-	}
-	c.running[h] = struct{}{}
-	return nil
-}
+func (c *Client) track(h stopper) error { return c.handles.Add(h, h.stopOrder(), h.stopForClose) }
 
-func (c *Client) untrack(h stopper) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.running, h)
-}
+func (c *Client) untrack(h stopper) { c.handles.Remove(h) }
 
 // Close stops, in this order, and waits for: the subscribers and group
 // receivers still running (no more deliveries; in-flight handlers get up
@@ -323,38 +239,10 @@ func (c *Client) untrack(h stopper) {
 // including new subscribers, receivers, producers and cleaners. The
 // driver stays open: close it after the client.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	c.closed = true
-	var hs []stopper
-	for h := range c.running {
-		hs = append(hs, h)
-	}
-	c.mu.Unlock()
-	slices.SortStableFunc(hs, func(a, b stopper) int { return a.stopOrder() - b.stopOrder() })
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
 	defer cancel()
-	var errs []error
-	for order := 0; len(hs) > 0; order++ {
-		// Handles of one kind stop together.
-		n := 0
-		for n < len(hs) && hs[n].stopOrder() == order {
-			n++
-		}
-		var wg sync.WaitGroup
-		errc := make(chan error, n)
-		for _, h := range hs[:n] {
-			wg.Go(func() { errc <- h.stopForClose(ctx) })
-		}
-		wg.Wait()
-		close(errc)
-		for err := range errc {
-			if err != nil {
-				errs = append(errs, err)
-			}
-		}
-		hs = hs[n:]
-	}
+	err := c.handles.Close(ctx)
 	c.local.Close()
-	c.batcher.Close()
-	return errors.Join(errs...)
+	c.pub.Close()
+	return err
 }

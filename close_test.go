@@ -51,7 +51,7 @@ func TestCloseStopsWhatTheClientStarted(t *testing.T) {
 		goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 			goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1"))
 		for _, g := range []string{"g", "g2"} {
-			ls, err := drv.ListLeases(ctx, []string{"t"}, g, "x")
+			ls, err := drv.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: g})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func TestCloseStopsWhatTheClientStarted(t *testing.T) {
 				}
 			}
 		}
-		if subs, err := drv.Subscribers(ctx, []string{"t"}, "g", "x"); err != nil || len(subs) != 0 {
+		if subs, err := drv.Subscribers(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); err != nil || len(subs) != 0 {
 			t.Fatalf("heartbeats after Close: %+v, %v", subs, err)
 		}
 		if _, err := c.Subscribe(ctx, cfg); !errors.Is(err, shardq.ErrClosed) {

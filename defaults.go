@@ -3,12 +3,12 @@
 package shardq
 
 import (
-	"fmt"
-	"os"
+	"cmp"
+	"log/slog"
 	"time"
 
 	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -67,9 +67,6 @@ const (
 	DefaultCleanerInterval     = 5 * time.Minute
 )
 
-// dbTimeout bounds one database call of a handle's background work.
-const dbTimeout = lifecycle.CallTimeout
-
 // NoHandlerTimeout as HandlerTimeout lets a handler run for as long as it
 // takes.
 const NoHandlerTimeout time.Duration = -1
@@ -83,14 +80,7 @@ const UnlimitedAttempts = settle.Unlimited
 // read in this one place: set reports whether the variable is set at all
 // (a Client serves any tenant when it is not; consumers need a list), and
 // a set but invalid or empty list is an error naming MQ_TENANTS.
-func EnvTenants() (tenants []string, set bool, err error) {
-	v, set := os.LookupEnv("MQ_TENANTS")
-	if !set {
-		return nil, false, nil
-	}
-	ts, err := ParseTenants("MQ_TENANTS", v)
-	return ts, true, err
-}
+func EnvTenants() (tenants []string, set bool, err error) { return settings.EnvTenants() }
 
 // ParseTenants reads a comma-separated tenant list as MQ_TENANTS is read:
 // entries trimmed of spaces and tabs, each a valid tenant, no repeats, not
@@ -102,40 +92,43 @@ func ParseTenants(field, list string) ([]string, error) {
 // consumerTenants is tenants when given, else MQ_TENANTS, which must then
 // be set and valid: a consumer without a tenant list does not start.
 func consumerTenants(field string, tenants []string) ([]string, error) {
-	if len(tenants) > 0 {
-		return tenants, ident.Tenants(field, tenants)
-	}
-	ts, set, err := EnvTenants()
-	if err == nil && !set {
-		err = &ident.Error{Field: "MQ_TENANTS", Rule: "empty tenant list"}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w (set %s or MQ_TENANTS)", err, field)
-	}
-	return ts, nil
+	return settings.ConsumerTenants(field, tenants)
 }
 
 // maxAttempts settles a MaxAttempts setting: 0 is the default, and
 // UnlimitedAttempts the only negative allowed.
 func maxAttempts(v int) (int, error) {
-	switch {
-	case v == 0:
-		return DefaultMaxAttempts, nil
-	case v < 0 && v != UnlimitedAttempts:
-		return 0, &ident.Error{Field: "MaxAttempts", Rule: fmt.Sprintf("%d: want a positive count, 0 for the default (%d) or UnlimitedAttempts", v, DefaultMaxAttempts)}
-	}
-	return v, nil
+	return settings.MaxAttempts(v, DefaultMaxAttempts, UnlimitedAttempts)
 }
 
-// checkLiveness checks the cross-field rules of a member's timing: its
-// heartbeats must renew its leases in time, and a peer must not call it
-// dead between two of its heartbeats.
+// checkLiveness checks the cross-field rules of a member's timing
+// (settings.Liveness).
 func checkLiveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
-	if heartbeat*3 > leaseTTL {
-		return &ident.Error{Field: "LeaseTTL", Rule: fmt.Sprintf("%s is under 3 heartbeat intervals (%s): renewal (due after a third of the TTL, at heartbeats) could come too late", leaseTTL, heartbeat)}
+	return settings.Liveness(leaseTTL, heartbeat, staleAfter)
+}
+
+// dlqTopic checks that topic's dead-letter topic is a valid topic name.
+func dlqTopic(topic, suffix string) error { return settings.DLQTopic(topic, suffix) }
+
+// defaultName names a member for people (settings.Name): host-pid.
+func defaultName(kind string) string { return settings.Name(kind) }
+
+// settleDefaults fills the settings that subscribers and receivers share:
+// attempts before dead-lettering, the dead-letter suffix, clock, logger
+// and name.
+func (c *Client) settleDefaults(attempts *int, dlqSuffix *string, clock *func() time.Time, logger **slog.Logger, name *string, kind string) error {
+	n, err := maxAttempts(*attempts)
+	if err != nil {
+		return err
 	}
-	if staleAfter < 2*heartbeat {
-		return &ident.Error{Field: "StaleAfter", Rule: fmt.Sprintf("%s is under 2 heartbeat intervals (%s): a live member would be swept", staleAfter, heartbeat)}
+	*attempts = n
+	*dlqSuffix = cmp.Or(*dlqSuffix, DefaultDLQSuffix)
+	if *clock == nil {
+		*clock = c.cfg.Clock
+	}
+	*logger = cmp.Or(*logger, c.cfg.Logger)
+	if *name == "" {
+		*name = defaultName(kind)
 	}
 	return nil
 }

@@ -3,11 +3,11 @@
 package shardq
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -19,7 +19,7 @@ var (
 	// `shardq migrate` or Client.Migrate.
 	ErrNotMigrated = driver.ErrNotMigrated
 	// ErrClosed is returned by calls on a closed Client.
-	ErrClosed = errors.New("shardq: client closed")
+	ErrClosed = lifecycle.ErrClosed
 	// ErrHandlerTimeout is the failure of a handler call that ran past
 	// SubscriberConfig.HandlerTimeout: its context was cancelled with this
 	// cause (context.Cause) and the attempt counts as failed, whatever the

@@ -321,7 +321,7 @@ func TestOneNameTwoProcesses(t *testing.T) {
 			return n
 		}
 		waitUntil(t, "every message", time.Minute, func() bool { return len(seen()) == total })
-		subs, err := drv.Subscribers(ctx, []string{"t"}, "g", "x")
+		subs, err := drv.Subscribers(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		if err != nil || len(subs) != 2 || subs[0].Name == subs[1].Name || !strings.HasPrefix(subs[0].Name, "worker#") {
 			t.Fatalf("members %+v, %v; want two identities of the name worker", subs, err)
 		}

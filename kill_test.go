@@ -120,7 +120,7 @@ func TestSubscriberKilledMidRun(t *testing.T) {
 		}
 		deadline := time.Now().Add(time.Minute)
 		for {
-			ps, err := drv.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+			ps, err := drv.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 			if err == nil && len(ps) == 0 {
 				break
 			}
@@ -217,7 +217,7 @@ func TestTxProducerKilledAfterHalfMessage(t *testing.T) {
 		}
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			msgs, err := drv.FetchAfter(ctx, "t", "x", "k", 0, 10)
+			msgs, err := drv.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, 0, 10)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,24 +5,14 @@ package shardq
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
-	"maps"
-	"strings"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/coalesce"
-	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/large"
-	"github.com/shardq/shardq/internal/retry"
-	"github.com/shardq/shardq/internal/telemetry"
+	"github.com/shardq/shardq/internal/publish"
 )
 
 // HeaderQueueName is the header that mirrors a message's tenant.
-const HeaderQueueName = "queue_name"
+const HeaderQueueName = publish.HeaderQueueName
 
 // Message is a message to publish.
 type Message struct {
@@ -86,37 +76,7 @@ type PublishResult struct {
 // the messages may or may not be stored; publishing them again with the same
 // ids is safe.
 func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult, error) {
-	return c.publish(ctx, msgs, false)
-}
-
-// publish is Publish; reserved allows shardq's own headers (large
-// messages' chunks and end markers).
-func (c *Client) publish(ctx context.Context, msgs []Message, reserved bool) (_ []PublishResult, err error) {
-	start := time.Now()
-	ctx, span := c.tel.StartSend(ctx, false)
-	var sent []*driver.InsertMessage // what reached the database
-	defer func() { c.tel.EndSend(ctx, span, start, sent, err) }()
-	rows, err := c.prepare(ctx, msgs, reserved)
-	if err != nil {
-		return nil, err
-	}
-	if len(rows) == 0 {
-		return nil, nil
-	}
-	for i, r := range rows[1:] {
-		if r.Tenant != rows[0].Tenant {
-			return nil, &MessageError{Index: i + 1, Err: &ident.Error{Field: "tenant",
-				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)}}
-		}
-	}
-	sent = rows
-	if err := c.batcher.Submit(ctx, rows[0].Tenant, rows); err != nil {
-		if errors.Is(err, coalesce.ErrClosed) {
-			return nil, ErrClosed
-		}
-		return nil, fmt.Errorf("shardq: publish: %w", err)
-	}
-	return results(rows), nil
+	return results(c.pub.Publish(ctx, toPublish(msgs), false))
 }
 
 // PublishTx stores msgs inside tx, the caller's transaction on the same
@@ -124,185 +84,34 @@ func (c *Client) publish(ctx context.Context, msgs []Message, reserved bool) (_ 
 // partition are serialised by a row lock held until tx ends, so keep such
 // transactions short. On SQLite, begin tx on the driver's DB() (its write
 // connection).
-func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) (_ []PublishResult, err error) {
-	if tx == nil {
-		return nil, fmt.Errorf("shardq: PublishTx: %w", &ident.Error{Field: "tx", Rule: "must not be nil"})
-	}
-	start := time.Now()
-	ctx, span := c.tel.StartSend(ctx, true)
-	rows, err := c.prepare(ctx, msgs, false)
-	if err != nil {
-		c.tel.EndSend(ctx, span, start, nil, err)
-		return nil, err
-	}
-	defer func() { c.tel.EndSend(ctx, span, start, rows, err) }()
-	if len(rows) == 0 {
-		return nil, nil
-	}
-	// The caller's pool is the caller's: whatever it is set to do, shardq's
-	// statements run prepared on tx, their values bound, never spliced.
-	if err := c.drv.InsertMessages(ctx, driver.PreparedTx(tx), rows); err != nil {
-		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
-	}
-	return results(rows), nil
+func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]PublishResult, error) {
+	return results(c.pub.PublishTx(ctx, tx, toPublish(msgs)))
 }
 
-// prepare validates every message, runs selectors, fills ids, headers and
-// times, and returns the rows to insert; each carries ctx's trace context
-// (the send span's) in its headers. Nothing touches the database.
-// Headers starting with shardq-large- are refused unless reserved.
-func (c *Client) prepare(ctx context.Context, msgs []Message, reserved bool) ([]*driver.InsertMessage, error) {
-	rows := make([]*driver.InsertMessage, len(msgs))
-	now := c.cfg.Clock().UTC().Truncate(time.Microsecond)
+// toPublish is msgs as the pipeline reads them; a selector is called with
+// the caller's own message.
+func toPublish(msgs []Message) []publish.Message {
+	out := make([]publish.Message, len(msgs))
 	for i := range msgs {
-		if !reserved {
-			for k := range msgs[i].Headers {
-				if strings.HasPrefix(k, large.HeaderPrefix) {
-					return nil, &MessageError{Index: i, Err: &ident.Error{Field: fmt.Sprintf("header %q", k),
-						Rule: "the prefix " + large.HeaderPrefix + " is shardq's (PublishLarge)"}}
-				}
-			}
-		}
-		r, err := c.prepareOne(ctx, &msgs[i], now)
-		if err != nil {
-			return nil, &MessageError{Index: i, Err: err}
-		}
-		rows[i] = r
-	}
-	return rows, nil
-}
-
-func (c *Client) prepareOne(ctx context.Context, m *Message, now time.Time) (*driver.InsertMessage, error) {
-	if err := ident.Tenant(m.Tenant); err != nil {
-		return nil, err
-	}
-	if err := c.checkServed(m.Tenant); err != nil {
-		return nil, err
-	}
-	if err := ident.Topic(m.Topic); err != nil {
-		return nil, err
-	}
-	key := m.PartitionKey
-	if m.Selector != nil {
-		if key != "" {
-			return nil, &ident.Error{Field: "partition key", Rule: "must be empty when a Selector chooses it"}
-		}
-		var err error
-		if key, err = m.Selector.SelectPartition(m, m.SelectorArg); err != nil {
-			return nil, &ident.Error{Field: "partition key", Rule: "selector: " + err.Error()}
+		m := &msgs[i]
+		out[i] = publish.Message{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Payload: m.Payload,
+			Headers: m.Headers, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Delay: m.Delay}
+		if m.Selector != nil {
+			out[i].Select = func() (string, error) { return m.Selector.SelectPartition(m, m.SelectorArg) }
 		}
 	}
-	if err := ident.PartitionKey(key); err != nil {
-		return nil, err
-	}
-	id := m.ID
-	if id == "" {
-		u, err := uuid.NewV7()
-		if err != nil {
-			return nil, fmt.Errorf("generate message id: %w", err)
-		}
-		id = u.String()
-	} else if err := ident.MessageID(id); err != nil {
-		return nil, err
-	}
-	if err := ident.Payload(m.Payload, c.cfg.MaxPayloadBytes); err != nil {
-		return nil, err
-	}
-	if v, ok := m.Headers[HeaderQueueName]; ok && v != m.Tenant {
-		return nil, &ident.Error{Field: `header "queue_name"`,
-			Rule: fmt.Sprintf("%q differs from tenant %q; it mirrors the tenant and may be omitted", v, m.Tenant)}
-	}
-	// The limits apply to the caller's headers; queue_name, which shardq
-	// adds, does not count against them.
-	if err := ident.Headers(m.Headers); err != nil {
-		return nil, err
-	}
-	headers := make(map[string]string, len(m.Headers)+1)
-	maps.Copy(headers, m.Headers)
-	headers[HeaderQueueName] = m.Tenant
-	// Like queue_name, the trace context shardq adds does not count
-	// against the caller's header limits.
-	telemetry.Inject(ctx, headers)
-	created := now
-	if !m.CreatedAt.IsZero() {
-		created = m.CreatedAt.UTC().Truncate(time.Microsecond)
-	}
-	notBefore, err := c.notBefore(m, now)
-	if err != nil {
-		return nil, err
-	}
-	return &driver.InsertMessage{
-		Tenant: m.Tenant, Topic: m.Topic, PartitionKey: key, ID: id,
-		Headers: headers, Payload: m.Payload, CreatedAt: created, NotBefore: notBefore,
-	}, nil
+	return out
 }
 
-// notBefore is when m may be delivered: zero for at once.
-func (c *Client) notBefore(m *Message, now time.Time) (time.Time, error) {
-	at := m.NotBefore
-	switch {
-	case m.Delay < 0:
-		return time.Time{}, &ident.Error{Field: "delay", Rule: fmt.Sprintf("%s is negative", m.Delay)}
-	case m.Delay > 0 && !at.IsZero():
-		return time.Time{}, &ident.Error{Field: "delay", Rule: "set Delay or NotBefore, not both"}
-	case m.Delay > 0:
-		at = now.Add(m.Delay)
+// results reports stored rows; nil when err is set or nothing was stored.
+func results(rows []*driver.InsertMessage, err error) ([]PublishResult, error) {
+	if err != nil || len(rows) == 0 {
+		return nil, err
 	}
-	if at.IsZero() || !at.After(now) {
-		return time.Time{}, nil
-	}
-	if ahead := at.Sub(now); ahead > c.cfg.MaxDelay {
-		field := "not before"
-		if m.Delay > 0 {
-			field = "delay"
-		}
-		return time.Time{}, &ident.Error{Field: field, Rule: fmt.Sprintf("%s ahead, limit %s (Config.MaxDelay)", ahead.Round(time.Second), c.cfg.MaxDelay)}
-	}
-	return at.UTC().Truncate(time.Microsecond), nil
-}
-
-// writeBatch is the coalescer's flush: one write transaction, run again on
-// a retryable error (deadlock, busy file). Running it again is safe because
-// publish is idempotent by id.
-func (c *Client) writeBatch(ctx context.Context, rows []*driver.InsertMessage, calls int) error {
-	err := retry.Do(ctx, c.cfg.PublishRetries, c.drv.Retryable, func(n int, err error) {
-		c.cfg.Logger.Warn("shardq: publish transaction retried", "tenant", rows[0].Tenant, "attempt", n, "err", err)
-	}, func() error { return c.writeOnce(ctx, rows) })
-	if err == nil {
-		c.tel.Batch(ctx, rows[0].Tenant, len(rows), calls)
-	}
-	return err
-}
-
-func (c *Client) writeOnce(ctx context.Context, rows []*driver.InsertMessage) error {
-	tx, err := c.drv.BeginWrite(ctx)
-	if err != nil {
-		return err
-	}
-	if err := c.drv.InsertMessages(ctx, tx, rows); err != nil {
-		return errors.Join(err, ignoreDone(tx.Rollback()))
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	c.local.Committed(rows)
-	return nil
-}
-
-// ignoreDone drops the error of rolling back a transaction the database
-// already ended (it aborts on deadlock).
-func ignoreDone(err error) error {
-	if errors.Is(err, sql.ErrTxDone) {
-		return nil
-	}
-	return err
-}
-
-func results(rows []*driver.InsertMessage) []PublishResult {
 	out := make([]PublishResult, len(rows))
 	for i, r := range rows {
 		out[i] = PublishResult{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: r.PartitionKey, ID: r.ID,
 			Offset: r.Offset, Duplicate: r.Duplicate}
 	}
-	return out
+	return out, nil
 }

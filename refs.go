@@ -78,4 +78,5 @@ var (
 	_ Handle = (*Subscriber)(nil)
 	_ Handle = (*GroupReceiver)(nil)
 	_ Handle = (*Cleaner)(nil)
+	_ Handle = (*TransactionProducer)(nil)
 )

@@ -32,7 +32,7 @@ func TestRetentionKeepsPublishersMoving(t *testing.T) {
 			}
 		}
 		for p := range parts {
-			if err := drv.ResetOffset(ctx, "t", "x", fmt.Sprintf("p%02d", p), "g", 1<<62); err != nil {
+			if err := drv.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%02d", p), ConsumerGroup: "g"}, 1<<62); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -71,7 +71,7 @@ func TestRetentionKeepsPublishersMoving(t *testing.T) {
 		}
 		left := 0
 		for p := range parts {
-			msgs, err := drv.FetchAfter(ctx, "t", "x", fmt.Sprintf("p%02d", p), 0, 100_000)
+			msgs, err := drv.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%02d", p)}, 0, 100_000)
 			if err != nil {
 				t.Fatal(err)
 			}

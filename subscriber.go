@@ -3,19 +3,17 @@
 package shardq
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/consumer"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
-	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // Delivery is a message handed to a subscriber's handler.
@@ -210,120 +208,41 @@ func (p StartPosition) check() error {
 }
 
 func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, error) {
-	d := func(v *time.Duration, def time.Duration) {
-		if *v <= 0 {
-			*v = def
-		}
-	}
-	n := func(v *int, def int) {
-		if *v <= 0 {
-			*v = def
-		}
-	}
-	d(&cfg.LeaseTTL, DefaultLeaseTTL)
-	d(&cfg.HeartbeatInterval, DefaultHeartbeatInterval)
-	d(&cfg.StaleAfter, 3*cfg.HeartbeatInterval)
-	d(&cfg.DiscoveryInterval, DefaultDiscoveryInterval)
-	d(&cfg.JoinWindow, cfg.DiscoveryInterval/10)
-	d(&cfg.DiscoveryWindow, DefaultDiscoveryWindow)
-	d(&cfg.FullDiscoveryInterval, DefaultFullDiscoveryInterval)
-	d(&cfg.PollInterval, DefaultPollInterval)
-	d(&cfg.FeedPollInterval, DefaultFeedPollInterval)
-	d(&cfg.IdleRelease, DefaultIdleRelease)
-	d(&cfg.CommitInterval, DefaultCommitInterval)
-	d(&cfg.BackoffMin, DefaultBackoffMin)
-	d(&cfg.BackoffMax, DefaultBackoffMax)
-	n(&cfg.BatchSize, DefaultBatchSize)
-	n(&cfg.MaxPartitions, DefaultMaxPartitions)
-	n(&cfg.UngroupedConcurrency, DefaultUngroupedConcurrency)
-	d(&cfg.VisibilityTimeout, DefaultVisibilityTimeout)
-	d(&cfg.MaxVisibilityRenewal, DefaultMaxVisibilityRenewal)
-	if cfg.HandlerTimeout == 0 {
-		cfg.HandlerTimeout = DefaultHandlerTimeout
-	} else if cfg.HandlerTimeout < 0 && cfg.HandlerTimeout != NoHandlerTimeout {
-		return cfg, &ident.Error{Field: "handler timeout", Rule: fmt.Sprintf("%s is negative; NoHandlerTimeout (-1ns) means no limit", cfg.HandlerTimeout)}
-	}
-	if err := cfg.StartPosition.check(); err != nil {
+	settings.Positive(&cfg.LeaseTTL, DefaultLeaseTTL)
+	settings.Positive(&cfg.HeartbeatInterval, DefaultHeartbeatInterval)
+	settings.Positive(&cfg.StaleAfter, 3*cfg.HeartbeatInterval)
+	settings.Positive(&cfg.DiscoveryInterval, DefaultDiscoveryInterval)
+	settings.Positive(&cfg.JoinWindow, cfg.DiscoveryInterval/10)
+	settings.Positive(&cfg.DiscoveryWindow, DefaultDiscoveryWindow)
+	settings.Positive(&cfg.FullDiscoveryInterval, DefaultFullDiscoveryInterval)
+	settings.Positive(&cfg.PollInterval, DefaultPollInterval)
+	settings.Positive(&cfg.FeedPollInterval, DefaultFeedPollInterval)
+	settings.Positive(&cfg.IdleRelease, DefaultIdleRelease)
+	settings.Positive(&cfg.CommitInterval, DefaultCommitInterval)
+	settings.Positive(&cfg.BackoffMin, DefaultBackoffMin)
+	settings.Positive(&cfg.BackoffMax, DefaultBackoffMax)
+	settings.Positive(&cfg.BatchSize, DefaultBatchSize)
+	settings.Positive(&cfg.MaxPartitions, DefaultMaxPartitions)
+	settings.Positive(&cfg.UngroupedConcurrency, DefaultUngroupedConcurrency)
+	settings.Positive(&cfg.VisibilityTimeout, DefaultVisibilityTimeout)
+	settings.Positive(&cfg.MaxVisibilityRenewal, DefaultMaxVisibilityRenewal)
+	// cmp.Or is the first error; its arguments are evaluated in order, and
+	// none reads what an earlier one fills.
+	if err := cmp.Or(settings.HandlerTimeout(&cfg.HandlerTimeout, DefaultHandlerTimeout, NoHandlerTimeout),
+		cfg.StartPosition.check(), cfg.Take.check(), checkLiveness(cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.StaleAfter),
+		c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber")); err != nil {
 		return cfg, err
 	}
-	if cfg.Take < TakeAll || cfg.Take > TakeUngrouped {
-		return cfg, &ident.Error{Field: "take", Rule: fmt.Sprintf("%d is not TakeAll, TakeGrouped or TakeUngrouped", cfg.Take)}
-	}
-	if err := checkLiveness(cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.StaleAfter); err != nil {
-		return cfg, err
-	}
-	if err := c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber"); err != nil {
-		return cfg, err
-	}
-	if err := ident.ConsumerGroup(cfg.ConsumerGroup); err != nil {
-		return cfg, err
-	}
-	if err := ident.Topic(cfg.Topic); err != nil {
-		return cfg, err
-	}
-	if err := ident.SubscriberName(cfg.Name); err != nil {
-		return cfg, err
-	}
-	if err := dlqTopic(cfg.Topic, cfg.DLQSuffix); err != nil {
+	if err := cmp.Or(ident.ConsumerGroup(cfg.ConsumerGroup), ident.Topic(cfg.Topic), ident.SubscriberName(cfg.Name),
+		dlqTopic(cfg.Topic, cfg.DLQSuffix)); err != nil {
 		return cfg, err
 	}
 	if (cfg.Handler == nil) == (cfg.BatchHandler == nil) {
 		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
 	}
-	ts, err := consumerTenants("tenants", cfg.Tenants)
-	if err != nil {
-		return cfg, err
-	}
-	cfg.Tenants = ts
-	return cfg, nil
-}
-
-// settleDefaults fills the settings that subscribers and receivers share:
-// attempts before dead-lettering, the dead-letter suffix, clock, logger
-// and name.
-func (c *Client) settleDefaults(attempts *int, dlqSuffix *string, clock *func() time.Time, logger **slog.Logger, name *string, kind string) error {
-	n, err := maxAttempts(*attempts)
-	if err != nil {
-		return err
-	}
-	*attempts = n
-	if *dlqSuffix == "" {
-		*dlqSuffix = DefaultDLQSuffix
-	}
-	if *clock == nil {
-		*clock = c.cfg.Clock
-	}
-	if *logger == nil {
-		*logger = c.cfg.Logger
-	}
-	if *name == "" {
-		*name = defaultName(kind)
-	}
-	return nil
-}
-
-// dlqTopic checks that topic's dead-letter topic is a valid topic name.
-func dlqTopic(topic, suffix string) error {
-	if err := ident.Topic(topic + suffix); err != nil {
-		var ie *ident.Error
-		if errors.As(err, &ie) {
-			return &ident.Error{Field: "dead-letter topic", Rule: fmt.Sprintf("%q + %q: %s", topic, suffix, ie.Rule)}
-		}
-		return err
-	}
-	return nil
-}
-
-// defaultName names a member for people: host-pid, or kind-pid where the
-// host name is not a valid member name. Its identity (lease owner,
-// heartbeat row) adds a random suffix: ident.MemberID.
-func defaultName(kind string) string {
-	host, _ := os.Hostname()
-	name := fmt.Sprintf("%s-%d", host, os.Getpid())
-	if ident.MemberName("name", name) != nil {
-		name = fmt.Sprintf("%s-%d", kind, os.Getpid())
-	}
-	return name
+	var err error
+	cfg.Tenants, err = consumerTenants("tenants", cfg.Tenants)
+	return cfg, err
 }
 
 // Take chooses which messages a subscriber consumes.
@@ -341,18 +260,19 @@ const (
 	TakeUngrouped
 )
 
+func (t Take) check() error {
+	if t < TakeAll || t > TakeUngrouped {
+		return &ident.Error{Field: "take", Rule: fmt.Sprintf("%d is not TakeAll, TakeGrouped or TakeUngrouped", t)}
+	}
+	return nil
+}
+
 // Subscriber is a running member of a consumer group: the handle of its
 // runtime (internal/consumer).
 type Subscriber struct {
-	client   *Client // owns it: Client.Close stops it
-	cfg      SubscriberConfig
-	id       string // this instance's identity: ident.MemberID(cfg.Name)
-	member   *consumer.Member
-	lag      *telemetry.LagSource // nil when taking ungrouped messages only
-	unwatch  func() bool          // stops watching Subscribe's context
-	done     chan struct{}        // closed once stopped
-	stopOnce sync.Once
-	stopErr  error
+	cfg SubscriberConfig
+	id  string                 // this instance's identity: ident.MemberID(cfg.Name)
+	rt  *consumer.Subscription // the runtime; it untracks s from the client once stopped
 }
 
 // Subscribe starts a member of cfg.ConsumerGroup. It validates cfg,
@@ -366,10 +286,11 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	if err := c.registerGroup(ctx, cfg.Tenants, cfg.Topic, cfg.ConsumerGroup, cfg.StartPosition, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	s := &Subscriber{client: c, cfg: cfg, id: ident.MemberID(cfg.Name), done: make(chan struct{})}
-	s.member, err = consumer.Start(ctx, c.drv, consumer.Config{
+	s := &Subscriber{cfg: cfg, id: ident.MemberID(cfg.Name)}
+	s.rt, err = consumer.Subscribe(ctx, c.drv, consumer.Config{
 		ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants, ID: s.id,
-		Handle: s.handle, Batch: cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
+		Handle: consumer.Process(c.tel, cfg.Topic, cfg.ConsumerGroup, cfg.HandlerTimeout, s.deliver),
+		Batch:  cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
 		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StaleAfter: cfg.StaleAfter,
 		DiscoveryInterval: cfg.DiscoveryInterval, JoinWindow: cfg.JoinWindow, PollInterval: cfg.PollInterval,
 		FeedUp: c.local.Up, FeedNames: c.local.Names, FeedPollInterval: cfg.FeedPollInterval,
@@ -380,15 +301,10 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
 		DLQSuffix:            cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
 		Metrics: c.tel.Group(cfg.Topic, cfg.ConsumerGroup),
-	})
+	}, c.tel, &c.local, func() { c.untrack(s) })
 	if err != nil {
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
-	if cfg.Take != TakeUngrouped { // a member without leases runs no ticks to learn the lag from
-		s.lag = &telemetry.LagSource{Topic: cfg.Topic, Group: cfg.ConsumerGroup, Read: s.member.Lag}
-		c.tel.AddLag(s.lag)
-	}
-	c.local.Add(cfg.Topic, cfg.Tenants, s, s.member)
 	if err := c.track(s); err != nil {
 		s.Stop(ctx)
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
@@ -396,38 +312,14 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 	// The subscriber lives as long as ctx, as in watermill and River:
 	// ending ctx stops it as Stop does, with DefaultCloseTimeout for the
 	// handlers in flight.
-	s.unwatch = context.AfterFunc(ctx, func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
-		defer cancel()
-		if err := s.stop(stopCtx); err != nil {
-			s.cfg.Logger.Warn("shardq: stopping the subscriber when its context ended failed", "group", cfg.ConsumerGroup,
-				"topic", cfg.Topic, "member", s.id, "err", err)
-		}
-	})
+	s.rt.Watch(ctx, DefaultCloseTimeout)
 	return s, nil
 }
 
-// handle runs the handler (the batch handler with all of msgs, or the
-// handler with the one message) in a process span, turning a panic into
-// an error.
-func (s *Subscriber) handle(ctx context.Context, msgs []driver.Message, attempt int) (err error) {
-	start := time.Now()
-	tenant := msgs[0].Tenant
-	ctx, span := s.client.tel.StartProcess(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, msgs, attempt)
-	if s.cfg.HandlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, s.cfg.HandlerTimeout, ErrHandlerTimeout)
-		defer cancel()
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
-		if context.Cause(ctx) == ErrHandlerTimeout {
-			err = fmt.Errorf("%w after %s (it returned %v)", ErrHandlerTimeout, s.cfg.HandlerTimeout, err)
-		}
-		s.client.tel.EndProcess(ctx, span, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, len(msgs), start, err)
-	}()
+// deliver hands msgs to the handler (all of them to the batch handler);
+// the runtime (consumer.Process) adds the span, the timeout and the panic
+// recovery.
+func (s *Subscriber) deliver(ctx context.Context, msgs []driver.Message, attempt int) error {
 	if s.cfg.BatchHandler != nil {
 		ds := make([]*Delivery, len(msgs))
 		for i, m := range msgs {
@@ -457,27 +349,12 @@ func (s *Subscriber) ID() string { return s.id }
 // cancels them), commits what was acked, releases the leases and deletes
 // the heartbeat. No goroutine of the subscriber outlives it.
 func (s *Subscriber) Stop(ctx context.Context) error {
-	if s.unwatch != nil {
-		s.unwatch()
+	if err := s.rt.Stop(ctx); err != nil {
+		return fmt.Errorf("shardq: %w", err)
 	}
-	return s.stop(ctx)
+	return nil
 }
 
 // Done is closed once the subscriber has stopped: by Stop, by the end of
 // the context given to Subscribe, or by Client.Close.
-func (s *Subscriber) Done() <-chan struct{} { return s.done }
-
-func (s *Subscriber) stop(ctx context.Context) error {
-	s.stopOnce.Do(func() {
-		defer close(s.done)
-		defer s.client.untrack(s)
-		s.client.local.Remove(s.cfg.Topic, s)
-		if s.lag != nil {
-			s.client.tel.RemoveLag(s.lag)
-		}
-		if err := s.member.Stop(ctx); err != nil {
-			s.stopErr = fmt.Errorf("shardq: %w", err)
-		}
-	})
-	return s.stopErr
-}
+func (s *Subscriber) Done() <-chan struct{} { return s.rt.Done() }

@@ -110,22 +110,22 @@ type Driver interface {
 
 	// FetchAfter returns up to limit messages of one partition with offsets
 	// greater than after, in offset order.
-	FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]Message, error)
+	FetchAfter(ctx context.Context, p TopicPartition, after int64, limit int) ([]Message, error)
 	// FetchWithin reads what FetchAfter would, but no more than budget
 	// bytes of payload and headers (the first message whatever its
 	// size); the messages are sized in the database before their bodies
 	// are read. truncated reports a message the budget left out.
-	FetchWithin(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int, budget int64) (msgs []Message, truncated bool, err error)
+	FetchWithin(ctx context.Context, p TopicPartition, after int64, limit int, budget int64) (msgs []Message, truncated bool, err error)
 	// PartitionsWithWork lists the partitions of topic, in the given tenants
 	// only, whose head is past the consumer group's committed cursor.
-	PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]Partition, error)
+	PartitionsWithWork(ctx context.Context, g GroupScope) ([]Partition, error)
 	// PartitionsMovedSince is PartitionsWithWork of the partitions whose
 	// head moved at or after since, by the publishers' clocks (an index
 	// serves it: its cost follows what moved), in no particular order.
-	PartitionsMovedSince(ctx context.Context, tenants []string, topic, group string, since time.Time) ([]Partition, error)
+	PartitionsMovedSince(ctx context.Context, g GroupScope, since time.Time) ([]Partition, error)
 	// PartitionsWithWorkOf is PartitionsWithWork of the partitions named
 	// by each of tenants with each of keys, in no particular order.
-	PartitionsWithWorkOf(ctx context.Context, tenants []string, topic, group string, keys []string) ([]Partition, error)
+	PartitionsWithWorkOf(ctx context.Context, g GroupScope, keys []string) ([]Partition, error)
 	// PartitionHeads lists every partition of topic in the given tenants
 	// with its head offset (CommittedOffset is 0).
 	PartitionHeads(ctx context.Context, tenants []string, topic string) ([]Partition, error)
@@ -135,7 +135,7 @@ type Driver interface {
 	// HeadsPage reads up to limit head rows of one tenant's topic in key
 	// order, after the key after[0] when after is not empty, each with the
 	// group's position (cursor, else start): drained ones included.
-	HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]Partition, error)
+	HeadsPage(ctx context.Context, g GroupRef, after []string, limit int) ([]Partition, error)
 	// HeadsOf reads the head offsets of topic's partitions named by each
 	// of tenants with each of keys (absent: no such partition), in one
 	// statement for up to 500 keys.
@@ -144,7 +144,7 @@ type Driver interface {
 	// operator's tool. In the same transaction it fences the partition's
 	// lease (frees it with the next token), so a live holder's next write
 	// fails with ErrLeaseLost instead of committing over the reset.
-	ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error
+	ResetOffset(ctx context.Context, p PartitionRef, offset int64) error
 
 	Leases
 	Deliveries
@@ -171,6 +171,47 @@ var (
 
 // HeadKey names a partition of a topic known from context.
 type HeadKey struct{ Tenant, PartitionKey string }
+
+// Methods that name three or more things take them as one of these
+// structs, so that a swapped pair of strings cannot compile.
+
+// TopicPartition names one partition of one tenant's topic.
+type TopicPartition struct {
+	Tenant, Topic, PartitionKey string
+}
+
+// GroupRef names a consumer group's reading of one tenant's topic.
+type GroupRef struct {
+	Tenant, Topic, ConsumerGroup string
+}
+
+// GroupScope names a consumer group's reading of a topic in some tenants.
+type GroupScope struct {
+	Tenants              []string
+	Topic, ConsumerGroup string
+}
+
+// RemovePartitionsRequest names the drained partitions RemovePartitions
+// may remove: PartitionKeys of one tenant's topic whose head is idle since
+// before IdleBefore and that no lease of ConsumerGroups holds unexpired
+// at Now.
+type RemovePartitionsRequest struct {
+	Tenant, Topic   string
+	ConsumerGroups  []string
+	PartitionKeys   []string
+	IdleBefore, Now time.Time
+}
+
+// HalfClaimRequest is a transaction producer's claim of due half
+// messages: up to Limit of ProducerGroup in Tenants, for Owner, each
+// claimed until Now + ClaimTTL.
+type HalfClaimRequest struct {
+	Tenants              []string
+	ProducerGroup, Owner string
+	Now                  time.Time
+	ClaimTTL             time.Duration
+	Limit                int
+}
 
 // PartitionRef names one partition as one consumer group reads it.
 type PartitionRef struct {
@@ -251,20 +292,20 @@ type Leases interface {
 	CommitReceived(ctx context.Context, l Lease, offset int64, now time.Time) error
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
-	ListLeases(ctx context.Context, tenants []string, group, topic string) ([]Lease, error)
+	ListLeases(ctx context.Context, g GroupScope) ([]Lease, error)
 	// HeldLeases is ListLeases without the free rows (an index serves it:
 	// its cost follows the leases held).
-	HeldLeases(ctx context.Context, tenants []string, group, topic string) ([]Lease, error)
+	HeldLeases(ctx context.Context, g GroupScope) ([]Lease, error)
 	// SweepLeases frees every lease held by one of owners (dead
 	// subscribers), advancing each token so their writes fail.
-	SweepLeases(ctx context.Context, tenants []string, group, topic string, owners []string, now time.Time) (int64, error)
+	SweepLeases(ctx context.Context, g GroupScope, owners []string, now time.Time) (int64, error)
 
 	// Heartbeat records that subscriber is alive, once per tenant.
-	Heartbeat(ctx context.Context, tenants []string, group, topic, subscriber string, now time.Time) error
+	Heartbeat(ctx context.Context, g GroupScope, subscriber string, now time.Time) error
 	// RemoveHeartbeat deletes subscriber's rows.
-	RemoveHeartbeat(ctx context.Context, tenants []string, group, topic, subscriber string) error
+	RemoveHeartbeat(ctx context.Context, g GroupScope, subscriber string) error
 	// Subscribers lists the heartbeat rows of group on topic in tenants.
-	Subscribers(ctx context.Context, tenants []string, group, topic string) ([]Subscriber, error)
+	Subscribers(ctx context.Context, g GroupScope) ([]Subscriber, error)
 }
 
 // DeliveryState is the retry bookkeeping of one message for one group.
@@ -330,7 +371,7 @@ type HalfMessages interface {
 	RollbackHalf(ctx context.Context, ref MessageRef, claimToken int64) error
 	// ClaimDueHalves claims up to limit half messages of group in tenants
 	// whose check is due and that nobody else is checking.
-	ClaimDueHalves(ctx context.Context, tenants []string, group, owner string, now time.Time, claimTTL time.Duration, limit int) ([]HalfMessage, error)
+	ClaimDueHalves(ctx context.Context, r HalfClaimRequest) ([]HalfMessage, error)
 	// RescheduleHalf counts an "unknown" check and releases the claim.
 	RescheduleHalf(ctx context.Context, h HalfMessage, nextCheckAt time.Time) error
 	// DeadLetterHalf moves a claimed half message to queue_half_messages_dead.
@@ -416,7 +457,7 @@ type Admin interface {
 	// after (up to LagCountLimit: Capped says there are more), with the
 	// first one's time: what the lag metrics read for a partition with
 	// work.
-	PartitionLag(ctx context.Context, tenant, topic, partitionKey string, after int64) (PartitionLag, error)
+	PartitionLag(ctx context.Context, p TopicPartition, after int64) (PartitionLag, error)
 	// TopicCursors lists every group's cursor in one tenant's topic: what
 	// retention and offset resets need, without counting messages.
 	TopicCursors(ctx context.Context, tenant, topic string) ([]Cursor, error)
@@ -437,7 +478,7 @@ type Admin interface {
 	Requeue(ctx context.Context, ref MessageRef, toTopic string, headers map[string]string) (*InsertMessage, error)
 	// OffsetBefore is the highest offset of the partition created before t
 	// (0 when none).
-	OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error)
+	OffsetBefore(ctx context.Context, p TopicPartition, t time.Time) (int64, error)
 	// DeleteBatches deletes, in one transaction, up to limit of the oldest
 	// messages of each cut, one statement a cut, and returns how many each
 	// deleted.
@@ -490,7 +531,7 @@ type Groups interface {
 	// ReadyGroups lists up to limit partitions of topic in tenants (the
 	// ungrouped partition "" excluded) that have a message after group's
 	// cursor and no unexpired lease, lowest next offset (oldest) first.
-	ReadyGroups(ctx context.Context, tenants []string, topic, group string, now time.Time, limit int) ([]ReadyGroup, error)
+	ReadyGroups(ctx context.Context, g GroupScope, now time.Time, limit int) ([]ReadyGroup, error)
 	// GroupState reads the state of l's partition under l's fence (nil when
 	// none was set), or returns ErrLeaseLost.
 	GroupState(ctx context.Context, l Lease) ([]byte, error)
@@ -504,7 +545,7 @@ type Groups interface {
 	// now+visibility. A claim is owned by owner under a token > 0; only
 	// the two together settle it.
 	// truncated reports that limit.Bytes left a ready message behind.
-	ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit ClaimLimit) (claims []Claim, truncated bool, err error)
+	ClaimMessages(ctx context.Context, g GroupRef, owner string, now time.Time, visibility time.Duration, limit ClaimLimit) (claims []Claim, truncated bool, err error)
 	// AckClaims marks the messages of cs (one tenant, topic and group)
 	// done in one transaction, or, when any claim is no longer current
 	// (its token and owner),
@@ -524,7 +565,7 @@ type Groups interface {
 	// AdvanceUngrouped moves group's cursor of tenant's ungrouped partition
 	// past every message that is done, and drops their claims. It returns
 	// the cursor.
-	AdvanceUngrouped(ctx context.Context, tenant, topic, group string, now time.Time) (int64, error)
+	AdvanceUngrouped(ctx context.Context, g GroupRef, now time.Time) (int64, error)
 }
 
 // RetentionGroup is the reserved consumer group whose lease on partition
@@ -576,13 +617,13 @@ type Lifecycle interface {
 	// RegisterGroup adds the group's registry row in each tenant lacking
 	// one, starting at 0, or, when latest is set and the group has no
 	// cursor there, at the topic's highest head.
-	RegisterGroup(ctx context.Context, tenants []string, topic, group string, latest bool, now time.Time) error
+	RegisterGroup(ctx context.Context, g GroupScope, latest bool, now time.Time) error
 	// SetGroupPaused marks (or unmarks) the group paused on topic in each
 	// of tenants, in its registry row (made, starting at 0, where none is).
-	SetGroupPaused(ctx context.Context, tenants []string, topic, group string, paused bool, now time.Time) error
+	SetGroupPaused(ctx context.Context, g GroupScope, paused bool, now time.Time) error
 	// PausedTenants lists those of tenants where the group is paused on
 	// topic: one statement, read by members at each rebalance tick.
-	PausedTenants(ctx context.Context, tenants []string, topic, group string) ([]string, error)
+	PausedTenants(ctx context.Context, g GroupScope) ([]string, error)
 	// StaleLeaseKeys lists the keys of a topic's lease rows of groups freed
 	// or expired before before.
 	StaleLeaseKeys(ctx context.Context, tenant, topic string, groups []string, before time.Time) ([]string, error)
@@ -590,15 +631,15 @@ type Lifecycle interface {
 	// message left, head idle since before idleBefore, no lease of groups
 	// unexpired by now) with every row that belongs to them, in one
 	// transaction fenced by claim, and returns the keys it removed.
-	RemovePartitions(ctx context.Context, claim Lease, tenant, topic string, groups, keys []string, idleBefore, now time.Time) ([]string, error)
+	RemovePartitions(ctx context.Context, claim Lease, r RemovePartitionsRequest) ([]string, error)
 	// UnreadPartitions lists up to limit partitions of a tenant's topic the
 	// group has no cursor for, in key order, with lag counted from where
 	// the group starts.
-	UnreadPartitions(ctx context.Context, tenant, topic, group string, limit int) ([]OffsetRow, error)
+	UnreadPartitions(ctx context.Context, g GroupRef, limit int) ([]OffsetRow, error)
 	// DeleteGroup removes a group's rows from a tenant's topic; without
 	// force it returns *GroupLiveError while a lease is unexpired by now or
 	// a heartbeat is at or after liveSince.
-	DeleteGroup(ctx context.Context, tenant, topic, group string, liveSince, now time.Time, force bool) error
+	DeleteGroup(ctx context.Context, g GroupRef, liveSince, now time.Time, force bool) error
 }
 
 // APIToken is a bearer token of `shardq serve` (docs/server.md): a role

@@ -40,7 +40,7 @@ func testAdminListingsAreScoped(t *testing.T, open Open) {
 		if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s-"+tenant, time.Now(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.Heartbeat(ctx, []string{tenant}, "g", "x", "s-"+tenant, time.Now()); err != nil {
+		if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: "x", ConsumerGroup: "g"}, "s-"+tenant, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -67,7 +67,7 @@ func testAdminListingsAreScoped(t *testing.T, open Open) {
 		t.Fatalf("all tenants: %+v, %v", all, err)
 	}
 	// b's holder stops heartbeating: its lease is stale; a's is not.
-	if err := d.Heartbeat(ctx, []string{"b"}, "g", "x", "s-b", time.Now().Add(-time.Hour)); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"b"}, Topic: "x", ConsumerGroup: "g"}, "s-b", time.Now().Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	stale, err := admin.StaleLeases(ctx, shardq.Scope{AllTenants: true}, time.Minute)
@@ -81,7 +81,7 @@ func testAdminOffsetsShowLag(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", CreatedAt: t0.Add(time.Minute)})
-	if err := d.ResetOffset(ctx, "t", "x", "k", "g", res[0].Offset); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: "k", ConsumerGroup: "g"}, res[0].Offset); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := c.Admin().Offsets(ctx, shardq.Scope{Tenants: []string{"t"}}, "g")
@@ -158,7 +158,7 @@ func testAdminRequeueDeadLetter(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the group to pass everything", 30*time.Second, func() bool {
-		ps, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+		ps, _ := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		return len(ps) == 0 && len(fetchAll(t, d, "t", "x.dlq", "k")) == 1
 	})
 	stopAll(t, s)
@@ -183,7 +183,7 @@ func testAdminRequeueDeadLetter(t *testing.T, open Open) {
 		t.Fatalf("dead letter not removed: %+v", left)
 	}
 	// The group that had passed it consumes it again.
-	work, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+	work, _ := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if len(work) != 1 || work[0].HeadOffset != res.Offset {
 		t.Fatalf("requeued message is not work for the group: %+v", work)
 	}
@@ -223,7 +223,7 @@ func testAdminResetOffsets(t *testing.T, open Open) {
 	if err != nil || len(changes) != 2 || changes[0].To != res[1].Offset || changes[0].Skip != 2 || changes[1].Skip != 1 {
 		t.Fatalf("dry run to latest: %+v, %v; want a and b to their heads, skipping 2 and 1", changes, err)
 	}
-	if work, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(work) != 2 {
+	if work, _ := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(work) != 2 {
 		t.Fatalf("a dry run moved cursors: work %+v", work)
 	}
 	req.DryRun = false
@@ -240,7 +240,7 @@ func testAdminResetOffsets(t *testing.T, open Open) {
 	if _, err := admin.ResetOffsets(ctx, req); !errors.Is(err, shardq.ErrPartitionLeased) {
 		t.Fatalf("reset under a live lease = %v, want ErrPartitionLeased", err)
 	}
-	if work, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(work) != 0 {
+	if work, _ := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(work) != 0 {
 		t.Fatal("a refused reset moved cursors")
 	}
 	// Only partition b, which nobody holds: allowed.
@@ -276,10 +276,10 @@ func testRetention(t *testing.T, open Open) {
 	mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "a", CreatedAt: old})
 	// Group g passed a5 and everything of a up to fresh; group h passed a2.
 	// Nobody has a cursor in b.
-	if err := d.ResetOffset(ctx, "t", "x", "a", "g", fresh.Offset); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: "a", ConsumerGroup: "g"}, fresh.Offset); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.ResetOffset(ctx, "t", "x", "a", "h", res[4].Offset); err != nil { // res[4] is a2
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: "a", ConsumerGroup: "h"}, res[4].Offset); err != nil { // res[4] is a2
 		t.Fatal(err)
 	}
 	admin := c.Admin()
@@ -353,7 +353,7 @@ func testAdminForcedResetFencesHolder(t *testing.T, open Open) {
 	}
 	defer stopAll(t, s)
 	g.waitHeld(t, "m05")
-	ls, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+	ls, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil || len(ls) != 1 || ls[0].Owner != s.ID() {
 		t.Fatalf("leases = %+v, %v; want the subscriber's", ls, err)
 	}
@@ -404,7 +404,7 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 	for _, tenant := range []string{"a", "b"} {
 		for _, key := range []string{"k1", "k2"} {
 			for _, g := range []string{"g1", "g2"} {
-				if err := d.ResetOffset(ctx, tenant, "x", key, g, 0); err != nil {
+				if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: tenant, Topic: "x", PartitionKey: key, ConsumerGroup: g}, 0); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: g, Topic: "x", PartitionKey: key}, "o", time.Now(), time.Hour); err != nil {
@@ -413,7 +413,7 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 			}
 		}
 		for _, name := range []string{"s1", "s2", "s3"} {
-			if err := d.Heartbeat(ctx, []string{tenant}, "g", "x", name, time.Now()); err != nil {
+			if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: "x", ConsumerGroup: "g"}, name, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -506,7 +506,7 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 		big[i] = shardq.Message{Tenant: "a", Topic: "lag", PartitionKey: "k"}
 	}
 	mustPublish(t, c, big...)
-	if err := d.ResetOffset(ctx, "a", "lag", "k", "g", 0); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "a", Topic: "lag", PartitionKey: "k", ConsumerGroup: "g"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := admin.Offsets(ctx, shardq.Scope{Tenants: []string{"a"}}, "g")
@@ -529,7 +529,7 @@ func testAdminOffsetsCountScheduled(t *testing.T, open Open) {
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s", Delay: time.Hour},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s"},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s", NotBefore: time.Now().Add(2 * time.Hour)})
-	if err := d.ResetOffset(ctx, "t", "x", "s", "g", 0); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: "s", ConsumerGroup: "g"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	offsets, err := c.Admin().Offsets(ctx, shardq.Scope{Tenants: []string{"t"}}, "g")

@@ -128,22 +128,22 @@ func BenchmarkTick(b *testing.B, d driver.Driver) {
 				}
 			}
 			for i := range 8 {
-				if err := d.Heartbeat(ctx, []string{"bench"}, "g", "tick", fmt.Sprintf("sub-%d", i), now); err != nil {
+				if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"}, fmt.Sprintf("sub-%d", i), now); err != nil {
 					b.Fatal(err)
 				}
 			}
 		}
 		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
 			for b.Loop() {
-				subs, err := d.Subscribers(ctx, []string{"bench"}, "g", "tick")
+				subs, err := d.Subscribers(ctx, driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"})
 				if err != nil {
 					b.Fatal(err)
 				}
-				leases, err := d.ListLeases(ctx, []string{"bench"}, "g", "tick")
+				leases, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"})
 				if err != nil {
 					b.Fatal(err)
 				}
-				work, err := d.PartitionsWithWork(ctx, []string{"bench"}, "tick", "g")
+				work, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"})
 				if err != nil {
 					b.Fatal(err)
 				}

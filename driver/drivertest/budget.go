@@ -70,7 +70,7 @@ func testFetchWithin(t *testing.T, open Open) {
 	var after int64
 	var ids []string
 	for round := 0; round < 10 && len(ids) < len(want); round++ {
-		ms, truncated, err := d.FetchWithin(ctx, "t", "x", "k", after, 20, budget)
+		ms, truncated, err := d.FetchWithin(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, after, 20, budget)
 		if err != nil || len(ms) == 0 {
 			t.Fatalf("round %d: %d messages, %v", round, len(ms), err)
 		}
@@ -102,7 +102,7 @@ func testClaimWithin(t *testing.T, open Open) {
 	const budget = 200 << 10
 	seen := map[string]int{}
 	for round := 0; round < 10 && len(seen) < len(want)-1; round++ {
-		cs, truncated, err := d.ClaimMessages(ctx, "t", "x", "g", "m", t0, time.Hour, driver.ClaimLimit{Messages: 20, Bytes: budget})
+		cs, truncated, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m", t0, time.Hour, driver.ClaimLimit{Messages: 20, Bytes: budget})
 		if err != nil || len(cs) == 0 {
 			t.Fatalf("round %d: %d claims, %v", round, len(cs), err)
 		}
@@ -130,7 +130,7 @@ func testClaimWithin(t *testing.T, open Open) {
 		}
 	}
 	// The delayed one, when due.
-	cs, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m", time.Now().Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 20, Bytes: budget}) // Delay counts from the client's clock
+	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m", time.Now().Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 20, Bytes: budget}) // Delay counts from the client's clock
 	if err != nil || len(cs) != 1 || cs[0].Message.ID != "c01" {
 		t.Fatalf("when due: %+v, %v; want c01", cs, err)
 	}
@@ -174,7 +174,7 @@ func testClaimOwnerFence(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "later", Delay: time.Hour}, shardq.Message{Tenant: "t", Topic: "x", ID: "now"})
-	cs, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", t0, time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", t0, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(cs) != 1 || cs[0].Message.ID != "now" {
 		t.Fatalf("claims %+v, %v; want now", cs, err)
 	}

@@ -63,7 +63,7 @@ func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
 	publish("a", "k3")
 	publish("c", "k1") // a tenant not asked for
 	moved := func(since time.Time) []string {
-		return names(d.PartitionsMovedSince(ctx, []string{"a", "b"}, "orders", "g", since))
+		return names(d.PartitionsMovedSince(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "orders", ConsumerGroup: "g"}, since))
 	}
 	if got, want := moved(t0), []string{"a/k3@0"}; !slices.Equal(got, want) {
 		t.Fatalf("moved since t0 = %v, want %v", got, want)
@@ -71,16 +71,16 @@ func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
 	if got, want := moved(t0.Add(-time.Hour)), []string{"a/k1@0", "a/k2@0", "a/k3@0", "b/k1@0"}; !slices.Equal(got, want) {
 		t.Fatalf("moved since an hour ago = %v, want %v", got, want)
 	}
-	if got := names(d.PartitionsMovedSince(ctx, nil, "orders", "g", t0)); len(got) != 0 {
+	if got := names(d.PartitionsMovedSince(ctx, driver.GroupScope{Tenants: nil, Topic: "orders", ConsumerGroup: "g"}, t0)); len(got) != 0 {
 		t.Fatalf("an empty tenant list returned %v", got)
 	}
 	// A cursor at the head leaves no work; a rewound one gives work and
 	// stamps the head row, so that it counts as moved.
-	if err := d.ResetOffset(ctx, "a", "orders", "k1", "g", heads["a/k1"]); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "a", Topic: "orders", PartitionKey: "k1", ConsumerGroup: "g"}, heads["a/k1"]); err != nil {
 		t.Fatal(err)
 	}
 	of := func(keys ...string) []string {
-		return names(d.PartitionsWithWorkOf(ctx, []string{"a"}, "orders", "g", keys))
+		return names(d.PartitionsWithWorkOf(ctx, driver.GroupScope{Tenants: []string{"a"}, Topic: "orders", ConsumerGroup: "g"}, keys))
 	}
 	if got, want := of("k1", "k2", "k3", "absent"), []string{"a/k2@0", "a/k3@0"}; !slices.Equal(got, want) {
 		t.Fatalf("work of named partitions = %v, want %v", got, want)
@@ -89,7 +89,7 @@ func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
 	if got := moved(t1); len(got) != 0 {
 		t.Fatalf("moved since t1 = %v, want none", got)
 	}
-	if err := d.ResetOffset(ctx, "b", "orders", "k1", "g", heads["b/k1"]-1); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "b", Topic: "orders", PartitionKey: "k1", ConsumerGroup: "g"}, heads["b/k1"]-1); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := moved(t1), []string{fmt.Sprintf("b/k1@%d", heads["b/k1"]-1)}; !slices.Equal(got, want) {
@@ -112,11 +112,11 @@ func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
 	if err := d.ReleaseLease(ctx, freed, now); err != nil {
 		t.Fatal(err)
 	}
-	all, err := d.ListLeases(ctx, []string{"a"}, "g", "orders")
+	all, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"a"}, Topic: "orders", ConsumerGroup: "g"})
 	if err != nil || len(all) != 2 {
 		t.Fatalf("ListLeases = %v, %v; want the held and the free row", all, err)
 	}
-	hs, err := d.HeldLeases(ctx, []string{"a", "b"}, "g", "orders")
+	hs, err := d.HeldLeases(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "orders", ConsumerGroup: "g"})
 	if err != nil || len(hs) != 1 || hs[0].PartitionKey != "k2" || hs[0].Owner != "m1" || hs[0].Token != held.Token {
 		t.Fatalf("HeldLeases = %v, %v; want only k2's, held by m1", hs, err)
 	}

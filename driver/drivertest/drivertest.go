@@ -94,7 +94,7 @@ func setup(t *testing.T, open Open, cfg *shardq.Config) (driver.Driver, *shardq.
 
 func fetchAll(t *testing.T, d driver.Driver, tenant, topic, key string) []driver.Message {
 	t.Helper()
-	msgs, err := d.FetchAfter(context.Background(), tenant, topic, key, 0, 1_000_000)
+	msgs, err := d.FetchAfter(context.Background(), driver.TopicPartition{Tenant: tenant, Topic: topic, PartitionKey: key}, 0, 1_000_000)
 	if err != nil {
 		t.Fatalf("fetch: %v", err)
 	}
@@ -166,7 +166,7 @@ func testNotMigratedSaysSo(t *testing.T, open Open) {
 	if !strings.Contains(err.Error(), "shardq migrate") {
 		t.Fatalf("error %q does not name the command that fixes it", err)
 	}
-	if _, err := d.FetchAfter(context.Background(), "t", "x", "", 0, 10); !errors.Is(err, shardq.ErrNotMigrated) {
+	if _, err := d.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: ""}, 0, 10); !errors.Is(err, shardq.ErrNotMigrated) {
 		t.Fatalf("fetch before migrate = %v, want ErrNotMigrated", err)
 	}
 }
@@ -530,17 +530,17 @@ func testFetchAfterCursorAndLimit(t *testing.T, open Open) {
 		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte{byte(i)}})
 	}
 	res := mustPublish(t, c, batch...)
-	page, err := d.FetchAfter(ctx, "t", "x", "k", res[3].Offset, 4)
+	page, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, res[3].Offset, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(page) != 4 || page[0].Offset != res[4].Offset || page[3].Offset != res[7].Offset {
 		t.Fatalf("page after offset %d: %+v", res[3].Offset, page)
 	}
-	if rest, _ := d.FetchAfter(ctx, "t", "x", "k", res[9].Offset, 10); len(rest) != 0 {
+	if rest, _ := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, res[9].Offset, 10); len(rest) != 0 {
 		t.Fatalf("fetch past the head returned %d messages", len(rest))
 	}
-	if other, _ := d.FetchAfter(ctx, "t", "x", "other", 0, 10); len(other) != 0 {
+	if other, _ := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "other"}, 0, 10); len(other) != 0 {
 		t.Fatalf("another partition returned %d messages", len(other))
 	}
 }
@@ -561,7 +561,7 @@ func testPartitionsWithWorkScoped(t *testing.T, open Open) {
 		heads[m.Tenant+"/"+m.Topic+"/"+m.PartitionKey] = r.Offset
 	}
 	list := func(tenants ...string) []string {
-		ps, err := d.PartitionsWithWork(ctx, tenants, "orders", "g1")
+		ps, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: tenants, Topic: "orders", ConsumerGroup: "g1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -582,10 +582,10 @@ func testPartitionsWithWorkScoped(t *testing.T, open Open) {
 		t.Fatalf("an empty tenant list returned %v; it must never widen to all tenants", got)
 	}
 	// A cursor at the head means no work; one behind it means work.
-	if err := d.ResetOffset(ctx, "a", "orders", "k1", "g1", heads["a/orders/k1"]); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "a", Topic: "orders", PartitionKey: "k1", ConsumerGroup: "g1"}, heads["a/orders/k1"]); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.ResetOffset(ctx, "a", "orders", "k2", "g1", heads["a/orders/k2"]-1); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "a", Topic: "orders", PartitionKey: "k2", ConsumerGroup: "g1"}, heads["a/orders/k2"]-1); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{fmt.Sprintf("a/orders/k2@%d", heads["a/orders/k2"]-1), "b/orders/k1@0"}
@@ -593,7 +593,7 @@ func testPartitionsWithWorkScoped(t *testing.T, open Open) {
 		t.Fatalf("after commits, work = %v, want %v", got, want)
 	}
 	// Another group's cursor is its own.
-	if ps, _ := d.PartitionsWithWork(ctx, []string{"a"}, "orders", "g2"); len(ps) != 2 {
+	if ps, _ := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"a"}, Topic: "orders", ConsumerGroup: "g2"}); len(ps) != 2 {
 		t.Fatalf("group g2 sees %d partitions with work, want 2", len(ps))
 	}
 }
@@ -733,7 +733,7 @@ func testNoSkipWithSlowConcurrentCommits(t *testing.T, open Open) {
 			finished = true
 		default:
 		}
-		msgs, err := d.FetchAfter(ctx, "t", "x", "hot", cursor, 7)
+		msgs, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "hot"}, cursor, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -837,7 +837,7 @@ func testPublishLargestLegalBatch(t *testing.T, open Open) {
 	if len(res) != 40 {
 		t.Fatalf("%d results", len(res))
 	}
-	got, err := d.FetchAfter(context.Background(), "t", "x", "k", 0, 100)
+	got, err := d.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, 0, 100)
 	if err != nil || len(got) != 40 {
 		t.Fatalf("fetched %d, %v", len(got), err)
 	}

@@ -189,7 +189,7 @@ func testAcceptGroupWaits(t *testing.T, open Open) {
 
 func leaseRows(t *testing.T, d driver.Driver) []driver.Lease {
 	t.Helper()
-	ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func testReceiverNackRetriesThenDeadLetters(t *testing.T, open Open) {
 	if ids := receiveAck(t, r, 1); ids[0] != "next" {
 		t.Fatalf("after the poison message: %v", ids)
 	}
-	dlq, err := d.FetchAfter(ctx, "t", "x.dlq", "k", 0, 10)
+	dlq, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x.dlq", PartitionKey: "k"}, 0, 10)
 	if err != nil || len(dlq) != 1 || dlq[0].ID != "poison" || dlq[0].Headers[shardq.HeaderDLQAttempts] != "3" ||
 		dlq[0].Headers[shardq.HeaderDLQLastError] != "bad input" {
 		t.Fatalf("dead-letter topic: %+v, %v", dlq, err)
@@ -483,7 +483,7 @@ func testUngroupedCompetingConsumers(t *testing.T, open Open) {
 	waitFor(t, "every ungrouped message delivered", 180*time.Second, func() bool { return distinct.Load() == total })
 	// The cursor passes everything once it is all done, and the claims go.
 	waitFor(t, "the ungrouped cursor at the head", 20*time.Second, func() bool {
-		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		ps, err := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		return err == nil && len(ps) == 0
 	})
 	stopAll(t, subs...)
@@ -626,7 +626,7 @@ func testUngroupedDeadLetters(t *testing.T, open Open) {
 	}
 	defer stopAll(t, s)
 	waitFor(t, "the poison message dead-lettered", 20*time.Second, func() bool {
-		dlq, err := d.FetchAfter(context.Background(), "t", "x.dlq", "", 0, 10)
+		dlq, err := d.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "t", Topic: "x.dlq", PartitionKey: ""}, 0, 10)
 		return err == nil && len(dlq) == 1 && dlq[0].ID == "poison" && dlq[0].Headers[shardq.HeaderDLQAttempts] == "3"
 	})
 	if n := attempts.Load(); n != 3 {
@@ -697,7 +697,7 @@ func testUngroupedReplay(t *testing.T, open Open) {
 		}
 		defer stopAll(t, s)
 		waitFor(t, "both delivered and passed", 20*time.Second, func() bool {
-			ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+			ps, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 			return n.Load() >= 2 && err == nil && len(ps) == 0
 		})
 		return n.Load()
@@ -705,7 +705,7 @@ func testUngroupedReplay(t *testing.T, open Open) {
 	if n := consume(); n != 2 {
 		t.Fatalf("first pass delivered %d", n)
 	}
-	if err := d.ResetOffset(ctx, "t", "x", "", "g", 0); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: "", ConsumerGroup: "g"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := consume(); n != 2 {
@@ -721,7 +721,7 @@ func testUngroupedGapIsRepaired(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
 		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"})
-	claims, _, err := d.ClaimMessages(ctx, "t", "x", "g", "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
+	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
@@ -733,18 +733,18 @@ func testUngroupedGapIsRepaired(t *testing.T, open Open) {
 	if err := d.AckClaims(ctx, claims[2:], t0); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", t0)
+	cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, t0)
 	if err != nil || cur >= res[0].Offset {
 		t.Fatalf("cursor %d (%v) passed the gap at offset %d", cur, err, res[0].Offset)
 	}
-	again, _, err := d.ClaimMessages(ctx, "t", "x", "g", "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
+	again, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(again) != 2 || again[0].Message.ID != "u1" || again[1].Message.ID != "u2" || again[0].Attempts != 1 {
 		t.Fatalf("claims after the repair: %+v, %v; want u1 and u2 at attempt 1", again, err)
 	}
 	if err := d.AckClaims(ctx, again, t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", t0.Add(time.Second)); err != nil || cur != res[2].Offset {
+	if cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, t0.Add(time.Second)); err != nil || cur != res[2].Offset {
 		t.Fatalf("cursor %d (%v), want %d once all three are done", cur, err, res[2].Offset)
 	}
 }

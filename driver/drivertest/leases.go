@@ -45,7 +45,7 @@ func committed(t *testing.T, d driver.Driver, tenant, topic, key, group string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	work, err := d.PartitionsWithWork(context.Background(), []string{tenant}, topic, group)
+	work, err := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{tenant}, Topic: topic, ConsumerGroup: group})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	if err := d.ReleaseLease(ctx, a, t0.Add(ttl+2*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("stale release = %v, want ErrLeaseLost", err)
 	}
-	ls, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+	ls, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil || len(ls) != 1 || ls[0].Owner != "sub-b" || ls[0].Token != firstToken+1 {
 		t.Fatalf("leases after stale writes = %+v, %v; want sub-b's untouched", ls, err)
 	}
@@ -125,7 +125,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	if err != nil || a2.Token != firstToken+2 {
 		t.Fatalf("acquire after release = %+v, %v; want token first+2", a2, err)
 	}
-	if ps, _ := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); len(ps) != 0 {
+	if ps, _ := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(ps) != 0 {
 		t.Fatalf("group still has work after committing the head: %+v", ps)
 	}
 }
@@ -244,7 +244,7 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := d.SweepLeases(ctx, []string{"t"}, "g", "x", []string{"dead"}, t0.Add(time.Second))
+	n, err := d.SweepLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, []string{"dead"}, t0.Add(time.Second))
 	if err != nil || n != 1 {
 		t.Fatalf("sweep = %d, %v; want 1", n, err)
 	}
@@ -264,19 +264,19 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 func testHeartbeatsScoped(t *testing.T, open Open) {
 	d, _ := setup(t, open, nil)
 	ctx := context.Background()
-	if err := d.Heartbeat(ctx, []string{"t1", "t2"}, "g", "x", "s1", t0); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t1", "t2"}, Topic: "x", ConsumerGroup: "g"}, "s1", t0); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Heartbeat(ctx, []string{"t1"}, "g", "x", "s2", t0); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t1"}, Topic: "x", ConsumerGroup: "g"}, "s2", t0); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Heartbeat(ctx, []string{"t3"}, "g", "x", "s3", t0); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t3"}, Topic: "x", ConsumerGroup: "g"}, "s3", t0); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Heartbeat(ctx, []string{"t1"}, "g", "x", "s1", t0.Add(5*time.Second)); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t1"}, Topic: "x", ConsumerGroup: "g"}, "s1", t0.Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	subs, err := d.Subscribers(ctx, []string{"t1", "t2"}, "g", "x")
+	subs, err := d.Subscribers(ctx, driver.GroupScope{Tenants: []string{"t1", "t2"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,14 +290,14 @@ func testHeartbeatsScoped(t *testing.T, open Open) {
 	if want := []string{"t1/s1@5s", "t1/s2@0s", "t2/s1@0s"}; !slices.Equal(got, want) {
 		t.Fatalf("subscribers %v, want %v (never t3)", got, want)
 	}
-	if err := d.RemoveHeartbeat(ctx, []string{"t1", "t2"}, "g", "x", "s1"); err != nil {
+	if err := d.RemoveHeartbeat(ctx, driver.GroupScope{Tenants: []string{"t1", "t2"}, Topic: "x", ConsumerGroup: "g"}, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	subs, _ = d.Subscribers(ctx, []string{"t1", "t2", "t3"}, "g", "x")
+	subs, _ = d.Subscribers(ctx, driver.GroupScope{Tenants: []string{"t1", "t2", "t3"}, Topic: "x", ConsumerGroup: "g"})
 	if len(subs) != 2 || subs[0].Name != "s2" || subs[1].Name != "s3" {
 		t.Fatalf("after removing s1: %+v", subs)
 	}
-	if subs, _ := d.Subscribers(ctx, nil, "g", "x"); len(subs) != 0 {
+	if subs, _ := d.Subscribers(ctx, driver.GroupScope{Tenants: nil, Topic: "x", ConsumerGroup: "g"}); len(subs) != 0 {
 		t.Fatalf("an empty tenant list returned %+v", subs)
 	}
 }
@@ -400,7 +400,7 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 	if sts, _ := d.DeliveryStates(ctx, p, 0, res[0].Offset); len(sts) != 0 {
 		t.Fatal("bookkeeping kept after dead-lettering")
 	}
-	work, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+	work, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil || len(work) != 1 || work[0].CommittedOffset != res[0].Offset {
 		t.Fatalf("after dead-lettering, work = %+v %v; want the cursor past the poison message only", work, err)
 	}
@@ -437,7 +437,7 @@ func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
 			t.Fatalf("renewed lease expires %v", l.ExpiresAt)
 		}
 	}
-	ls, _ := d.ListLeases(ctx, []string{"t1", "t2"}, "g", "x")
+	ls, _ := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t1", "t2"}, Topic: "x", ConsumerGroup: "g"})
 	for _, l := range ls {
 		if l.PartitionKey == "b" && (l.Owner != "peer" || !l.ExpiresAt.Equal(t0.Add(2*ttl+time.Second))) {
 			t.Fatalf("the peer's lease was changed by a stale renewal: %+v", l)

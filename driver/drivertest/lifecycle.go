@@ -72,7 +72,7 @@ func drain(t *testing.T, d driver.Driver, now time.Time, group, key string) driv
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := d.FetchAfter(ctx, "t", "x", key, l.Committed, 1000)
+	msgs, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: key}, l.Committed, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: k})
 	}
 	mustPublish(t, c, msgs...)
-	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "g", false, clock.Now()); err != nil {
+	if err := d.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, false, clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	tokens := map[string]int64{}
@@ -109,7 +109,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := d.FetchAfter(ctx, "t", "x", k, 0, 10)
+		got, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: k}, 0, 10)
 		if err != nil || len(got) != 2 {
 			t.Fatalf("fetch %s = %d messages, %v", k, len(got), err)
 		}
@@ -137,7 +137,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 	}
 	// The ungrouped message is claimed and never settled: it ages out
 	// with its claim row left.
-	cs, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m", clock.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m", clock.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim = %d, %v", len(cs), err)
 	}
@@ -180,14 +180,14 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 	if l.Token <= tokens["k1"] {
 		t.Fatalf("token after recreation %d, want above the removed row's %d", l.Token, tokens["k1"])
 	}
-	got, err := d.FetchAfter(ctx, "t", "x", "k1", l.Committed, 10)
+	got, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k1"}, l.Committed, 10)
 	if err != nil || len(got) != 1 || got[0].Offset != again.Offset {
 		t.Fatalf("recreated partition reads %+v, %v; want exactly the new message %d", got, err, again.Offset)
 	}
 	if st, err := d.GroupState(ctx, l); err != nil || st != nil {
 		t.Fatalf("state of the recreated group = %q, %v; want none", st, err)
 	}
-	if ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g"); err != nil || len(ps) != 1 || ps[0].PartitionKey != "k1" {
+	if ps, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); err != nil || len(ps) != 1 || ps[0].PartitionKey != "k1" {
 		t.Fatalf("work after recreation = %+v, %v; want k1 only", ps, err)
 	}
 }
@@ -200,7 +200,7 @@ func testRemovalKeepsWhatAGroupHasNotPassed(t *testing.T, open Open) {
 	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
 	ctx := context.Background()
 	for _, g := range []string{"g1", "g2"} {
-		if err := d.RegisterGroup(ctx, []string{"t"}, "x", g, false, clock.Now()); err != nil {
+		if err := d.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: g}, false, clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -219,7 +219,7 @@ func testRemovalKeepsWhatAGroupHasNotPassed(t *testing.T, open Open) {
 	for _, g := range []string{"g1", "g2"} {
 		drain(t, d, clock.Now(), g, "k3")
 	}
-	if err := d.ResetOffset(ctx, "t", "x", "k3", "g2", k3[0].Offset); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "t", Topic: "x", PartitionKey: "k3", ConsumerGroup: "g2"}, k3[0].Offset); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(2 * time.Hour)
@@ -456,19 +456,19 @@ func testStartPositionLatest(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
 	old := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"}, shardq.Message{Tenant: "t", Topic: "x"})
-	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "late", true, time.Now()); err != nil {
+	if err := d.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "late"}, true, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "early", false, time.Now()); err != nil {
+	if err := d.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "early"}, false, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "late"); err != nil || len(ps) != 0 {
+	if ps, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "late"}); err != nil || len(ps) != 0 {
 		t.Fatalf("work of a latest group before any new message = %+v, %v", ps, err)
 	}
-	if rs, err := d.ReadyGroups(ctx, []string{"t"}, "x", "late", time.Now(), 10); err != nil || len(rs) != 0 {
+	if rs, err := d.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "late"}, time.Now(), 10); err != nil || len(rs) != 0 {
 		t.Fatalf("ready groups of a latest group before any new message = %+v, %v", rs, err)
 	}
-	if cs, _, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10}); err != nil || len(cs) != 0 {
+	if cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "late"}, "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10}); err != nil || len(cs) != 0 {
 		t.Fatalf("claims of a latest group before any new message = %+v, %v", cs, err)
 	}
 	fresh := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2"},
@@ -478,7 +478,7 @@ func testStartPositionLatest(t *testing.T, open Open) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := d.FetchAfter(ctx, "t", "x", k, l.Committed, 10)
+		got, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: k}, l.Committed, 10)
 		want := fresh[0].Offset
 		if k == "k2" {
 			want = fresh[1].Offset
@@ -487,7 +487,7 @@ func testStartPositionLatest(t *testing.T, open Open) {
 			t.Fatalf("latest group reads %s after %d: %+v, %v; want only %d", k, l.Committed, got, err, want)
 		}
 	}
-	cs, _, err := d.ClaimMessages(ctx, "t", "x", "late", "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "late"}, "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(cs) != 1 || cs[0].Message.Offset != fresh[2].Offset {
 		t.Fatalf("latest group claims %+v, %v; want only the new ungrouped message", cs, err)
 	}
@@ -506,10 +506,10 @@ func testStartPositionLatest(t *testing.T, open Open) {
 	if _, err := d.DB().ExecContext(ctx, "DELETE FROM queue_consumer_groups WHERE tenant = ? AND consumer_group = ?", "t", "early"); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RegisterGroup(ctx, []string{"t"}, "x", "early", true, time.Now()); err != nil {
+	if err := d.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "early"}, true, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if ps, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "early"); err != nil || len(ps) != 3 {
+	if ps, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "early"}); err != nil || len(ps) != 3 {
 		t.Fatalf("work of an existing group asked to start latest = %+v, %v; want k1, k2 and the ungrouped partition", ps, err)
 	}
 }
@@ -522,7 +522,7 @@ func testUnreadPartitionsCounted(t *testing.T, open Open) {
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b"},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "c"})
 	drain(t, d, time.Now(), "g", "a")
-	rows, err := d.UnreadPartitions(ctx, "t", "x", "g", 100)
+	rows, err := d.UnreadPartitions(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -544,7 +544,7 @@ func testDeleteGroup(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
 	for _, g := range []string{"g", "other"} {
-		if err := d.RegisterGroup(ctx, []string{"t"}, "x", g, false, clock.Now()); err != nil {
+		if err := d.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: g}, false, clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 		drain(t, d, clock.Now(), g, "k")
@@ -553,10 +553,10 @@ func testDeleteGroup(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Heartbeat(ctx, []string{"t"}, "g", "x", "m", clock.Now()); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, "m", clock.Now()); err != nil {
 		t.Fatal(err)
 	}
-	err = d.DeleteGroup(ctx, "t", "x", "g", clock.Now().Add(-time.Minute), clock.Now(), false)
+	err = d.DeleteGroup(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, clock.Now().Add(-time.Minute), clock.Now(), false)
 	var live *driver.GroupLiveError
 	if !errors.As(err, &live) || !errors.Is(err, driver.ErrGroupLive) || live.Leases != 1 || len(live.Members) != 1 {
 		t.Fatalf("delete of a live group = %v, want GroupLiveError naming one member and one lease", err)
@@ -564,7 +564,7 @@ func testDeleteGroup(t *testing.T, open Open) {
 	if n := committed(t, d, "t", "x", "k", "g"); n != res[1].Offset {
 		t.Fatalf("refused delete moved the cursor to %d", n)
 	}
-	if err := d.DeleteGroup(ctx, "t", "x", "g", clock.Now().Add(-time.Minute), clock.Now(), true); err != nil {
+	if err := d.DeleteGroup(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, clock.Now().Add(-time.Minute), clock.Now(), true); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.CommitOffset(ctx, l, res[1].Offset, clock.Now()); !errors.Is(err, driver.ErrLeaseLost) {
@@ -578,7 +578,7 @@ func testDeleteGroup(t *testing.T, open Open) {
 		t.Fatalf("the other group's cursor is %d, want %d", n, res[1].Offset)
 	}
 	// Without members, no force is needed.
-	if err := d.DeleteGroup(ctx, "t", "x", "other", clock.Now().Add(-time.Minute), clock.Now(), false); err != nil {
+	if err := d.DeleteGroup(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "other"}, clock.Now().Add(-time.Minute), clock.Now(), false); err != nil {
 		t.Fatal(err)
 	}
 	if n := rowCounts(t, d, "t"); n["queue_offsets"] != 0 || n["queue_partition_leases"] != 0 {

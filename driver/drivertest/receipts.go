@@ -107,7 +107,7 @@ func testReceiptsVisibility(t *testing.T, open Open) {
 	if err := r.Ack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, first[1].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
 		t.Fatalf("ack after the visibility timeout = %v, want ErrStaleReceipt", err)
 	}
-	offsets, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+	offsets, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil || len(offsets) != 1 || offsets[0].Committed != 0 {
 		t.Fatalf("cursor after a stale ack: %+v, %v; want unmoved", offsets, err)
 	}

@@ -102,7 +102,7 @@ func checkDeadLettered(t *testing.T, d driver.Driver, topic, key string, offset 
 	var cursor int64
 	if key == "" {
 		var err error
-		if cursor, err = d.AdvanceUngrouped(ctx, "t", topic, "g", time.Now()); err != nil {
+		if cursor, err = d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: topic, ConsumerGroup: "g"}, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	} else {

@@ -176,7 +176,7 @@ func testSubscribersDeliverInOrder(t *testing.T, open Open) {
 	defer stopAll(t, subs...)
 	waitFor(t, "all messages", 2*time.Minute, func() bool { return rec.total.Load() >= total })
 	waitFor(t, "cursors at the head", 30*time.Second, func() bool {
-		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "orders", "g")
+		ps, err := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "orders", ConsumerGroup: "g"})
 		return err == nil && len(ps) == 0
 	})
 	rec.check(t)
@@ -213,7 +213,7 @@ func testSubscribersJoinAndLeave(t *testing.T, open Open) {
 	stopped = append(stopped, a, dd)
 	sent := int64(3200 + 800)
 	waitFor(t, "everything after two left", time.Minute, func() bool {
-		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		ps, err := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		return err == nil && len(ps) == 0
 	})
 	rec.check(t)
@@ -382,7 +382,7 @@ func testBatchHandlerSettlesTogether(t *testing.T, open Open) {
 	}
 	defer stopAll(t, s)
 	waitFor(t, "all batches", 30*time.Second, func() bool {
-		ps, _ := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		ps, _ := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		return len(ps) == 0
 	})
 	mu.Lock()
@@ -417,7 +417,7 @@ func testIdleLeasesAreReleased(t *testing.T, open Open) {
 	defer stopAll(t, s)
 	waitFor(t, "all messages", 30*time.Second, func() bool { return rec.total.Load() == 40 })
 	waitFor(t, "idle leases released", 30*time.Second, func() bool {
-		ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+		ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		if err != nil || len(ls) != 4 {
 			return false
 		}
@@ -476,7 +476,7 @@ func testLostLeaseCancelsHandler(t *testing.T, open Open) {
 	// Another live member takes the partition (its clock is past the
 	// expiry); its heartbeat keeps it from being swept as dead.
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
-	if err := d.Heartbeat(context.Background(), []string{"t"}, "g", "x", "thief", time.Now().Add(time.Hour)); err != nil {
+	if err := d.Heartbeat(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, "thief", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	thief, err := d.AcquireLease(context.Background(), p, "thief", time.Now().Add(time.Hour), time.Hour)
@@ -493,10 +493,10 @@ func testLostLeaseCancelsHandler(t *testing.T, open Open) {
 	}
 	// The loser moved nothing: the message is still unacked, the thief's
 	// lease untouched.
-	if ps, _ := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g"); len(ps) != 1 || ps[0].CommittedOffset != 0 {
+	if ps, _ := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(ps) != 1 || ps[0].CommittedOffset != 0 {
 		t.Fatalf("work after the loss: %+v", ps)
 	}
-	ls, _ := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	ls, _ := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if len(ls) != 1 || ls[0].Owner != "thief" || ls[0].Token != thief.Token {
 		t.Fatalf("leases after the loss: %d, first owned by %q with token %d; want thief's with token %d",
 			len(ls), ls[0].Owner, ls[0].Token, thief.Token)
@@ -521,13 +521,13 @@ func testHardStopCancelsHandlers(t *testing.T, open Open) {
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ps, _ := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g"); len(ps) != 1 {
+	if ps, _ := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(ps) != 1 {
 		t.Fatalf("a cancelled handler's message was acked: %+v", ps)
 	}
-	if ls, _ := d.ListLeases(context.Background(), []string{"t"}, "g", "x"); len(ls) != 1 || ls[0].Owner != "" {
+	if ls, _ := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(ls) != 1 || ls[0].Owner != "" {
 		t.Fatalf("lease not released at stop: %+v", ls)
 	}
-	if subs, _ := d.Subscribers(context.Background(), []string{"t"}, "g", "x"); len(subs) != 0 {
+	if subs, _ := d.Subscribers(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}); len(subs) != 0 {
 		t.Fatalf("heartbeat left after stop: %+v", subs)
 	}
 }
@@ -568,11 +568,11 @@ func testFairShareConverges(t *testing.T, open Open) {
 	names := make([]string, members)
 	for i := range names {
 		names[i] = fmt.Sprintf("sub-%d", i)
-		if err := d.Heartbeat(ctx, []string{"t"}, "g", "x", names[i], t0); err != nil {
+		if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, names[i], t0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	work, err := d.PartitionsWithWork(ctx, []string{"t"}, "x", "g")
+	work, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil || len(work) != parts {
 		t.Fatalf("%d partitions with work, %v", len(work), err)
 	}
@@ -587,7 +587,7 @@ func testFairShareConverges(t *testing.T, open Open) {
 		}
 		changed = false
 		for _, me := range names {
-			leases, err := d.ListLeases(ctx, []string{"t"}, "g", "x")
+			leases, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -630,7 +630,7 @@ func testFairShareConverges(t *testing.T, open Open) {
 }
 
 func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
-	ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+	ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -731,9 +731,9 @@ type countingDriver struct {
 	fetches, heads atomic.Int64
 }
 
-func (d *countingDriver) FetchAfter(ctx context.Context, tenant, topic, key string, after int64, limit int) ([]driver.Message, error) {
+func (d *countingDriver) FetchAfter(ctx context.Context, p driver.TopicPartition, after int64, limit int) ([]driver.Message, error) {
 	d.fetches.Add(1)
-	return d.Driver.FetchAfter(ctx, tenant, topic, key, after, limit)
+	return d.Driver.FetchAfter(ctx, p, after, limit)
 }
 
 func (d *countingDriver) HeadsOf(ctx context.Context, topic string, tenants, keys []string) (map[driver.HeadKey]int64, error) {
@@ -855,7 +855,7 @@ func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
 	g := newGate()
 	defer g.open()
 	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
-		ls, err := d.ListLeases(context.Background(), []string{"t"}, "g", "x")
+		ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		if err != nil || len(ls) != 1 {
 			return fmt.Errorf("leases %+v: %v", ls, err)
 		}

@@ -178,7 +178,7 @@ func testTxExactlyOneOutcome(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 		// One contender resolves through a check-back claim.
-		claimed, err := d.ClaimDueHalves(ctx, []string{"t"}, "pg", "checker", t0, time.Minute, 10)
+		claimed, err := d.ClaimDueHalves(ctx, driver.HalfClaimRequest{Tenants: []string{"t"}, ProducerGroup: "pg", Owner: "checker", Now: t0, ClaimTTL: time.Minute, Limit: 10})
 		if err != nil || len(claimed) != 1 {
 			t.Fatalf("claim: %d, %v", len(claimed), err)
 		}
@@ -329,15 +329,15 @@ func testTxConcurrentSendsInCommitOrder(t *testing.T, open Open) {
 				return true
 			})
 			rec.mu.Unlock()
-			ps, perr := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
-			ls, lerr := d.HeldLeases(context.Background(), []string{"t"}, "g", "x")
+			ps, perr := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
+			ls, lerr := d.HeldLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 			t.Fatalf("after a minute %d of %d delivered; committed and missing: %v; partitions with work %+v (%v); leases %+v (%v)",
 				rec.total.Load(), want, missing, ps, perr, ls, lerr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitFor(t, "the cursor at the head", 30*time.Second, func() bool {
-		ps, err := d.PartitionsWithWork(context.Background(), []string{"t"}, "x", "g")
+		ps, err := d.PartitionsWithWork(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
 		return err == nil && len(ps) == 0
 	})
 	rec.check(t)

@@ -76,7 +76,7 @@ func TestClaimSeesWhatItLocks(t *testing.T) {
 	armed = true
 	mu.Unlock()
 	now := time.Now()
-	claims, _, err := claimer.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := claimer.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestClaimSeesWhatItLocks(t *testing.T) {
 		t.Fatalf("claimed %v, want [early late]: a message the claim locked was not returned", ids)
 	}
 	// Nothing is left claimed behind the caller's back.
-	again, _, err := claimer.ClaimMessages(ctx, "t", "x", "g", "m#2", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	again, _, err := claimer.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#2", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(again) != 0 {
 		t.Fatalf("second claim: %v, %v", again, err)
 	}
@@ -138,7 +138,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	advance := func(wantCursor, wantBegins int64) {
 		t.Helper()
 		before := begins.Load()
-		cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", now)
+		cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 		}
 	}
 	publish("a", "b")
-	claims, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(claims) != 2 {
 		t.Fatalf("claim: %v, %v", claims, err)
 	}
@@ -159,7 +159,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	advance(2, 0) // nothing new
 	advance(2, 0)
 	publish("c")
-	c, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	c, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(c) != 1 {
 		t.Fatalf("claim: %v, %v", c, err)
 	}

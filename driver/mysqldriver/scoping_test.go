@@ -89,10 +89,10 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.FetchAfter(ctx, "a", "x", "k", 0, 10); err != nil {
+	if _, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "a", Topic: "x", PartitionKey: "k"}, 0, 10); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.PartitionsWithWork(ctx, []string{"a", "b"}, "x", "g"); err != nil {
+	if _, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.PartitionHeads(ctx, []string{"a"}, "x"); err != nil {
@@ -101,7 +101,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.HeadsOf(ctx, "x", []string{"a"}, []string{"k", "l"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.ResetOffset(ctx, "a", "x", "k", "g", 1); err != nil {
+	if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: "a", Topic: "x", PartitionKey: "k", ConsumerGroup: "g"}, 1); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
@@ -127,7 +127,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.DeadLetter(ctx, l, &driver.InsertMessage{Tenant: "a", Topic: "x.dlq", PartitionKey: "k", ID: "d", CreatedAt: now}, 3, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.ListLeases(ctx, []string{"a"}, "g", "x"); err != nil {
+	if _, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"a"}, Topic: "x", ConsumerGroup: "g"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.GroupState(ctx, l); err != nil {
@@ -139,7 +139,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.ReleaseLease(ctx, l, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.ReadyGroups(ctx, []string{"a", "b"}, "x", "g", now, 10); err != nil {
+	if _, err := d.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, now, 10); err != nil {
 		t.Fatal(err)
 	}
 	var ungrouped []shardq.Message
@@ -149,7 +149,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := c.Publish(ctx, ungrouped...); err != nil {
 		t.Fatal(err)
 	}
-	claims, _, err := d.ClaimMessages(ctx, "a", "u", "g", "s", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "a", Topic: "u", ConsumerGroup: "g"}, "s", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d ungrouped messages, %v", len(claims), err)
 	}
@@ -162,7 +162,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.DeadLetterClaim(ctx, claims[2], &driver.InsertMessage{Tenant: "a", Topic: "u.dlq", ID: "d", CreatedAt: now}, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.AdvanceUngrouped(ctx, "a", "u", "g", now); err != nil {
+	if _, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "a", Topic: "u", ConsumerGroup: "g"}, now); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"h1", "h2", "h3", "h4"} {
@@ -172,7 +172,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	claimed, err := d.ClaimDueHalves(ctx, []string{"a", "b"}, "pg", "p", now, time.Minute, 10)
+	claimed, err := d.ClaimDueHalves(ctx, driver.HalfClaimRequest{Tenants: []string{"a", "b"}, ProducerGroup: "pg", Owner: "p", Now: now, ClaimTTL: time.Minute, Limit: 10})
 	if err != nil || len(claimed) != 4 {
 		t.Fatalf("claimed %d, %v", len(claimed), err)
 	}
@@ -191,16 +191,16 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.ListHalves(ctx, driver.Scope{Tenants: []string{"a"}}); err != nil { // --all-tenants is an operator's explicit fleet-wide read
 		t.Fatal(err)
 	}
-	if _, err := d.SweepLeases(ctx, []string{"a", "b"}, "g", "x", []string{"dead"}, now); err != nil {
+	if _, err := d.SweepLeases(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, []string{"dead"}, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Heartbeat(ctx, []string{"a", "b"}, "g", "x", "s", now); err != nil {
+	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, "s", now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Subscribers(ctx, []string{"a", "b"}, "g", "x"); err != nil {
+	if _, err := d.Subscribers(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RemoveHeartbeat(ctx, []string{"a", "b"}, "g", "x", "s"); err != nil {
+	if err := d.RemoveHeartbeat(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, "s"); err != nil {
 		t.Fatal(err)
 	}
 

@@ -54,13 +54,13 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer lock.Rollback()
-		cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", now)
+		cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, now)
 		if err != nil || cur != want {
 			t.Fatalf("advance under another writer: cursor %d, %v; want %d without a write transaction", cur, err, want)
 		}
 	}
 	publish("a")
-	claims, _, err := d.ClaimMessages(ctx, "t", "x", "g", "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
 	if err != nil || len(claims) != 1 {
 		t.Fatalf("claim: %v, %v", claims, err)
 	}
@@ -68,7 +68,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	if err := d.AckClaims(ctx, claims, now); err != nil {
 		t.Fatal(err)
 	}
-	if cur, err := d.AdvanceUngrouped(ctx, "t", "x", "g", now); err != nil || cur != 1 {
+	if cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, now); err != nil || cur != 1 {
 		t.Fatalf("advance: %d, %v", cur, err)
 	}
 	advanceWhileLocked(1) // nothing new

@@ -99,7 +99,7 @@ func TestTwoProcessesOneFile(t *testing.T) {
 			pending--
 		default:
 		}
-		msgs, err := d.FetchAfter(ctx, "t", "x", "shared", cursor, 50)
+		msgs, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "shared"}, cursor, 50)
 		if err != nil {
 			t.Fatal(err)
 		}

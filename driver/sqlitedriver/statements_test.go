@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/sqlitedriver"
 )
 
@@ -54,7 +55,7 @@ func TestPreparedStatementsStayWithTheirPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	msgs, err := d.FetchAfter(ctx, "t", "x", "k", 0, 10)
+	msgs, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, 0, 10)
 	if err != nil || len(msgs) != 6 {
 		t.Fatalf("stored %d messages, want 6 (%v)", len(msgs), err)
 	}

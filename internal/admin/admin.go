@@ -50,7 +50,7 @@ func unreadRows(ctx context.Context, drv driver.Driver, s driver.Scope, group st
 		if err != nil || !slices.Contains(groups, group) {
 			return err
 		}
-		rows, err := drv.UnreadPartitions(ctx, t.Tenant, t.Topic, group, MaxPageLimit)
+		rows, err := drv.UnreadPartitions(ctx, driver.GroupRef{Tenant: t.Tenant, Topic: t.Topic, ConsumerGroup: group}, MaxPageLimit)
 		for _, r := range rows {
 			if r.HeadOffset > r.CommittedOffset {
 				out = append(out, r)
@@ -100,7 +100,7 @@ func StaleLeases(ctx context.Context, drv driver.Driver, s driver.Scope, staleAf
 			continue
 		}
 		read[g] = true
-		subs, err := drv.Subscribers(ctx, []string{l.Tenant}, l.ConsumerGroup, l.Topic)
+		subs, err := drv.Subscribers(ctx, driver.GroupScope{Tenants: []string{l.Tenant}, Topic: l.Topic, ConsumerGroup: l.ConsumerGroup})
 		if err != nil {
 			return nil, err
 		}
@@ -218,7 +218,7 @@ func ResetOffsets(ctx context.Context, drv driver.Driver, r Reset, now time.Time
 	for _, h := range heads {
 		affected[h.PartitionKey] = true
 	}
-	leases, err := drv.ListLeases(ctx, tenants, r.Group, r.Topic)
+	leases, err := drv.ListLeases(ctx, driver.GroupScope{Tenants: tenants, Topic: r.Topic, ConsumerGroup: r.Group})
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +247,7 @@ func ResetOffsets(ctx context.Context, drv driver.Driver, r Reset, now time.Time
 		case ToOffset:
 			to = r.Offset
 		case ToTime:
-			if to, err = drv.OffsetBefore(ctx, r.Tenant, r.Topic, h.PartitionKey, r.Time); err != nil {
+			if to, err = drv.OffsetBefore(ctx, driver.TopicPartition{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: h.PartitionKey}, r.Time); err != nil {
 				return changes, err
 			}
 		}
@@ -256,7 +256,7 @@ func ResetOffsets(ctx context.Context, drv driver.Driver, r Reset, now time.Time
 			return changes, err
 		}
 		if !r.DryRun {
-			if err := drv.ResetOffset(ctx, r.Tenant, r.Topic, h.PartitionKey, r.Group, to); err != nil {
+			if err := drv.ResetOffset(ctx, driver.PartitionRef{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: h.PartitionKey, ConsumerGroup: r.Group}, to); err != nil {
 				return changes, err
 			}
 		}
@@ -272,11 +272,11 @@ func countBetween(ctx context.Context, drv driver.Driver, r Reset, ch *Change) e
 	if lo == hi {
 		return nil
 	}
-	fromLo, err := drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, lo)
+	fromLo, err := drv.PartitionLag(ctx, driver.TopicPartition{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: ch.PartitionKey}, lo)
 	if err != nil {
 		return err
 	}
-	fromHi, err := drv.PartitionLag(ctx, r.Tenant, r.Topic, ch.PartitionKey, hi)
+	fromHi, err := drv.PartitionLag(ctx, driver.TopicPartition{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: ch.PartitionKey}, hi)
 	if err != nil {
 		return err
 	}
@@ -417,9 +417,9 @@ func Messages(ctx context.Context, drv driver.Driver, r Browse) ([]driver.Messag
 	after := r.AfterOffset
 	if !r.FromTime.IsZero() {
 		var err error
-		if after, err = drv.OffsetBefore(ctx, r.Tenant, r.Topic, r.PartitionKey, r.FromTime); err != nil {
+		if after, err = drv.OffsetBefore(ctx, driver.TopicPartition{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: r.PartitionKey}, r.FromTime); err != nil {
 			return nil, err
 		}
 	}
-	return drv.FetchAfter(ctx, r.Tenant, r.Topic, r.PartitionKey, after, r.Limit)
+	return drv.FetchAfter(ctx, driver.TopicPartition{Tenant: r.Tenant, Topic: r.Topic, PartitionKey: r.PartitionKey}, after, r.Limit)
 }

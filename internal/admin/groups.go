@@ -51,12 +51,12 @@ func topicGroups(ctx context.Context, drv driver.Driver, cursors groupCursors, t
 	var out []GroupInfo
 	for _, g := range names {
 		info := GroupInfo{Tenant: tenant, Topic: topic, ConsumerGroup: g}
-		paused, err := drv.PausedTenants(ctx, []string{tenant}, topic, g)
+		paused, err := drv.PausedTenants(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: topic, ConsumerGroup: g})
 		if err != nil {
 			return nil, err
 		}
 		info.Paused = len(paused) > 0
-		members, err := drv.Subscribers(ctx, []string{tenant}, g, topic)
+		members, err := drv.Subscribers(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: topic, ConsumerGroup: g})
 		if err != nil {
 			return nil, err
 		}
@@ -75,7 +75,7 @@ func topicGroups(ctx context.Context, drv driver.Driver, cursors groupCursors, t
 			info.Partitions++
 			info.add(r)
 		}
-		unread, err := drv.UnreadPartitions(ctx, tenant, topic, g, MaxPageLimit)
+		unread, err := drv.UnreadPartitions(ctx, driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: g}, MaxPageLimit)
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +169,7 @@ func SetPaused(ctx context.Context, drv driver.Driver, s driver.Scope, topic, gr
 		return nil, fmt.Errorf("shardq: admin %s: %w", op, &ident.Error{Field: "consumer group",
 			Rule: fmt.Sprintf("%q reads topic %q in none of the tenants", group, topic)})
 	}
-	if err := drv.SetGroupPaused(ctx, known, topic, group, paused, now); err != nil {
+	if err := drv.SetGroupPaused(ctx, driver.GroupScope{Tenants: known, Topic: topic, ConsumerGroup: group}, paused, now); err != nil {
 		return nil, fmt.Errorf("shardq: admin %s: %w", op, err)
 	}
 	return known, nil

@@ -81,7 +81,7 @@ func (s *Service) loop() { lifecycle.Every(s.life.Context(), s.cfg.Poll, true, s
 func (s *Service) checkDue() {
 	ctx, cancel := context.WithTimeout(s.life.Context(), s.cfg.Timeout)
 	defer cancel()
-	due, err := s.drv.ClaimDueHalves(ctx, s.cfg.Tenants, s.cfg.Group, s.cfg.Owner, s.cfg.Clock(), s.cfg.ClaimTTL, 100)
+	due, err := s.drv.ClaimDueHalves(ctx, driver.HalfClaimRequest{Tenants: s.cfg.Tenants, ProducerGroup: s.cfg.Group, Owner: s.cfg.Owner, Now: s.cfg.Clock(), ClaimTTL: s.cfg.ClaimTTL, Limit: 100})
 	if err != nil {
 		if s.life.Context().Err() == nil {
 			s.cfg.Log.Warn("shardq: claiming half messages to check failed; retrying", "tenants", s.cfg.Tenants, "err", err)

@@ -185,11 +185,11 @@ func (s *Member) handBackIdle(n int) int {
 // tickInputs lists, for tenants, the group's members, its held leases and
 // the partitions with work.
 func (s *Member) tickInputs(ctx context.Context, tenants []string) ([]driver.Subscriber, []driver.Lease, []driver.Partition, error) {
-	subs, err := s.drv.Subscribers(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	subs, err := s.drv.Subscribers(ctx, driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listing subscribers: %w", err)
 	}
-	leases, err := s.drv.HeldLeases(ctx, tenants, s.cfg.ConsumerGroup, s.cfg.Topic)
+	leases, err := s.drv.HeldLeases(ctx, driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listing leases: %w", err)
 	}
@@ -199,7 +199,7 @@ func (s *Member) tickInputs(ctx context.Context, tenants []string) ([]driver.Sub
 	} else {
 		// Listing tenant by tenant after a failure: read them whole, and
 		// leave what discovery remembers as it was.
-		work, err = s.drv.PartitionsWithWork(ctx, tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+		work, err = s.drv.PartitionsWithWork(ctx, driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup})
 	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("discovery: %w", err)
@@ -234,7 +234,7 @@ func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive
 	for o := range deadSet {
 		dead = append(dead, o)
 	}
-	n, err := s.drv.SweepLeases(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, dead, now)
+	n, err := s.drv.SweepLeases(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, dead, now)
 	if err != nil {
 		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
 		return

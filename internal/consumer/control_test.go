@@ -48,7 +48,7 @@ func TestAcquisitionsPastTheDeadlineLogOnce(t *testing.T) {
 	d := testdb.Migrated(t, testdb.SQLite(t))
 	for i := 0; i < 50; i += publishKeys(t, d, "k", i, 50) {
 	}
-	if err := d.Heartbeat(context.Background(), []string{"bench"}, "g", "tick", "m0", time.Now()); err != nil {
+	if err := d.Heartbeat(context.Background(), driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"}, "m0", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	var warnings atomic.Int64

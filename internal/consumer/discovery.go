@@ -68,7 +68,7 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 	if d.work == nil {
 		since = start
 	}
-	work, err := s.drv.PartitionsMovedSince(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup, since.Add(-s.cfg.DiscoveryWindow))
+	work, err := s.drv.PartitionsMovedSince(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, since.Add(-s.cfg.DiscoveryWindow))
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +83,7 @@ func (s *Member) discover(ctx context.Context) ([]driver.Partition, error) {
 		}
 	}
 	for tenant, keys := range again {
-		ps, err := s.drv.PartitionsWithWorkOf(ctx, []string{tenant}, s.cfg.Topic, s.cfg.ConsumerGroup, keys)
+		ps, err := s.drv.PartitionsWithWorkOf(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, keys)
 		if err != nil {
 			return nil, err
 		}
@@ -146,7 +146,7 @@ func (s *Member) sweepStep(ctx context.Context, busy bool) ([]driver.Partition, 
 			break
 		}
 		tenant := sw.tenants[sw.tenant]
-		page, err := s.drv.HeadsPage(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, sw.after, budget)
+		page, err := s.drv.HeadsPage(ctx, driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, sw.after, budget)
 		if err != nil {
 			return nil, err
 		}

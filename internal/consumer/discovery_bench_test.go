@@ -96,7 +96,7 @@ func benchTicks(b *testing.B, d driver.Driver, history int) {
 	}
 	now := time.Now()
 	for i := range 4 {
-		if err := d.Heartbeat(ctx, []string{"bench"}, "g", "tick", fmt.Sprintf("m%d", i), now); err != nil {
+		if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"}, fmt.Sprintf("m%d", i), now); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -113,7 +113,7 @@ func benchTicks(b *testing.B, d driver.Driver, history int) {
 	}
 	b.Run(fmt.Sprintf("history=%d/full", history), func(b *testing.B) {
 		for b.Loop() {
-			if _, err := d.PartitionsWithWork(ctx, m.cfg.Tenants, m.cfg.Topic, m.cfg.ConsumerGroup); err != nil {
+			if _, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: m.cfg.Tenants, Topic: m.cfg.Topic, ConsumerGroup: m.cfg.ConsumerGroup}); err != nil {
 				b.Fatal(err)
 			}
 		}

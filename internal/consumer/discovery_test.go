@@ -67,7 +67,7 @@ type pageRecorder struct {
 	tenants []string
 }
 
-func (r *pageRecorder) HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]driver.Partition, error) {
-	r.limits, r.tenants = append(r.limits, limit), append(r.tenants, tenant)
-	return r.Driver.HeadsPage(ctx, tenant, topic, group, after, limit)
+func (r *pageRecorder) HeadsPage(ctx context.Context, g driver.GroupRef, after []string, limit int) ([]driver.Partition, error) {
+	r.limits, r.tenants = append(r.limits, limit), append(r.tenants, g.Tenant)
+	return r.Driver.HeadsPage(ctx, g, after, limit)
 }

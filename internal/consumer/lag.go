@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/telemetry"
 )
 
@@ -35,7 +36,7 @@ func (s *Member) Lag(ctx context.Context) ([]telemetry.Lag, error) {
 		if !ok || p.HeadOffset <= p.CommittedOffset {
 			continue
 		}
-		l, err := s.drv.PartitionLag(ctx, p.Tenant, p.Topic, p.PartitionKey, p.CommittedOffset)
+		l, err := s.drv.PartitionLag(ctx, driver.TopicPartition{Tenant: p.Tenant, Topic: p.Topic, PartitionKey: p.PartitionKey}, p.CommittedOffset)
 		if err != nil {
 			return out, fmt.Errorf("lag of tenant %q topic %q group %q: %w", p.Tenant, p.Topic, s.cfg.ConsumerGroup, err)
 		}

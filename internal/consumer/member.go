@@ -137,7 +137,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		// Members starting together advance together: a deadlock between
 		// them is retried, not a failed start.
 		err = s.retrying(ctx, func() error {
-			_, err := drv.AdvanceUngrouped(ctx, cfg.Tenants[0], cfg.Topic, cfg.ConsumerGroup, cfg.Clock())
+			_, err := drv.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: cfg.Tenants[0], Topic: cfg.Topic, ConsumerGroup: cfg.ConsumerGroup}, cfg.Clock())
 			return err
 		})
 	} else {
@@ -178,7 +178,7 @@ func (s *Member) Stop(ctx context.Context) error {
 		wg.Wait()
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := s.drv.RemoveHeartbeat(cleanup, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID); err != nil {
+		if err := s.drv.RemoveHeartbeat(cleanup, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID); err != nil {
 			s.stopResult = fmt.Errorf("stop: %w", err)
 		}
 	})
@@ -189,13 +189,13 @@ func (s *Member) Stop(ctx context.Context) error {
 // (one shard down), tenant by tenant, so that it stays alive where the
 // database answers. It fails only when no tenant's row was written.
 func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
-	err := s.drv.Heartbeat(ctx, s.cfg.Tenants, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID, now)
+	err := s.drv.Heartbeat(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID, now)
 	if err == nil || len(s.cfg.Tenants) == 1 {
 		return err
 	}
 	var errs []error
 	for _, t := range s.cfg.Tenants {
-		if terr := s.drv.Heartbeat(ctx, []string{t}, s.cfg.ConsumerGroup, s.cfg.Topic, s.cfg.ID, now); terr != nil {
+		if terr := s.drv.Heartbeat(ctx, driver.GroupScope{Tenants: []string{t}, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID, now); terr != nil {
 			errs = append(errs, fmt.Errorf("tenant %q: %w", t, terr))
 		}
 	}

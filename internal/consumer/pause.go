@@ -6,6 +6,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/lifecycle"
 )
 
@@ -22,7 +23,7 @@ import (
 // refreshPaused reads which of the member's tenants are paused and wakes
 // the workers of those resumed.
 func (s *Member) refreshPaused(ctx context.Context) {
-	ts, err := s.drv.PausedTenants(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup)
+	ts, err := s.drv.PausedTenants(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup})
 	if err != nil {
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: reading whether the group is paused failed; keeping the last state", "tenants", s.cfg.Tenants, "err", err)

@@ -209,7 +209,7 @@ const (
 func (w *worker) fetch() ([]driver.Message, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
 	defer cancel()
-	return w.s.drv.FetchAfter(ctx, w.lease.Tenant, w.lease.Topic, w.lease.PartitionKey, w.cursor, w.s.cfg.BatchSize)
+	return w.s.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: w.lease.Tenant, Topic: w.lease.Topic, PartitionKey: w.lease.PartitionKey}, w.cursor, w.s.cfg.BatchSize)
 }
 
 // commitDue commits settled progress once CommitInterval has passed since

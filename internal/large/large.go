@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package large holds the layout of large messages (docs/large.md): a
-// message group of chunks followed by an end marker. The root package
-// writes them (Client.PublishLarge); internal/receiver reads them.
+// message group of chunks followed by an end marker. Write stores them
+// (shardq.Client.PublishLarge); internal/receiver reads them.
 package large
 
 import "strconv"

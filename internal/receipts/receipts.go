@@ -304,7 +304,7 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, er
 	if r.budgeted(rq) {
 		limit.Bytes = rq.MaxBytes
 	}
-	claims, truncated, err := r.drv.ClaimMessages(ctx, rq.Tenant, rq.Topic, rq.Group, owner, r.now(), rq.Visibility, limit)
+	claims, truncated, err := r.drv.ClaimMessages(ctx, driver.GroupRef{Tenant: rq.Tenant, Topic: rq.Topic, ConsumerGroup: rq.Group}, owner, r.now(), rq.Visibility, limit)
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive: %w", err)
 	}
@@ -335,7 +335,7 @@ func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cau
 // receiveNextGroup takes the free message group whose next message is
 // oldest (trying the 20 oldest: others may take some meanwhile).
 func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, error) {
-	groups, err := r.drv.ReadyGroups(ctx, []string{rq.Tenant}, rq.Topic, rq.Group, r.now(), 20)
+	groups, err := r.drv.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{rq.Tenant}, Topic: rq.Topic, ConsumerGroup: rq.Group}, r.now(), 20)
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive: %w", err)
 	}
@@ -396,9 +396,9 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 // behind.
 func (r *Receipts) ready(ctx context.Context, l driver.Lease, rq Request, now time.Time) (msgs []driver.Message, states map[int64]driver.DeliveryState, truncated bool, err error) {
 	if r.budgeted(rq) {
-		msgs, truncated, err = r.drv.FetchWithin(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max, rq.MaxBytes)
+		msgs, truncated, err = r.drv.FetchWithin(ctx, driver.TopicPartition{Tenant: l.Tenant, Topic: l.Topic, PartitionKey: l.PartitionKey}, l.Committed, rq.Max, rq.MaxBytes)
 	} else {
-		msgs, err = r.drv.FetchAfter(ctx, l.Tenant, l.Topic, l.PartitionKey, l.Committed, rq.Max)
+		msgs, err = r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: l.Tenant, Topic: l.Topic, PartitionKey: l.PartitionKey}, l.Committed, rq.Max)
 	}
 	if err != nil || len(msgs) == 0 {
 		return nil, nil, false, err
@@ -600,7 +600,7 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 		reason = "nacked"
 	}
 	cause := &settle.NackError{After: retryAfter, Err: errors.New(reason)}
-	msgs, err := r.drv.FetchAfter(ctx, tenant, topic, rc.Key, rc.Offset-1, 1)
+	msgs, err := r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: tenant, Topic: topic, PartitionKey: rc.Key}, rc.Offset-1, 1)
 	if err == nil && (len(msgs) == 0 || msgs[0].Offset != rc.Offset) {
 		err = ErrStale // removed meanwhile (retention, delete)
 	}
@@ -660,7 +660,7 @@ func (r *Receipts) advance(ctx context.Context, rc Receipt, now time.Time) {
 	if !due {
 		return
 	}
-	if _, err := r.drv.AdvanceUngrouped(ctx, rc.Tenant, rc.Topic, rc.Group, now); err != nil {
+	if _, err := r.drv.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: rc.Tenant, Topic: rc.Topic, ConsumerGroup: rc.Group}, now); err != nil {
 		r.cfg.Log.Warn("shardq: advancing the ungrouped cursor failed; the next ack retries", "tenant", rc.Tenant, "topic", rc.Topic,
 			"group", rc.Group, "err", err)
 	}

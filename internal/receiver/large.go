@@ -160,7 +160,7 @@ func (b *largeBody) nextChunk() error {
 		}
 		return io.EOF
 	}
-	msgs, err := r.drv.FetchAfter(b.ctx, r.ref.Tenant, r.ref.Topic, r.ref.PartitionKey, b.last, 1)
+	msgs, err := r.drv.FetchAfter(b.ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, b.last, 1)
 	if err != nil {
 		return fmt.Errorf("shardq: read large %s id %q chunk %d: %w", r.ref, b.id, b.next, err)
 	}

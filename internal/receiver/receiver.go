@@ -84,7 +84,7 @@ func AcceptGroup(ctx context.Context, drv driver.Driver, cfg Config, ref driver.
 func AcceptNext(ctx context.Context, drv driver.Driver, cfg Config, tenants []string, topic, group string) (*Receiver, error) {
 	deadline := time.Now().Add(cfg.Wait)
 	for {
-		groups, err := drv.ReadyGroups(ctx, tenants, topic, group, cfg.Settler.Clock(), 20)
+		groups, err := drv.ReadyGroups(ctx, driver.GroupScope{Tenants: tenants, Topic: topic, ConsumerGroup: group}, cfg.Settler.Clock(), 20)
 		if err != nil {
 			return nil, fmt.Errorf("shardq: accept next group: %w", err)
 		}
@@ -294,7 +294,7 @@ func (r *Receiver) fill(ctx context.Context) error {
 	if r.large {
 		limit = 8 // chunks of large messages: a few, not 100 × 256 KiB
 	}
-	msgs, err := r.drv.FetchAfter(ctx, r.ref.Tenant, r.ref.Topic, r.ref.PartitionKey, r.cursor, limit)
+	msgs, err := r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, r.cursor, limit)
 	if err != nil || len(msgs) == 0 {
 		return err
 	}

@@ -128,7 +128,7 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 	// partition removes its cursors, and a group with no cursor left must
 	// still count among those that have to pass a message.
 	for _, g := range groups {
-		if err := drv.RegisterGroup(ctx, []string{tenant}, topic, g, false, clock()); err != nil {
+		if err := drv.RegisterGroup(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: topic, ConsumerGroup: g}, false, clock()); err != nil {
 			return rep, false, err
 		}
 	}
@@ -200,7 +200,7 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 			// back whole: run it again, as every writer does.
 			var removed []string
 			if err := retry.Do(ctx, retry.SettleReruns, drv.Retryable, nil, func() (err error) {
-				removed, err = drv.RemovePartitions(ctx, claim, tenant, topic, groups, chunk, idleBefore, clock())
+				removed, err = drv.RemovePartitions(ctx, claim, driver.RemovePartitionsRequest{Tenant: tenant, Topic: topic, ConsumerGroups: groups, PartitionKeys: chunk, IdleBefore: idleBefore, Now: clock()})
 				return err
 			}); err != nil {
 				return err

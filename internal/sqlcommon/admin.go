@@ -96,7 +96,8 @@ func (d *Store) OffsetReport(ctx context.Context, s driver.Scope, group string) 
 
 // PartitionLag counts one partition's messages after a cursor: one
 // bounded read (at most LagCountLimit+1 rows of the primary key).
-func (d *Store) PartitionLag(ctx context.Context, tenant, topic, partitionKey string, after int64) (driver.PartitionLag, error) {
+func (d *Store) PartitionLag(ctx context.Context, p driver.TopicPartition, after int64) (driver.PartitionLag, error) {
+	tenant, topic, partitionKey := p.Tenant, p.Topic, p.PartitionKey
 	r := driver.OffsetRow{Tenant: tenant, Topic: topic, PartitionKey: partitionKey, CommittedOffset: after}
 	err := d.countLag(ctx, &r)
 	return driver.PartitionLag{Lag: r.Lag, Capped: r.LagCapped, OldestUnconsumed: r.OldestUnconsumed}, err
@@ -337,7 +338,8 @@ func (d *Store) Requeue(ctx context.Context, ref driver.MessageRef, toTopic stri
 }
 
 // OffsetBefore finds the last offset created before t in one partition.
-func (d *Store) OffsetBefore(ctx context.Context, tenant, topic, partitionKey string, t time.Time) (int64, error) {
+func (d *Store) OffsetBefore(ctx context.Context, p driver.TopicPartition, t time.Time) (int64, error) {
+	tenant, topic, partitionKey := p.Tenant, p.Topic, p.PartitionKey
 	var off sql.NullInt64
 	err := d.queryRow(ctx, d.Read, d.sql().admin.offsetBefore, Args{"tenant": tenant, "topic": topic, "key": partitionKey,
 		"before": d.EncodeTime(t)}).Scan(&off)

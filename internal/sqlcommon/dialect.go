@@ -45,7 +45,8 @@ func newStatements(s Syntax) *statements {
 
 // FetchAfter reads up to limit messages of one partition after offset
 // after, in offset order, from the index that leads with the partition.
-func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int) ([]driver.Message, error) {
+func (d *Store) FetchAfter(ctx context.Context, p driver.TopicPartition, after int64, limit int) ([]driver.Message, error) {
+	tenant, topic, partitionKey := p.Tenant, p.Topic, p.PartitionKey
 	op := fmt.Sprintf("fetch tenant %q topic %q partition %q", tenant, topic, partitionKey)
 	rows, err := d.query(ctx, d.Read, d.sql().admin.fetch, Args{"tenant": tenant, "topic": topic, "key": partitionKey, "after": after, "limit": limit})
 	if err != nil {
@@ -71,7 +72,8 @@ func (d *Store) FetchAfter(ctx context.Context, tenant, topic, partitionKey stri
 // statement when the messages are small: each row's body comes only when
 // the row alone is within budget/limit, and the larger rows that fit are
 // read by offset afterwards. truncated reports a message left out.
-func (d *Store) FetchWithin(ctx context.Context, tenant, topic, partitionKey string, after int64, limit int, budget int64) ([]driver.Message, bool, error) {
+func (d *Store) FetchWithin(ctx context.Context, p driver.TopicPartition, after int64, limit int, budget int64) ([]driver.Message, bool, error) {
+	tenant, topic, partitionKey := p.Tenant, p.Topic, p.PartitionKey
 	op := fmt.Sprintf("fetch tenant %q topic %q partition %q within %d bytes", tenant, topic, partitionKey, budget)
 	key := Args{"tenant": tenant, "topic": topic, "key": partitionKey}
 	rows, err := d.query(ctx, d.Read, d.sql().admin.fetchWithin, key.with(Args{"after": after, "limit": limit, "small": max(budget/int64(limit), 1)}))

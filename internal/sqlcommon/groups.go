@@ -17,7 +17,8 @@ import (
 // unexpired lease, ordered by their next message's offset. The next offset
 // is a correlated MIN over the partition's primary key, so each candidate
 // costs one index probe; everything stays inside the tenants' shards.
-func (d *Store) ReadyGroups(ctx context.Context, tenants []string, topic, group string, now time.Time, limit int) ([]driver.ReadyGroup, error) {
+func (d *Store) ReadyGroups(ctx context.Context, g driver.GroupScope, now time.Time, limit int) ([]driver.ReadyGroup, error) {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	if len(tenants) == 0 {
 		return nil, nil
 	}
@@ -139,7 +140,8 @@ func (a Args) with(more Args) Args {
 // collide on the claim rows' key: the first insert wins, the others do
 // nothing, and the rows carrying the token afterwards are this caller's.
 // A few rounds absorb such collisions.
-func (d *Store) ClaimMessages(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
+func (d *Store) ClaimMessages(ctx context.Context, g driver.GroupRef, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
+	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
 	// Most polls of an idle group find nothing: ask the read pool first,
 	// and open a write transaction only when there is something to
@@ -554,7 +556,8 @@ func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver
 // bounds the scan: a message committed after that read has a higher
 // offset than the head (offsets of a partition become visible in order),
 // so the cursor never passes a message it did not see.
-func (d *Store) AdvanceUngrouped(ctx context.Context, tenant, topic, group string, now time.Time) (int64, error) {
+func (d *Store) AdvanceUngrouped(ctx context.Context, g driver.GroupRef, now time.Time) (int64, error) {
+	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("advance the ungrouped cursor of tenant %q topic %q group %q", tenant, topic, group)
 	key, err := d.ungroupedArgs(ctx, tenant, topic, group)
 	if err != nil {

@@ -88,7 +88,8 @@ func (d *Store) RollbackHalf(ctx context.Context, ref driver.MessageRef, claimTo
 // ClaimDueHalves reads due, unclaimed half messages and claims each with a
 // conditional update on the token it read: of two producers racing for
 // one, exactly one update matches.
-func (d *Store) ClaimDueHalves(ctx context.Context, tenants []string, group, owner string, now time.Time, claimTTL time.Duration, limit int) ([]driver.HalfMessage, error) {
+func (d *Store) ClaimDueHalves(ctx context.Context, r driver.HalfClaimRequest) ([]driver.HalfMessage, error) {
+	tenants, group, owner, now, claimTTL, limit := r.Tenants, r.ProducerGroup, r.Owner, r.Now, r.ClaimTTL, r.Limit
 	if len(tenants) == 0 {
 		return nil, nil
 	}

@@ -357,13 +357,15 @@ func (d Dialect) wrapNil(op string, err error) error {
 }
 
 // ListLeases lists lease rows, free ones included.
-func (d *Store) ListLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
+func (d *Store) ListLeases(ctx context.Context, g driver.GroupScope) ([]driver.Lease, error) {
+	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
 	return d.listLeases(ctx, d.leases().list, tenants, group, topic)
 }
 
 // HeldLeases lists the lease rows an owner holds: a discovery tick's cost
 // then follows the held leases, not every partition the group ever read.
-func (d *Store) HeldLeases(ctx context.Context, tenants []string, group, topic string) ([]driver.Lease, error) {
+func (d *Store) HeldLeases(ctx context.Context, g driver.GroupScope) ([]driver.Lease, error) {
+	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
 	ls, err := d.listLeases(ctx, d.leases().held, tenants, group, topic)
 	slices.SortFunc(ls, func(a, b driver.Lease) int {
 		return cmp.Or(strings.Compare(a.Tenant, b.Tenant), strings.Compare(a.PartitionKey, b.PartitionKey))
@@ -400,7 +402,8 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 }
 
 // SweepLeases frees the leases of owners and advances their tokens.
-func (d *Store) SweepLeases(ctx context.Context, tenants []string, group, topic string, owners []string, now time.Time) (int64, error) {
+func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []string, now time.Time) (int64, error) {
+	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
 	if len(tenants) == 0 || len(owners) == 0 {
 		return 0, nil
 	}
@@ -412,7 +415,8 @@ func (d *Store) SweepLeases(ctx context.Context, tenants []string, group, topic 
 }
 
 // Heartbeat upserts subscriber's row in each tenant.
-func (d *Store) Heartbeat(ctx context.Context, tenants []string, group, topic, subscriber string, now time.Time) error {
+func (d *Store) Heartbeat(ctx context.Context, g driver.GroupScope, subscriber string, now time.Time) error {
+	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
 	if len(tenants) == 0 {
 		return nil
 	}
@@ -427,7 +431,8 @@ func (d *Store) Heartbeat(ctx context.Context, tenants []string, group, topic, s
 }
 
 // RemoveHeartbeat deletes subscriber's rows.
-func (d *Store) RemoveHeartbeat(ctx context.Context, tenants []string, group, topic, subscriber string) error {
+func (d *Store) RemoveHeartbeat(ctx context.Context, g driver.GroupScope, subscriber string) error {
+	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
 	if len(tenants) == 0 {
 		return nil
 	}
@@ -438,7 +443,8 @@ func (d *Store) RemoveHeartbeat(ctx context.Context, tenants []string, group, to
 }
 
 // Subscribers lists heartbeat rows.
-func (d *Store) Subscribers(ctx context.Context, tenants []string, group, topic string) ([]driver.Subscriber, error) {
+func (d *Store) Subscribers(ctx context.Context, g driver.GroupScope) ([]driver.Subscriber, error) {
+	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
 	if len(tenants) == 0 {
 		return nil, nil
 	}

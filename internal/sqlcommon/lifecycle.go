@@ -99,7 +99,8 @@ func scanStrings(rows *sql.Rows, op string) ([]string, error) {
 // highest head, so the group reads only what comes after it. A row that
 // exists is kept: the first member decides, as a committed offset wins
 // over auto.offset.reset in Kafka.
-func (d *Store) RegisterGroup(ctx context.Context, tenants []string, topic, group string, latest bool, now time.Time) error {
+func (d *Store) RegisterGroup(ctx context.Context, g driver.GroupScope, latest bool, now time.Time) error {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("register consumer group %q of topic %q", group, topic)
 	st := d.lifecycle()
 	rows, err := d.query(ctx, d.Read, st.registered, Args{"tenants": textList(tenants), "topic": topic, "group": group})
@@ -169,8 +170,8 @@ func (d *Store) StaleLeaseKeys(ctx context.Context, tenant, topic string, groups
 // partition anew. Lease rows are locked too, so an acquisition either
 // committed first (live: the partition stays) or waits and makes a new
 // row whose token starts above the old ones (docs/leases.md).
-func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, tenant, topic string, groups, keys []string,
-	idleBefore, now time.Time) ([]string, error) {
+func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, r driver.RemovePartitionsRequest) ([]string, error) {
+	tenant, topic, groups, keys, idleBefore, now := r.Tenant, r.Topic, r.ConsumerGroups, r.PartitionKeys, r.IdleBefore, r.Now
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -281,7 +282,8 @@ func (d *Store) liveLeaseKeys(ctx context.Context, tx *sql.Tx, stmt string, args
 // UnreadPartitions lists up to limit partitions of a tenant's topic that
 // group has no cursor for, in key order, each with the offset the group
 // starts after there (its registry row's start, or 0).
-func (d *Store) UnreadPartitions(ctx context.Context, tenant, topic, group string, limit int) ([]driver.OffsetRow, error) {
+func (d *Store) UnreadPartitions(ctx context.Context, g driver.GroupRef, limit int) ([]driver.OffsetRow, error) {
+	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("list partitions of tenant %q topic %q without a cursor of group %q", tenant, topic, group)
 	rows, err := d.query(ctx, d.Read, d.lifecycle().unread, Args{"tenant": tenant, "topic": topic, "group": group, "limit": limit})
 	if err != nil {
@@ -315,7 +317,8 @@ func (d *Store) UnreadPartitions(ctx context.Context, tenant, topic, group strin
 // heartbeat is at or after liveSince; with force it deletes them too,
 // which voids every token the members hold (their writes fail with
 // ErrLeaseLost).
-func (d *Store) DeleteGroup(ctx context.Context, tenant, topic, group string, liveSince, now time.Time, force bool) error {
+func (d *Store) DeleteGroup(ctx context.Context, g driver.GroupRef, liveSince, now time.Time, force bool) error {
+	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("delete consumer group %q of tenant %q topic %q", group, tenant, topic)
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		st := d.lifecycle()
@@ -326,7 +329,7 @@ func (d *Store) DeleteGroup(ctx context.Context, tenant, topic, group string, li
 			return struct{}{}, err
 		}
 		live.Leases = len(held)
-		members, err := d.Subscribers(ctx, []string{tenant}, group, topic)
+		members, err := d.Subscribers(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: topic, ConsumerGroup: group})
 		if err != nil {
 			return struct{}{}, err
 		}
@@ -352,7 +355,8 @@ func (d *Store) DeleteGroup(ctx context.Context, tenant, topic, group string, li
 // SetGroupPaused sets (or clears) the paused mark of group on topic in
 // each of tenants, making the group's registry row where it has none (it
 // then starts at the earliest message, as a first member would).
-func (d *Store) SetGroupPaused(ctx context.Context, tenants []string, topic, group string, paused bool, now time.Time) error {
+func (d *Store) SetGroupPaused(ctx context.Context, g driver.GroupScope, paused bool, now time.Time) error {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("set paused=%t of consumer group %q of topic %q", paused, group, topic)
 	var at any
 	if paused {
@@ -367,7 +371,8 @@ func (d *Store) SetGroupPaused(ctx context.Context, tenants []string, topic, gro
 }
 
 // PausedTenants lists those of tenants where group is paused on topic.
-func (d *Store) PausedTenants(ctx context.Context, tenants []string, topic, group string) ([]string, error) {
+func (d *Store) PausedTenants(ctx context.Context, g driver.GroupScope) ([]string, error) {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("read whether consumer group %q of topic %q is paused", group, topic)
 	rows, err := d.query(ctx, d.Read, d.lifecycle().paused, Args{"tenants": textList(tenants), "topic": topic, "group": group})
 	if err != nil {

@@ -15,19 +15,22 @@ import (
 // is past group's cursor. It reads head rows and cursors only, never
 // queue_messages; both tables lead with tenant, so on Vitess the join runs
 // inside each tenant's shard.
-func (d *Store) PartitionsWithWork(ctx context.Context, tenants []string, topic, group string) ([]driver.Partition, error) {
+func (d *Store) PartitionsWithWork(ctx context.Context, g driver.GroupScope) ([]driver.Partition, error) {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	return d.partitions(ctx, d.sql().admin.withWork, topic, tenants, Args{"group": group})
 }
 
 // PartitionsMovedSince is PartitionsWithWork of the partitions whose head
 // moved at or after since (updated_at, by the publishers' clocks).
-func (d *Store) PartitionsMovedSince(ctx context.Context, tenants []string, topic, group string, since time.Time) ([]driver.Partition, error) {
+func (d *Store) PartitionsMovedSince(ctx context.Context, g driver.GroupScope, since time.Time) ([]driver.Partition, error) {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	return d.partitions(ctx, d.sql().admin.withWorkMoved, topic, tenants, Args{"group": group, "since": d.EncodeTime(since)})
 }
 
 // PartitionsWithWorkOf is PartitionsWithWork of the partitions named by
 // each of tenants with each of keys, 500 keys a statement.
-func (d *Store) PartitionsWithWorkOf(ctx context.Context, tenants []string, topic, group string, keys []string) ([]driver.Partition, error) {
+func (d *Store) PartitionsWithWorkOf(ctx context.Context, g driver.GroupScope, keys []string) ([]driver.Partition, error) {
+	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	var out []driver.Partition
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), 500)]
@@ -54,7 +57,8 @@ func (d *Store) TenantsWithPartitions(ctx context.Context, tenants []string, top
 // HeadsPage reads up to limit head rows of one tenant's topic in key
 // order (after the key after[0] when after is not empty), with the
 // group's position in each: a page of discovery's sweep.
-func (d *Store) HeadsPage(ctx context.Context, tenant, topic, group string, after []string, limit int) ([]driver.Partition, error) {
+func (d *Store) HeadsPage(ctx context.Context, g driver.GroupRef, after []string, limit int) ([]driver.Partition, error) {
+	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	stmt, args := d.sql().admin.sweep, Args{"tenant": tenant, "group": group, "limit": limit}
 	if len(after) > 0 {
 		stmt, args["after"] = d.sql().admin.sweepAfter, after[0]
@@ -124,7 +128,8 @@ func (d *Store) partitions(ctx context.Context, stmt, topic string, tenants []st
 // ResetOffset upserts a group's cursor without a lease (an operator's act).
 // For the ungrouped partition it also drops the group's claims above the
 // new cursor, so that those messages are claimed (delivered) again.
-func (d *Store) ResetOffset(ctx context.Context, tenant, topic, partitionKey, group string, offset int64) error {
+func (d *Store) ResetOffset(ctx context.Context, p driver.PartitionRef, offset int64) error {
+	tenant, topic, partitionKey, group := p.Tenant, p.Topic, p.PartitionKey, p.ConsumerGroup
 	op := fmt.Sprintf("reset offset tenant %q topic %q partition %q group %q", tenant, topic, partitionKey, group)
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		// Fence first: the partition's lease (if any) is freed with the

@@ -284,7 +284,7 @@ func (s *Service) pollEvery() time.Duration {
 func (s *Service) probe() map[string]bool {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
-	ps, err := s.drv.PartitionsWithWorkOf(ctx, s.cfg.Tenants, s.cfg.Topic, s.cfg.ConsumerGroup, []string{""})
+	ps, err := s.drv.PartitionsWithWorkOf(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, []string{""})
 	if err != nil {
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: reading the tenants with ungrouped messages failed; claiming in every tenant", "tenants", s.cfg.Tenants, "err", err)
@@ -369,7 +369,7 @@ func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) 
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, _, err := s.drv.ClaimMessages(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, driver.ClaimLimit{Messages: room})
+	claims, _, err := s.drv.ClaimMessages(ctx, driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, driver.ClaimLimit{Messages: room})
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {
@@ -393,7 +393,7 @@ func (s *Service) advanceUngrouped(active map[string]bool, now time.Time) {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		// Members advance together; a deadlock between them is rerun.
 		err := s.retrying(ctx, func() error {
-			_, err := s.drv.AdvanceUngrouped(ctx, tenant, s.cfg.Topic, s.cfg.ConsumerGroup, now)
+			_, err := s.drv.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, now)
 			return err
 		})
 		cancel()

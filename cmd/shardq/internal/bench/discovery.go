@@ -211,7 +211,7 @@ func (e *env) buildHistory(ctx context.Context, ns namespace) error {
 			return fmt.Errorf("history: %w", err)
 		}
 	}
-	if err := e.d.RegisterGroup(ctx, ns.tenants, ns.topic, group, false, time.Now()); err != nil {
+	if err := e.d.RegisterGroup(ctx, driver.GroupScope{Tenants: ns.tenants, Topic: ns.topic, ConsumerGroup: group}, false, time.Now()); err != nil {
 		return err
 	}
 	in, args := ns.tenantIn()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
 )
 
 // stallTimeout ends a wait for deliveries that stopped arriving; what did
@@ -107,7 +108,7 @@ func (e *env) readBack(ctx context.Context, ns namespace) (rep, error) {
 	for _, h := range heads {
 		var after int64
 		for {
-			msgs, err := e.d.FetchAfter(ctx, h.Tenant, h.Topic, h.PartitionKey, after, 1000)
+			msgs, err := e.d.FetchAfter(ctx, driver.TopicPartition{Tenant: h.Tenant, Topic: h.Topic, PartitionKey: h.PartitionKey}, after, 1000)
 			if err != nil {
 				return rep{}, err
 			}

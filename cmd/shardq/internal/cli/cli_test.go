@@ -360,7 +360,7 @@ func TestTxCommands(t *testing.T) {
 	if r := runCLI(t, env, "", "tx", "resolve", "--tenant", "acme", "--topic", "orders", "--key", "k", "--id", "c", "maybe"); r.code != 2 {
 		t.Fatalf("bad verb: %+v", r)
 	}
-	if msgs, _ := drv.FetchAfter(context.Background(), "acme", "orders", "k", 0, 10); len(msgs) != 1 || msgs[0].ID != "a" {
+	if msgs, _ := drv.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "acme", Topic: "orders", PartitionKey: "k"}, 0, 10); len(msgs) != 1 || msgs[0].ID != "a" {
 		t.Fatalf("after resolving: %+v", msgs)
 	}
 }

@@ -73,7 +73,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		got = received(h.must(200, "POST", groupPath+"/receive", admin, `{"key":"k","max":1}`))
 		h.must(200, "POST", groupPath+"/ack", admin, map[string]any{"receipts": receipts(got)})
 		received(h.must(200, "POST", groupPath+"/receive", admin, `{"key":"j","max":1,"visibility":600}`)) // in flight: j's lease
-		if err := drv.Heartbeat(ctx, []string{"acme"}, "billing", "orders", "worker-1#a", h.clock.Now()); err != nil {
+		if err := drv.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"acme"}, Topic: "orders", ConsumerGroup: "billing"}, "worker-1#a", h.clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 		half := &driver.HalfMessage{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "half-1", Payload: []byte("h"),

@@ -413,7 +413,7 @@ func TestAdminEndpoints(t *testing.T) {
 		got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":1,"visibility":60}`))
 		h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(got)})
 		held := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":1,"visibility":60}`))
-		if err := drv.Heartbeat(ctx, []string{"acme"}, "billing", "orders", "worker-1#a", h.clock.Now()); err != nil {
+		if err := drv.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"acme"}, Topic: "orders", ConsumerGroup: "billing"}, "worker-1#a", h.clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 		half := &driver.HalfMessage{InsertMessage: driver.InsertMessage{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "h1", Payload: []byte("h"),

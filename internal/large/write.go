@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package large
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"strconv"
+
+	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/publish"
+)
+
+// Result reports a stored large message (shardq.LargeResult, field for
+// field).
+type Result struct {
+	Tenant, Topic, PartitionKey, ID string
+	Chunks                          int
+	Bytes                           int64
+	SHA256                          string
+	EndOffset                       int64
+}
+
+// Write stores what body yields until EOF as one large message: chunks of
+// chunkSize published in order in msg's group, perTx to a transaction,
+// then the end marker. When a chunk fails it stores an aborted end marker
+// (when the database allows), so that readers skip the partial message.
+func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body io.Reader, chunkSize, perTx int) (Result, error) {
+	if err := check(p, &msg, body, chunkSize, perTx); err != nil {
+		return Result{}, fmt.Errorf("shardq: publish large: %w", err)
+	}
+	res := Result{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey, ID: msg.ID}
+	sum := sha256.New()
+	buf := make([]byte, chunkSize)
+	batch := make([]publish.Message, 0, perTx)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		_, err := p.Publish(ctx, batch, true)
+		batch = batch[:0]
+		return err
+	}
+	for {
+		n, rerr := io.ReadFull(body, buf)
+		if n > 0 {
+			chunk := make([]byte, n)
+			copy(chunk, buf[:n])
+			sum.Write(chunk)
+			batch = append(batch, publish.Message{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey,
+				ID: ChunkID(msg.ID, res.Chunks), Payload: chunk, CreatedAt: msg.CreatedAt,
+				Headers: map[string]string{HeaderID: msg.ID, HeaderChunk: strconv.Itoa(res.Chunks)}})
+			res.Chunks++
+			res.Bytes += int64(n)
+			if len(batch) == perTx {
+				if err := flush(); err != nil {
+					return res, abort(ctx, p, msg, res, err)
+				}
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			return res, abort(ctx, p, msg, res, fmt.Errorf("read the payload: %w", rerr))
+		}
+	}
+	if err := flush(); err != nil {
+		return res, abort(ctx, p, msg, res, err)
+	}
+	res.SHA256 = hex.EncodeToString(sum.Sum(nil))
+	end := msg
+	end.Headers = maps.Clone(msg.Headers)
+	if end.Headers == nil {
+		end.Headers = map[string]string{}
+	}
+	end.Headers[HeaderChunks] = strconv.Itoa(res.Chunks)
+	end.Headers[HeaderBytes] = strconv.FormatInt(res.Bytes, 10)
+	end.Headers[HeaderSHA256] = res.SHA256
+	stored, err := p.Publish(ctx, []publish.Message{end}, true)
+	if err != nil {
+		return res, abort(ctx, p, msg, res, err)
+	}
+	res.EndOffset = stored[0].Offset
+	return res, nil
+}
+
+// check validates a large message before anything is written, and fills
+// its id and (fresh) partition key.
+func check(p *publish.Publisher, msg *publish.Message, body io.Reader, chunkSize, perTx int) error {
+	switch limit := p.MaxPayloadBytes(); {
+	case body == nil:
+		return &ident.Error{Field: "body", Rule: "must not be nil"}
+	case msg.Payload != nil:
+		return &ident.Error{Field: "payload", Rule: "must be unset: PublishLarge reads the payload from body"}
+	case msg.Delay != 0 || !msg.NotBefore.IsZero():
+		return &ident.Error{Field: "delay", Rule: "not supported for large messages"}
+	case msg.Select != nil:
+		return &ident.Error{Field: "selector", Rule: "not supported for large messages: a large message is its own group"}
+	case chunkSize < 1 || chunkSize > limit:
+		return &ident.Error{Field: "chunk size", Rule: fmt.Sprintf("%d: want 1 to %d (Config.MaxPayloadBytes)", chunkSize, limit)}
+	case perTx < 1:
+		return &ident.Error{Field: "chunks per transaction", Rule: fmt.Sprintf("%d: want at least 1", perTx)}
+	}
+	if msg.ID == "" {
+		id, err := publish.NewID()
+		if err != nil {
+			return fmt.Errorf("generate message id: %w", err)
+		}
+		msg.ID = id
+	}
+	if msg.PartitionKey == "" {
+		key, err := publish.NewID()
+		if err != nil {
+			return fmt.Errorf("generate partition key: %w", err)
+		}
+		msg.PartitionKey = "large-" + key
+	}
+	// Every chunk's id must be valid too: check the longest one.
+	if err := ident.MessageID(ChunkID(msg.ID, 1<<30)); err != nil {
+		var ie *ident.Error
+		if errors.As(err, &ie) {
+			return &ident.Error{Field: "message id", Rule: "too long for a large message, whose chunk ids add up to 11 characters: " + ie.Rule}
+		}
+		return err
+	}
+	if err := p.CheckReserved(msg.Headers, ""); err != nil {
+		return err
+	}
+	// The end marker carries the caller's fields: validate them now.
+	probe := *msg
+	probe.Payload = nil
+	_, err := p.Prepare(context.Background(), []publish.Message{probe}, false)
+	return err
+}
+
+// abort stores an aborted end marker, so that readers skip the chunks
+// already stored, and returns cause (with the marker's own failure, if
+// any).
+func abort(ctx context.Context, p *publish.Publisher, msg publish.Message, res Result, cause error) error {
+	end := publish.Message{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey, ID: msg.ID,
+		Headers: map[string]string{HeaderAborted: "true", HeaderChunks: strconv.Itoa(res.Chunks)}}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.Timeout())
+	defer cancel()
+	if _, err := p.Publish(actx, []publish.Message{end}, true); err != nil {
+		return fmt.Errorf("shardq: publish large %q: %w (and marking it aborted failed: %v)", msg.ID, cause, err)
+	}
+	return fmt.Errorf("shardq: publish large %q: %w (marked aborted after %d chunks)", msg.ID, cause, res.Chunks)
+}

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package settings fills and checks the root package's configurations:
+// the rules that several of them share (member names, attempts, liveness
+// timing, dead-letter topics, tenant lists). The defaults themselves are
+// the root package's exported constants, which its callers pass in.
+package settings
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// Positive sets *v to def unless *v is above zero: a zero (or negative)
+// duration or count takes the default.
+func Positive[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// HandlerTimeout settles a handler timeout: 0 is def, none (a negative
+// sentinel) means no limit, and any other negative value is refused.
+func HandlerTimeout(v *time.Duration, def, none time.Duration) error {
+	switch {
+	case *v == 0:
+		*v = def
+	case *v < 0 && *v != none:
+		return &ident.Error{Field: "handler timeout", Rule: fmt.Sprintf("%s is negative; NoHandlerTimeout (-1ns) means no limit", *v)}
+	}
+	return nil
+}
+
+// MaxAttempts settles a MaxAttempts setting: 0 is def, and unlimited the
+// only negative allowed.
+func MaxAttempts(v, def, unlimited int) (int, error) {
+	switch {
+	case v == 0:
+		return def, nil
+	case v < 0 && v != unlimited:
+		return 0, &ident.Error{Field: "MaxAttempts", Rule: fmt.Sprintf("%d: want a positive count, 0 for the default (%d) or UnlimitedAttempts", v, def)}
+	}
+	return v, nil
+}
+
+// Liveness checks the cross-field rules of a member's timing: its
+// heartbeats must renew its leases in time, and a peer must not call it
+// dead between two of its heartbeats.
+func Liveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
+	if heartbeat*3 > leaseTTL {
+		return &ident.Error{Field: "LeaseTTL", Rule: fmt.Sprintf("%s is under 3 heartbeat intervals (%s): renewal (due after a third of the TTL, at heartbeats) could come too late", leaseTTL, heartbeat)}
+	}
+	if staleAfter < 2*heartbeat {
+		return &ident.Error{Field: "StaleAfter", Rule: fmt.Sprintf("%s is under 2 heartbeat intervals (%s): a live member would be swept", staleAfter, heartbeat)}
+	}
+	return nil
+}
+
+// DLQTopic checks that topic's dead-letter topic is a valid topic name.
+func DLQTopic(topic, suffix string) error {
+	if err := ident.Topic(topic + suffix); err != nil {
+		var ie *ident.Error
+		if errors.As(err, &ie) {
+			return &ident.Error{Field: "dead-letter topic", Rule: fmt.Sprintf("%q + %q: %s", topic, suffix, ie.Rule)}
+		}
+		return err
+	}
+	return nil
+}
+
+// Name names a member for people: host-pid, or kind-pid where the host
+// name is not a valid member name. Its identity (lease owner, heartbeat
+// row) adds a random suffix: ident.MemberID.
+func Name(kind string) string {
+	host, _ := os.Hostname()
+	name := fmt.Sprintf("%s-%d", host, os.Getpid())
+	if ident.MemberName("name", name) != nil {
+		name = fmt.Sprintf("%s-%d", kind, os.Getpid())
+	}
+	return name
+}
+
+// EnvTenants reads MQ_TENANTS, the process's comma-separated tenant list:
+// set reports whether the variable is set at all, and a set but invalid
+// or empty list is an error naming MQ_TENANTS.
+func EnvTenants() (tenants []string, set bool, err error) {
+	v, set := os.LookupEnv("MQ_TENANTS")
+	if !set {
+		return nil, false, nil
+	}
+	ts, err := ident.TenantList("MQ_TENANTS", v)
+	return ts, true, err
+}
+
+// ConsumerTenants is tenants when given, else MQ_TENANTS, which must then
+// be set and valid: a consumer without a tenant list does not start.
+func ConsumerTenants(field string, tenants []string) ([]string, error) {
+	if len(tenants) > 0 {
+		return tenants, ident.Tenants(field, tenants)
+	}
+	ts, set, err := EnvTenants()
+	if err == nil && !set {
+		err = &ident.Error{Field: "MQ_TENANTS", Rule: "empty tenant list"}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (set %s or MQ_TENANTS)", err, field)
+	}
+	return ts, nil
+}
