@@ -45,6 +45,7 @@ func testSettleSameOutcome(t *testing.T, open Open) {
 	}{
 		{"subscriber-grouped", "k", true, settleBySubscriber(shardq.TakeGrouped)},
 		{"subscriber-ungrouped", "", true, settleBySubscriber(shardq.TakeUngrouped)},
+		{"subscriber-batch", "k", true, settleByBatch},
 		{"receiver", "k", true, settleByReceiver},
 		{"receipts-grouped", "k", false, settleByReceipts},
 		{"receipts-ungrouped", "", false, settleByReceipts},
@@ -154,6 +155,38 @@ func settleBySubscriber(take shardq.Take) settlePath {
 		defer mu.Unlock()
 		return slices.Clone(attempts)
 	}
+}
+
+// settleByBatch is settleBySubscriber with a batch handler, whose failure
+// settles every message of its batch (here one).
+func settleByBatch(t *testing.T, c *shardq.Client, topic, key string, fail func(int) error) []int {
+	var mu sync.Mutex
+	var attempts []int
+	cfg := fastConfig("g", topic, []string{"t"}, nil)
+	cfg.Handler, cfg.MaxAttempts = nil, settleMaxAttempts
+	cfg.BatchHandler = func(_ context.Context, ds []*shardq.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts = append(attempts, ds[0].Attempt)
+		err := fail(ds[0].Attempt)
+		if err == errDeadLetterNow {
+			return shardq.DeadLetter(errors.New(err.Error()))
+		}
+		return err
+	}
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "the dead letter", 30*time.Second, func() bool {
+		ms, err := c.Admin().DeadLetters(context.Background(), shardq.DeadLetterRequest{Scope: shardq.Scope{Tenants: []string{"t"}}, Topic: topic})
+		return err == nil && len(ms) > 0
+	})
+	time.Sleep(100 * time.Millisecond) // ten polls: a redelivery would show
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(attempts)
 }
 
 func settleByReceiver(t *testing.T, c *shardq.Client, topic, key string, fail func(int) error) []int {

@@ -15,6 +15,7 @@ package lifecycle
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,6 +24,7 @@ type Group struct {
 	ctx, hard        context.Context
 	cancel, hardStop context.CancelFunc
 	wg               sync.WaitGroup
+	running          atomic.Int64 // goroutines of the group not yet returned
 	mu               sync.Mutex
 	stopped          bool
 	once             sync.Once
@@ -55,8 +57,10 @@ func (g *Group) Go(fn func()) bool {
 		return false
 	}
 	g.wg.Add(1)
+	g.running.Add(1)
 	go func() {
 		defer g.wg.Done()
+		defer g.running.Add(-1)
 		fn()
 	}()
 	return true
@@ -82,8 +86,10 @@ func (g *Group) Stop(ctx context.Context) error {
 		select {
 		case <-done:
 		case <-ctx.Done():
-			g.stopErr = ctx.Err()
-			g.hardStop()
+			if g.running.Load() > 0 { // else nothing is left to cancel
+				g.stopErr = ctx.Err()
+				g.hardStop()
+			}
 			<-done
 		}
 		g.hardStop()

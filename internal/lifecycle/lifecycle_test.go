@@ -4,6 +4,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -19,9 +20,16 @@ func TestGracefulStopWaitsForWork(t *testing.T) {
 		<-g.Context().Done()                     // stop fetching...
 		finished <- g.HardContext().Err() == nil // ...and finish in-flight work
 	})
-	g.Stop(context.Background())
+	if err := g.Stop(context.Background()); err != nil {
+		t.Fatalf("a graceful stop reported %v", err)
+	}
 	if !<-finished {
 		t.Fatal("a graceful stop cancelled the hard context before the work returned")
+	}
+	select {
+	case <-g.Done():
+	default:
+		t.Fatal("Done still open after Stop returned")
 	}
 	if g.Go(func() { t.Error("ran after Stop") }) {
 		t.Fatal("Go accepted work after Stop")
@@ -39,9 +47,27 @@ func TestHardStopCancelsWorkInProgress(t *testing.T) {
 	<-started
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	g.Stop(ctx) // returns only because the hard context ended the work
+	// Stop returns only because the hard context ended the work, and says so.
+	if err := g.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a stop that cancelled work reported %v, want the deadline", err)
+	}
 	if g.HardContext().Err() == nil {
 		t.Fatal("hard context still live after Stop")
+	}
+}
+
+// A stop whose work finished reports no error even when its context had
+// already ended: nothing was cancelled.
+func TestStopAfterWorkEndedIsClean(t *testing.T) {
+	for range 100 {
+		g := New(context.Background())
+		g.Go(func() {})
+		g.wg.Wait() // the work is done before Stop begins
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := g.Stop(ctx); err != nil {
+			t.Fatalf("Stop with its work already done reported %v", err)
+		}
 	}
 }
 

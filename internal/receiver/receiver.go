@@ -139,7 +139,7 @@ func tryAccept(ctx context.Context, drv driver.Driver, cfg Config, ref driver.Pa
 	r := &Receiver{drv: drv, cfg: cfg, log: cfg.Log.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
 		"partition_key", ref.PartitionKey, "member", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
 		metrics: cfg.Tel.Group(ref.Topic, ref.ConsumerGroup),
-		closing: make(chan struct{}), wake: make(chan struct{}, 1)}
+		closing: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
 	if nextOffset >= 0 || cfg.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {
@@ -194,6 +194,8 @@ type Receiver struct {
 	closedErr  error // why the receiver is closed, once it is
 	closing    chan struct{}
 	closeOnce  sync.Once
+	stopped    chan struct{} // closed once closed and the lease released (or lost)
+	stopOnce   sync.Once
 	wake       chan struct{}      // a wake-up: the group's head moved
 	alive      *keepalive.Service // renews the lease while open
 }
@@ -224,9 +226,12 @@ func (r *Receiver) shut(reason error) {
 	})
 }
 
-// Done is closed once the receiver is closed: by Close, or on its own
-// when it lost or released its group.
-func (r *Receiver) Done() <-chan struct{} { return r.closing }
+// Done is closed once the receiver has stopped: closed, and its lease
+// released (by Close, by the idle release or the handler timeout) or lost.
+func (r *Receiver) Done() <-chan struct{} { return r.stopped }
+
+// finish marks the receiver stopped; its closing came first.
+func (r *Receiver) finish() { r.stopOnce.Do(func() { close(r.stopped) }) }
 
 // Abort closes a receiver that its owner could not take on (the client
 // closed meanwhile) and releases its group.
@@ -234,12 +239,14 @@ func (r *Receiver) Abort(ctx context.Context, reason error) {
 	r.shut(reason)
 	r.alive.Stop(ctx)
 	r.release(r.lease)
+	r.finish()
 }
 
 // fail records a write's error; a lost lease closes the receiver.
 func (r *Receiver) fail(op string, err error) error {
 	if errors.Is(err, driver.ErrLeaseLost) {
 		r.shut(fmt.Errorf("%w: %w", ErrReceiverClosed, err))
+		r.finish()
 		r.log.Warn("shardq: group lease lost; the next owner redelivers from the committed cursor", "op", op)
 	}
 	return fmt.Errorf("shardq: %s %s: %w", op, r.ref, err)
@@ -264,6 +271,7 @@ func (r *Receiver) keepAlive() *keepalive.Service {
 		Idle: func(l driver.Lease) {
 			r.shut(fmt.Errorf("%w: idle for %s", ErrReceiverClosed, r.cfg.IdleTimeout))
 			r.release(l)
+			r.finish()
 		},
 		Lost: func(err error) { r.fail("renew", err) },
 	})
@@ -342,6 +350,7 @@ func (r *Receiver) Receive(ctx context.Context) (driver.Message, int, error) {
 				if l, _ := r.current(); !r.now().Before(l.ExpiresAt) {
 					err := fmt.Errorf("%w: %w (token %d expired at %s)", ErrReceiverClosed, driver.ErrLeaseLost, l.Token, l.ExpiresAt.Format(time.RFC3339Nano))
 					r.shut(err)
+					r.finish()
 					r.log.Warn("shardq: group lease expired before delivery; the next owner redelivers from the committed cursor")
 					return driver.Message{}, 0, err
 				}
@@ -544,6 +553,7 @@ func (r *Receiver) SetState(ctx context.Context, state []byte) error {
 // Close releases the group. An unsettled message is delivered again to
 // the group's next owner. Close is safe to call more than once.
 func (r *Receiver) Close(ctx context.Context) error {
+	defer r.finish()
 	r.mu.Lock()
 	r.stopHeldTimer()
 	r.mu.Unlock()
@@ -611,4 +621,5 @@ func (r *Receiver) expireHeld(offset int64, attempt int) {
 	if rerr := r.drv.ReleaseLease(ctx, l, r.now()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 		r.log.Warn("shardq: releasing the group lease failed; it expires by itself", "err", rerr)
 	}
+	r.finish()
 }
