@@ -3,14 +3,15 @@
 package shardq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/receipts"
+	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -66,10 +67,7 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.Name == "" {
-		host, _ := os.Hostname()
-		o.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
-	}
+	o.Name = cmp.Or(o.Name, settings.Name("receipts"))
 	if err := ident.MemberName("name", o.Name); err != nil {
 		return nil, fmt.Errorf("shardq: receipts: %w", err)
 	}
@@ -77,15 +75,9 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 	if o.MaxAttempts, err = maxAttempts(o.MaxAttempts); err != nil {
 		return nil, fmt.Errorf("shardq: receipts: %w", err)
 	}
-	if o.DLQSuffix == "" {
-		o.DLQSuffix = DefaultDLQSuffix
-	}
-	if o.PollInterval <= 0 {
-		o.PollInterval = 100 * time.Millisecond
-	}
-	if o.FeedPollInterval <= 0 {
-		o.FeedPollInterval = DefaultFeedPollInterval
-	}
+	o.DLQSuffix = cmp.Or(o.DLQSuffix, DefaultDLQSuffix)
+	settings.Positive(&o.PollInterval, 100*time.Millisecond)
+	settings.Positive(&o.FeedPollInterval, DefaultFeedPollInterval)
 	if o.Clock == nil {
 		o.Clock = c.cfg.Clock
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/receiver"
+	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -101,22 +102,14 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 	if o != nil {
 		r = *o
 	}
-	d := func(v *time.Duration, def time.Duration) {
-		if *v <= 0 {
-			*v = def
-		}
-	}
-	d(&r.LeaseTTL, DefaultLeaseTTL)
-	d(&r.IdleTimeout, DefaultReceiverIdleTimeout)
-	d(&r.PollInterval, DefaultPollInterval)
-	d(&r.FeedPollInterval, DefaultFeedPollInterval)
-	d(&r.BackoffMin, DefaultBackoffMin)
-	d(&r.BackoffMax, DefaultBackoffMax)
-	switch {
-	case r.HandlerTimeout == 0:
-		r.HandlerTimeout = DefaultHandlerTimeout
-	case r.HandlerTimeout < 0 && r.HandlerTimeout != NoHandlerTimeout:
-		return r, &ident.Error{Field: "handler timeout", Rule: fmt.Sprintf("%s is negative; NoHandlerTimeout (-1ns) means no limit", r.HandlerTimeout)}
+	settings.Positive(&r.LeaseTTL, DefaultLeaseTTL)
+	settings.Positive(&r.IdleTimeout, DefaultReceiverIdleTimeout)
+	settings.Positive(&r.PollInterval, DefaultPollInterval)
+	settings.Positive(&r.FeedPollInterval, DefaultFeedPollInterval)
+	settings.Positive(&r.BackoffMin, DefaultBackoffMin)
+	settings.Positive(&r.BackoffMax, DefaultBackoffMax)
+	if err := settings.HandlerTimeout(&r.HandlerTimeout, DefaultHandlerTimeout, NoHandlerTimeout); err != nil {
+		return r, err
 	}
 	if err := c.settleDefaults(&r.MaxAttempts, &r.DLQSuffix, &r.Clock, &r.Logger, &r.Name, "receiver"); err != nil {
 		return r, err

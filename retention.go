@@ -10,6 +10,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/retention"
+	"github.com/shardq/shardq/internal/settings"
 )
 
 // RetentionGroup is the reserved consumer group whose lease on partition ""
@@ -47,24 +48,14 @@ type RetentionConfig struct {
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
-	def := func(p *RetentionPolicy, min, max time.Duration) {
-		if p.MinRetention <= 0 {
-			p.MinRetention = min
-		}
-		if p.MaxRetention <= 0 {
-			p.MaxRetention = max
-		}
-	}
-	def(&c.Default, DefaultMinRetention, DefaultMaxRetention)
-	def(&c.DeadLetters, DefaultMinRetention, DefaultDeadLetterRetention)
+	settings.Positive(&c.Default.MinRetention, DefaultMinRetention)
+	settings.Positive(&c.Default.MaxRetention, DefaultMaxRetention)
+	settings.Positive(&c.DeadLetters.MinRetention, DefaultMinRetention)
+	settings.Positive(&c.DeadLetters.MaxRetention, DefaultDeadLetterRetention)
+	settings.Positive(&c.BatchSize, DefaultRetentionBatch)
+	settings.Positive(&c.ClaimTTL, DefaultClaimTTL)
 	if c.DLQSuffix == "" {
 		c.DLQSuffix = DefaultDLQSuffix
-	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = DefaultRetentionBatch
-	}
-	if c.ClaimTTL <= 0 {
-		c.ClaimTTL = DefaultClaimTTL
 	}
 	if c.PartitionIdle == 0 {
 		c.PartitionIdle = DefaultPartitionIdle
@@ -75,30 +66,14 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 	return c
 }
 
-// check refuses policies that cannot mean what they say, defaults filled:
-// a minimum longer than the maximum (the maximum would delete what the
-// minimum keeps).
+// check refuses policies that cannot mean what they say (defaults
+// filled): a minimum longer than the maximum.
 func (c RetentionConfig) check() error {
-	policies := []struct {
-		name string
-		p    RetentionPolicy
-	}{{"default", c.Default}, {"dead letters", c.DeadLetters}}
+	topics := make(map[string]retention.Policy, len(c.Topics))
 	for t, p := range c.Topics {
-		policies = append(policies, struct {
-			name string
-			p    RetentionPolicy
-		}{fmt.Sprintf("topic %q", t), p})
+		topics[t] = retention.Policy(p)
 	}
-	for _, p := range policies {
-		min, max := p.p.MinRetention, p.p.MaxRetention
-		if min <= 0 {
-			min = DefaultMinRetention
-		}
-		if max > 0 && min > max {
-			return &ident.Error{Field: "retention (" + p.name + ")", Rule: fmt.Sprintf("minimum %s is longer than maximum %s", min, max)}
-		}
-	}
-	return nil
+	return retention.CheckPolicies(retention.Policy(c.Default), retention.Policy(c.DeadLetters), topics, DefaultMinRetention)
 }
 
 // RetentionReport counts what a pass did.

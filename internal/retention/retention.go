@@ -10,11 +10,15 @@ package retention
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 )
@@ -43,6 +47,34 @@ type Config struct {
 	// Deleted hears how many messages a pass deleted in a tenant's topic
 	// (the retention metric); nil: nobody.
 	Deleted func(tenant string, n int64)
+}
+
+// CheckPolicies refuses policies that cannot mean what they say: a
+// minimum (minDefault when unset) longer than the maximum, which would
+// delete what the minimum keeps. Topics are checked in name order.
+func CheckPolicies(def, deadLetters Policy, topics map[string]Policy, minDefault time.Duration) error {
+	check := func(name string, p Policy) error {
+		min := p.MinRetention
+		if min <= 0 {
+			min = minDefault
+		}
+		if p.MaxRetention > 0 && min > p.MaxRetention {
+			return &ident.Error{Field: "retention (" + name + ")", Rule: fmt.Sprintf("minimum %s is longer than maximum %s", min, p.MaxRetention)}
+		}
+		return nil
+	}
+	if err := check("default", def); err != nil {
+		return err
+	}
+	if err := check("dead letters", deadLetters); err != nil {
+		return err
+	}
+	for _, t := range slices.Sorted(maps.Keys(topics)) {
+		if err := check(fmt.Sprintf("topic %q", t), topics[t]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c Config) policy(topic string) Policy {
