@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +20,6 @@ import (
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
-	"github.com/shardq/shardq/driver/sqlitedriver"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -76,7 +74,7 @@ type feedPair struct {
 
 func openFeedPair(t *testing.T, db string) feedPair {
 	t.Helper()
-	pubDrv, subDrv := openTwoDrivers(t, db)
+	pubDrv, subDrv := testdb.TwoDrivers(t, db)
 	p := feedPair{log: &logLines{}}
 	p.pub = newTestClient(t, pubDrv, nil)
 	if err := p.pub.Migrate(context.Background()); err != nil {
@@ -86,35 +84,9 @@ func openFeedPair(t *testing.T, db string) feedPair {
 	return p
 }
 
-// openTwoDrivers opens two drivers (connection pools) on one fresh
-// database: "mysql" or "sqlite".
-func openTwoDrivers(t *testing.T, db string) (driver.Driver, driver.Driver) {
-	t.Helper()
-	switch db {
-	case "mysql":
-		dsn := testdb.MySQLDatabase(t)
-		return openMySQL(t, dsn), openMySQL(t, dsn)
-	case "sqlite":
-		path := filepath.Join(t.TempDir(), "shardq.db")
-		return openSQLite(t, path), openSQLite(t, path)
-	}
-	t.Fatalf("no database %q", db)
-	return nil, nil
-}
-
 func openMySQL(t *testing.T, dsn string) *mysqldriver.Driver {
 	t.Helper()
 	d, err := mysqldriver.Open(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
-func openSQLite(t testing.TB, path string) *sqlitedriver.Driver {
-	t.Helper()
-	d, err := sqlitedriver.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

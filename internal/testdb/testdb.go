@@ -119,6 +119,32 @@ func SQLite(t testing.TB) *sqlitedriver.Driver {
 	return d
 }
 
+// TwoDrivers opens two drivers (connection pools) on one fresh database
+// of db, "mysql" or "sqlite", as two processes would; t closes them.
+func TwoDrivers(t testing.TB, db string) (driver.Driver, driver.Driver) {
+	t.Helper()
+	open := func(o func() (driver.Driver, error)) driver.Driver {
+		d, err := o()
+		if err != nil {
+			t.Fatalf("open %s driver: %v", db, err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	switch db {
+	case "mysql":
+		dsn := MySQLDatabase(t)
+		o := func() (driver.Driver, error) { return mysqldriver.Open(dsn) }
+		return open(o), open(o)
+	case "sqlite":
+		path := filepath.Join(t.TempDir(), "shardq.db")
+		o := func() (driver.Driver, error) { return sqlitedriver.Open(path, nil) }
+		return open(o), open(o)
+	}
+	t.Fatalf("no database %q", db)
+	return nil, nil
+}
+
 // Migrated migrates d or fails t.
 func Migrated[D driver.Driver](t testing.TB, d D) D {
 	t.Helper()

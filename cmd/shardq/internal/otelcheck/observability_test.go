@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/testdb"
 )
 
 // Values no attribute may ever carry: the partition key and message ids.
@@ -48,7 +49,7 @@ func TestTraceFollowsAMessageAcrossClients(t *testing.T) {
 	for _, db := range []string{"sqlite", "mysql"} {
 		t.Run(db, func(t *testing.T) {
 			ctx := context.Background()
-			pubDrv, subDrv := openTwoDrivers(t, db)
+			pubDrv, subDrv := testdb.TwoDrivers(t, db)
 			pubSpans, subSpans := tracetest.NewSpanRecorder(), tracetest.NewSpanRecorder()
 			pubTP := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(pubSpans))
 			subTP := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(subSpans))
@@ -110,7 +111,7 @@ func TestMetricsFollowEvents(t *testing.T) {
 	for _, db := range []string{"sqlite", "mysql"} {
 		t.Run(db, func(t *testing.T) {
 			ctx := context.Background()
-			drv, _ := openTwoDrivers(t, db)
+			drv, _ := testdb.TwoDrivers(t, db)
 			reader := sdkmetric.NewManualReader()
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 			spans := tracetest.NewSpanRecorder()
@@ -427,7 +428,7 @@ func pointSets(data any) []attribute.Set {
 // reach the client's logger, the reader's configuration (it holds the
 // password) never does, and shardq's lines use the documented keys.
 func TestDriverLogsGoToTheClientLogger(t *testing.T) {
-	drv, _ := openTwoDrivers(t, "mysql")
+	drv, _ := testdb.TwoDrivers(t, "mysql")
 	log := &logLines{}
 	c := newTestClient(t, drv, &shardq.Config{Logger: slog.New(log)})
 	ctx := context.Background()

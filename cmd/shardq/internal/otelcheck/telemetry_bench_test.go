@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/testdb"
 )
 
 // BenchmarkTelemetry is one publish call and one delivery on SQLite with
@@ -35,7 +35,7 @@ func BenchmarkTelemetry(b *testing.B) {
 		{"sdk", sdktrace.NewTracerProvider(), sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))},
 	}
 	open := func(b *testing.B, tp trace.TracerProvider, mp metric.MeterProvider) *shardq.Client {
-		drv := openSQLite(b, filepath.Join(b.TempDir(), "q.db"))
+		drv := testdb.SQLite(b)
 		c, err := shardq.NewClient(drv, &shardq.Config{TracerProvider: tp, MeterProvider: mp, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			b.Fatal(err)

@@ -6,55 +6,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/shardq/shardq"
-
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/driver/mysqldriver"
-	"github.com/shardq/shardq/driver/sqlitedriver"
-	"github.com/shardq/shardq/internal/testdb"
 )
-
-// openTwoDrivers opens two drivers on one database of db ("mysql" or
-// "sqlite"), as two processes would.
-func openTwoDrivers(t *testing.T, db string) (driver.Driver, driver.Driver) {
-	t.Helper()
-	switch db {
-	case "mysql":
-		dsn := testdb.MySQLDatabase(t)
-		return openMySQL(t, dsn), openMySQL(t, dsn)
-	case "sqlite":
-		path := filepath.Join(t.TempDir(), "shardq.db")
-		return openSQLite(t, path), openSQLite(t, path)
-	}
-	t.Fatalf("no database %q", db)
-	return nil, nil
-}
-
-func openMySQL(t *testing.T, dsn string) *mysqldriver.Driver {
-	t.Helper()
-	d, err := mysqldriver.Open(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
-func openSQLite(t testing.TB, path string) *sqlitedriver.Driver {
-	t.Helper()
-	d, err := sqlitedriver.Open(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
 
 func newTestClient(t *testing.T, d driver.Driver, cfg *shardq.Config) *shardq.Client {
 	t.Helper()
