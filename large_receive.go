@@ -33,10 +33,12 @@ var ErrLargeCorrupt = receiver.ErrLargeCorrupt
 // ReceiveLarge is Receive for groups that carry large messages
 // (PublishLarge): it returns the next message whole. A large message is
 // handed out only once its end marker is stored (it waits for it, until
-// ctx ends), so a reader never sees half of one; one whose writer failed
+// ctx ends; ctx bounds only that wait, not the reading of Body, which
+// goes on after ReceiveLarge returns and fails once the receiver is
+// stopped), so a reader never sees half of one; one whose writer failed
 // (an aborted end marker) is passed over. Settle the result like any
 // delivery: Ack passes the cursor over every chunk and the end marker;
-// Nack, Close or a crash before Ack deliver it again from its first chunk
+// Nack, Stop or a crash before Ack deliver it again from its first chunk
 // (the next reader starts over; nothing resumes mid-message).
 func (r *GroupReceiver) ReceiveLarge(ctx context.Context) (*LargeDelivery, error) {
 	l, err := r.rt.ReceiveLarge(ctx)

@@ -174,6 +174,57 @@ func TestLargeMessageReaderStoppedMidway(t *testing.T) {
 	})
 }
 
+// The context of ReceiveLarge bounds the wait for a message, not the
+// reading of its body: a caller that receives with a timeout (the CLI's
+// --idle-exit and --next-group) and reads the body after the receive's
+// context ended gets it whole. Once the receiver is stopped, reading the
+// rest fails at once instead of reading on.
+func TestLargeBodyOutlivesTheReceiveContext(t *testing.T) {
+	const size = 1 << 20
+	eachDatabase(t, func(t *testing.T, _ string, _ driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		want, _ := sumOf(t, payload(size, 3))
+		res, err := c.PublishLarge(ctx, shardq.Message{Tenant: "t", Topic: "x"}, payload(size, 3), &shardq.LargeOptions{ChunkSize: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+		r, err := c.AcceptGroup(ctx, g, res.PartitionKey, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ld, err := r.ReceiveLarge(rctx)
+		cancel() // the receive is over: the body is read after it
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, n := sumOf(t, ld.Body); got != want || n != size {
+			t.Fatalf("read after the receive's context ended: %d bytes %s; want %d, %s", n, got, size, want)
+		}
+		if err := r.Nack(ctx, ld.Delivery, errors.New("again")); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r2, err := c.AcceptGroup(ctx, g, res.PartitionKey, &shardq.ReceiverOptions{Wait: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ld, err = r2.ReceiveLarge(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r2.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(io.Discard, ld.Body); !errors.Is(err, shardq.ErrReceiverClosed) {
+			t.Fatalf("reading the body of a stopped receiver: %v, want ErrReceiverClosed", err)
+		}
+	})
+}
+
 // A reader never sees a large message before its end marker is stored,
 // and passes over one whose writer failed.
 func TestLargeMessageIsAllOrNothing(t *testing.T) {

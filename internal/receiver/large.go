@@ -114,7 +114,7 @@ func (r *Receiver) largeDelivery(ctx context.Context, first driver.Message, atte
 	r.buf = nil // the body reads chunk by chunk; what was prefetched would only hold memory
 	r.startHeldTimer(first.Offset, attempt)
 	r.mu.Unlock()
-	body := &largeBody{r: r, ctx: ctx, id: id, chunks: chunks, size: size, want: end.Headers[large.HeaderSHA256],
+	body := &largeBody{r: r, id: id, chunks: chunks, size: size, want: end.Headers[large.HeaderSHA256],
 		next: 1, last: first.Offset, cur: first.Payload, read: int64(len(first.Payload)), sum: sha256.New()}
 	body.sum.Write(first.Payload)
 	m := first
@@ -122,10 +122,13 @@ func (r *Receiver) largeDelivery(ctx context.Context, first driver.Message, atte
 	return Large{Message: m, Attempt: attempt, Body: body, Size: size, Chunks: chunks}, nil
 }
 
-// largeBody reads a large message's chunks in order, one at a time.
+// largeBody reads a large message's chunks in order, one at a time. Its
+// reads are not bound by the receive's context, which bounds the wait for
+// the message: a caller reads the body after the receive has returned.
+// Each chunk's read is bounded by dbTimeout, and none starts once the
+// receiver is closed.
 type largeBody struct {
 	r          *Receiver
-	ctx        context.Context
 	id         string
 	chunks     int
 	size, read int64
@@ -160,7 +163,15 @@ func (b *largeBody) nextChunk() error {
 		}
 		return io.EOF
 	}
-	msgs, err := r.drv.FetchAfter(b.ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, b.last, 1)
+	select {
+	case <-r.closing:
+		_, err := r.current()
+		return fmt.Errorf("shardq: read large %s id %q chunk %d: %w", r.ref, b.id, b.next, err)
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	msgs, err := r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, b.last, 1)
 	if err != nil {
 		return fmt.Errorf("shardq: read large %s id %q chunk %d: %w", r.ref, b.id, b.next, err)
 	}

@@ -66,7 +66,8 @@ func TestBrowseMessages(t *testing.T) {
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // publish --file stores a file as one large message; consume --key K
-// --assemble --max 1 writes it back whole on stdout.
+// --assemble --max 1 writes it back whole on stdout, and so do --idle-exit
+// and --next-group.
 func TestLargeMessageThroughTheCLI(t *testing.T) {
 	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
@@ -92,6 +93,14 @@ func TestLargeMessageThroughTheCLI(t *testing.T) {
 			r = runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--key", res.Key, "--assemble", "--max", "1")
 			if r.code != 0 || r.stdout != string(data) || !strings.Contains(r.stderr, `"id":"blob"`) {
 				t.Fatalf("consume --assemble: exit %d, %d bytes out of %d, stderr %s", r.code, len(r.stdout), len(data), r.stderr)
+			}
+			// With --idle-exit and --next-group each receive has a deadline,
+			// and the body is read after it: the whole message still comes.
+			for group, mode := range map[string][]string{"idle": {"--key", res.Key}, "next": {"--next-group"}} {
+				args := append([]string{"consume", "--tenant", "acme", "--topic", "files", "--group", group, "--assemble", "--idle-exit", "2s"}, mode...)
+				if r := runCLI(t, env, "", args...); r.code != 0 || r.stdout != string(data) {
+					t.Fatalf("consume %v: exit %d, %d bytes out of %d, stderr %s", mode, r.code, len(r.stdout), len(data), r.stderr)
+				}
 			}
 			if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--assemble"); r.code != 2 {
 				t.Fatalf("--assemble without --key: %+v", r)
