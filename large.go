@@ -38,6 +38,15 @@ type LargeOptions struct {
 	ChunksPerTx int // chunks per publish transaction [16]
 }
 
+// ErrLargeIDTaken refuses a large message whose id (or a chunk's id) is
+// already stored in its partition as another message: publishes are
+// idempotent by id, so the write would otherwise report success onto
+// someone else's message. Publishing the same large message again under
+// its id, after a failure or an unknown outcome, is its own earlier
+// write and succeeds; a write that stored an aborted end marker cannot be
+// resumed (publish it under a new id).
+var ErrLargeIDTaken = large.ErrIDTaken
+
 // LargeResult reports a stored large message.
 type LargeResult struct {
 	Tenant, Topic, PartitionKey, ID string
@@ -58,8 +67,9 @@ type LargeResult struct {
 // nothing else may be published to that key until PublishLarge returns.
 // If a chunk fails, an aborted end marker is stored (when the database
 // allows) so that readers skip the partial message; a writer killed
-// mid-way leaves one that readers wait for (docs/large.md). msg.Payload,
-// Delay and NotBefore must be unset.
+// mid-way leaves one that readers wait for (docs/large.md). A chunk or end
+// marker id already taken by another message fails the call with
+// ErrLargeIDTaken. msg.Payload, Delay and NotBefore must be unset.
 func (c *Client) PublishLarge(ctx context.Context, msg Message, body io.Reader, opts *LargeOptions) (LargeResult, error) {
 	var o LargeOptions
 	if opts != nil {

@@ -225,6 +225,42 @@ func TestLargeBodyOutlivesTheReceiveContext(t *testing.T) {
 	})
 }
 
+// A large message's id taken in its partition by another message (an
+// ordinary one published first: "squatting") fails PublishLarge before
+// any chunk is written, instead of reporting success onto that message;
+// so does a chunk id taken by a different chunk. Writing the same large
+// message again under its id (a resume after an unknown outcome) is its
+// own earlier write and succeeds with the same result.
+func TestLargeMessageIDMustBeItsOwn(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, d driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "inv", ID: "invoice-1", Payload: []byte("squat")}); err != nil {
+			t.Fatal(err)
+		}
+		opts := &shardq.LargeOptions{ChunkSize: 64 << 10}
+		_, err := c.PublishLarge(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "inv", ID: "invoice-1"}, payload(200<<10, 4), opts)
+		if !errors.Is(err, shardq.ErrLargeIDTaken) {
+			t.Fatalf("PublishLarge onto a taken id: %v, want ErrLargeIDTaken", err)
+		}
+		if msgs, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "inv"}, 0, 10); err != nil || len(msgs) != 1 {
+			t.Fatalf("partition after the refusal: %d messages, %v; want the squatter alone", len(msgs), err)
+		}
+
+		msg := shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "doc", ID: "doc-1"}
+		first, err := c.PublishLarge(ctx, msg, payload(200<<10, 5), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := c.PublishLarge(ctx, msg, payload(200<<10, 5), opts)
+		if err != nil || again != first {
+			t.Fatalf("the same large message again: %+v, %v; want its first result %+v", again, err, first)
+		}
+		if _, err := c.PublishLarge(ctx, msg, payload(200<<10, 6), opts); !errors.Is(err, shardq.ErrLargeIDTaken) {
+			t.Fatalf("other bytes under a stored large message's id: %v, want ErrLargeIDTaken", err)
+		}
+	})
+}
+
 // A reader never sees a large message before its end marker is stored,
 // and passes over one whose writer failed.
 func TestLargeMessageIsAllOrNothing(t *testing.T) {

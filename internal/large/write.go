@@ -3,6 +3,7 @@
 package large
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"maps"
 	"strconv"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/publish"
 )
@@ -26,13 +28,31 @@ type Result struct {
 	EndOffset                       int64
 }
 
+// ErrIDTaken refuses a large message whose id (or a chunk's) is already
+// stored in its partition as another message: publishing by id is
+// idempotent, so the write would "succeed" onto someone else's message.
+// Writing the same large message again under its id (a resume after an
+// unknown outcome) is its own earlier write, and succeeds.
+var ErrIDTaken = errors.New("message id taken by another message")
+
 // Write stores what body yields until EOF as one large message: chunks of
 // chunkSize published in order in msg's group, perTx to a transaction,
 // then the end marker. When a chunk fails it stores an aborted end marker
 // (when the database allows), so that readers skip the partial message.
+// A chunk or end marker that comes back a duplicate must be this
+// message's own earlier write (same numbering, bytes and checksum), or
+// Write fails with ErrIDTaken.
 func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body io.Reader, chunkSize, perTx int) (Result, error) {
 	if err := check(p, &msg, body, chunkSize, perTx); err != nil {
 		return Result{}, fmt.Errorf("shardq: publish large: %w", err)
+	}
+	// The end marker's id taken by an ordinary message (or an aborted
+	// marker) would leave these chunks without a marker: refuse first.
+	if err := checkOwn(ctx, p, msg, msg.ID, func(m *driver.Message) bool {
+		_, complete := m.Headers[HeaderSHA256]
+		return complete && m.Headers[HeaderAborted] != "true"
+	}); err != nil {
+		return Result{}, err
 	}
 	res := Result{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey, ID: msg.ID}
 	sum := sha256.New()
@@ -42,7 +62,10 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 		if len(batch) == 0 {
 			return nil
 		}
-		_, err := p.Publish(ctx, batch, true)
+		rows, err := p.Publish(ctx, batch, true)
+		if err == nil {
+			err = ownDuplicates(ctx, p, msg, rows)
+		}
 		batch = batch[:0]
 		return err
 	}
@@ -86,8 +109,47 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 	if err != nil {
 		return res, abort(ctx, p, msg, res, err)
 	}
+	if stored[0].Duplicate {
+		if err := checkOwn(ctx, p, msg, msg.ID, func(m *driver.Message) bool {
+			return m.Headers[HeaderSHA256] == res.SHA256 && m.Headers[HeaderBytes] == end.Headers[HeaderBytes] &&
+				m.Headers[HeaderChunks] == end.Headers[HeaderChunks]
+		}); err != nil {
+			return res, err
+		}
+	}
 	res.EndOffset = stored[0].Offset
 	return res, nil
+}
+
+// ownDuplicates checks that the chunks among rows that came back
+// duplicates are this message's own earlier writes.
+func ownDuplicates(ctx context.Context, p *publish.Publisher, msg publish.Message, rows []*driver.InsertMessage) error {
+	for _, row := range rows {
+		if !row.Duplicate {
+			continue
+		}
+		if err := checkOwn(ctx, p, msg, row.ID, func(m *driver.Message) bool {
+			return m.Headers[HeaderID] == row.Headers[HeaderID] && m.Headers[HeaderChunk] == row.Headers[HeaderChunk] &&
+				bytes.Equal(m.Payload, row.Payload)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkOwn fails with ErrIDTaken when id is stored in msg's partition and
+// the stored message is not what own accepts.
+func checkOwn(ctx context.Context, p *publish.Publisher, msg publish.Message, id string, own func(*driver.Message) bool) error {
+	m, err := p.Stored(ctx, driver.MessageRef{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey, ID: id})
+	switch {
+	case err != nil:
+		return fmt.Errorf("shardq: publish large tenant %q topic %q partition %q id %q: %w", msg.Tenant, msg.Topic, msg.PartitionKey, id, err)
+	case m != nil && !own(m):
+		return fmt.Errorf("shardq: publish large tenant %q topic %q partition %q id %q: %w (at offset %d)", msg.Tenant, msg.Topic,
+			msg.PartitionKey, id, ErrIDTaken, m.Offset)
+	}
+	return nil
 }
 
 // check validates a large message before anything is written, and fills

@@ -96,6 +96,12 @@ func (p *Publisher) Close() { p.batcher.Close() }
 // Timeout bounds one publish transaction.
 func (p *Publisher) Timeout() time.Duration { return p.cfg.Timeout }
 
+// Stored reads the message of ref as stored (nil when there is none).
+func (p *Publisher) Stored(ctx context.Context, ref driver.MessageRef) (*driver.Message, error) {
+	m, _, err := p.drv.GetMessage(ctx, ref)
+	return m, err
+}
+
 // MaxPayloadBytes bounds one message's payload.
 func (p *Publisher) MaxPayloadBytes() int { return p.cfg.MaxPayloadBytes }
 
