@@ -3,6 +3,9 @@
 package cli
 
 import (
+	"bytes"
+	"context"
+	"database/sql"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
@@ -10,6 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/dsn"
 )
 
 // admin messages reads a topic, or one partition, from an offset or a
@@ -104,6 +110,65 @@ func TestLargeMessageThroughTheCLI(t *testing.T) {
 			}
 			if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--assemble"); r.code != 2 {
 				t.Fatalf("--assemble without --key: %+v", r)
+			}
+		})
+	}
+}
+
+// A large message whose stored chunk was altered: consume --assemble says
+// on stderr before the first byte that the check comes at the end, fails
+// with an error naming the message, and nacks it, so the next run
+// delivers it as its second attempt (dead-lettered after the last one)
+// instead of writing the same bad bytes as a first delivery for ever.
+func TestAssembleCorruptLargeMessage(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			url := db.dsn(t)
+			env := map[string]string{"SHARDQ_DSN": url}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			path := filepath.Join(t.TempDir(), "blob.bin")
+			if err := os.WriteFile(path, bytes.Repeat([]byte("x"), 300000), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "files", "--id", "blob", "--key", "k", "--file", path, "--chunk", "100000")
+			if r.code != 0 {
+				t.Fatal(r)
+			}
+			sp, err := dsn.Parse(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name, source := "mysql", sp.MySQL
+			if sp.Driver == "sqlite" {
+				name, source = "sqlite", sp.Path
+			}
+			raw, err := sql.Open(name, source)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			// Every chunk altered: same sizes, other bytes.
+			if _, err := raw.Exec("UPDATE queue_messages SET payload = ? WHERE tenant = 'acme' AND topic = 'files' AND partition_key = 'k' AND id <> 'blob'",
+				bytes.Repeat([]byte("y"), 100000)); err != nil {
+				t.Fatal(err)
+			}
+			for attempt := 1; attempt <= 2; attempt++ {
+				r = runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--key", "k", "--assemble", "--max", "1")
+				if r.code == 0 || !strings.Contains(r.stderr, "checked at the end") || !strings.Contains(r.stderr, `large message "blob"`) ||
+					!strings.Contains(r.stderr, "SHA-256") || strings.Contains(r.stderr, "write stdout") {
+					t.Fatalf("attempt %d: exit %d, stderr %s; want the notice, then an error naming blob's checksum", attempt, r.code, r.stderr)
+				}
+			}
+			drv, err := dsn.Open(sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer drv.Close()
+			states, err := drv.DeliveryStates(context.Background(), driver.PartitionRef{Tenant: "acme", Topic: "files", ConsumerGroup: "g", PartitionKey: "k"}, 0, 10)
+			if err != nil || states[1].Attempts != 2 {
+				t.Fatalf("delivery states %+v, %v; want two failed attempts recorded at offset 1", states, err)
 			}
 		})
 	}

@@ -340,6 +340,14 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 		} else {
 			err = s.enc.Encode(newConsumeLine(d))
 		}
+		if errors.Is(err, shardq.ErrLargeCorrupt) {
+			// A failed delivery: counted, retried after the backoff,
+			// dead-lettered after the last attempt; never rewritten as is
+			// by every later run.
+			if nerr := r.Nack(ctx, d, err); nerr != nil {
+				err = errors.Join(err, fmt.Errorf("nack: %w", nerr))
+			}
+		}
 		if err != nil {
 			return true, err
 		}
@@ -356,14 +364,40 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 }
 
 // writeWhole writes a message's payload raw to stdout, reading a large
-// one chunk by chunk, and one JSON line about it to stderr.
+// one chunk by chunk, and one JSON line about it to stderr. A large
+// message's size and SHA-256 are checked only once its last chunk is
+// read, after the bytes before it went out: stderr says so before the
+// first byte, and a mismatch fails with an error naming the message.
 func (s *groupServer) writeWhole(ld *shardq.LargeDelivery) error {
+	if ld.Chunks > 0 {
+		fmt.Fprintf(s.a.env.Stderr, "writing large message %q of tenant %q topic %q (%d bytes, %d chunks) to stdout; its size and SHA-256 are checked at the end\n",
+			ld.ID, ld.Tenant, ld.Topic, ld.Size, ld.Chunks)
+	}
 	sum := sha256.New()
-	n, err := io.Copy(io.MultiWriter(s.out, sum), ld.Body)
-	if err != nil {
+	body := &readErr{r: ld.Body}
+	n, err := io.Copy(io.MultiWriter(s.out, sum), body)
+	switch {
+	case body.err != nil:
+		return fmt.Errorf("large message %q of tenant %q topic %q partition %q offset %d: %w", ld.ID, ld.Tenant, ld.Topic, ld.PartitionKey, ld.Offset, body.err)
+	case err != nil:
 		return fmt.Errorf("write stdout: %w", err) // not acked: delivered again
 	}
 	return json.NewEncoder(s.a.env.Stderr).Encode(map[string]any{"tenant": ld.Tenant, "topic": ld.Topic, "partition_key": ld.PartitionKey,
 		"id": ld.ID, "offset": ld.Offset, "attempt": ld.Attempt, "headers": ld.Headers, "bytes": n, "chunks": ld.Chunks,
 		"sha256": hex.EncodeToString(sum.Sum(nil))})
+}
+
+// readErr remembers its reader's error, to tell a failed read from a
+// failed write in io.Copy.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.err = err
+	}
+	return n, err
 }
