@@ -213,6 +213,15 @@ type HalfClaimRequest struct {
 	Limit                int
 }
 
+// Migration is one versioned schema change a driver embeds: the
+// statements Migrate runs, in order (shardq migrate --print-sql shows
+// them for review).
+type Migration struct {
+	Version    int
+	Name       string
+	Statements []string
+}
+
 // PartitionRef names one partition as one consumer group reads it.
 type PartitionRef struct {
 	Tenant        string

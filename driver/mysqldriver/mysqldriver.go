@@ -106,6 +106,14 @@ func New(db *sql.DB) (*Driver, error) {
 	return newDriver(db, limits)
 }
 
+// Migrations lists the schema changes this driver embeds, in version
+// order: what Migrate runs on MariaDB and MySQL (through Vitess, a table
+// that gained a column is also rebuilt with ALTER TABLE … FORCE).
+func Migrations() ([]driver.Migration, error) {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	return migrate.Public(ms), err
+}
+
 func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 	ms, err := migrate.Load(migrationFS, "migrations")
 	if err != nil {

@@ -64,6 +64,13 @@ type Driver struct {
 
 var _ driver.Driver = (*Driver)(nil)
 
+// Migrations lists the schema changes this driver embeds, in version
+// order: what Migrate runs.
+func Migrations() ([]driver.Migration, error) {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	return migrate.Public(ms), err
+}
+
 // Open opens (creating if needed) the SQLite file at path.
 func Open(path string, opts *Options) (*Driver, error) {
 	if path == "" {

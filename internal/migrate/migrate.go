@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/shardq/shardq/driver"
 )
 
 // Table records the applied versions.
@@ -25,6 +27,15 @@ type Migration struct {
 	Version    int
 	Name       string
 	Statements []string
+}
+
+// Public is ms as the driver package's type.
+func Public(ms []Migration) []driver.Migration {
+	out := make([]driver.Migration, len(ms))
+	for i, m := range ms {
+		out[i] = driver.Migration(m)
+	}
+	return out
 }
 
 // Load reads every *.sql file of dir in fsys, ordered by version.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -26,6 +27,7 @@ import (
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/driver/sqlitedriver"
 	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/migrate"
@@ -320,11 +322,44 @@ func (a *app) logger() *slog.Logger {
 }
 
 func (a *app) migrateCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "migrate",
+	var dryRun, printSQL bool
+	cmd := &cobra.Command{
+		Use:   "migrate [--dry-run | --print-sql]",
 		Short: "Create or upgrade the queue's tables",
-		Args:  cobra.NoArgs,
+		Long: "Applies the migrations the database lacks and creates the receipt key.\n" +
+			"--dry-run prints the pending migrations and their SQL and changes nothing;\n" +
+			"--print-sql prints every migration of the DSN's dialect without connecting (for change review).\n" +
+			"`shardq migrate status` compares the database's schema version with this binary's.",
+		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if dryRun && printSQL {
+				return usagef("--dry-run and --print-sql: give one")
+			}
+			if printSQL {
+				spec, err := a.spec(true)
+				if err != nil {
+					return err
+				}
+				ms, err := migrationsOf(spec)
+				if err != nil {
+					return err
+				}
+				a.printMigrations(spec.Driver, ms)
+				return nil
+			}
+			if dryRun {
+				st, err := a.schemaStatus(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if len(st.pending) == 0 {
+					fmt.Fprintf(a.env.Stdout, "-- schema up to date at version %d (%s): nothing would run\n", st.current, st.driver)
+					return nil
+				}
+				fmt.Fprintf(a.env.Stdout, "-- schema at version %d (%s); migrate would apply:\n", st.current, st.driver)
+				a.printMigrations(st.driver, st.pending)
+				return nil
+			}
 			_, drv, done, err := a.open(true)
 			if err != nil {
 				return err
@@ -348,6 +383,88 @@ func (a *app) migrateCmd() *cobra.Command {
 			}
 			return nil
 		}),
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the pending migrations and their SQL; change nothing")
+	cmd.Flags().BoolVar(&printSQL, "print-sql", false, "print every migration's SQL for the DSN's dialect, without connecting")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "status",
+		Short: "Compare the database's schema version with this binary's",
+		Args:  cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			st, err := a.schemaStatus(cmd.Context())
+			if err != nil {
+				return err
+			}
+			state := "up to date"
+			switch {
+			case st.current > st.latest:
+				state = "the database is newer than this binary: upgrade shardq before using it"
+			case len(st.pending) > 0:
+				names := make([]string, len(st.pending))
+				for i, m := range st.pending {
+					names[i] = fmt.Sprintf("%04d_%s", m.Version, m.Name)
+				}
+				state = "pending: " + strings.Join(names, ", ") + " (run shardq migrate)"
+			}
+			fmt.Fprintf(a.env.Stdout, "driver:   %s\ndatabase: schema version %d\nbinary:   schema version %d\nstate:    %s\n",
+				st.driver, st.current, st.latest, state)
+			return nil
+		}),
+	})
+	return cmd
+}
+
+// schemaState is a database's schema against this binary's migrations.
+type schemaState struct {
+	driver          string
+	current, latest int
+	pending         []driver.Migration
+}
+
+// schemaStatus reads the database's schema version, changing nothing (a
+// SQLite file must exist already).
+func (a *app) schemaStatus(ctx context.Context) (schemaState, error) {
+	spec, err := a.spec(false)
+	if err != nil {
+		return schemaState{}, err
+	}
+	ms, err := migrationsOf(spec)
+	if err != nil {
+		return schemaState{}, err
+	}
+	drv, err := a.openDriver(spec)
+	if err != nil {
+		return schemaState{}, err
+	}
+	defer drv.Close()
+	current, latest, err := drv.SchemaVersion(ctx)
+	if err != nil {
+		return schemaState{}, err
+	}
+	st := schemaState{driver: drv.Name(), current: current, latest: latest}
+	for _, m := range ms {
+		if m.Version > current {
+			st.pending = append(st.pending, m)
+		}
+	}
+	return st, nil
+}
+
+// migrationsOf lists the migrations of spec's driver.
+func migrationsOf(spec dsn.Spec) ([]driver.Migration, error) {
+	if spec.Driver == "sqlite" {
+		return sqlitedriver.Migrations()
+	}
+	return mysqldriver.Migrations()
+}
+
+// printMigrations writes ms as SQL, each under a comment naming it.
+func (a *app) printMigrations(dialect string, ms []driver.Migration) {
+	for _, m := range ms {
+		fmt.Fprintf(a.env.Stdout, "\n-- %04d_%s (%s)\n", m.Version, m.Name, dialect)
+		for _, st := range m.Statements {
+			fmt.Fprintf(a.env.Stdout, "%s;\n", strings.TrimSpace(st))
+		}
 	}
 }
 

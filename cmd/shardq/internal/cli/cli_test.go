@@ -502,3 +502,53 @@ func TestPublishOutsideServedTenants(t *testing.T) {
 		t.Fatalf("globex after the refused publish: %+v", r)
 	}
 }
+
+// migrate status compares the database's schema version with the
+// binary's; migrate --dry-run prints the pending migrations' SQL and
+// changes nothing; migrate --print-sql prints every migration of the
+// dialect without connecting.
+func TestMigrateStatusDryRunAndPrintSQL(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			url := db.dsn(t)
+			env := map[string]string{"SHARDQ_DSN": url}
+			if strings.HasPrefix(url, "sqlite://") {
+				// status and --dry-run never create a SQLite file.
+				if r := runCLI(t, env, "", "migrate", "status"); r.code != 2 || !strings.Contains(r.stderr, "does not exist") {
+					t.Fatalf("status of a missing file: %+v", r)
+				}
+				if err := os.WriteFile(strings.TrimPrefix(url, "sqlite://"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := runCLI(t, env, "", "migrate", "status")
+			if r.code != 0 || !strings.Contains(r.stdout, "database: schema version 0") || !strings.Contains(r.stdout, "pending: 0001_init") {
+				t.Fatalf("status before migrate: %+v", r)
+			}
+			r = runCLI(t, env, "", "migrate", "--dry-run")
+			if r.code != 0 || !strings.Contains(r.stdout, "-- 0001_init") || !strings.Contains(r.stdout, "CREATE TABLE IF NOT EXISTS queue_messages") {
+				t.Fatalf("--dry-run: %+v", r)
+			}
+			if r := runCLI(t, env, "", "migrate", "status"); !strings.Contains(r.stdout, "database: schema version 0") {
+				t.Fatalf("--dry-run changed the schema: %+v", r)
+			}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			r = runCLI(t, env, "", "migrate", "status")
+			if r.code != 0 || !strings.Contains(r.stdout, "state:    up to date") || strings.Contains(r.stdout, "schema version 0") {
+				t.Fatalf("status after migrate: %+v", r)
+			}
+			if r := runCLI(t, env, "", "migrate", "--dry-run"); r.code != 0 || !strings.Contains(r.stdout, "nothing would run") {
+				t.Fatalf("--dry-run after migrate: %+v", r)
+			}
+			r = runCLI(t, env, "", "migrate", "--print-sql")
+			if r.code != 0 || !strings.Contains(r.stdout, "-- 0001_init") || !strings.Contains(r.stdout, "-- 0009_receipt_keys") {
+				t.Fatalf("--print-sql: %+v", r)
+			}
+			if r := runCLI(t, env, "", "migrate", "--dry-run", "--print-sql"); r.code != 2 {
+				t.Fatalf("--dry-run with --print-sql: %+v", r)
+			}
+		})
+	}
+}
