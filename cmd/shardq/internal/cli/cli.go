@@ -67,6 +67,7 @@ func (e runError) Unwrap() error { return e.err }
 // the exit code.
 func Main(ctx context.Context, args []string, env Env) int {
 	root := newRoot(env)
+	args, fromVars := withEnv(root, args, env.Getenv)
 	root.SetArgs(args)
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)
@@ -75,6 +76,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err == nil {
 		return 0
 	}
+	err = fromEnv(err, fromVars)
 	// One line, whatever the error carries (an identifier with control
 	// bytes, a driver message with a newline).
 	fmt.Fprintln(env.Stderr, "error:", display(err.Error()))
@@ -148,6 +150,7 @@ func newRoot(env Env) *cobra.Command {
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.receiptKeyCmd(), a.versionCmd())
 	singleValued(root)
+	envFlags(root)
 	return root
 }
 

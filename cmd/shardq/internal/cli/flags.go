@@ -192,3 +192,95 @@ func flagError(_ *cobra.Command, err error) error {
 	}
 	return usageError{err}
 }
+
+// Every flag also takes its value from the environment, as SHARDQ_ and
+// its name in upper case with underscores (--idle-exit: SHARDQ_IDLE_EXIT),
+// for containers and service managers; the command line wins. --help
+// names each variable. A value the flag refuses is a usage error naming
+// the variable.
+
+// readsEnv names the flags that read their variable themselves, to name
+// it in their errors and keep a password out of --help.
+var readsEnv = map[string]bool{"dsn": true, "feed-dsn": true}
+
+// envName is the environment variable of flag name.
+func envName(name string) string {
+	return "SHARDQ_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// envFlags names the variable in every flag's help. Run it once the
+// command tree is built.
+func envFlags(cmd *cobra.Command) {
+	note := func(f *pflag.Flag) {
+		if f.Name != "help" && !strings.Contains(f.Usage, "$"+envName(f.Name)) {
+			f.Usage += " [$" + envName(f.Name) + "]"
+		}
+	}
+	cmd.LocalNonPersistentFlags().VisitAll(note)
+	cmd.PersistentFlags().VisitAll(note)
+	for _, sub := range cmd.Commands() {
+		envFlags(sub)
+	}
+}
+
+// withEnv is args with --flag=value added for each flag of the command
+// args name that they do not give and whose variable is set: before
+// parsing, so that a required flag is satisfied and a flag given on the
+// command line wins.
+// It returns the names of the flags it added.
+func withEnv(root *cobra.Command, args []string, getenv func(string) string) ([]string, []string) {
+	cmd, _, err := root.Find(args)
+	if err != nil {
+		return args, nil // cobra reports the unknown command
+	}
+	given := map[string]bool{}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch {
+		case strings.HasPrefix(a, "--"):
+			given[name] = true
+		case strings.HasPrefix(a, "-") && len(a) > 1:
+			for _, short := range strings.TrimPrefix(a, "-") {
+				if f := cmd.Flags().ShorthandLookup(string(short)); f != nil {
+					given[f.Name] = true
+				}
+			}
+		}
+	}
+	var extra, names []string
+	visit := func(f *pflag.Flag) {
+		if f.Name == "help" || given[f.Name] || readsEnv[f.Name] {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			given[f.Name] = true
+			extra = append(extra, "--"+f.Name+"="+v)
+			names = append(names, f.Name)
+		}
+	}
+	cmd.Flags().VisitAll(visit)
+	cmd.InheritedFlags().VisitAll(visit)
+	if len(extra) == 0 {
+		return args, nil
+	}
+	out := slices.Clone(args)
+	for i, a := range args {
+		if a == "--" { // positional arguments follow: flags go before them
+			return slices.Concat(out[:i], extra, out[i:]), names
+		}
+	}
+	return append(out, extra...), names
+}
+
+// fromEnv says which variable set a flag an error names, when one did.
+func fromEnv(err error, names []string) error {
+	for _, n := range names {
+		if strings.Contains(err.Error(), `"--`+n+`"`) || strings.Contains(err.Error(), "--"+n+" ") {
+			return fmt.Errorf("%w (the value of $%s)", err, envName(n))
+		}
+	}
+	return err
+}

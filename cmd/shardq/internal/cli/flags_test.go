@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -58,5 +59,37 @@ func TestFlagGivenTwice(t *testing.T) {
 	// The value given once is the value used.
 	if r := runCLI(t, nil, "", "publish", "--tenant", "acme", "--topic", "t", "--tenant", "other", "x"); r.code != 2 || !strings.Contains(r.stderr, "--tenant given twice") {
 		t.Fatalf("publish --tenant twice: %+v", r)
+	}
+}
+
+// Every flag takes its value from SHARDQ_<FLAG> when the command line
+// does not give it (a required flag included); the command line wins; a
+// value the flag refuses names the variable; --help names each variable.
+func TestFlagsFromEnvironment(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn, "SHARDQ_TENANT": "acme", "SHARDQ_TOPIC": "orders", "SHARDQ_IDLE_EXIT": "100ms"}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	if r := runCLI(t, env, "", "publish", "--id", "m1", "from-env"); r.code != 0 || !strings.Contains(r.stdout, "tenant=acme topic=orders") {
+		t.Fatalf("publish with tenant and topic from the environment: %+v", r)
+	}
+	if r := runCLI(t, env, "", "publish", "--topic", "other", "--id", "m2", "flag-wins"); r.code != 0 || !strings.Contains(r.stdout, "topic=other") {
+		t.Fatalf("the command line's --topic over SHARDQ_TOPIC: %+v", r)
+	}
+	if r := runCLI(t, env, "", "consume", "--group", "g"); r.code != 0 || !strings.Contains(r.stdout, `"from-env"`) || strings.Contains(r.stdout, "flag-wins") {
+		t.Fatalf("consume with --idle-exit from the environment: %+v", r)
+	}
+	// admin dlq requeue marks --tenant and --topic required: the
+	// environment satisfies them.
+	if r := runCLI(t, env, "", "admin", "dlq", "requeue", "--all"); r.code != 0 {
+		t.Fatalf("required flags from the environment: %+v", r)
+	}
+	bad := map[string]string{"SHARDQ_DSN": dsn, "SHARDQ_IDLE_EXIT": "soon"}
+	if r := runCLI(t, bad, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g"); r.code != 2 || !strings.Contains(r.stderr, "$SHARDQ_IDLE_EXIT") {
+		t.Fatalf("a refused value from the environment: %+v", r)
+	}
+	if r := runCLI(t, nil, "", "consume", "--help"); !strings.Contains(r.stdout, "[$SHARDQ_IDLE_EXIT]") || !strings.Contains(r.stdout, "$SHARDQ_DSN") {
+		t.Fatalf("--help names the variables: %s", r.stdout)
 	}
 }
