@@ -23,59 +23,18 @@ import (
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-// logLines keeps the messages logged through it.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logLines) WithGroup(string) slog.Handler            { return l }
-func (l *logLines) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
-		return true
-	})
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, b.String())
-	return nil
-}
-
-func (l *logLines) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.lines...)
-}
-
-// count is the number of lines containing s.
-func (l *logLines) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, line := range l.lines {
-		if strings.Contains(line, s) {
-			n++
-		}
-	}
-	return n
-}
-
 // feedPair is a publishing client and a consuming client over drivers of
 // their own, as two processes have: only the change feed (or a poll) can
 // tell the consumer of the publisher's messages.
 type feedPair struct {
 	pub, sub *shardq.Client
-	log      *logLines
+	log      *testdb.LogLines
 }
 
 func openFeedPair(t *testing.T, db string) feedPair {
 	t.Helper()
 	pubDrv, subDrv := testdb.TwoDrivers(t, db)
-	p := feedPair{log: &logLines{}}
+	p := feedPair{log: &testdb.LogLines{}}
 	p.pub = newTestClient(t, pubDrv, nil)
 	if err := p.pub.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
@@ -201,7 +160,7 @@ func TestFeedWakesAcrossClients(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if n := p.log.count("change feed unavailable"); n != 0 {
+			if n := p.log.Count("change feed unavailable"); n != 0 {
 				t.Fatalf("the feed said it was unavailable %d times", n)
 			}
 		})
@@ -218,7 +177,7 @@ func TestFeedSurvivesCuts(t *testing.T) {
 	if err := pub.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	log := &logLines{}
+	log := &testdb.LogLines{}
 	subClient := newTestClient(t, openMySQL(t, proxied), &shardq.Config{Logger: slog.New(log)})
 
 	var mu sync.Mutex
@@ -270,7 +229,7 @@ func TestFeedSurvivesCuts(t *testing.T) {
 		t.Fatalf("out of order: %v", disorder)
 	}
 	waitFor(t, "the feed to come back", subClient.FeedUp)
-	if down, up := log.count("change feed down"), log.count("change feed up"); down < 2 || up < 3 {
+	if down, up := log.Count("change feed down"), log.Count("change feed up"); down < 2 || up < 3 {
 		t.Fatalf("feed went down %d and up %d times over six cuts; want it to notice and reconnect", down, up)
 	}
 }
@@ -316,7 +275,7 @@ func testFeedWithoutPrivilege(t *testing.T, grant, names string) {
 		t.Fatal(err)
 	}
 	cfg.User, cfg.Passwd = strings.Trim(strings.Split(user, "@")[0], "'"), "pw"
-	log := &logLines{}
+	log := &testdb.LogLines{}
 	c := newTestClient(t, openMySQL(t, cfg.FormatDSN()), &shardq.Config{Logger: slog.New(log)})
 	got := make(chan string, 10)
 	sub, err := c.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"},
@@ -326,7 +285,7 @@ func testFeedWithoutPrivilege(t *testing.T, grant, names string) {
 		t.Fatal(err)
 	}
 	defer sub.Stop(ctx)
-	waitFor(t, "the fallback line", func() bool { return log.count("change feed unavailable") > 0 })
+	waitFor(t, "the fallback line", func() bool { return log.Count("change feed unavailable") > 0 })
 	for i := range 3 {
 		if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte(fmt.Sprint(i))}); err != nil {
 			t.Fatal(err)
@@ -340,11 +299,11 @@ func testFeedWithoutPrivilege(t *testing.T, grant, names string) {
 			t.Fatalf("message %d not delivered by polling", i)
 		}
 	}
-	if n := log.count("change feed unavailable"); n != 1 || c.FeedUp() {
+	if n := log.Count("change feed unavailable"); n != 1 || c.FeedUp() {
 		t.Fatalf("%d fallback lines, feed up %v; want one line and no feed", n, c.FeedUp())
 	}
-	if log.count(names) != 1 {
-		t.Fatalf("the fallback line does not name %s: %q", names, log.all())
+	if log.Count(names) != 1 {
+		t.Fatalf("the fallback line does not name %s: %q", names, log.All())
 	}
 }
 

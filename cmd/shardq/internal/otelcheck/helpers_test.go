@@ -3,11 +3,6 @@
 package otelcheck_test
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,45 +36,4 @@ func faultSubscriberConfig(h shardq.Handler) shardq.SubscriberConfig {
 	return shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Handler: h,
 		LeaseTTL: 5 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 3 * time.Second,
 		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, CommitInterval: 20 * time.Millisecond}
-}
-
-// logLines keeps the messages logged through it.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logLines) WithGroup(string) slog.Handler            { return l }
-func (l *logLines) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
-		return true
-	})
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, b.String())
-	return nil
-}
-
-func (l *logLines) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.lines...)
-}
-
-// count is the number of lines containing s.
-func (l *logLines) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, line := range l.lines {
-		if strings.Contains(line, s) {
-			n++
-		}
-	}
-	return n
 }

@@ -429,7 +429,7 @@ func pointSets(data any) []attribute.Set {
 // password) never does, and shardq's lines use the documented keys.
 func TestDriverLogsGoToTheClientLogger(t *testing.T) {
 	drv, _ := testdb.TwoDrivers(t, "mysql")
-	log := &logLines{}
+	log := &testdb.LogLines{}
 	c := newTestClient(t, drv, &shardq.Config{Logger: slog.New(log)})
 	ctx := context.Background()
 	if err := c.Migrate(ctx); err != nil {
@@ -443,9 +443,9 @@ func TestDriverLogsGoToTheClientLogger(t *testing.T) {
 	if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the binary-log reader's lines", func() bool { return log.count("begin to sync binlog") > 0 })
-	waitFor(t, "the dead-letter line", func() bool { return log.count("message dead-lettered") > 0 })
-	for _, line := range log.all() {
+	waitFor(t, "the binary-log reader's lines", func() bool { return log.Count("begin to sync binlog") > 0 })
+	waitFor(t, "the dead-letter line", func() bool { return log.Count("message dead-lettered") > 0 })
+	for _, line := range log.All() {
 		if strings.Contains(line, "Password") || strings.Contains(line, "BinlogSyncerConfig") {
 			t.Fatalf("a log line shows the reader's configuration: %s", line)
 		}
