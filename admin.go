@@ -204,6 +204,8 @@ func (a *Admin) Delete(ctx context.Context, ref MessageRef) (bool, error) {
 
 // DeadLetters lists the dead letters of r.Topic (r.Topic + r.Suffix;
 // suffix "" means ".dlq") in r.Scope's tenants. Sort key: (tenant, offset).
+// A large dead letter is one entry, its end marker (HeaderLargeBytes
+// gives its size): its chunks are not listed.
 func (a *Admin) DeadLetters(ctx context.Context, r DeadLetterRequest) ([]StoredMessage, error) {
 	s, topic, suffix := r.Scope, r.Topic, r.Suffix
 	if suffix == "" {
@@ -213,7 +215,7 @@ func (a *Admin) DeadLetters(ctx context.Context, r DeadLetterRequest) ([]StoredM
 		return nil, fmt.Errorf("shardq: admin: %w", err)
 	}
 	return scoped(s, func(s Scope) ([]StoredMessage, error) {
-		ms, err := a.c.drv.TopicMessages(ctx, s.toDriver(), topic+suffix)
+		ms, err := admin.Listed(ctx, a.c.drv, s.toDriver(), topic+suffix)
 		return mapSlice(ms, storedMessage), err
 	})
 }

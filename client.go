@@ -63,6 +63,13 @@ type Config struct {
 	// MaxPayloadBytes bounds one message's payload. Default 1 MiB.
 	MaxPayloadBytes int
 
+	// LargeWriteTimeout is how long a large message's write (PublishLarge)
+	// may make no progress, as this client's readers see it, before a
+	// reader waiting for it gives it up: it stores an aborted end marker,
+	// passes over the chunks, and the writer, if it was only slow, fails
+	// with ErrLargeAbandoned (docs/large.md). Default 5 minutes.
+	LargeWriteTimeout time.Duration
+
 	// PublishMaxBatch bounds the messages that concurrent Publish calls
 	// share in one transaction. A single call with more messages is still
 	// one transaction of its own. Default 500.
@@ -128,6 +135,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	settings.Positive(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	settings.Positive(&c.LargeWriteTimeout, DefaultLargeWriteTimeout)
 	settings.Positive(&c.PublishMaxBatch, DefaultPublishMaxBatch)
 	settings.Positive(&c.PublishMaxInflight, DefaultPublishMaxInflight)
 	settings.Positive(&c.PublishTimeout, DefaultPublishTimeout)

@@ -16,6 +16,7 @@ import (
 // ReceiverOptions, TransactionProducerConfig or RetentionConfig means.
 const (
 	DefaultMaxPayloadBytes    = 1 << 20
+	DefaultLargeWriteTimeout  = 5 * time.Minute
 	DefaultPublishMaxBatch    = 500
 	DefaultPublishMaxInflight = 2
 	DefaultPublishTimeout     = 30 * time.Second

@@ -47,6 +47,13 @@ type LargeOptions struct {
 // resumed (publish it under a new id).
 var ErrLargeIDTaken = large.ErrIDTaken
 
+// ErrLargeAbandoned fails a large write whose end marker is stored
+// aborted: by an earlier write under the id that failed, or by a reader
+// that gave the write up after it made no progress for the reader's
+// Config.LargeWriteTimeout. Readers pass over its chunks; publish it again
+// under a new id.
+var ErrLargeAbandoned = large.ErrAbandoned
+
 // LargeResult reports a stored large message.
 type LargeResult struct {
 	Tenant, Topic, PartitionKey, ID string

@@ -3,7 +3,6 @@
 package shardq
 
 import (
-	"bytes"
 	"context"
 	"io"
 
@@ -18,9 +17,8 @@ type LargeDelivery struct {
 	// caller's id and headers), its Offset the first chunk's, and its
 	// Payload nil: read Body.
 	*Delivery
-	// Body yields the payload. For a large message it reads one chunk at
-	// a time from the database and fails, at the end, if the size or the
-	// SHA-256 differs from the end marker's.
+	// Body is Delivery.Body(): the payload, for a large message read one
+	// chunk at a time and checked at the end.
 	Body   io.Reader
 	Size   int64
 	Chunks int // 0 for an ordinary message
@@ -30,24 +28,12 @@ type LargeDelivery struct {
 // what its end marker says.
 var ErrLargeCorrupt = receiver.ErrLargeCorrupt
 
-// ReceiveLarge is Receive for groups that carry large messages
-// (PublishLarge): it returns the next message whole. A large message is
-// handed out only once its end marker is stored (it waits for it, until
-// ctx ends; ctx bounds only that wait, not the reading of Body, which
-// goes on after ReceiveLarge returns and fails once the receiver is
-// stopped), so a reader never sees half of one; one whose writer failed
-// (an aborted end marker) is passed over. Settle the result like any
-// delivery: Ack passes the cursor over every chunk and the end marker;
-// Nack, Stop or a crash before Ack deliver it again from its first chunk
-// (the next reader starts over; nothing resumes mid-message).
+// ReceiveLarge is Receive with the body and size of the message at hand:
+// Receive hands out large messages whole too (Delivery.Body).
 func (r *GroupReceiver) ReceiveLarge(ctx context.Context) (*LargeDelivery, error) {
-	l, err := r.rt.ReceiveLarge(ctx)
+	d, err := r.Receive(ctx)
 	if err != nil {
 		return nil, err
 	}
-	body := l.Body
-	if body == nil {
-		body = bytes.NewReader(l.Message.Payload)
-	}
-	return &LargeDelivery{Delivery: newDelivery(l.Message, l.Attempt), Body: body, Size: l.Size, Chunks: l.Chunks}, nil
+	return &LargeDelivery{Delivery: d, Body: d.Body(), Size: d.Size, Chunks: d.Chunks}, nil
 }

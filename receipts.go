@@ -6,10 +6,12 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/receipts"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
@@ -84,7 +86,7 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 	return &Receipts{c: c, o: o, rt: receipts.New(c.drv, receipts.Config{Name: o.Name,
 		Settler:      settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts}, DLQSuffix: o.DLQSuffix, Clock: o.Clock},
 		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, MaxVisibility: MaxVisibility,
-		MaxMessageBytes: c.MaxMessageBytes(), Local: &c.local, Log: c.cfg.Logger})}, nil
+		MaxMessageBytes: c.MaxMessageBytes(), LargeWriteTimeout: c.cfg.LargeWriteTimeout, Local: &c.local, Log: c.cfg.Logger})}, nil
 }
 
 // ReceiveRequest is one receive. PartitionKey takes that message group;
@@ -191,8 +193,58 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 	res := ReceiveResult{Messages: make([]ReceivedMessage, len(got.Messages)), Truncated: got.Truncated}
 	for i, m := range got.Messages {
 		res.Messages[i] = ReceivedMessage{Delivery: *newDelivery(m.Message, m.Attempt), Receipt: m.Receipt}
+		if lg := m.Large; lg != nil {
+			d, rcpt := &res.Messages[i].Delivery, m.Receipt
+			g := GroupRef{Tenant: rq.Tenant, Topic: rq.Topic, ConsumerGroup: rq.ConsumerGroup}
+			d.Size, d.Chunks, d.SHA256 = lg.Size, lg.Chunks, lg.SHA256
+			d.body = &lazyBody{open: func() (io.Reader, error) {
+				b, err := r.Body(context.Background(), g, rcpt)
+				return b, err
+			}}
+		}
 	}
 	return res, err
+}
+
+// LargeBody is the body of a large message handed out by a receipt.
+type LargeBody struct {
+	// Reader reads its chunks one at a time, each read bounded on its
+	// own, and fails at the end with ErrLargeCorrupt if the size or
+	// SHA-256 differs from what the writer stored.
+	io.Reader
+	Size   int64
+	Chunks int
+	SHA256 string // hex, as the writer stored it
+}
+
+// Body opens the body of the large message that receipt (of g's topic and
+// group) hands out; ReceivedMessage.Body() does the same. It may be opened
+// more than once (to read it again after a cut). The receipt is checked;
+// ErrStaleReceipt when the message is gone (deleted, or removed by
+// retention).
+func (r *Receipts) Body(ctx context.Context, g GroupRef, receipt string) (*LargeBody, error) {
+	w, err := r.rt.Body(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
+	if err != nil {
+		return nil, err
+	}
+	return &LargeBody{Reader: w.Body, Size: w.Size, Chunks: w.Chunks, SHA256: w.End.Headers[large.HeaderSHA256]}, nil
+}
+
+// lazyBody opens its reader on the first Read.
+type lazyBody struct {
+	open func() (io.Reader, error)
+	r    io.Reader
+	err  error
+}
+
+func (b *lazyBody) Read(p []byte) (int, error) {
+	if b.r == nil && b.err == nil {
+		b.r, b.err = b.open()
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.r.Read(p)
 }
 
 // MaxMessageBytes is the most payload and header bytes one message can

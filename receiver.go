@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/receiver"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
@@ -130,6 +131,7 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 func (c *Client) receiverConfig(o ReceiverOptions) receiver.Config {
 	return receiver.Config{Name: o.Name, Wait: o.Wait, RequireReady: o.RequireReady, LeaseTTL: o.LeaseTTL, IdleTimeout: o.IdleTimeout,
 		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, HandlerTimeout: o.HandlerTimeout,
+		LargeWriteTimeout: c.cfg.LargeWriteTimeout,
 		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, BackoffMin: o.BackoffMin, BackoffMax: o.BackoffMax},
 			DLQSuffix: o.DLQSuffix, Clock: o.Clock},
 		Log: o.Logger, Tel: c.tel, Local: &c.local,
@@ -246,12 +248,26 @@ func (r *GroupReceiver) ID() string { return r.rt.ID() }
 // its retry is due) or ctx ends. It fails with ErrUnsettled while the last
 // message is unsettled, and with ErrReceiverClosed once the receiver is
 // closed, idle-released or has lost its lease.
+//
+// A large message (PublishLarge) comes out once, whole (Delivery.Body),
+// and only once its end marker is stored: Receive waits for it (until ctx
+// ends; ctx bounds only that wait, not the reading of Body, which goes on
+// after Receive returns and fails once the receiver is stopped). A write
+// that makes no progress for Config.LargeWriteTimeout is given up, and
+// its chunks passed over, as are those of a write that failed
+// (docs/large.md). Settle it as any delivery: Ack passes the cursor over
+// every chunk and the end marker; Nack, Stop or a crash before Ack
+// deliver it again from its first chunk.
 func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
-	m, attempt, err := r.rt.Receive(ctx)
+	w, err := r.rt.ReceiveWhole(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return newDelivery(m, attempt), nil
+	d := newDelivery(w.Message, w.Attempt)
+	if w.Body != nil {
+		d.Size, d.Chunks, d.body, d.SHA256 = w.Size, w.Chunks, w.Body, w.Message.Headers[large.HeaderSHA256]
+	}
+	return d, nil
 }
 
 // heldOffset is d's offset, 0 (no message) for nil.

@@ -3,15 +3,18 @@
 package shardq
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/consumer"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
 )
@@ -30,7 +33,35 @@ type Delivery struct {
 	// Attempt is 1 on the message's first delivery to the consumer group,
 	// 2 on its first retry, and so on (across subscribers).
 	Attempt int
+	// Size is the payload's size in bytes; for a large message
+	// (PublishLarge), the whole message's, whose Payload is nil: read
+	// Body.
+	Size int64
+	// Chunks is how many chunks a large message has (0 for an ordinary
+	// message).
+	Chunks int
+	body   io.Reader // a large message's chunks (nil: Payload is all)
+	// SHA256 is a large message's SHA-256 (hex), as its writer stored it;
+	// Body checks it at the end.
+	SHA256 string
 }
+
+// Body is the payload as a stream. For a large message it reads one chunk
+// at a time from the database, once, and fails at the end with
+// ErrLargeCorrupt if the size or SHA-256 differs from what the writer
+// stored: a handler that returns that error fails the delivery, which is
+// retried and dead-lettered like any failure. For an ordinary message it
+// reads Payload.
+func (d *Delivery) Body() io.Reader {
+	if d.body != nil {
+		return d.body
+	}
+	return bytes.NewReader(d.Payload)
+}
+
+// IsLarge reports whether d is a large message (PublishLarge): its
+// payload is in Body, not Payload.
+func (d *Delivery) IsLarge() bool { return d.body != nil }
 
 // Handler processes one message. Returning nil acks it; an error retries
 // it after a backoff (the partition waits); RetryAfter chooses the delay;
@@ -296,7 +327,8 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		FeedUp: c.local.Up, FeedNames: c.local.Names, FeedPollInterval: cfg.FeedPollInterval,
 		DiscoveryWindow: cfg.DiscoveryWindow, FullDiscoveryInterval: cfg.FullDiscoveryInterval,
 		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
-		Take: consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
+		LargeWriteTimeout: c.cfg.LargeWriteTimeout,
+		Take:              consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
 		MaxVisibilityRenewal: cfg.MaxVisibilityRenewal,
 		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
 		DLQSuffix:            cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
@@ -319,20 +351,33 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 // deliver hands msgs to the handler (all of them to the batch handler);
 // the runtime (consumer.Process) adds the span, the timeout and the panic
 // recovery.
-func (s *Subscriber) deliver(ctx context.Context, msgs []driver.Message, attempt int) error {
-	if s.cfg.BatchHandler != nil {
-		ds := make([]*Delivery, len(msgs))
+func (s *Subscriber) deliver(ctx context.Context, msgs []driver.Message, whole *large.Whole, attempt int) error {
+	var ds []*Delivery
+	if whole != nil {
+		ds = []*Delivery{wholeDelivery(whole, attempt)} // alone, as a batch too
+	} else {
+		ds = make([]*Delivery, len(msgs))
 		for i, m := range msgs {
 			ds[i] = newDelivery(m, attempt)
 		}
+	}
+	if s.cfg.BatchHandler != nil {
 		return s.cfg.BatchHandler(ctx, ds)
 	}
-	return s.cfg.Handler(ctx, newDelivery(msgs[0], attempt))
+	return s.cfg.Handler(ctx, ds[0])
 }
 
 func newDelivery(m driver.Message, attempt int) *Delivery {
 	return &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
-		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Attempt: attempt}
+		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Attempt: attempt,
+		Size: int64(len(m.Payload))}
+}
+
+// wholeDelivery is the delivery of a large message whole.
+func wholeDelivery(w *large.Whole, attempt int) *Delivery {
+	d := newDelivery(w.Message, attempt)
+	d.Size, d.Chunks, d.body, d.SHA256 = w.Size, w.Chunks, w.Body, w.End.Headers[large.HeaderSHA256]
+	return d
 }
 
 func (s *Subscriber) stopOrder() int                         { return 0 }

@@ -296,3 +296,49 @@ func TestHandlerTimeoutStartsAtHandOver(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A large message (PublishLarge) reaches a watermill handler assembled,
+// as one message, up to MaxLargeBytes; a larger one is dead-lettered
+// whole with ErrLargeTooBig, and the partition goes on.
+func TestLargeMessagesAssembledUpToALimit(t *testing.T) {
+	for _, mysql := range []bool{false, true} {
+		c := newClient(t, mysql)
+		ctx := context.Background()
+		small := []byte(strings.Repeat("s", 300<<10))
+		big := []byte(strings.Repeat("b", 700<<10))
+		opts := &shardq.LargeOptions{ChunkSize: 100 << 10}
+		if _, err := c.PublishLarge(ctx, shardq.Message{Tenant: "acme", Topic: "files", PartitionKey: "k", ID: "small"}, strings.NewReader(string(small)), opts); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.PublishLarge(ctx, shardq.Message{Tenant: "acme", Topic: "files", PartitionKey: "k", ID: "big"}, strings.NewReader(string(big)), opts); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "files", PartitionKey: "k", ID: "after", Payload: []byte("a")}); err != nil {
+			t.Fatal(err)
+		}
+		sub, err := shardqwm.NewSubscriber(c, shardqwm.SubscriberConfig{Tenant: "acme", MaxLargeBytes: 512 << 10}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := sub.Subscribe(ctx, "files")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := receive(t, ch)
+		if m.UUID != "small" || string(m.Payload) != string(small) || m.Metadata[shardq.HeaderLargeBytes] != "307200" {
+			t.Fatalf("first message %q with %d bytes; want small, assembled", m.UUID, len(m.Payload))
+		}
+		m.Ack()
+		if m = receive(t, ch); m.UUID != "after" {
+			t.Fatalf("second message %q; want after (big dead-lettered)", m.UUID)
+		}
+		m.Ack()
+		if err := sub.Close(); err != nil {
+			t.Fatal(err)
+		}
+		dls, err := c.Admin().DeadLetters(ctx, shardq.DeadLetterRequest{Scope: shardq.Scope{Tenants: []string{"acme"}}, Topic: "files"})
+		if err != nil || len(dls) != 1 || dls[0].ID != "big" || !strings.Contains(dls[0].Headers[shardq.HeaderDLQLastError], "MaxLargeBytes") {
+			t.Fatalf("dead letters %+v, %v; want big, saying why", dls, err)
+		}
+	}
+}

@@ -3,15 +3,18 @@
 package shardqwm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/shardq/shardq"
 )
 
@@ -38,6 +41,14 @@ type SubscriberConfig struct {
 	// after that many Nacks or handler timeouts [unlimited: a Nack
 	// always redelivers, as in watermill].
 	MaxAttempts int
+	// MaxLargeBytes bounds the large messages (shardq PublishLarge) a
+	// subscription assembles into one watermill message, whose Payload
+	// is a byte slice held whole [DefaultMaxLargeBytes]. A larger one is
+	// dead-lettered at once (to topic + ".dlq", whole) with an error
+	// saying so: no retry would change it, and a raw chunk must never
+	// reach a handler. Read such messages with shardq itself (Delivery.Body
+	// streams them).
+	MaxLargeBytes int64
 	// Subscriber tunes the shardq subscriber behind each Subscribe call
 	// (batch size, lease and visibility timeouts, Take, the handler
 	// timeout, the start position...). Its ConsumerGroup, Topic, Tenants,
@@ -46,6 +57,13 @@ type SubscriberConfig struct {
 	// takes a message from the channel, not while it waits there.
 	Subscriber shardq.SubscriberConfig
 }
+
+// DefaultMaxLargeBytes is SubscriberConfig.MaxLargeBytes's default.
+const DefaultMaxLargeBytes = 64 << 20
+
+// ErrLargeTooBig is the dead-letter reason of a large message over
+// MaxLargeBytes.
+var ErrLargeTooBig = errors.New("shardqwm: large message over MaxLargeBytes")
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
 var ErrSubscriberClosed = errors.New("shardqwm: subscriber closed")
@@ -90,6 +108,9 @@ func NewSubscriber(client *shardq.Client, cfg SubscriberConfig, logger watermill
 	if cfg.NackDelay < 0 {
 		return nil, fmt.Errorf("shardqwm: NewSubscriber: %w", &shardq.ValidationError{Field: "NackDelay", Rule: "must not be negative"})
 	}
+	if cfg.MaxLargeBytes < 0 {
+		return nil, fmt.Errorf("shardqwm: NewSubscriber: %w", &shardq.ValidationError{Field: "MaxLargeBytes", Rule: "must not be negative (0: DefaultMaxLargeBytes)"})
+	}
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("shardqwm: NewSubscriber: %w", &shardq.ValidationError{Field: "MaxAttempts", Rule: "must not be negative (0: unlimited)"})
 	}
@@ -124,7 +145,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	out := make(chan *message.Message)
 	cfg := s.cfg.Subscriber
-	h := &handler{out: out, nackDelay: s.cfg.NackDelay, timeout: cfg.HandlerTimeout}
+	h := &handler{out: out, nackDelay: s.cfg.NackDelay, timeout: cfg.HandlerTimeout, maxLarge: cmp.Or(s.cfg.MaxLargeBytes, DefaultMaxLargeBytes)}
 	if h.timeout == 0 {
 		h.timeout = shardq.DefaultHandlerTimeout
 	}
@@ -197,11 +218,23 @@ func (s *Subscriber) Close() error {
 type handler struct {
 	out       chan<- *message.Message
 	nackDelay time.Duration
+	maxLarge  int64
 	timeout   time.Duration // from the hand-over; negative: none
 }
 
 func (h *handler) handle(ctx context.Context, d *shardq.Delivery) error {
-	msg := message.NewMessage(d.ID, d.Payload)
+	payload := d.Payload
+	if d.IsLarge() {
+		if d.Size > h.maxLarge {
+			return shardq.DeadLetter(fmt.Errorf("%w: message %q of tenant %q topic %q is %d bytes, MaxLargeBytes %d",
+				ErrLargeTooBig, d.ID, d.Tenant, d.Topic, d.Size, h.maxLarge))
+		}
+		var err error
+		if payload, err = io.ReadAll(io.LimitReader(d.Body(), h.maxLarge+1)); err != nil {
+			return fmt.Errorf("shardqwm: read large message %q: %w", d.ID, err) // counted, retried; ErrLargeCorrupt among them
+		}
+	}
+	msg := message.NewMessage(d.ID, payload)
 	msg.Metadata = make(message.Metadata, len(d.Headers))
 	maps.Copy(msg.Metadata, d.Headers)
 	delete(msg.Metadata, shardq.HeaderQueueName) // the tenant: the topic's route says it

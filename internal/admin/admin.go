@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 )
 
 // MaxPageLimit bounds a listing's page; the reads below that go through
@@ -131,7 +132,50 @@ func Requeue(ctx context.Context, drv driver.Driver, dl driver.MessageRef, toTop
 	}
 	headers := maps.Clone(m.Headers)
 	maps.DeleteFunc(headers, func(k, _ string) bool { return strings.HasPrefix(k, "dlq_") })
+	if large.KindOf(m) == large.End && !large.IsAborted(m) {
+		if err := requeueChunks(ctx, drv, dl, m, toTopic); err != nil {
+			return nil, err
+		}
+	}
 	return drv.Requeue(ctx, dl, toTopic, headers)
+}
+
+// requeueChunks moves the chunks of the large dead letter whose end
+// marker is end back to toTopic, in order, one transaction each; the end
+// marker, moved last, makes the message whole there again. A requeue cut
+// short is finished by running it again: a chunk already moved is found
+// in toTopic and skipped. (Readers in toTopic wait for the end marker up
+// to their LargeWriteTimeout from the last move.)
+func requeueChunks(ctx context.Context, drv driver.Driver, dl driver.MessageRef, end *driver.Message, toTopic string) error {
+	n, err := strconv.Atoi(end.Headers[large.HeaderChunks])
+	if err != nil || n < 0 {
+		return fmt.Errorf("shardq: admin: requeue tenant %q topic %q partition %q id %q: %w: chunk count %q",
+			dl.Tenant, dl.Topic, dl.PartitionKey, dl.ID, large.ErrCorrupt, end.Headers[large.HeaderChunks])
+	}
+	for i := range n {
+		ref := dl
+		ref.ID = large.ChunkID(dl.ID, i)
+		c, _, err := drv.GetMessage(ctx, ref)
+		if err != nil {
+			return err
+		}
+		if c == nil {
+			moved := ref
+			moved.Topic = toTopic
+			if c, _, err = drv.GetMessage(ctx, moved); err != nil {
+				return err
+			}
+			if c == nil {
+				return fmt.Errorf("shardq: admin: requeue tenant %q topic %q partition %q id %q: chunk %d: %w",
+					dl.Tenant, dl.Topic, dl.PartitionKey, dl.ID, i, driver.ErrNoMessage)
+			}
+			continue // moved by an earlier requeue
+		}
+		if _, err := drv.Requeue(ctx, ref, toTopic, c.Headers); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Target is where Reset moves cursors (shardq.ResetTarget's values).
@@ -389,15 +433,31 @@ func (r Browse) Check() error {
 
 // RequeueAll requeues every dead letter of tenant's topic (in its
 // dead-letter topic topic+suffix), in offset order, calling done after
-// each, and returns how many.
+// each, and returns how many. A large dead letter counts once: its chunks
+// move with its end marker.
 func RequeueAll(ctx context.Context, drv driver.Driver, tenant, topic, suffix string, done func()) (int, error) {
+	// What is dead-lettered while it runs (a requeued message failing
+	// again at once) waits for the next run: it ends at today's head.
+	head, err := topicHead(ctx, drv, tenant, topic+suffix)
+	if err != nil {
+		return 0, err
+	}
 	n := 0
-	for {
-		dls, err := drv.TopicMessages(ctx, driver.Scope{Tenants: []string{tenant}, Limit: 500}, topic+suffix)
+	after := int64(0)
+	for after < head {
+		dls, err := drv.TopicMessages(ctx, driver.Scope{Tenants: []string{tenant}, Limit: 100,
+			After: []string{tenant, strconv.FormatInt(after, 10)}}, topic+suffix)
 		if err != nil || len(dls) == 0 {
 			return n, err
 		}
+		after = dls[len(dls)-1].Offset
 		for _, m := range dls {
+			if m.Offset > head {
+				return n, nil
+			}
+			if k := large.KindOf(&m); k == large.First || k == large.Chunk {
+				continue
+			}
 			ref := driver.MessageRef{Tenant: tenant, Topic: topic + suffix, PartitionKey: m.PartitionKey, ID: m.ID}
 			if _, err := Requeue(ctx, drv, ref, topic); err != nil {
 				return n, err
@@ -405,6 +465,54 @@ func RequeueAll(ctx context.Context, drv driver.Driver, tenant, topic, suffix st
 			n++
 			done()
 		}
+	}
+	return n, nil
+}
+
+// topicHead is the highest offset of tenant's topic (0: none).
+func topicHead(ctx context.Context, drv driver.Driver, tenant, topic string) (int64, error) {
+	after := []string{tenant, ""}
+	for {
+		ts, err := drv.Topics(ctx, driver.Scope{Tenants: []string{tenant}, Limit: 1000, After: after})
+		if err != nil {
+			return 0, err
+		}
+		for _, t := range ts {
+			if t.Topic == topic {
+				return t.HeadOffset, nil
+			}
+		}
+		if len(ts) < 1000 {
+			return 0, nil
+		}
+		after = []string{tenant, ts[len(ts)-1].Topic}
+	}
+}
+
+// Listed lists the messages of topic as one entry each: a large
+// message's chunks are left out, its end marker stands for it. It reads
+// on past pages of chunks until s.Limit entries or the end, so that a
+// short page still means the last one.
+func Listed(ctx context.Context, drv driver.Driver, s driver.Scope, topic string) ([]driver.Message, error) {
+	var out []driver.Message
+	for {
+		ms, err := drv.TopicMessages(ctx, s, topic)
+		if err != nil {
+			return out, err
+		}
+		for _, m := range ms {
+			if k := large.KindOf(&m); k != large.First && k != large.Chunk {
+				out = append(out, m)
+			}
+			if len(out) == s.Limit {
+				return out, nil
+			}
+		}
+		if len(ms) < s.Limit {
+			return out, nil
+		}
+		last := ms[len(ms)-1]
+		s.After = []string{last.Tenant, strconv.FormatInt(last.Offset, 10)}
 	}
 }
 

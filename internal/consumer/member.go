@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
@@ -44,9 +45,11 @@ type Config struct {
 	ID                   string // the member's identity: lease owner and heartbeat row
 
 	// Handle delivers msgs (one, or with Batch a run of consecutive
-	// messages of one partition) as their attempt-th delivery. It must not
-	// panic (the caller recovers).
-	Handle    func(ctx context.Context, msgs []driver.Message, attempt int) error
+	// messages of one partition) as their attempt-th delivery; whole is
+	// not nil when msgs is the first chunk (or the end marker) of a large
+	// message, and is then what to hand out. It must not panic (the
+	// caller recovers).
+	Handle    func(ctx context.Context, msgs []driver.Message, whole *large.Whole, attempt int) error
 	Batch     bool
 	BatchSize int
 
@@ -55,6 +58,9 @@ type Config struct {
 	DiscoveryWindow, FullDiscoveryInterval      time.Duration
 	IdleRelease, CommitInterval                 time.Duration
 	MaxPartitions                               int
+	// LargeWriteTimeout is how long a large message's write may make no
+	// progress before a worker waiting for it gives it up (large.Waiter).
+	LargeWriteTimeout time.Duration
 
 	// FeedUp reports whether the client's change feed streams (nil: there
 	// is none); while it does, idle partitions are polled every

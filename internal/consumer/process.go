@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/settle"
 	"github.com/shardq/shardq/internal/telemetry"
 )
@@ -18,8 +19,8 @@ import (
 // settle.ErrHandlerTimeout and the attempt fails), with a panic turned
 // into an error.
 func Process(tel *telemetry.T, topic, group string, timeout time.Duration,
-	deliver func(ctx context.Context, msgs []driver.Message, attempt int) error) func(context.Context, []driver.Message, int) error {
-	return func(ctx context.Context, msgs []driver.Message, attempt int) (err error) {
+	deliver func(ctx context.Context, msgs []driver.Message, whole *large.Whole, attempt int) error) func(context.Context, []driver.Message, *large.Whole, int) error {
+	return func(ctx context.Context, msgs []driver.Message, whole *large.Whole, attempt int) (err error) {
 		start := time.Now()
 		tenant := msgs[0].Tenant
 		ctx, span := tel.StartProcess(ctx, tenant, topic, group, msgs, attempt)
@@ -37,6 +38,6 @@ func Process(tel *telemetry.T, topic, group string, timeout time.Duration,
 			}
 			tel.EndProcess(ctx, span, tenant, topic, group, len(msgs), start, err)
 		}()
-		return deliver(ctx, msgs, attempt)
+		return deliver(ctx, msgs, whole, attempt)
 	}
 }

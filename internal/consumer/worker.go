@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -34,6 +35,15 @@ type worker struct {
 	// idleAfter is cursor+1 while the worker waits idle (0 otherwise):
 	// the head watcher wakes it when the partition's head passes cursor.
 	idleAfter atomic.Int64
+	// waiter waits for the end marker of a large message at the cursor;
+	// blocked says the last delivery stopped there to wait (large.go).
+	waiter  large.Waiter
+	blocked bool
+	// sawLarge says the last batch held a large message's part: the next
+	// reads stay within largeFetchBytes, not BatchSize chunks.
+	sawLarge bool
+	// prefetched is the batch being delivered.
+	prefetched []driver.Message
 }
 
 func (w *worker) handBack() { w.handbackOnce.Do(func() { close(w.handback) }) }
@@ -46,7 +56,8 @@ func (w *worker) lose() {
 func (s *Member) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
 	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: time.Now(), ctx: ctx, cancel: cancel,
-		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1)}
+		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1),
+		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout}}
 	s.mu.Lock()
 	s.workers[l.PartitionRef] = w
 	s.mu.Unlock()
@@ -194,7 +205,7 @@ func (w *worker) run() {
 		// instead of reading again for nothing: one read per message, not
 		// two. (A feed that only says "something changed", SQLite's,
 		// wakes idle workers only, through the head watcher.)
-		drained = len(msgs) < s.cfg.BatchSize && s.cfg.FeedNames != nil && s.cfg.FeedNames()
+		drained = len(msgs) < s.cfg.BatchSize && s.cfg.FeedNames != nil && s.cfg.FeedNames() && !w.blocked
 	}
 }
 
@@ -209,7 +220,15 @@ const (
 func (w *worker) fetch() ([]driver.Message, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
 	defer cancel()
-	return w.s.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: w.lease.Tenant, Topic: w.lease.Topic, PartitionKey: w.lease.PartitionKey}, w.cursor, w.s.cfg.BatchSize)
+	tp := driver.TopicPartition{Tenant: w.lease.Tenant, Topic: w.lease.Topic, PartitionKey: w.lease.PartitionKey}
+	switch {
+	case w.blocked:
+		return w.s.drv.FetchAfter(ctx, tp, w.cursor, 1) // waiting for a large message's end marker: its chunk 0 is all it needs
+	case w.sawLarge:
+		msgs, _, err := w.s.drv.FetchWithin(ctx, tp, w.cursor, w.s.cfg.BatchSize, largeFetchBytes)
+		return msgs, err
+	}
+	return w.s.drv.FetchAfter(ctx, tp, w.cursor, w.s.cfg.BatchSize)
 }
 
 // commitDue commits settled progress once CommitInterval has passed since
@@ -292,39 +311,98 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 		w.states = states
 	}
 	states := w.states
-	if w.s.cfg.Batch {
+	w.blocked, w.prefetched, w.sawLarge = false, msgs, false
+	for i := range msgs {
+		if large.KindOf(&msgs[i]) != large.Ordinary {
+			w.sawLarge = true
+			break
+		}
+	}
+	defer func() { w.prefetched = nil }()
+	if w.s.cfg.Batch && large.KindOf(&msgs[0]) == large.Ordinary {
 		// A batch stops before a message delayed past its first one's
-		// time: the partition waits there, as a FIFO group does.
+		// time (the partition waits there, as a FIFO group does), and
+		// before a large message's chunk or end marker: a large
+		// message is handed out alone.
 		ready := later(w.s.cfg.Clock(), msgs[0].NotBefore)
-		for i, m := range msgs[1:] {
-			if m.NotBefore.After(ready) {
+		for i := range msgs[1:] {
+			if m := &msgs[i+1]; m.NotBefore.After(ready) || large.KindOf(m) != large.Ordinary {
 				msgs = msgs[:i+1]
 				break
 			}
 		}
-		return w.settle(msgs, states[msgs[0].Offset])
+		return w.settle(msgs, nil, states[msgs[0].Offset])
 	}
 	for i := range msgs {
+		if msgs[i].Offset <= w.cursor {
+			continue // a large message's, settled with it
+		}
 		if i > 0 && w.stopping() {
 			return false // the rest is redelivered by the next owner
 		}
 		if i > 0 && w.s.isPaused(w.lease.Tenant) {
 			return true // the rest is read again after the resume
 		}
-		if !w.settle(msgs[i:i+1], states[msgs[i].Offset]) {
-			return false
+		ok, more := w.deliverOne(&msgs[i], states[msgs[i].Offset])
+		if !ok || !more {
+			return ok
 		}
 		if !w.commitDue() {
 			return false
+		}
+		if w.s.cfg.Batch {
+			return true // one large message: the next batch starts after it
 		}
 	}
 	return true
 }
 
-// settle delivers msgs (one, or one batch) until acked or dead-lettered.
-func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
+// deliverOne delivers m, one message or the start of a large one. more
+// is false when the worker must stop here for now: it waits for a large
+// message's end marker (and reads again from the cursor).
+func (w *worker) deliverOne(m *driver.Message, st driver.DeliveryState) (ok, more bool) {
+	if large.KindOf(m) == large.Ordinary {
+		return w.settle([]driver.Message{*m}, nil, st), true
+	}
+	// The body reads m's later chunks again, one at a time: do not hold
+	// the prefetched ones meanwhile. (Only m's: chunk 0 of a large
+	// message after it is read from the batch when its turn comes.)
+	if id := m.Headers[large.HeaderID]; id != "" {
+		for i := range w.prefetched {
+			if p := &w.prefetched[i]; p.Offset > m.Offset && p.Headers[large.HeaderID] == id && large.KindOf(p) == large.Chunk {
+				p.Payload = nil
+			}
+		}
+	}
+	end, ok := w.largeEnd(m)
+	switch {
+	case !ok:
+		return false, false
+	case w.cursor >= m.Offset:
+		return true, true // passed over
+	case end == nil:
+		w.blocked = true
+		return true, false
+	case end == m: // a large message without chunks
+		return w.settle([]driver.Message{*m}, end, st), true
+	case large.IsAborted(end):
+		// Chunk 0 only: the chunks after it are passed over one by one,
+		// so that a message published between them and the aborted end
+		// marker (after a writer's crash) is still delivered.
+		return w.passOver(m, m.Offset, "a large message whose write failed or was abandoned"), true
+	}
+	return w.settle([]driver.Message{*m}, end, st), true
+}
+
+// settle delivers msgs (one, or one batch) until acked or dead-lettered;
+// with end, msgs is a large message's chunk 0 (or end itself) and end its
+// end marker, the last offset it settles.
+func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.DeliveryState) bool {
 	s := w.s
 	first, last := msgs[0].Offset, msgs[len(msgs)-1].Offset
+	if end != nil {
+		last = end.Offset
+	}
 	attempt := st.Attempts + 1
 	// A retry waits for its time, and a delayed message for its
 	// NotBefore: the partition waits with it.
@@ -337,7 +415,7 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		if !w.leaseLive() {
 			return false
 		}
-		err := w.call(msgs, attempt)
+		err := w.call(msgs, end, attempt)
 		if err == nil {
 			w.cursor = last
 			return true
@@ -348,10 +426,10 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 		// The verdict is the batch's: its first message records the
 		// attempt, or every message is dead-lettered.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
-		v, serr := s.settler.Leased(ctx, w.leaseNow(), msgs[0], nil, attempt, err)
+		v, serr := s.settler.Leased(ctx, w.leaseNow(), msgs[0], end, attempt, err)
 		cancel()
 		if v.DeadLetter {
-			if !w.deadLetter(msgs, attempt, v.Cause, serr) {
+			if !w.deadLetter(msgs, end, attempt, v.Cause, serr) {
 				return false
 			}
 			w.cursor, w.commit = last, last
@@ -373,9 +451,14 @@ func (w *worker) settle(msgs []driver.Message, st driver.DeliveryState) bool {
 	}
 }
 
-// call hands msgs to the handler as their attempt-th delivery.
-func (w *worker) call(msgs []driver.Message, attempt int) error {
-	return w.s.cfg.Handle(w.ctx, msgs, attempt)
+// call hands msgs to the handler as their attempt-th delivery; with end,
+// the large message msgs[0] starts, whole, its body read afresh.
+func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) error {
+	var whole *large.Whole
+	if end != nil {
+		whole = w.open(&msgs[0], end)
+	}
+	return w.s.cfg.Handle(w.ctx, msgs, whole, attempt)
 }
 
 // deadLetter copies msgs to the dead-letter topic and passes the cursor
@@ -383,7 +466,7 @@ func (w *worker) call(msgs []driver.Message, attempt int) error {
 // the first already, with the result err; after a failure it starts
 // again from the first (a dead letter is stored once, and a cursor never
 // moves back).
-func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause, err error) bool {
+func (w *worker) deadLetter(msgs []driver.Message, end *driver.Message, attempts int, cause, err error) bool {
 	s := w.s
 	for i, m := range msgs {
 		if i > 0 {
@@ -395,7 +478,7 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause, err erro
 		}
 		if err != nil {
 			s.log.Warn("shardq: dead-lettering failed; retrying", w.logArgs("offset", m.Offset, "err", err)...)
-			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, attempts, cause, w.deadLetterOne(msgs[0], attempts, cause))
+			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, end, attempts, cause, w.deadLetterOneOf(msgs[0], end, attempts, cause))
 		}
 		s.cfg.Metrics.DeadLettered(w.lease.Tenant, 1)
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
@@ -405,9 +488,14 @@ func (w *worker) deadLetter(msgs []driver.Message, attempts int, cause, err erro
 
 // deadLetterOne dead-letters m, one of a batch that cause dead-lettered.
 func (w *worker) deadLetterOne(m driver.Message, attempts int, cause error) error {
+	return w.deadLetterOneOf(m, nil, attempts, cause)
+}
+
+// deadLetterOneOf dead-letters m (with end, the large message m starts).
+func (w *worker) deadLetterOneOf(m driver.Message, end *driver.Message, attempts int, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
 	defer cancel()
-	_, err := w.s.settler.Leased(ctx, w.leaseNow(), m, nil, attempts, &settle.DeadLetterError{Err: cause})
+	_, err := w.s.settler.Leased(ctx, w.leaseNow(), m, end, attempts, &settle.DeadLetterError{Err: cause})
 	return err
 }
 

@@ -15,6 +15,9 @@ const (
 	HeaderBytes   = "shardq-large-bytes"   // on the end marker: the payload's size
 	HeaderSHA256  = "shardq-large-sha256"  // on the end marker: the payload's SHA-256, hex
 	HeaderAborted = "shardq-large-aborted" // on the end marker of a write that failed: "true"
+	// HeaderAbandoned, on an aborted end marker a reader stored, says why
+	// it gave the write up.
+	HeaderAbandoned = "shardq-large-abandoned"
 
 	// HeaderPrefix starts every header above: shardq's, not the caller's.
 	HeaderPrefix = "shardq-large-"

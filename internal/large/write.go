@@ -4,6 +4,7 @@ package large
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -35,6 +36,12 @@ type Result struct {
 // unknown outcome) is its own earlier write, and succeeds.
 var ErrIDTaken = errors.New("message id taken by another message")
 
+// ErrAbandoned fails a write whose end marker is stored aborted: by the
+// writer itself after a failure, or by a reader that gave the write up
+// after no progress for its LargeWriteTimeout (Waiter). Readers pass over
+// its chunks; publish the message again under a new id.
+var ErrAbandoned = errors.New("large message write abandoned")
+
 // Write stores what body yields until EOF as one large message: chunks of
 // chunkSize published in order in msg's group, perTx to a transaction,
 // then the end marker. When a chunk fails it stores an aborted end marker
@@ -48,10 +55,7 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 	}
 	// The end marker's id taken by an ordinary message (or an aborted
 	// marker) would leave these chunks without a marker: refuse first.
-	if err := checkOwn(ctx, p, msg, msg.ID, func(m *driver.Message) bool {
-		_, complete := m.Headers[HeaderSHA256]
-		return complete && m.Headers[HeaderAborted] != "true"
-	}); err != nil {
+	if err := checkEnd(ctx, p, msg, complete); err != nil {
 		return Result{}, err
 	}
 	res := Result{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey, ID: msg.ID}
@@ -65,6 +69,11 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 		rows, err := p.Publish(ctx, batch, true)
 		if err == nil {
 			err = ownDuplicates(ctx, p, msg, rows)
+		}
+		if err == nil {
+			// A reader that gave the write up stored an aborted end
+			// marker: stop now rather than at the end.
+			err = checkEnd(ctx, p, msg, complete)
 		}
 		batch = batch[:0]
 		return err
@@ -110,7 +119,7 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 		return res, abort(ctx, p, msg, res, err)
 	}
 	if stored[0].Duplicate {
-		if err := checkOwn(ctx, p, msg, msg.ID, func(m *driver.Message) bool {
+		if err := checkEnd(ctx, p, msg, func(m *driver.Message) bool {
 			return m.Headers[HeaderSHA256] == res.SHA256 && m.Headers[HeaderBytes] == end.Headers[HeaderBytes] &&
 				m.Headers[HeaderChunks] == end.Headers[HeaderChunks]
 		}); err != nil {
@@ -138,6 +147,22 @@ func ownDuplicates(ctx context.Context, p *publish.Publisher, msg publish.Messag
 	return nil
 }
 
+// complete reports whether m is a complete end marker (a resumed write
+// finds its own; the last step compares it).
+func complete(m *driver.Message) bool {
+	_, ok := m.Headers[HeaderSHA256]
+	return ok
+}
+
+// checkEnd checks the end marker stored under msg's id, if any: an
+// aborted one fails with ErrAbandoned, and one that own does not accept
+// with ErrIDTaken.
+func checkEnd(ctx context.Context, p *publish.Publisher, msg publish.Message, own func(*driver.Message) bool) error {
+	return checkOwn(ctx, p, msg, msg.ID, func(m *driver.Message) bool {
+		return m.Headers[HeaderAborted] == "true" || own(m)
+	})
+}
+
 // checkOwn fails with ErrIDTaken when id is stored in msg's partition and
 // the stored message is not what own accepts.
 func checkOwn(ctx context.Context, p *publish.Publisher, msg publish.Message, id string, own func(*driver.Message) bool) error {
@@ -145,6 +170,9 @@ func checkOwn(ctx context.Context, p *publish.Publisher, msg publish.Message, id
 	switch {
 	case err != nil:
 		return fmt.Errorf("shardq: publish large tenant %q topic %q partition %q id %q: %w", msg.Tenant, msg.Topic, msg.PartitionKey, id, err)
+	case m != nil && m.Headers[HeaderAborted] == "true" && id == msg.ID:
+		return fmt.Errorf("shardq: publish large tenant %q topic %q partition %q id %q: %w (%s; end marker at offset %d)", msg.Tenant, msg.Topic,
+			msg.PartitionKey, id, ErrAbandoned, cmp.Or(m.Headers[HeaderAbandoned], "the write failed"), m.Offset)
 	case m != nil && !own(m):
 		return fmt.Errorf("shardq: publish large tenant %q topic %q partition %q id %q: %w (at offset %d)", msg.Tenant, msg.Topic,
 			msg.PartitionKey, id, ErrIDTaken, m.Offset)
@@ -203,8 +231,13 @@ func check(p *publish.Publisher, msg *publish.Message, body io.Reader, chunkSize
 
 // abort stores an aborted end marker, so that readers skip the chunks
 // already stored, and returns cause (with the marker's own failure, if
-// any).
+// any). When cause says the id is someone else's (ErrIDTaken) or the
+// write was given up already (ErrAbandoned), it stores nothing: a marker
+// under that id is not this write's to store.
 func abort(ctx context.Context, p *publish.Publisher, msg publish.Message, res Result, cause error) error {
+	if errors.Is(cause, ErrIDTaken) || errors.Is(cause, ErrAbandoned) {
+		return cause
+	}
 	end := publish.Message{Tenant: msg.Tenant, Topic: msg.Topic, PartitionKey: msg.PartitionKey, ID: msg.ID,
 		Headers: map[string]string{HeaderAborted: "true", HeaderChunks: strconv.Itoa(res.Chunks)}}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.Timeout())

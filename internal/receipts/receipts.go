@@ -23,6 +23,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/receiptkey"
 	"github.com/shardq/shardq/internal/settle"
@@ -49,8 +50,11 @@ type Config struct {
 	// MaxMessageBytes is the most payload and header bytes one message
 	// can carry.
 	MaxMessageBytes int64
-	Local           *wakeup.Registry // the client's wake-ups
-	Log             *slog.Logger
+	// LargeWriteTimeout is how long a large message's write may make no
+	// progress before a receive waiting for it gives it up (large.Waiter).
+	LargeWriteTimeout time.Duration
+	Local             *wakeup.Registry // the client's wake-ups
+	Log               *slog.Logger
 }
 
 // Receipts receives with receipts.
@@ -61,11 +65,15 @@ type Receipts struct {
 
 	mu       sync.Mutex
 	advanced map[[3]string]time.Time // ungrouped cursors moved, by (tenant, topic, group)
+	// waiters wait for the end markers of large messages at the cursors
+	// of groups, across receives (large.go).
+	waiters map[driver.PartitionRef]*large.Waiter
 }
 
 // New returns a receiver of receipts over drv.
 func New(drv driver.Driver, cfg Config) *Receipts {
-	return &Receipts{drv: drv, cfg: cfg, keys: receiptkey.New(drv, cfg.MaxVisibility, cfg.Settler.Clock), advanced: map[[3]string]time.Time{}}
+	return &Receipts{drv: drv, cfg: cfg, keys: receiptkey.New(drv, cfg.MaxVisibility, cfg.Settler.Clock), advanced: map[[3]string]time.Time{},
+		waiters: map[driver.PartitionRef]*large.Waiter{}}
 }
 
 func (r *Receipts) now() time.Time { return r.cfg.Settler.Clock() }
@@ -96,6 +104,16 @@ type Received struct {
 	Message driver.Message
 	Attempt int
 	Receipt string
+	// Large, for a large message, is what its end marker says: Message
+	// is its view (no payload), and Body reads it by the receipt.
+	Large *Large
+}
+
+// Large describes a large message handed out by a receipt.
+type Large struct {
+	Size   int64
+	Chunks int
+	SHA256 string // hex
 }
 
 // Receipt is what a receipt names. It travels as
@@ -111,7 +129,10 @@ type Receipt struct {
 	Token  int64  `json:"n"`
 	Offset int64  `json:"o"`
 	Last   int64  `json:"l,omitempty"` // grouped: the receive's last offset, whose ack gives the group back
-	Claim  bool   `json:"c,omitempty"` // an ungrouped message's claim
+	// End is, for a large message (Offset its chunk 0, or End itself
+	// without chunks), its end marker's offset: what an ack commits.
+	End   int64 `json:"e,omitempty"`
+	Claim bool  `json:"c,omitempty"` // an ungrouped message's claim
 	// Attempts counts an ungrouped message's claims, this one included
 	// (a message group's failures are stored under its lease instead).
 	Attempts int `json:"a,omitempty"`
@@ -193,7 +214,8 @@ func parse(b []byte, tenant, topic, group string) (Receipt, error) {
 	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
 		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
 	}
-	if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 {
+	if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
+		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) {
 		return r, bad("inconsistent")
 	}
 	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
@@ -363,16 +385,28 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 	}
 	var res Result
 	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
+	var whole *large.Whole
+	if err == nil && len(msgs) > 0 {
+		msgs, states, whole, err = r.wholes(ctx, &l, rq, msgs, states, truncated, now)
+	}
 	if err == nil && len(msgs) > 0 {
 		last := msgs[len(msgs)-1].Offset
-		res = Result{Messages: make([]Received, len(msgs)), Truncated: truncated}
+		if whole != nil {
+			last = whole.End.Offset
+		}
+		res = Result{Messages: make([]Received, len(msgs)), Truncated: truncated && whole == nil}
 		for i, m := range msgs {
 			rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Key: key, Owner: owner, Token: l.Token, Offset: m.Offset, Last: last}
-			var signed string
-			if signed, err = r.Sign(ctx, rc); err != nil {
+			rec := Received{Message: m, Attempt: states[m.Offset].Attempts + 1}
+			if whole != nil {
+				rc.End = last
+				rec.Message = whole.Message
+				rec.Large = &Large{Size: whole.Size, Chunks: whole.Chunks, SHA256: whole.End.Headers[large.HeaderSHA256]}
+			}
+			if rec.Receipt, err = r.Sign(ctx, rc); err != nil {
 				break
 			}
-			res.Messages[i] = Received{Message: m, Attempt: states[m.Offset].Attempts + 1, Receipt: signed}
+			res.Messages[i] = rec
 		}
 	}
 	if err != nil || len(msgs) == 0 {
@@ -440,11 +474,12 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 	// head: that would skip every message published up to it.
 	// (A receipt's Last only decides whether its ack gives the group back.)
 	l := rc.lease()
-	err := r.drv.CommitReceived(ctx, l, rc.Offset, now)
+	upTo := max(rc.Offset, rc.End) // a large message: its chunks and end marker
+	err := r.drv.CommitReceived(ctx, l, upTo, now)
 	if errors.Is(err, driver.ErrPastHead) {
 		return settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)})
 	}
-	if err == nil && rc.Offset == rc.Last {
+	if err == nil && upTo == rc.Last {
 		// Committed: give the group back even if the caller has gone.
 		dctx, cancel := lifecycle.Detached(ctx)
 		rerr := r.drv.ReleaseLease(dctx, l, now)
@@ -613,11 +648,17 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 		return settled("nack", rc, err)
 	}
 	l := rc.lease()
+	var end *driver.Message
+	if rc.End > 0 {
+		if end, err = r.endAt(ctx, rc, m); err != nil {
+			return settled("nack", rc, err)
+		}
+	}
 	states, err := r.drv.DeliveryStates(ctx, rc.ref(), rc.Offset-1, rc.Offset)
 	if err != nil {
 		return settled("nack", rc, err)
 	}
-	if _, err = r.cfg.Settler.Leased(ctx, l, m, nil, states[rc.Offset].Attempts+1, cause); err == nil {
+	if _, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause); err == nil {
 		if rerr := r.drv.ReleaseLease(ctx, l, r.now()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			r.cfg.Log.Warn("shardq: giving back a message group after a nack failed; it is free after its visibility timeout",
 				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)

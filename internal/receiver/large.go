@@ -4,25 +4,18 @@ package receiver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"hash"
 	"io"
-	"maps"
-	"strconv"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/large"
 )
 
-// Large is the group's next message whole (ReceiveLarge).
-type Large struct {
-	// Message is the message handed out; for a large message, its first
-	// chunk with the end marker's id, headers and time, and no payload:
-	// read Body.
+// Whole is the group's next message whole (ReceiveWhole).
+type Whole struct {
+	// Message is the message handed out; for a large message, its view
+	// (large.Whole.Message): read Body.
 	Message driver.Message
 	Attempt int
 	Body    io.Reader // nil for an ordinary message: its Payload is all
@@ -30,159 +23,136 @@ type Large struct {
 	Chunks  int // 0 for an ordinary message
 }
 
-// ReceiveLarge is Receive for groups that carry large messages: it hands
-// out a large message only once its end marker is stored (waiting for
-// it, until ctx ends), and passes over one whose writer failed. Settling
-// it settles its chunks and end marker together.
-func (r *Receiver) ReceiveLarge(ctx context.Context) (Large, error) {
-	r.large = true
+// ReceiveWhole is Receive for a group that may carry large messages: it
+// hands out a large message once, whole, only once its end marker is
+// stored (waiting for it, until ctx ends, or until the write is given up
+// as abandoned), and passes over what a reader must never see alone: the
+// chunks of a write that failed or was abandoned, and an end marker
+// without its chunks. Settling it settles its chunks and end marker
+// together.
+func (r *Receiver) ReceiveWhole(ctx context.Context) (Whole, error) {
 	for {
 		m, attempt, err := r.Receive(ctx)
 		if err != nil {
-			return Large{}, err
+			return Whole{}, err
 		}
-		id, ok := m.Headers[large.HeaderID]
-		if !ok {
-			return Large{Message: m, Attempt: attempt, Size: int64(len(m.Payload))}, nil
-		}
-		// Waiting for the writer is not the application's time: the
-		// handler timeout starts when the message is handed out.
-		r.mu.Lock()
-		r.stopHeldTimer()
-		r.mu.Unlock()
-		end, err := r.waitLargeEnd(ctx, id)
-		if err != nil {
-			r.unhold() // not handed out: the next call starts here again
-			return Large{}, err
-		}
-		if end.Headers[large.HeaderAborted] == "true" {
-			r.mu.Lock()
-			r.heldEnd = end
-			r.mu.Unlock()
-			if err := r.Ack(ctx, m.Offset); err != nil { // pass over the aborted chunks
-				return Large{}, err
+		var end *driver.Message
+		switch large.KindOf(&m) {
+		case large.Ordinary:
+			return Whole{Message: m, Attempt: attempt, Size: int64(len(m.Payload))}, nil
+		case large.Chunk:
+			if err := r.passOver(ctx, m, nil, "a chunk of a large message that was passed over"); err != nil {
+				return Whole{}, err
 			}
-			r.log.Warn("shardq: passed over a large message whose writer failed", "offset", m.Offset, "id", id)
 			continue
+		case large.End:
+			if large.IsAborted(&m) || m.Headers[large.HeaderChunks] != "0" {
+				if err := r.passOver(ctx, m, nil, "an end marker without its chunks"); err != nil {
+					return Whole{}, err
+				}
+				continue
+			}
+			end = &m // a large message without chunks: its end marker is all of it
+		case large.First:
+			// Waiting for the writer is not the application's time: the
+			// handler timeout starts when the message is handed out.
+			r.mu.Lock()
+			r.stopHeldTimer()
+			r.mu.Unlock()
+			if end, err = r.waitEnd(ctx, &m); err != nil {
+				r.unhold() // not handed out: the next call starts here again
+				return Whole{}, err
+			}
+			if large.IsAborted(end) {
+				// Chunk 0 only: the rest are passed over one by one, so
+				// that a message published between them and the aborted
+				// end marker is still delivered.
+				if err := r.passOver(ctx, m, nil, "a large message whose write failed or was abandoned"); err != nil {
+					return Whole{}, err
+				}
+				continue
+			}
 		}
-		ld, err := r.largeDelivery(ctx, m, attempt, id, end)
-		if err != nil {
-			r.unhold()
-			return Large{}, err
-		}
-		return ld, nil
+		return r.whole(m, end, attempt), nil
 	}
 }
 
-// waitLargeEnd waits until large message id's end marker is stored.
-func (r *Receiver) waitLargeEnd(ctx context.Context, id string) (*driver.Message, error) {
-	ref := driver.MessageRef{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey, ID: id}
-	for {
-		m, _, err := r.drv.GetMessage(ctx, ref)
-		if err != nil {
-			return nil, fmt.Errorf("shardq: receive large %s id %q: %w", r.ref, id, err)
-		}
-		if m != nil {
-			return m, nil
-		}
-		t := time.NewTimer(r.cfg.PollInterval)
+// whole hands out the large message with end marker end, whose chunk 0
+// (or, without chunks, end itself) is m, the message in hand.
+func (r *Receiver) whole(m driver.Message, end *driver.Message, attempt int) Whole {
+	var first *driver.Message
+	if end.Offset != m.Offset {
+		first = &m
+	}
+	tp := driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}
+	next := large.FetchNext(context.Background(), r.drv, tp, dbTimeout)
+	// The body is read after ReceiveWhole returns, so its reads are not
+	// bound by ctx (which bounds the wait): each is bounded by dbTimeout,
+	// and none starts once the receiver is closed.
+	w := large.Open(first, end, func(after int64) (driver.Message, bool, error) {
 		select {
-		case <-t.C:
-		case <-r.wake: // the group's head moved: the marker may be there
-			t.Stop()
 		case <-r.closing:
-			t.Stop()
 			_, err := r.current()
-			return nil, err
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
+			return driver.Message{}, false, err
+		default:
 		}
-	}
-}
-
-// largeDelivery makes the delivery of large message id, whose first
-// chunk first is in hand and whose end marker is end.
-func (r *Receiver) largeDelivery(ctx context.Context, first driver.Message, attempt int, id string, end *driver.Message) (Large, error) {
-	chunks, err1 := strconv.Atoi(end.Headers[large.HeaderChunks])
-	size, err2 := strconv.ParseInt(end.Headers[large.HeaderBytes], 10, 64)
-	if err := errors.Join(err1, err2); err != nil || first.Headers[large.HeaderChunk] != "0" {
-		return Large{}, fmt.Errorf("%w: %s id %q: end marker %v, first chunk numbered %q", ErrLargeCorrupt, r.ref, id, end.Headers, first.Headers[large.HeaderChunk])
-	}
+		return next(after)
+	}, r.ref)
 	r.mu.Lock()
 	r.heldEnd = end
 	r.buf = nil // the body reads chunk by chunk; what was prefetched would only hold memory
-	r.startHeldTimer(first.Offset, attempt)
+	r.stopHeldTimer()
+	r.startHeldTimer(m.Offset, attempt)
 	r.mu.Unlock()
-	body := &largeBody{r: r, id: id, chunks: chunks, size: size, want: end.Headers[large.HeaderSHA256],
-		next: 1, last: first.Offset, cur: first.Payload, read: int64(len(first.Payload)), sum: sha256.New()}
-	body.sum.Write(first.Payload)
-	m := first
-	m.ID, m.Headers, m.Payload, m.CreatedAt = id, maps.Clone(end.Headers), nil, end.CreatedAt
-	return Large{Message: m, Attempt: attempt, Body: body, Size: size, Chunks: chunks}, nil
+	return Whole{Message: w.Message, Attempt: attempt, Body: w.Body, Size: w.Size, Chunks: w.Chunks}
 }
 
-// largeBody reads a large message's chunks in order, one at a time. Its
-// reads are not bound by the receive's context, which bounds the wait for
-// the message: a caller reads the body after the receive has returned.
-// Each chunk's read is bounded by dbTimeout, and none starts once the
-// receiver is closed.
-type largeBody struct {
-	r          *Receiver
-	id         string
-	chunks     int
-	size, read int64
-	want       string // the end marker's SHA-256
-	next       int    // the next chunk's number
-	last       int64  // the offset of the last chunk read
-	cur        []byte // what is left of the chunk being read
-	sum        hash.Hash
-	err        error // sticky
-}
-
-func (b *largeBody) Read(p []byte) (int, error) {
-	for len(b.cur) == 0 && b.err == nil {
-		b.err = b.nextChunk()
+// passOver acks m, the message in hand, which no reader may be handed
+// (with end, the end marker the cursor passes to), and logs why.
+func (r *Receiver) passOver(ctx context.Context, m driver.Message, end *driver.Message, why string) error {
+	r.mu.Lock()
+	r.heldEnd = end
+	r.mu.Unlock()
+	if err := r.Ack(ctx, m.Offset); err != nil {
+		return err
 	}
-	if len(b.cur) == 0 {
-		return 0, b.err
-	}
-	n := copy(p, b.cur)
-	b.cur = b.cur[n:]
-	return n, nil
+	r.log.Warn("shardq: passed over "+why, "offset", m.Offset, "id", m.ID)
+	return nil
 }
 
-// nextChunk loads the next chunk into cur, or checks the whole at the end
-// (io.EOF when it adds up).
-func (b *largeBody) nextChunk() error {
-	r := b.r
-	if b.next == b.chunks {
-		if got := hex.EncodeToString(b.sum.Sum(nil)); b.read != b.size || got != b.want {
-			return fmt.Errorf("%w: %s id %q: %d bytes with SHA-256 %s; the end marker says %d bytes, %s",
-				ErrLargeCorrupt, r.ref, b.id, b.read, got, b.size, b.want)
+// waitEnd waits until the end marker of the large message whose chunk 0
+// is first is stored, or its write is given up (an aborted marker).
+func (r *Receiver) waitEnd(ctx context.Context, first *driver.Message) (*driver.Message, error) {
+	for {
+		end, err := r.waiter.End(ctx, first, r.now())
+		if err != nil {
+			return nil, fmt.Errorf("shardq: receive large %s id %q: %w", r.ref, first.Headers[large.HeaderID], err)
 		}
-		return io.EOF
+		if end != nil {
+			return end, nil
+		}
+		if err := r.sleep(ctx); err != nil {
+			return nil, err
+		}
 	}
+}
+
+// sleep waits PollInterval, or until a wake-up says the group's head
+// moved.
+func (r *Receiver) sleep(ctx context.Context) error {
+	t := time.NewTimer(r.cfg.PollInterval)
+	defer t.Stop()
 	select {
+	case <-t.C:
+		return nil
+	case <-r.wake:
+		return nil
 	case <-r.closing:
 		_, err := r.current()
-		return fmt.Errorf("shardq: read large %s id %q chunk %d: %w", r.ref, b.id, b.next, err)
-	default:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-	defer cancel()
-	msgs, err := r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, b.last, 1)
-	if err != nil {
-		return fmt.Errorf("shardq: read large %s id %q chunk %d: %w", r.ref, b.id, b.next, err)
-	}
-	if len(msgs) == 0 || msgs[0].Headers[large.HeaderID] != b.id || msgs[0].Headers[large.HeaderChunk] != strconv.Itoa(b.next) {
-		return fmt.Errorf("%w: %s id %q: chunk %d is not next in the group", ErrLargeCorrupt, r.ref, b.id, b.next)
-	}
-	m := msgs[0]
-	b.sum.Write(m.Payload)
-	b.cur, b.last, b.read = m.Payload, m.Offset, b.read+int64(len(m.Payload))
-	b.next++
-	return nil
 }
 
 // unhold puts the message in hand back, unsettled and uncounted: it was

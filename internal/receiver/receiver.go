@@ -18,6 +18,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/keepalive"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/settle"
 	"github.com/shardq/shardq/internal/telemetry"
@@ -31,7 +32,7 @@ var (
 	ErrNoReadyGroup   = errors.New("no free message group with a ready message")
 	ErrReceiverClosed = errors.New("shardq: group receiver closed")
 	ErrUnsettled      = errors.New("shardq: the previous message of the group is not settled")
-	ErrLargeCorrupt   = errors.New("shardq: large message corrupt")
+	ErrLargeCorrupt   = large.ErrCorrupt
 )
 
 // Config is a receiver's settings, validated and with defaults filled.
@@ -47,16 +48,22 @@ type Config struct {
 	// FeedPollInterval replaces PollInterval while the change feed streams.
 	FeedPollInterval time.Duration
 	HandlerTimeout   time.Duration // <= 0: none
-	Settler          settle.Settler
-	Log              *slog.Logger
-	Tel              *telemetry.T
-	Local            *wakeup.Registry // the client's wake-ups
+	// LargeWriteTimeout is how long a large message's write may make no
+	// progress before a reader waiting for it gives it up (large.Waiter).
+	LargeWriteTimeout time.Duration
+	Settler           settle.Settler
+	Log               *slog.Logger
+	Tel               *telemetry.T
+	Local             *wakeup.Registry // the client's wake-ups
 	// Owned makes the error for a group another consumer holds; it must
 	// match ErrGroupOwned.
 	Owned func(ref driver.PartitionRef, held *driver.LeaseHeldError) error
 }
 
 const dbTimeout = lifecycle.CallTimeout
+
+// prefetchBytes bounds the payload and header bytes a receiver reads ahead.
+const prefetchBytes = 1 << 20
 
 // AcceptGroup takes ref's lease; while another consumer holds it (or,
 // with RequireReady, no message is ready) it tries again every
@@ -139,7 +146,8 @@ func tryAccept(ctx context.Context, drv driver.Driver, cfg Config, ref driver.Pa
 	r := &Receiver{drv: drv, cfg: cfg, log: cfg.Log.With("tenant", ref.Tenant, "topic", ref.Topic, "group", ref.ConsumerGroup,
 		"partition_key", ref.PartitionKey, "member", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
 		metrics: cfg.Tel.Group(ref.Topic, ref.ConsumerGroup),
-		closing: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+		closing: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
+		waiter: large.Waiter{Store: drv, Timeout: cfg.LargeWriteTimeout}}
 	if nextOffset >= 0 || cfg.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {
@@ -177,8 +185,6 @@ type Receiver struct {
 	held   *driver.Message                // handed out, not settled
 	// heldAttempt is held's attempt, as handed out.
 	heldAttempt int
-	// large: ReceiveLarge is in use, so the prefetch stays small.
-	large bool
 	// heldTimer ends the attempt in hand at HandlerTimeout (expireHeld);
 	// expiring counts expiries running, which Close waits for.
 	heldTimer *time.Timer
@@ -187,6 +193,10 @@ type Receiver struct {
 	// (ReceiveLarge), its end marker: what settling it settles (nil:
 	// none). Guarded by mu, as held is (the handler timeout reads them).
 	heldEnd *driver.Message
+	// waiter waits for the end marker of a large message in hand; it
+	// lives as long as the receiver, so that calls with short contexts
+	// still add up to its LargeWriteTimeout.
+	waiter large.Waiter
 
 	mu         sync.Mutex
 	lease      driver.Lease // ExpiresAt renewed by keepAlive
@@ -298,11 +308,10 @@ func (r *Receiver) fill(ctx context.Context) error {
 	if len(r.buf) > 0 {
 		return nil
 	}
-	limit := 100
-	if r.large {
-		limit = 8 // chunks of large messages: a few, not 100 × 256 KiB
-	}
-	msgs, err := r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, r.cursor, limit)
+	// Up to 100 messages within prefetchBytes: a run of small messages in
+	// one read, a large message's chunks a few at a time.
+	msgs, _, err := r.drv.FetchWithin(ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey},
+		r.cursor, 100, prefetchBytes)
 	if err != nil || len(msgs) == 0 {
 		return err
 	}

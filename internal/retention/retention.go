@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 )
@@ -263,12 +264,20 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 					}
 				}
 				if passed >= h.FirstOffset && h.FirstCreatedAt.Before(minCut) {
-					pending = append(pending, driver.Cut{PartitionKey: h.PartitionKey, UpTo: passed, Before: minCut})
-					empties = passed >= h.HeadOffset
+					c, err := wholeCut(ctx, drv, tenant, topic, driver.Cut{PartitionKey: h.PartitionKey, UpTo: passed, Before: minCut})
+					if err != nil {
+						return rep, false, err
+					}
+					pending = append(pending, c)
+					empties = c.UpTo >= h.HeadOffset
 				}
 				if h.FirstCreatedAt.Before(maxCut) {
-					pending = append(pending, driver.Cut{PartitionKey: h.PartitionKey, UpTo: -1, Before: maxCut})
-					empties = true
+					c, err := wholeCut(ctx, drv, tenant, topic, driver.Cut{PartitionKey: h.PartitionKey, UpTo: -1, Before: maxCut})
+					if err != nil {
+						return rep, false, err
+					}
+					pending = append(pending, c)
+					empties = c.UpTo < 0 || c.UpTo >= h.HeadOffset
 				}
 			}
 			// RemovePartitions decides under its locks; a partition with
@@ -293,6 +302,48 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		drained = append(drained, k)
 	}
 	return rep, false, flush(true)
+}
+
+// wholeCut bounds c so that it never falls inside a large message
+// (docs/large.md): what it deletes ends at the last offset created before
+// c.Before (and at c.UpTo); when the message after that is a later chunk
+// or the end marker of a large message whose chunk 0 the cut would
+// delete, the cut ends before that chunk 0 instead. So a complete large
+// message goes whole once its end marker is old enough, and an
+// unfinished write's chunks once the last of them is; a dead letter
+// never loses its chunks before its end marker.
+func wholeCut(ctx context.Context, drv driver.Driver, tenant, topic string, c driver.Cut) (driver.Cut, error) {
+	p := driver.TopicPartition{Tenant: tenant, Topic: topic, PartitionKey: c.PartitionKey}
+	upTo, err := drv.OffsetBefore(ctx, p, c.Before)
+	if err != nil {
+		return c, err
+	}
+	if c.UpTo >= 0 {
+		upTo = min(upTo, c.UpTo)
+	}
+	next, err := drv.FetchAfter(ctx, p, upTo, 1)
+	if err != nil || len(next) == 0 {
+		return driver.Cut{PartitionKey: c.PartitionKey, UpTo: upTo, Before: c.Before}, err
+	}
+	id := ""
+	switch m := &next[0]; large.KindOf(m) {
+	case large.Chunk:
+		id = m.Headers[large.HeaderID]
+	case large.End:
+		if !large.IsAborted(m) && m.Headers[large.HeaderChunks] != "0" {
+			id = m.ID
+		}
+	}
+	if id != "" {
+		first, _, err := drv.GetMessage(ctx, driver.MessageRef{Tenant: tenant, Topic: topic, PartitionKey: c.PartitionKey, ID: large.ChunkID(id, 0)})
+		if err != nil {
+			return c, err
+		}
+		if first != nil && first.Offset <= upTo {
+			upTo = first.Offset - 1
+		}
+	}
+	return driver.Cut{PartitionKey: c.PartitionKey, UpTo: upTo, Before: c.Before}, nil
 }
 
 // cutsPerTx bounds the partitions one deleting transaction touches.

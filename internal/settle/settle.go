@@ -14,6 +14,7 @@ package settle
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
@@ -24,6 +25,8 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/backoff"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/large"
+	"github.com/shardq/shardq/internal/lifecycle"
 )
 
 // RetryAfterError is a handler result: retry the message after After.
@@ -136,6 +139,10 @@ func ErrText(err error) string {
 
 // Driver is what a Settler writes through (a driver.Driver is one).
 type Driver interface {
+	FetchWithin(ctx context.Context, p driver.TopicPartition, after int64, limit int, budget int64) ([]driver.Message, bool, error)
+	GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error)
+	BeginWrite(ctx context.Context) (*sql.Tx, error)
+	InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 	RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error
 	DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error
 	RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Time, lastError string, now time.Time) error
@@ -157,9 +164,9 @@ type Settler struct {
 // message of l's partition, under l's fence. A retry records the attempt
 // at m's offset (attempts, when it is due, err's text); a dead-letter
 // copies m to the dead-letter topic and moves the cursor to it. When end
-// is not nil, m is the first chunk of a large message and end its end
-// marker: the dead-letter copies end (its id, headers, size and checksum)
-// and the cursor passes the chunks with it. A nil err is an ack, which
+// is not nil, m is the first chunk of a large message (or end itself) and
+// end its end marker: the dead letter is the whole message, its chunks
+// copied first and end with the cursor last (copyChunks). A nil err is an ack, which
 // Leased leaves to the caller. It returns the verdict and the write's
 // error (driver.ErrLeaseLost when l is no longer current).
 func (s Settler) Leased(ctx context.Context, l driver.Lease, m driver.Message, end *driver.Message, attempt int, err error) (Verdict, error) {
@@ -171,12 +178,94 @@ func (s Settler) Leased(ctx context.Context, l driver.Lease, m driver.Message, e
 	case v.DeadLetter:
 		copied := m
 		if end != nil {
+			if err := s.copyChunks(ctx, m, end); err != nil {
+				return v, err
+			}
 			copied = *end
+			// The copy took as long as the message is large: the end
+			// marker's write gets a bound of its own.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), lifecycle.CallTimeout)
+			defer cancel()
 		}
 		return v, s.Driver.DeadLetter(ctx, l, DeadLetterCopy(copied, s.DLQSuffix, attempt, v.Cause), copied.Offset, now)
 	}
 	v.Due = now.Add(v.Delay)
 	return v, s.Driver.RecordAttempt(ctx, l, m.Offset, driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: ErrText(err)}, now)
+}
+
+// chunkCopyBudget bounds the chunk bytes copied to a dead-letter topic in
+// one transaction (at least one chunk).
+const chunkCopyBudget = 4 << 20
+
+// copyChunks copies the chunks of the large message that first starts,
+// up to its end marker end, to the dead-letter topic as they are (same
+// partition key, ids and headers), a few to a transaction. The dead
+// letter exists for its readers once its end marker is stored, which
+// comes last, with the cursor, under the lease: so it appears whole or
+// not at all. A copy cut short is finished by the next attempt (ids are
+// deterministic and inserts idempotent).
+func (s Settler) copyChunks(ctx context.Context, first driver.Message, end *driver.Message) error {
+	if first.Offset == end.Offset {
+		return nil // no chunks
+	}
+	// Each step is bounded on its own: the whole takes as long as the
+	// message is large.
+	step := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), lifecycle.CallTimeout)
+	}
+	if n, err := strconv.Atoi(end.Headers[large.HeaderChunks]); err == nil && n > 0 {
+		// Copied by an earlier attempt cut short before the end marker.
+		sctx, cancel := step()
+		last, _, err := s.Driver.GetMessage(sctx, driver.MessageRef{Tenant: first.Tenant, Topic: first.Topic + s.DLQSuffix,
+			PartitionKey: first.PartitionKey, ID: large.ChunkID(end.ID, n-1)})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("dead-letter large %q: %w", end.ID, err)
+		}
+		if last != nil {
+			return nil
+		}
+	}
+	tp := driver.TopicPartition{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey}
+	for after := first.Offset - 1; after < end.Offset; {
+		sctx, cancel := step()
+		ms, _, err := s.Driver.FetchWithin(sctx, tp, after, 64, chunkCopyBudget)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("dead-letter large %q: read chunks after offset %d: %w", end.ID, after, err)
+		}
+		var rows []*driver.InsertMessage
+		for _, m := range ms {
+			if m.Offset >= end.Offset {
+				break
+			}
+			rows = append(rows, &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic + s.DLQSuffix, PartitionKey: m.PartitionKey,
+				ID: m.ID, Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt})
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		sctx, cancel = step()
+		err = s.insert(sctx, rows)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("dead-letter large %q: copy chunks: %w", end.ID, err)
+		}
+		after = ms[len(rows)-1].Offset
+	}
+	return nil
+}
+
+func (s Settler) insert(ctx context.Context, rows []*driver.InsertMessage) error {
+	tx, err := s.Driver.BeginWrite(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.Driver.InsertMessages(ctx, tx, rows); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
 }
 
 // Claim settles err, the failure of c's delivery (its c.Attempts-th),

@@ -4,6 +4,7 @@ package settle
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -68,6 +69,24 @@ func (r *recorder) RecordAttempt(_ context.Context, _ driver.Lease, offset int64
 func (r *recorder) DeadLetter(_ context.Context, _ driver.Lease, dlq *driver.InsertMessage, offset int64, _ time.Time) error {
 	r.dlq, r.upTo = dlq, offset
 	return nil
+}
+
+// The chunk copies of a large dead letter are tested on real databases
+// (drivertest's LargeDeadLetterWhole); here there are no chunks to copy.
+func (r *recorder) FetchWithin(context.Context, driver.TopicPartition, int64, int, int64) ([]driver.Message, bool, error) {
+	return nil, false, nil
+}
+
+func (r *recorder) GetMessage(context.Context, driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error) {
+	return nil, nil, nil
+}
+
+func (r *recorder) BeginWrite(context.Context) (*sql.Tx, error) {
+	return nil, errors.New("recorder: no database")
+}
+
+func (r *recorder) InsertMessages(context.Context, driver.DBTX, []*driver.InsertMessage) error {
+	return errors.New("recorder: no database")
 }
 
 func (r *recorder) RetryClaim(_ context.Context, _ driver.Claim, retryAt time.Time, lastError string, _ time.Time) error {

@@ -5,8 +5,9 @@
 // directory.
 //
 // MySQL tests read SHARDQ_TEST_MYSQL_DSN (a go-sql-driver DSN without a
-// database name; default "root@tcp(127.0.0.1:3306)/"). An unreachable server
-// fails the test. Outside CI, SHARDQ_TEST_MYSQL=skip skips them instead
+// database name; default "root@tcp(127.0.0.1:3316)/", the server of the
+// tests' own that scripts/mariadb starts: never the default port, where a
+// server of someone else's may run). An unreachable server fails the test. Outside CI, SHARDQ_TEST_MYSQL=skip skips them instead
 // (with CI=true it is ignored: CI never skips).
 package testdb
 
@@ -34,7 +35,8 @@ func MySQLServerDSN() string {
 	if v := os.Getenv("SHARDQ_TEST_MYSQL_DSN"); v != "" {
 		return v
 	}
-	return "root@tcp(127.0.0.1:3306)/"
+	return "root@tcp(127.0.0.1:3316)/" // scripts/mariadb's own server
+
 }
 
 // MySQLDatabase creates an empty database and returns a go-sql-driver DSN
@@ -52,7 +54,7 @@ func MySQLDatabase(t testing.TB) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := admin.PingContext(ctx); err != nil {
-		t.Fatalf("mysql test server %s unreachable: %v (run scripts/test, which starts MariaDB; "+
+		t.Fatalf("mysql test server %s unreachable: %v (run scripts/test, or scripts/mariadb up, which start the tests' own MariaDB; "+
 			"outside CI, SHARDQ_TEST_MYSQL=skip skips these tests)", MySQLServerDSN(), err)
 	}
 	b := make([]byte, 6)

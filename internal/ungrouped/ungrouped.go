@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
 	"github.com/shardq/shardq/internal/settle"
@@ -31,7 +32,7 @@ type Config struct {
 	ID                   string // the member's identity: the claims' owner
 	// Handle delivers one message as its attempt-th delivery; it must not
 	// panic (the caller recovers).
-	Handle      func(ctx context.Context, msgs []driver.Message, attempt int) error
+	Handle      func(ctx context.Context, msgs []driver.Message, whole *large.Whole, attempt int) error
 	Concurrency int           // messages handled at once
 	Visibility  time.Duration // how long a claim hides its message
 	// MaxRenewal bounds how long a claim is held in all, renewed while its
@@ -414,7 +415,7 @@ func (s *Service) handleClaim(c driver.Claim) {
 	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost) }) {
 		close(renewing)
 	}
-	err := s.cfg.Handle(hctx, []driver.Message{m}, c.Attempts)
+	err := s.cfg.Handle(hctx, []driver.Message{m}, nil, c.Attempts) // never a chunk: a large message has a key
 	close(handled)
 	<-renewing // no renewal runs beside the settlement
 	if err != nil && s.life.HardContext().Err() != nil {

@@ -7,7 +7,7 @@
 // backend gets its own fresh database; watermill-sql is the baseline of
 // the ratios.
 //
-//	go run ./cmd/wmbench -dsn 'root@tcp(127.0.0.1:3306)/'
+//	go run ./cmd/wmbench -dsn 'root@tcp(127.0.0.1:3316)/'
 package main
 
 import (
@@ -35,7 +35,7 @@ import (
 )
 
 func main() {
-	dsn := flag.String("dsn", "root@tcp(127.0.0.1:3306)/", "go-sql-driver DSN of the server, without a database")
+	dsn := flag.String("dsn", "root@tcp(127.0.0.1:3316)/", "go-sql-driver DSN of the server, without a database")
 	n := flag.Int("messages", 5000, "messages per publish and consume run")
 	lossN := flag.Int("loss-messages", 20000, "messages of the loss probe")
 	latencyN := flag.Int("latency-messages", 500, "messages of the latency run")

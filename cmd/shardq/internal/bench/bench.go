@@ -28,7 +28,7 @@ import (
 )
 
 // Scenarios are the names Run accepts.
-var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery", "idle", "api"}
+var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery", "idle", "api", "large"}
 
 // Params are a run's knobs; zero values take the defaults of Defaults.
 type Params struct {
@@ -57,11 +57,14 @@ type Params struct {
 	// Feed is the clients' change feed: "auto" (the driver's, when it has
 	// one; "" too) or "off" (poll only).
 	Feed string `json:"feed"`
+	// LargeBytes is the large scenario's message size.
+	LargeBytes int64 `json:"large_bytes"`
 }
 
 // Defaults are the parameters of the issue's targets.
 var Defaults = Params{Messages: 20_000, Size: 256, Publishers: 16, Batch: 1, Partitions: 64, Tenants: 1,
-	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3, History: 100_000, Active: 1000, Feed: "auto"}
+	Subscribers: 4, Handlers: 4, Rate: 500, Duration: 10 * time.Second, Reps: 3, History: 100_000, Active: 1000, Feed: "auto",
+	LargeBytes: 1 << 30}
 
 // headerLen is the payload prefix every bench message carries: sequence in
 // its partition, the time it was meant to be published, its publisher.
@@ -91,6 +94,7 @@ func (p Params) Validate() error {
 		{"--history", p.History >= 0 && p.History <= 10_000_000, "between 0 and 10000000"},
 		{"--active", p.Active >= 1 && p.Active <= 100_000, "between 1 and 100000"},
 		{"--feed", p.Feed == "" || p.Feed == "auto" || p.Feed == "off", "auto or off"},
+		{"--large-bytes", p.LargeBytes >= 1 && p.LargeBytes <= 64<<30, "between 1 and 68719476736"},
 	} {
 		if !r.ok {
 			return fmt.Errorf("%s: must be %s", r.flag, r.want)
@@ -212,6 +216,17 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 		}
 		large, err := e.repeat(ctx, scenCase{"api-large", e.apiLarge})
 		return append(append(pub, con...), large), err
+	case "large":
+		lib, err := e.compare(ctx, scenCase{"raw-large", e.rawLarge}, scenCase{"large", e.libraryLarge}, false)
+		if err != nil {
+			return nil, err
+		}
+		over, err := e.repeat(ctx, scenCase{"large-http", e.httpLarge})
+		over.Baseline, over.BaselineMsgsPerSec = lib[0].Scenario, lib[0].MsgsPerSec
+		if lib[0].MsgsPerSec > 0 {
+			over.Ratio = over.MsgsPerSec / lib[0].MsgsPerSec
+		}
+		return append(lib, over), err
 	case "idle":
 		e.p.Partitions = max(e.p.Partitions, e.p.Tenants)
 		return e.compare(ctx, scenCase{"idle-poll", e.idle(shardq.FeedOff)}, scenCase{"idle-feed", e.idle(shardq.FeedAuto)}, false)

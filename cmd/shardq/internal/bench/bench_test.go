@@ -33,7 +33,7 @@ func databases(t *testing.T) map[string]func() (driver.Driver, error) {
 }
 
 var small = Params{Messages: 600, Size: 64, Publishers: 4, Batch: 1, Partitions: 8, Tenants: 2, Subscribers: 2, Handlers: 2,
-	Rate: 200, Duration: 500 * time.Millisecond, Reps: 1, PollInterval: 20 * time.Millisecond, History: 500, Active: 8}
+	Rate: 200, Duration: 500 * time.Millisecond, Reps: 1, PollInterval: 20 * time.Millisecond, History: 500, Active: 8, LargeBytes: 1 << 20}
 
 // Every scenario runs, is checked, reports its baseline and ratio, and
 // leaves nothing behind.
@@ -55,6 +55,7 @@ func TestScenarios(t *testing.T) {
 				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
 				{"discovery", func(p Params) Params { return p }, []string{"consume-without-history", "discovery"}},
 				{"api", func(p Params) Params { p.Batch = 10; return p }, []string{"publish", "api-publish", "consume", "api-consume", "api-large"}},
+				{"large", func(p Params) Params { p.LargeBytes = 3<<20 + 5; return p }, []string{"raw-large", "large", "large-http"}},
 			}
 			for _, c := range cases {
 				results, err := r.Run(context.Background(), c.scenario, c.params(small))

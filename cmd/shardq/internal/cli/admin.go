@@ -568,12 +568,17 @@ func (a *app) adminDLQ() *cobra.Command {
 		var objs []any
 		for _, m := range ms {
 			h := m.Headers
-			rows = append(rows, []string{m.Tenant, fmt.Sprintf("%q", m.PartitionKey), m.ID, h[shardq.HeaderDLQOriginalOffset], h[shardq.HeaderDLQAttempts], h[shardq.HeaderDLQLastError]})
+			size := strconv.Itoa(len(m.Payload))
+			if n, ok := h[shardq.HeaderLargeBytes]; ok {
+				size = n // a large dead letter: its chunks are not listed
+			}
+			rows = append(rows, []string{m.Tenant, fmt.Sprintf("%q", m.PartitionKey), m.ID, size, h[shardq.HeaderDLQOriginalOffset], h[shardq.HeaderDLQAttempts], h[shardq.HeaderDLQLastError]})
 			objs = append(objs, map[string]any{"tenant": m.Tenant, "topic": topic, "partition_key": m.PartitionKey, "id": m.ID, "dlq_offset": m.Offset,
+				"size": number(size), "large": h[shardq.HeaderLargeBytes] != "",
 				"original_offset": number(h[shardq.HeaderDLQOriginalOffset]), "attempts": number(h[shardq.HeaderDLQAttempts]),
 				"last_error": h[shardq.HeaderDLQLastError]})
 		}
-		return a.table(asJSON, []string{"TENANT", "KEY", "ID", "ORIGINAL OFFSET", "ATTEMPTS", "LAST ERROR"}, rows, objs)
+		return a.table(asJSON, []string{"TENANT", "KEY", "ID", "SIZE", "ORIGINAL OFFSET", "ATTEMPTS", "LAST ERROR"}, rows, objs)
 	})
 	var ref shardq.MessageRef
 	var all bool

@@ -26,7 +26,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var asJSON bool
 	var cpuProfile string
 	cmd := &cobra.Command{
-		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|api|raw [flags]",
+		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|api|large|raw [flags]",
 		Short: "Measure publish, consume, competing consumers and end-to-end latency against the database's own ceiling",
 		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
 			"medians next to the matching raw baseline measured in the same run:\n" +
@@ -51,6 +51,10 @@ func (a *app) benchCmd() *cobra.Command {
 			"  api      publish and consume through the HTTP API of shardq serve (in this process, on loopback):\n" +
 			"           --publishers POSTs of --batch messages, then --subscribers loops of receive (the next\n" +
 			"           free message group, up to 100) and ack (baselines: the library's publish and consume)\n" +
+			"  large    one message of --large-bytes written and read back whole (MiB/s of the round trip, each\n" +
+			"           direction's rate and the peak heap): PublishLarge and a receiver's Body, and the HTTP API's\n" +
+			"           upload and body_url (baseline: the database alone, one INSERT per 256 KiB BLOB chunk in\n" +
+			"           transactions of 16, then a read in order, one row at a time)\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
 		Args:      oneOf("scenario", bench.Scenarios...),
@@ -95,6 +99,7 @@ func (a *app) benchCmd() *cobra.Command {
 	fl.IntVar(&p.Reps, "reps", p.Reps, "repetitions; medians are reported")
 	fl.IntVar(&p.History, "history", p.History, "discovery: drained historical partitions")
 	fl.IntVar(&p.Active, "active", p.Active, "discovery: active partitions (--messages are spread over them)")
+	fl.Int64Var(&p.LargeBytes, "large-bytes", p.LargeBytes, "large: the message's size in bytes")
 	durationFlag(fl, &p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write this process's CPU profile (go tool pprof) to the file")

@@ -173,3 +173,68 @@ func TestAssembleCorruptLargeMessage(t *testing.T) {
 		})
 	}
 }
+
+// consume in every mode writes a large message whole to --output-dir
+// (one file, renamed into place only once checked) and its JSON line to
+// stdout, and never prints a chunk; without --output-dir it refuses a
+// large message with an error that says what to give, leaving it unacked.
+func TestConsumeLargeToOutputDir(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			data := make([]byte, 700000)
+			rand.NewChaCha8([32]byte{3}).Read(data)
+			path := filepath.Join(t.TempDir(), "blob.bin")
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "files", "--key", "k", "--id", "../blob", "--file", path, "--chunk", "100000"); r.code != 0 {
+				t.Fatal(r)
+			}
+			if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "files", "--key", "k", "--id", "note", "hello"); r.code != 0 {
+				t.Fatal(r)
+			}
+			r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "plain", "--idle-exit", "3s")
+			if r.code == 0 || !strings.Contains(r.stderr, "--output-dir") || strings.Contains(r.stdout, "shardq-large") {
+				t.Fatalf("consume of a large message without --output-dir: %+v", r)
+			}
+			for group, mode := range map[string][]string{"sub": nil, "key": {"--key", "k"}, "next": {"--next-group"}} {
+				dir := t.TempDir()
+				args := append([]string{"consume", "--tenant", "acme", "--topic", "files", "--group", group, "--output-dir", dir, "--max", "2", "--idle-exit", "10s"}, mode...)
+				r := runCLI(t, env, "", args...)
+				lines := jsonLines[map[string]any](t, r.stdout)
+				if r.code != 0 || len(lines) != 2 || lines[0]["id"] != "../blob" || lines[0]["bytes"] != float64(len(data)) || lines[1]["id"] != "note" {
+					t.Fatalf("consume %v --output-dir: %+v", mode, r)
+				}
+				want := filepath.Join(dir, "acme", "k", "%2E.%2Fblob")
+				if lines[0]["file"] != want {
+					t.Fatalf("file %v, want %s", lines[0]["file"], want)
+				}
+				if got, err := os.ReadFile(want); err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("%s: %d bytes, %v; want the large message whole", want, len(got), err)
+				}
+				if got, err := os.ReadFile(filepath.Join(dir, "acme", "k", "note")); err != nil || string(got) != "hello" {
+					t.Fatalf("note: %q, %v", got, err)
+				}
+				left, _ := filepath.Glob(filepath.Join(dir, "acme", "k", ".shardq-*"))
+				if len(left) != 0 {
+					t.Fatalf("temporary files left: %v", left)
+				}
+			}
+			if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--key", "k", "--assemble", "--output-dir", t.TempDir()); r.code != 2 {
+				t.Fatalf("--assemble with --output-dir: %+v", r)
+			}
+		})
+	}
+}
+
+func TestFileName(t *testing.T) {
+	for in, want := range map[string]string{"": "%", "%": "%25", ".": "%2E", "..": "%2E.", "a/b": "a%2Fb", "x.y": "x.y", "ok-_9": "ok-_9", "é": "%C3%A9"} {
+		if got := fileName(in); got != want {
+			t.Errorf("fileName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

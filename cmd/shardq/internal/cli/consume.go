@@ -31,6 +31,7 @@ type consumeFlags struct {
 	nextGroup          bool          // --next-group: accept the next free group with a ready message
 	groupIdle          time.Duration // --group-idle: with --next-group, move on after this long without a message
 	assemble           bool          // --assemble: large messages whole, payloads raw on stdout
+	outputDir          string        // --output-dir: each payload to a file, its JSON line to stdout
 	ungrouped          bool          // --ungrouped: only messages without a partition key
 	start              startFlag     // --start: where a new group begins
 }
@@ -51,7 +52,9 @@ func (a *app) consumeCmd() *cobra.Command {
 			"until it has been quiet for --group-idle, releases it and takes the next, until --idle-exit, --max or a signal;\n" +
 			"--ungrouped takes only messages without a partition key, competing with the group's other members.\n" +
 			"--start decides where a group new to the topic begins in partitions it has no cursor for: every stored\n" +
-			"message (earliest) or only those published from now on (latest); a group that exists keeps its own.",
+			"message (earliest) or only those published from now on (latest); a group that exists keeps its own.\n" +
+			"A large message (publish --file) is never printed as a JSON line: --output-dir DIR writes every payload to a\n" +
+			"file (renamed into place once whole and checked) and prints a line naming it; --assemble writes payloads raw.",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error { return a.consume(cmd, f) }),
 	}
@@ -68,6 +71,8 @@ func (a *app) consumeCmd() *cobra.Command {
 	positiveDurationFlag(fl, &f.groupIdle, "group-idle", time.Second, "with --next-group: release a group after this long without a message and take the next")
 	fl.BoolVar(&f.assemble, "assemble", false, "with --key or --next-group: put large messages (publish --file) back together and write each payload raw "+
 		"to stdout (one JSON line about it on stderr); use --max 1 for one file")
+	fl.StringVar(&f.outputDir, "output-dir", "", "write each message's payload to DIR/TENANT/KEY/ID (escaped) instead of the JSON line, which names the file, "+
+		"its size and SHA-256; the file appears under its name only once whole and checked. Needed for large messages outside --assemble")
 	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
 	fl.Var(&f.start, "start", "where a group new to the topic starts: earliest or latest")
 	cmd.MarkFlagRequired("topic")
@@ -128,6 +133,8 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		return usagef("--key needs exactly one tenant, got %d", len(tenants))
 	case f.assemble && f.key == "" && !f.nextGroup:
 		return usagef("--assemble reads one message group at a time: give --key or --next-group")
+	case f.assemble && f.outputDir != "":
+		return usagef("--assemble writes payloads to stdout, --output-dir to files: give one")
 	}
 	nameErr := error(nil)
 	if f.name != "" {
@@ -150,15 +157,33 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	printed := 0
 	reachedMax := make(chan struct{})
 	activity := make(chan struct{}, 1)
+	refused := make(chan error, 1)
 	enc := json.NewEncoder(out)
 	handler := func(ctx context.Context, d *shardq.Delivery) error {
+		if d.IsLarge() && f.outputDir == "" {
+			err := largeToStdout(d)
+			select {
+			case refused <- err:
+			default:
+			}
+			<-ctx.Done() // not acked: the command ends with err
+			return err
+		}
+		var line any = newConsumeLine(d)
+		if f.outputDir != "" {
+			fl, err := writeFile(f.outputDir, d)
+			if err != nil {
+				return err // a failed delivery: retried, dead-lettered after the last attempt
+			}
+			line = fl
+		}
 		mu.Lock()
 		if f.max > 0 && printed >= f.max {
 			mu.Unlock()
 			<-ctx.Done() // not printed, not acked: the stop cancels it
 			return ctx.Err()
 		}
-		err := enc.Encode(newConsumeLine(d))
+		err := enc.Encode(line)
 		if err == nil {
 			err = out.Flush()
 		}
@@ -206,10 +231,14 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		}
 	}
 	graceful := true
+	var failed error
 wait:
 	for {
 		select {
 		case <-cmd.Context().Done(): // SIGINT/SIGTERM
+			break wait
+		case failed = <-refused:
+			graceful = false
 			break wait
 		case <-reachedMax:
 			graceful = false // handlers past --max are blocked: cancel them now
@@ -226,7 +255,7 @@ wait:
 	} else {
 		defer cancel()
 	}
-	return sub.Stop(stopCtx)
+	return errors.Join(failed, sub.Stop(stopCtx))
 }
 
 // receive consumes message groups through GroupReceivers: the one group
@@ -335,9 +364,17 @@ func (s *groupServer) serve(ctx context.Context, r *shardq.GroupReceiver, groupI
 		case err != nil:
 			return true, err
 		}
-		if ld != nil {
+		switch {
+		case ld != nil:
 			err = s.writeWhole(ld)
-		} else {
+		case s.f.outputDir != "":
+			var line fileLine
+			if line, err = writeFile(s.f.outputDir, d); err == nil {
+				err = s.enc.Encode(line)
+			}
+		case d.IsLarge():
+			return true, largeToStdout(d) // not acked: Stop releases it
+		default:
 			err = s.enc.Encode(newConsumeLine(d))
 		}
 		if errors.Is(err, shardq.ErrLargeCorrupt) {

@@ -35,6 +35,9 @@ type serveFlags struct {
 	clientAddrHeader            string
 	secureCookies, metricsAuth  bool
 	readTimeout, writeTimeout   time.Duration
+	maxLarge                    int64
+	maxLargeTransfers           int
+	largeTimeout                time.Duration
 	shutdown                    time.Duration
 }
 
@@ -86,6 +89,11 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "how long a stop waits for requests in flight")
 	fl.DurationVar(&f.readTimeout, "read-timeout", 30*time.Second, "a request's headers and body must arrive within this (a body trickled slowly is cut off)")
 	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "a response must be sent within this; a long poll has its wait on top")
+	fl.Int64Var(&f.maxLarge, "max-large-bytes", server.DefaultMaxLargeBytes, "largest large-message upload (POST …/large) in bytes")
+	fl.IntVar(&f.maxLargeTransfers, "max-large-transfers", server.DefaultMaxLargeTransfers,
+		"large-message uploads and body downloads in flight on this server (each holds 4 MiB); past it, 429")
+	fl.DurationVar(&f.largeTimeout, "large-transfer-timeout", server.DefaultLargeTransferTimeout,
+		"how long one large-message upload or download may take in all (each read or write gets --read-timeout or --write-timeout)")
 	return cmd
 }
 
@@ -102,7 +110,8 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		mustBePositive("--max-response-bytes", f.maxResponse > 0), mustBePositive("--max-inflight-body", f.maxInflightBody > 0), mustBePositive("--max-receives", f.maxReceives > 0),
 		mustBePositive("--max-receives-per-token", f.maxPerToken > 0), mustBePositive("--max-conns", f.maxConns > 0),
 		mustBePositive("--auth-fail-rate", f.authFailRate > 0), mustBePositive("--read-timeout", f.readTimeout > 0),
-		mustBePositive("--write-timeout", f.writeTimeout > 0),
+		mustBePositive("--write-timeout", f.writeTimeout > 0), mustBePositive("--max-large-bytes", f.maxLarge > 0),
+		mustBePositive("--max-large-transfers", f.maxLargeTransfers > 0), mustBePositive("--large-transfer-timeout", f.largeTimeout > 0),
 		mustBePositive("--max-attempts", f.maxAttempts > 0), mustBePositive("--shutdown-timeout", f.shutdown > 0),
 	); err != nil {
 		return err
@@ -143,7 +152,8 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	}
 	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
 		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxInflightBodyBytes: f.maxInflightBody, MaxResponseBytes: f.maxResponse,
-		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
+		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, ReadTimeout: f.readTimeout,
+		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, LargeTransferTimeout: f.largeTimeout, Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
 		MeterProvider: a.meterProvider, Logger: a.logger()})
 	if err != nil {
 		return usageError{err}

@@ -219,6 +219,10 @@ type messageOut struct {
 	NotBefore     *time.Time        `json:"not_before,omitempty"`
 	Attempt       int               `json:"attempt,omitempty"`
 	Receipt       string            `json:"receipt,omitempty"`
+	// Large and BodyURL, on a received large message (no payload): what
+	// its end marker says, and where its body is read by its receipt.
+	Large   *largeOut `json:"large,omitempty"`
+	BodyURL string    `json:"body_url,omitempty"`
 }
 
 func messageOf(key, id string, offset int64, headers map[string]string, payload []byte, created, notBefore time.Time) messageOut {
@@ -268,6 +272,11 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	writeMessages(w, "messages", got.Messages, func(m shardq.ReceivedMessage) messageOut {
 		out := messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
 		out.Attempt, out.Receipt = m.Attempt, m.Receipt
+		if m.IsLarge() {
+			out.Payload, out.PayloadBase64 = nil, nil
+			out.Large = &largeOut{Bytes: m.Size, Chunks: m.Chunks, SHA256: m.SHA256}
+			out.BodyURL = bodyURL(tenant, rq.Topic, rq.ConsumerGroup, m.Receipt)
+		}
 		return out
 	}, got.Truncated)
 }

@@ -71,6 +71,16 @@ type Config struct {
 	// WriteTimeout is the HTTP server's: a receive extends its own
 	// response's deadline to its wait plus this [60s].
 	WriteTimeout time.Duration
+	// ReadTimeout is the HTTP server's: a large message's upload pushes
+	// its read deadline on by this at each read [30s].
+	ReadTimeout time.Duration
+	// MaxLargeBytes bounds one large message's upload [4 GiB];
+	// MaxLargeTransfers the uploads and body downloads in flight,
+	// server-wide [8] (each holds one transaction's chunks, 4 MiB); and
+	// LargeTransferTimeout how long one may take in all [1h].
+	MaxLargeBytes        int64
+	MaxLargeTransfers    int
+	LargeTransferTimeout time.Duration
 	// SecureCookies marks the dashboard's cookie Secure even when TLS ends
 	// before this process (at a proxy); it is Secure anyway under TLS.
 	SecureCookies bool
@@ -95,8 +105,13 @@ type Server struct {
 	csrf   *http.CrossOriginProtection
 	http   httpMetrics
 
-	draining  chan struct{} // closed by Drain: long polls answer at once
-	drainOnce sync.Once
+	// transferring counts the large uploads and downloads in flight,
+	// transfersOf them by token (large.go).
+	transferMu   sync.Mutex
+	transferring int
+	transfersOf  map[string]int
+	draining     chan struct{} // closed by Drain: long polls answer at once
+	drainOnce    sync.Once
 }
 
 // Drain makes waiting receives answer at once, and later ones not wait:
@@ -145,6 +160,21 @@ func New(cfg Config) (*Server, error) {
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = 60 * time.Second
 	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = 30 * time.Second
+	}
+	if cfg.MaxLargeBytes < 0 || cfg.MaxLargeTransfers < 0 || cfg.LargeTransferTimeout < 0 {
+		return nil, &shardq.ValidationError{Field: "max large bytes", Rule: "large-message limits must not be negative"}
+	}
+	if cfg.MaxLargeBytes == 0 {
+		cfg.MaxLargeBytes = DefaultMaxLargeBytes
+	}
+	if cfg.MaxLargeTransfers == 0 {
+		cfg.MaxLargeTransfers = DefaultMaxLargeTransfers
+	}
+	if cfg.LargeTransferTimeout == 0 {
+		cfg.LargeTransferTimeout = DefaultLargeTransferTimeout
+	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
@@ -169,7 +199,8 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = time.Now
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), admin: cfg.Client.Admin(), limits: newLimits(cfg),
-		keys: receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{})}
+		keys: receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{}),
+		transfersOf: map[string]int{}}
 	var err error
 	if s.http, err = newHTTPMetrics(cfg.MeterProvider); err != nil {
 		return nil, err
@@ -198,6 +229,9 @@ type route struct {
 	pattern string
 	role    string
 	handle  func(w http.ResponseWriter, r *http.Request, tenant string)
+	// large streams a large message's body in or out (large.go): bounded
+	// by the large-message limits instead of MaxBodyBytes.
+	large bool
 }
 
 func (s *Server) apiRoutes() []route {
@@ -205,29 +239,35 @@ func (s *Server) apiRoutes() []route {
 	const tp = t + "/topics/{topic}"
 	const g = tp + "/groups/{group}"
 	return []route{
-		{"POST " + tp + "/messages", RolePublish, s.publish},
-		{"POST " + g + "/receive", RoleConsume, s.receive},
-		{"POST " + g + "/ack", RoleConsume, s.ack},
-		{"POST " + g + "/nack", RoleConsume, s.nack},
-		{"GET " + t + "/topics", RoleAdmin, s.topics},
-		{"GET " + tp + "/offsets", RoleAdmin, s.offsets},
-		{"GET " + tp + "/groups", RoleAdmin, s.groups},
-		{"GET " + t + "/leases", RoleAdmin, s.leases},
-		{"GET " + t + "/subscribers", RoleAdmin, s.subscribers},
-		{"GET " + tp + "/dead-letters", RoleAdmin, s.deadLetters},
-		{"POST " + tp + "/dead-letters/requeue", RoleAdmin, s.requeue},
-		{"GET " + t + "/half-messages", RoleAdmin, s.halfMessages},
-		{"GET " + tp + "/messages", RoleAdmin, s.browse},
-		{"DELETE " + tp + "/messages", RoleAdmin, s.deleteMessage},
-		{"POST " + g + "/reset", RoleAdmin, s.reset},
-		{"POST " + g + "/pause", RoleAdmin, s.pause},
-		{"POST " + g + "/resume", RoleAdmin, s.resume},
+		{"POST " + tp + "/messages", RolePublish, s.publish, false},
+		{"POST " + tp + "/large", RolePublish, s.publishLarge, true},
+		{"POST " + g + "/receive", RoleConsume, s.receive, false},
+		{"GET " + g + "/body", RoleConsume, s.body, true},
+		{"POST " + g + "/ack", RoleConsume, s.ack, false},
+		{"POST " + g + "/nack", RoleConsume, s.nack, false},
+		{"GET " + t + "/topics", RoleAdmin, s.topics, false},
+		{"GET " + tp + "/offsets", RoleAdmin, s.offsets, false},
+		{"GET " + tp + "/groups", RoleAdmin, s.groups, false},
+		{"GET " + t + "/leases", RoleAdmin, s.leases, false},
+		{"GET " + t + "/subscribers", RoleAdmin, s.subscribers, false},
+		{"GET " + tp + "/dead-letters", RoleAdmin, s.deadLetters, false},
+		{"POST " + tp + "/dead-letters/requeue", RoleAdmin, s.requeue, false},
+		{"GET " + t + "/half-messages", RoleAdmin, s.halfMessages, false},
+		{"GET " + tp + "/messages", RoleAdmin, s.browse, false},
+		{"DELETE " + tp + "/messages", RoleAdmin, s.deleteMessage, false},
+		{"POST " + g + "/reset", RoleAdmin, s.reset, false},
+		{"POST " + g + "/pause", RoleAdmin, s.pause, false},
+		{"POST " + g + "/resume", RoleAdmin, s.resume, false},
 	}
 }
 
 func (s *Server) routes() {
 	for _, rt := range s.apiRoutes() {
-		s.mux.Handle(rt.pattern, s.authorized(rt.role, rt.handle))
+		h := rt.handle
+		if rt.large {
+			h = s.transfer(h)
+		}
+		s.mux.Handle(rt.pattern, s.authorized(rt.role, h, rt.large))
 	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
@@ -269,7 +309,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // client address's rate of failed authentications, then the credential
 // itself (one row read) and its role, and only then the token's rate, so
 // that nobody can spend another's. The request body is bounded.
-func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Request, string)) http.Handler {
+func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Request, string), large bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant := r.PathValue("tenant")
 		if err := ident.Tenant(tenant); err != nil {
@@ -293,6 +333,13 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 		if !s.limits.allowToken(id) {
 			w.Header().Set("Retry-After", "1")
 			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: fmt.Sprintf("more than %g requests a second with this token", s.cfg.Rate)})
+			return
+		}
+		if large {
+			// A stream: bounded by MaxLargeBytes, a transfer slot and
+			// LargeTransferTimeout (transfer).
+			r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxLargeBytes)
+			next(w, r.WithContext(context.WithValue(r.Context(), tokenIDKey{}, id)), tenant)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)

@@ -61,12 +61,14 @@ type harnessOptions struct {
 	maxBody     int64
 	// authFailRate is high unless a test sets it: most tests send many
 	// unauthenticated requests on purpose.
-	authFailRate     float64
-	maxResponseBytes int64
-	maxReceives      int
-	maxPerToken      int
-	metricsAuth      bool
-	maxInflightBody  int64
+	authFailRate      float64
+	maxResponseBytes  int64
+	maxReceives       int
+	maxPerToken       int
+	metricsAuth       bool
+	maxInflightBody   int64
+	maxLargeBytes     int64
+	maxLargeTransfers int
 }
 
 func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
@@ -90,7 +92,7 @@ func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
 	}
 	srv, err := New(Config{Client: c, Driver: drv, Receipts: rc, Tenants: o.tenants, Rate: o.rate, Burst: o.burst, AuthFailRate: o.authFailRate,
 		MaxBodyBytes: o.maxBody, MaxInflightBodyBytes: o.maxInflightBody, MaxResponseBytes: o.maxResponseBytes, MaxReceives: o.maxReceives, MaxReceivesPerToken: o.maxPerToken,
-		Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
+		MaxLargeBytes: o.maxLargeBytes, MaxLargeTransfers: o.maxLargeTransfers, Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
