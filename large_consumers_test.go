@@ -4,7 +4,10 @@ package shardq_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"testing"
@@ -532,6 +535,63 @@ func TestCorruptLargeMessageIsAFailedDelivery(t *testing.T) {
 		dls, err := c.Admin().DeadLetters(ctx, shardq.DeadLetterRequest{Scope: shardq.Scope{Tenants: []string{"t"}}, Topic: "x"})
 		if err != nil || len(dls) != 1 || dls[0].ID != "big" || dls[0].Headers[shardq.HeaderDLQAttempts] != "2" {
 			t.Fatalf("dead letters %+v, %v; want big after 2 attempts", dls, err)
+		}
+	})
+}
+
+// An end marker stored under a large message's id before its chunk 0 (the
+// copy a requeue moves last, after the chunks) does not complete it: a
+// reader waits for the one after the chunks.
+func TestEndMarkerBeforeTheChunksIsNotItsEnd(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		body := []byte("a payload of two chunks")
+		sum := sha256.Sum256(body)
+		end := func() *driver.InsertMessage {
+			return &driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big", CreatedAt: time.Now().UTC().Truncate(time.Microsecond),
+				Headers: map[string]string{shardq.HeaderLargeChunks: "2", shardq.HeaderLargeBytes: fmt.Sprint(len(body)), shardq.HeaderLargeSHA256: hex.EncodeToString(sum[:])}}
+		}
+		chunk := func(i int, p []byte) *driver.InsertMessage {
+			return &driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprintf("big#%d", i), Payload: p,
+				CreatedAt: time.Now().UTC().Truncate(time.Microsecond), Headers: map[string]string{shardq.HeaderLargeID: "big", shardq.HeaderLargeChunk: fmt.Sprint(i)}}
+		}
+		insert := func(ms ...*driver.InsertMessage) {
+			t.Helper()
+			tx, err := drv.BeginWrite(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := drv.InsertMessages(ctx, tx, ms); err != nil {
+				tx.Rollback()
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		insert(end(), chunk(0, body[:10]), chunk(1, body[10:])) // the stale end marker first
+		r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Stop(ctx)
+		// The stale marker itself comes first: an end marker without its
+		// chunks, passed over. Then chunk 0 waits.
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		d, err := r.Receive(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Receive with the end marker before the chunks: %+v, %v; want it to wait", d, err)
+		}
+		if _, err := c.Admin().Delete(ctx, shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big"}); err != nil {
+			t.Fatal(err)
+		}
+		insert(end()) // moved: now after the chunks
+		if d, err = r.Receive(ctx); err != nil || !d.IsLarge() {
+			t.Fatalf("after the end marker moved: %+v, %v", d, err)
+		}
+		if got, err := io.ReadAll(d.Body()); err != nil || string(got) != string(body) {
+			t.Fatalf("body %q, %v", got, err)
 		}
 	})
 }
