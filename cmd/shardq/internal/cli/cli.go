@@ -17,6 +17,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -112,6 +113,11 @@ type app struct {
 	// meterProvider is startTelemetry's (nil: the no-op global).
 	meterProvider metric.MeterProvider
 	metrics       http.Handler
+	// --log-format and --log-level, and the logger they make (logflags.go).
+	logFormat logFormatFlag
+	logLevel  logLevelFlag
+	logOnce   sync.Once
+	log       *slog.Logger
 }
 
 // dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
@@ -127,7 +133,7 @@ func (a *app) dsn() string {
 }
 
 func newRoot(env Env) *cobra.Command {
-	a := &app{env: env}
+	a := &app{env: env, logFormat: "text", logLevel: logLevelFlag(slog.LevelWarn)}
 	root := &cobra.Command{
 		Use:           "shardq",
 		Short:         "An ordered, tenant-sharded message queue on MySQL or SQLite",
@@ -147,6 +153,8 @@ func newRoot(env Env) *cobra.Command {
 		"serve Prometheus metrics at http://HOST:PORT/metrics while the command runs (for consume and other long-running commands)")
 	root.PersistentFlags().StringVar(&a.otlpEndpoint, "otlp-endpoint", "",
 		"send traces and metrics over OTLP/HTTP to this URL (like http://localhost:4318); the OTEL_EXPORTER_OTLP_* variables work too")
+	root.PersistentFlags().Var(&a.logFormat, "log-format", "log lines on stderr as text (key=value) or json")
+	root.PersistentFlags().Var(&a.logLevel, "log-level", "the least severe log lines written: debug, info (serve's access log), warn or error")
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.receiptKeyCmd(), a.versionCmd())
 	singleValued(root)
@@ -317,11 +325,6 @@ func display(s string) string {
 		}
 	}
 	return s
-}
-
-// logger writes warnings and errors to stderr.
-func (a *app) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 func (a *app) migrateCmd() *cobra.Command {

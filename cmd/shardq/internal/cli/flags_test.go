@@ -3,6 +3,8 @@
 package cli
 
 import (
+	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -91,5 +93,35 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 	if r := runCLI(t, nil, "", "consume", "--help"); !strings.Contains(r.stdout, "[$SHARDQ_IDLE_EXIT]") || !strings.Contains(r.stdout, "$SHARDQ_DSN") {
 		t.Fatalf("--help names the variables: %s", r.stdout)
+	}
+}
+
+// --log-format and --log-level (or their variables) shape every
+// command's log lines on stderr; a value they do not know is a usage
+// error naming the flag.
+func TestLogFlags(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{"SHARDQ_DSN": "sqlite://" + filepath.Join(dir, "q.db")}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	consume := []string{"consume", "--tenant", "acme", "--topic", "x", "--group", "g", "--idle-exit", "100ms"}
+	r := runCLI(t, env, "", append([]string{"--log-format", "json", "--log-level", "info"}, consume...)...)
+	var line map[string]any
+	first, _, _ := strings.Cut(r.stderr, "\n")
+	if r.code != 0 || json.Unmarshal([]byte(first), &line) != nil || line["level"] != "INFO" || !strings.Contains(fmt.Sprint(line["msg"]), "change feed") {
+		t.Fatalf("consume --log-format json --log-level info: %+v", r)
+	}
+	if r := runCLI(t, env, "", consume...); r.code != 0 || r.stderr != "" {
+		t.Fatalf("consume at the default level (warn): %+v", r)
+	}
+	env["SHARDQ_LOG_LEVEL"] = "info"
+	if r := runCLI(t, env, "", consume...); r.code != 0 || !strings.Contains(r.stderr, "level=INFO") {
+		t.Fatalf("consume with SHARDQ_LOG_LEVEL=info: %+v", r)
+	}
+	for _, args := range [][]string{{"--log-level", "loud", "version"}, {"--log-format", "xml", "version"}} {
+		if r := runCLI(t, nil, "", args...); r.code != 2 || !strings.Contains(r.stderr, args[0]) {
+			t.Errorf("%v: %+v", args, r)
+		}
 	}
 }

@@ -216,10 +216,47 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
+	start := time.Now()
+	acc := &access{}
+	r = r.WithContext(context.WithValue(r.Context(), accessKey{}, acc))
 	done := s.http.start(r)
 	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-	defer func() { done(r, sw.status) }()
+	defer func() {
+		done(r, sw.status)
+		s.logAccess(r, sw.status, time.Since(start), acc)
+	}()
 	s.mux.ServeHTTP(sw, r)
+}
+
+// access is what the access log learns while a request is served: the
+// verified token's id (never the token).
+type access struct{ token string }
+
+type accessKey struct{}
+
+// noteToken records the verified token's id for the access log.
+func noteToken(r *http.Request, id string) {
+	if a, ok := r.Context().Value(accessKey{}).(*access); ok {
+		a.token = id
+	}
+}
+
+// logAccess writes one access-log line at INFO (serve --log-level info):
+// method, route template (never the raw path, which carries client
+// input), status, duration, tenant and token id. The probes are left out:
+// they would drown the rest.
+func (s *Server) logAccess(r *http.Request, status int, d time.Duration, a *access) {
+	if r.Pattern == "GET /healthz" || r.Pattern == "GET /readyz" || !s.log.Enabled(r.Context(), slog.LevelInfo) {
+		return
+	}
+	route := r.Pattern
+	if route == "" {
+		route = "unmatched"
+	}
+	s.log.LogAttrs(context.WithoutCancel(r.Context()), slog.LevelInfo, "shardq serve: request",
+		slog.String("method", knownMethod(r.Method)), slog.String("route", route), slog.Int("status", status),
+		slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("tenant", r.PathValue("tenant")),
+		slog.String("token_id", a.token))
 }
 
 // route is one API operation: its pattern, the role it needs ("" for the
@@ -410,6 +447,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant str
 	switch {
 	case err == nil:
 		attempt.verified()
+		noteToken(r, id)
 		return id, roles, true
 	case errors.Is(err, errTokenTenant):
 		attempt.failed()
