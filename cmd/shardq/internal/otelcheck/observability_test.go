@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +22,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/internal/testdb"
@@ -113,7 +119,13 @@ func TestMetricsFollowEvents(t *testing.T) {
 			ctx := context.Background()
 			drv, _ := testdb.TwoDrivers(t, db)
 			reader := sdkmetric.NewManualReader()
-			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			// The Prometheus exporter beside it: what examples/ name must be there.
+			reg := prometheus.NewRegistry()
+			exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader), sdkmetric.WithReader(exp))
 			spans := tracetest.NewSpanRecorder()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 			c := newTestClient(t, drv, &shardq.Config{TracerProvider: tp, MeterProvider: mp})
@@ -170,6 +182,8 @@ func TestMetricsFollowEvents(t *testing.T) {
 			m.waitUntil("lag back to zero", func() bool {
 				return m.gaugeInt("shardq.consumer.lag", group) == 0 && m.gaugeFloat("shardq.consumer.lag.age", group) == 0
 			})
+			exported := map[string]bool{}
+			gather(t, reg, exported) // the gauges, while the subscriber runs
 			// 5 messages, 1 retry of flaky, 1 of poison.
 			if n := m.sum("messaging.client.consumed.messages", group); n != 7 {
 				t.Fatalf("consumed.messages = %d, want 7 (five, and two second attempts)", n)
@@ -233,7 +247,56 @@ func TestMetricsFollowEvents(t *testing.T) {
 				t.Fatalf("retention deleted %d; the metric says %d", rep.Deleted, m.sum("shardq.retention.deleted", map[string]string{"shardq.tenant": "t"}))
 			}
 			noSecrets(t, spans.Ended(), m.collect())
+			gather(t, reg, exported)
+			checkExamples(t, exported)
 		})
+	}
+}
+
+// gather adds the names of reg's metric families (with a histogram's
+// series suffixes) and their labels to known.
+func gather(t *testing.T, reg *prometheus.Registry, known map[string]bool) {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		known[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				known[f.GetName()+s] = true
+			}
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				known[l.GetName()] = true
+			}
+		}
+	}
+	known["le"] = true // a histogram's bucket bound
+}
+
+// checkExamples checks that every metric and label the Prometheus rules
+// and the Grafana dashboard in examples/ name is among known.
+func checkExamples(t *testing.T, known map[string]bool) {
+	t.Helper()
+	// Identifiers of shardq's and OpenTelemetry's messaging metrics and labels.
+	ident := regexp.MustCompile(`\b(?:shardq|messaging|error)_[a-z0-9_]+\b`)
+	for _, file := range []string{"../../../../examples/prometheus/shardq-alerts.yml", "../../../../examples/grafana/shardq-dashboard.json"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := ident.FindAllString(string(b), -1)
+		if len(names) < 10 {
+			t.Fatalf("%s names %d metrics and labels; the pattern finds too few", file, len(names))
+		}
+		for _, n := range names {
+			if !known[n] {
+				t.Errorf("%s names %s, which is not exported", file, n)
+			}
+		}
 	}
 }
 

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package sqlitedriver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/sqlitedriver"
+)
+
+// A backup taken while a publisher writes is a whole database: it passes
+// SQLite's integrity check, and holds the publisher's messages up to some
+// point, each once and in order, nothing after a gap; it never
+// overwrites a file.
+func TestBackupWhileWriting(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	d, err := sqlitedriver.Open(filepath.Join(dir, "q.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	published := 0
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint(i), Payload: []byte(fmt.Sprint(i))}); err != nil {
+				t.Error(err)
+				return
+			}
+			published = i + 1
+		}
+	})
+	for _, name := range []string{"a.db", "b.db"} { // two, while the publisher runs
+		if err := d.Backup(ctx, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := d.Backup(ctx, filepath.Join(dir, "a.db")); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("a backup onto an existing file: %v", err)
+	}
+	for _, name := range []string{"a.db", "b.db"} {
+		b, err := sqlitedriver.Open(filepath.Join(dir, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ok string
+		if err := b.DB().QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&ok); err != nil || ok != "ok" {
+			t.Fatalf("%s: integrity check %q, %v", name, ok, err)
+		}
+		ms, err := b.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, 0, 1_000_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range ms {
+			if m.ID != fmt.Sprint(i) {
+				t.Fatalf("%s: message %d is %q: the copy is not a prefix of what was published", name, i, m.ID)
+			}
+		}
+		if len(ms) > published {
+			t.Fatalf("%s holds %d messages; %d were published", name, len(ms), published)
+		}
+		b.Close()
+	}
+}
