@@ -595,3 +595,35 @@ func TestEndMarkerBeforeTheChunksIsNotItsEnd(t *testing.T) {
 		}
 	})
 }
+
+// Writes in progress do not hide ready groups from a receive of the next
+// free group, although their chunk 0 is older: more of them than one
+// page of ready groups, and a message published after them still comes.
+func TestReceiveNextGroupPastWritesInProgress(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, _ driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		for i := range 25 {
+			release, done := stalledWrite(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("w%02d", i), ID: "big"}, uint64(i))
+			defer func() { release(); <-done }()
+		}
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "ready", ID: "m", Payload: []byte("m")}); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := c.Receipts(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for attempt := 1; ; attempt++ {
+			got, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", NextGroup: true, Max: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Messages) == 1 && got.Messages[0].ID == "m" {
+				return
+			}
+			if len(got.Messages) != 0 || attempt == 3 {
+				t.Fatalf("receive %d of the next group: %+v; want m, past the writes in progress", attempt, got.Messages)
+			}
+		}
+	})
+}

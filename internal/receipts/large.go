@@ -117,6 +117,14 @@ func (r *Receipts) waiter(ref driver.PartitionRef) *large.Waiter {
 	return w
 }
 
+// writing reports whether a receive found a large message still being
+// written at ref's cursor, and has not seen it complete or given up since.
+func (r *Receipts) writing(ref driver.PartitionRef) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waiters[ref] != nil
+}
+
 func (r *Receipts) forget(ref driver.PartitionRef) {
 	r.mu.Lock()
 	delete(r.waiters, ref)

@@ -357,18 +357,33 @@ func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cau
 // receiveNextGroup takes the free message group whose next message is
 // oldest (trying the 20 oldest: others may take some meanwhile).
 func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, error) {
-	groups, err := r.drv.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{rq.Tenant}, Topic: rq.Topic, ConsumerGroup: rq.Group}, r.now(), 20)
-	if err != nil {
-		return Result{}, fmt.Errorf("shardq: receive: %w", err)
-	}
-	for _, g := range groups {
-		res, err := r.receiveGroup(ctx, rq, g.PartitionKey)
-		if err != nil || len(res.Messages) > 0 {
-			return res, err
+	// Groups whose next message is a large one still being written come
+	// first (their chunk 0 is old) but have nothing to hand out: each is
+	// looked at cheaply (its chunk 0 alone, for the Waiter), and when they
+	// fill the page the look goes further.
+	for limit := 20; ; limit = min(limit*4, maxReadyGroups) {
+		groups, err := r.drv.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{rq.Tenant}, Topic: rq.Topic, ConsumerGroup: rq.Group}, r.now(), limit)
+		if err != nil {
+			return Result{}, fmt.Errorf("shardq: receive: %w", err)
+		}
+		writing := 0
+		for _, g := range groups {
+			res, err := r.receiveGroup(ctx, rq, g.PartitionKey)
+			if err != nil || len(res.Messages) > 0 {
+				return res, err
+			}
+			if r.writing(driver.PartitionRef{Tenant: rq.Tenant, ConsumerGroup: rq.Group, Topic: rq.Topic, PartitionKey: g.PartitionKey}) {
+				writing++
+			}
+		}
+		if writing < len(groups) || len(groups) < limit || limit == maxReadyGroups {
+			return Result{}, nil
 		}
 	}
-	return Result{}, nil
 }
+
+// maxReadyGroups bounds the groups one receive looks at.
+const maxReadyGroups = 320
 
 // receiveGroup takes group key's lease and hands out its ready messages
 // after the cursor; with none ready it gives the lease back.
@@ -384,6 +399,9 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 		return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
 	}
 	var res Result
+	if r.writing(ref) {
+		rq.Max = 1 // a large message is being written at the cursor: its chunk 0 is all there is to read
+	}
 	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
 	var whole *large.Whole
 	if err == nil && len(msgs) > 0 {
