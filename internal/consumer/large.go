@@ -4,6 +4,7 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/large"
@@ -53,10 +54,15 @@ func (w *worker) largeEnd(m *driver.Message) (end *driver.Message, ok bool) {
 }
 
 // passOver moves the cursor to upTo past m, which no handler may see, and
-// says why.
+// says why: at WARN for the start of something passed over, at DEBUG for
+// each later chunk of it (a large write has thousands).
 func (w *worker) passOver(m *driver.Message, upTo int64, why string) bool {
 	w.cursor = upTo
-	w.s.log.Warn("shardq: passed over "+why, w.logArgs("offset", m.Offset, "id", m.ID, "up_to", upTo)...)
+	level := slog.LevelWarn
+	if large.KindOf(m) == large.Chunk {
+		level = slog.LevelDebug
+	}
+	w.s.log.Log(context.Background(), level, "shardq: passed over "+why, w.logArgs("offset", m.Offset, "id", m.ID, "up_to", upTo)...)
 	return true
 }
 

@@ -5,6 +5,7 @@ package receipts
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -74,7 +75,11 @@ func (r *Receipts) wholes(ctx context.Context, l *driver.Lease, rq Request, msgs
 		if err := r.drv.CommitReceived(ctx, *l, m.Offset, now); err != nil {
 			return nil, nil, nil, fmt.Errorf("pass over offset %d: %w", m.Offset, err)
 		}
-		r.cfg.Log.Warn("shardq: passed over a part of a large message that no reader may see alone", "tenant", l.Tenant, "topic", l.Topic,
+		level := slog.LevelWarn
+		if large.KindOf(m) == large.Chunk {
+			level = slog.LevelDebug // each later chunk of what was passed over: thousands
+		}
+		r.cfg.Log.Log(ctx, level, "shardq: passed over a part of a large message that no reader may see alone", "tenant", l.Tenant, "topic", l.Topic,
 			"partition_key", l.PartitionKey, "group", l.ConsumerGroup, "offset", m.Offset, "id", m.ID)
 		l.Committed = m.Offset
 		if len(msgs) > 1 {

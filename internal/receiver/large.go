@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -116,7 +117,11 @@ func (r *Receiver) passOver(ctx context.Context, m driver.Message, end *driver.M
 	if err := r.Ack(ctx, m.Offset); err != nil {
 		return err
 	}
-	r.log.Warn("shardq: passed over "+why, "offset", m.Offset, "id", m.ID)
+	level := slog.LevelWarn
+	if large.KindOf(&m) == large.Chunk {
+		level = slog.LevelDebug // each later chunk of what was passed over: thousands
+	}
+	r.log.Log(ctx, level, "shardq: passed over "+why, "offset", m.Offset, "id", m.ID)
 	return nil
 }
 
