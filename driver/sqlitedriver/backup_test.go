@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
@@ -18,8 +20,9 @@ import (
 
 // A backup taken while a publisher writes is a whole database: it passes
 // SQLite's integrity check, and holds the publisher's messages up to some
-// point, each once and in order, nothing after a gap; it never
-// overwrites a file.
+// point, each once and in order, nothing after a gap. It is private (mode
+// 0600, as the database), leaves no temporary file, and never overwrites
+// a file.
 func TestBackupWhileWriting(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -38,6 +41,7 @@ func TestBackupWhileWriting(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	published := 0
 	wg.Go(func() {
 		for i := 0; ; i++ {
@@ -50,16 +54,46 @@ func TestBackupWhileWriting(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			mu.Lock()
 			published = i + 1
+			mu.Unlock()
 		}
 	})
-	for _, name := range []string{"a.db", "b.db"} { // two, while the publisher runs
-		if err := d.Backup(ctx, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
+	waitPublished := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			p := published
+			mu.Unlock()
+			if p >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the publisher published %d of %d", p, n)
+			}
 		}
+	}
+	waitPublished(20)
+	if err := d.Backup(ctx, filepath.Join(dir, "a.db")); err != nil { // while the publisher runs
+		t.Fatal(err)
+	}
+	mu.Lock()
+	after := published
+	mu.Unlock()
+	waitPublished(after + 20) // it went on
+	if err := d.Backup(ctx, filepath.Join(dir, "b.db")); err != nil {
+		t.Fatal(err)
 	}
 	close(stop)
 	wg.Wait()
+	if left, _ := filepath.Glob(filepath.Join(dir, ".*.part")); len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
+	for _, name := range []string{"a.db", "b.db"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v, %v; want mode 0600", name, fi.Mode(), err)
+		}
+	}
 	if err := d.Backup(ctx, filepath.Join(dir, "a.db")); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("a backup onto an existing file: %v", err)
 	}
@@ -81,8 +115,8 @@ func TestBackupWhileWriting(t *testing.T) {
 				t.Fatalf("%s: message %d is %q: the copy is not a prefix of what was published", name, i, m.ID)
 			}
 		}
-		if len(ms) > published {
-			t.Fatalf("%s holds %d messages; %d were published", name, len(ms), published)
+		if len(ms) < 20 || len(ms) > published {
+			t.Fatalf("%s holds %d messages; at least 20 were published before it began, %d in all", name, len(ms), published)
 		}
 		b.Close()
 	}

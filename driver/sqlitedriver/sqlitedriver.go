@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -215,16 +216,29 @@ var dialect = sqlcommon.Dialect{
 
 // Backup writes a consistent copy of the database to the new file dst
 // (SQLite's VACUUM INTO, one read transaction: writers go on meanwhile,
-// and the copy holds what was committed when it began). dst must not
-// exist; it is complete once Backup returns. Restore by stopping every
-// process of the database and putting the copy in its place (without the
-// old file's -wal and -shm).
-func (d *Driver) Backup(ctx context.Context, dst string) error {
-	if _, err := os.Stat(dst); err == nil {
+// and the copy holds what was committed when it began). The copy is
+// written to a private temporary file beside dst (mode 0600, as the
+// database: it holds every payload), synced, and linked to dst only
+// once whole, so dst never names a partial copy; dst must not exist.
+// Restore by stopping every process of the database and putting the copy
+// in its place (without the old file's -wal and -shm).
+func (d *Driver) Backup(ctx context.Context, dst string) (err error) {
+	if strings.HasPrefix(dst, "file:") || strings.ContainsAny(dst, "?#") {
+		return fmt.Errorf("sqlite: backup to %q: a plain file path, not a URI", dst)
+	}
+	if _, err := os.Lstat(dst); err == nil {
 		return fmt.Errorf("sqlite: backup to %s: %w", dst, fs.ErrExist)
 	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*.part")
+	if err != nil {
+		return fmt.Errorf("sqlite: backup: %w", err)
+	}
+	defer func() {
+		tmp.Close()
+		os.Remove(tmp.Name()) // after the link, only the temporary name goes
+	}()
 	// A connection of its own: the readers are query-only (VACUUM INTO
-	// writes dst), and the one writer must stay free for publishers.
+	// writes), and the one writer must stay free for publishers.
 	path, query, _ := strings.Cut(d.readDSN, "?")
 	q, err := url.ParseQuery(query)
 	if err != nil {
@@ -237,9 +251,22 @@ func (d *Driver) Backup(ctx context.Context, dst string) error {
 	}
 	defer db.Close()
 	// The file name is bound, as every value is: VACUUM INTO takes an
-	// expression.
-	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+	// expression (and an empty file, as CreateTemp made it).
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmp.Name()); err != nil {
 		return wrap("backup to "+dst, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("sqlite: backup: %w", err)
+	}
+	if err := os.Link(tmp.Name(), dst); err != nil { // fails, rather than overwrite, if dst appeared meanwhile
+		return fmt.Errorf("sqlite: backup: %w", err)
+	}
+	if dir, err := os.Open(filepath.Dir(dst)); err == nil {
+		err = dir.Sync()
+		dir.Close()
+		if err != nil {
+			return fmt.Errorf("sqlite: backup: sync %s: %w", filepath.Dir(dst), err)
+		}
 	}
 	return nil
 }

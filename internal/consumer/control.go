@@ -95,6 +95,9 @@ func (s *Member) tick() (contended bool) {
 	s.mu.Lock()
 	s.heldElsewhere = held
 	s.work = work
+	if s.stillUnseen(work, held) {
+		contended = true // a key a wake-up named is not visible yet: tick again soon
+	}
 	for i, l := range leases {
 		if l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil {
 			leases[i].Owner = ""
@@ -161,6 +164,29 @@ func (s *Member) tick() (contended bool) {
 		s.startWorker(l)
 	}
 	return contended
+}
+
+// unseenFor is how long the control loop keeps ticking early for a key a
+// wake-up named and no tick has seen: the time a commit the feed reported
+// may take to become visible to readers, with room for a loaded server.
+const unseenFor = 2 * time.Second
+
+// stillUnseen drops from s.unseen the keys work holds (or another member
+// holds) and those named longer than unseenFor ago, and reports whether
+// any is left. s.mu is held.
+func (s *Member) stillUnseen(work []driver.Partition, held map[[2]string]bool) bool {
+	if len(s.unseen) == 0 {
+		return false
+	}
+	for _, p := range work {
+		delete(s.unseen, [2]string{p.Tenant, p.PartitionKey})
+	}
+	for k, at := range s.unseen {
+		if held[k] || time.Since(at) > unseenFor {
+			delete(s.unseen, k)
+		}
+	}
+	return len(s.unseen) > 0
 }
 
 // handBackIdle asks up to n workers that wait idle (drained, no message

@@ -115,6 +115,11 @@ type Member struct {
 	paused atomic.Pointer[map[string]bool]
 	rescan chan struct{} // the feed asks the head watcher to read now
 	kick   chan struct{} // the feed saw a partition nobody here holds move
+	// unseen is the keys a wake-up named that no tick has found with work
+	// yet, with when first named (guarded by mu): the change feed can
+	// report a commit before a reader sees it, so the control loop ticks
+	// again soon until it does (control.go).
+	unseen map[[2]string]time.Time
 	// ungrouped consumes the ungrouped messages (nil with TakeGrouped).
 	ungrouped  *ungrouped.Service
 	stopOnce   sync.Once
@@ -132,6 +137,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		workers: map[driver.PartitionRef]*worker{},
 		rescan:  make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
+		unseen:  map[[2]string]time.Time{},
 		settler: settle.Settler{Driver: drv, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix, Clock: cfg.Clock},
 	}
 	// A member that takes grouped messages heartbeats (its first beat also

@@ -3,6 +3,8 @@
 package consumer
 
 import (
+	"time"
+
 	"github.com/shardq/shardq/driver"
 )
 
@@ -30,7 +32,13 @@ func (s *Member) Moved(heads []driver.HeadChange) {
 		ref := driver.PartitionRef{Tenant: h.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: h.Topic, PartitionKey: h.PartitionKey}
 		w := s.workers[ref]
 		if w == nil {
-			kick = kick || !s.heldElsewhere[[2]string{h.Tenant, h.PartitionKey}]
+			k := [2]string{h.Tenant, h.PartitionKey}
+			if !s.heldElsewhere[k] {
+				kick = true
+				if _, ok := s.unseen[k]; !ok && len(s.unseen) < maxUnseen {
+					s.unseen[k] = time.Now()
+				}
+			}
 			continue
 		}
 		if h.Head > w.expect.Load() { // s.mu serializes the writers
@@ -46,6 +54,9 @@ func (s *Member) Moved(heads []driver.HeadChange) {
 		signal(s.kick)
 	}
 }
+
+// maxUnseen bounds Member.unseen: keys come from publishers.
+const maxUnseen = 1000
 
 // Rescan is the feed's "anything may have moved": the head watcher reads
 // the heads of every idle partition now, the ungrouped claimers look, and

@@ -359,8 +359,10 @@ func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cau
 func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, error) {
 	// Groups whose next message is a large one still being written come
 	// first (their chunk 0 is old) but have nothing to hand out: each is
-	// looked at cheaply (its chunk 0 alone, for the Waiter), and when they
-	// fill the page the look goes further.
+	// looked at cheaply (once known, its chunk 0 alone, for the Waiter),
+	// and when any is on the page the look goes further, to groups not
+	// yet looked at.
+	seen := map[string]bool{}
 	for limit := 20; ; limit = min(limit*4, maxReadyGroups) {
 		groups, err := r.drv.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{rq.Tenant}, Topic: rq.Topic, ConsumerGroup: rq.Group}, r.now(), limit)
 		if err != nil {
@@ -368,6 +370,10 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 		}
 		writing := 0
 		for _, g := range groups {
+			if seen[g.PartitionKey] {
+				continue // looked at on the page before
+			}
+			seen[g.PartitionKey] = true
 			res, err := r.receiveGroup(ctx, rq, g.PartitionKey)
 			if err != nil || len(res.Messages) > 0 {
 				return res, err
@@ -376,7 +382,7 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 				writing++
 			}
 		}
-		if writing < len(groups) || len(groups) < limit || limit == maxReadyGroups {
+		if writing == 0 || len(groups) < limit || limit == maxReadyGroups {
 			return Result{}, nil
 		}
 	}
@@ -403,6 +409,9 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 		rq.Max = 1 // a large message is being written at the cursor: its chunk 0 is all there is to read
 	}
 	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
+	if err == nil && (len(msgs) == 0 || large.KindOf(&msgs[0]) != large.First) {
+		r.forget(ref) // whatever was waited for at the cursor is past
+	}
 	var whole *large.Whole
 	if err == nil && len(msgs) > 0 {
 		msgs, states, whole, err = r.wholes(ctx, &l, rq, msgs, states, truncated, now)

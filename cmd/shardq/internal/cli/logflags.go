@@ -28,7 +28,7 @@ func (f *logLevelFlag) String() string { return strings.ToLower(slog.Level(*f).S
 func (f *logLevelFlag) Type() string   { return "debug|info|warn|error" }
 func (f *logLevelFlag) Set(s string) error {
 	var l slog.Level
-	switch s {
+	switch strings.ToLower(s) {
 	case "debug":
 		l = slog.LevelDebug
 	case "info":

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"log/slog"
 	"strings"
 	"testing"
@@ -43,5 +44,12 @@ func TestAccessLog(t *testing.T) {
 	}
 	if !strings.Contains(got[0], "token_id="+id) || !strings.HasSuffix(got[1], "token_id=") {
 		t.Errorf("token ids: %q", got)
+	}
+	// At the default level (warn) there is no access log.
+	var buf bytes.Buffer
+	h.srv.log = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	h.must(200, "POST", "/v1/tenants/acme/topics/orders/messages", tok, map[string]any{"key": "k", "payload": "x"})
+	if buf.Len() != 0 {
+		t.Errorf("at warn: %q", buf.String())
 	}
 }

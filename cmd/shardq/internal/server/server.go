@@ -243,11 +243,16 @@ func noteToken(r *http.Request, id string) {
 
 // logAccess writes one access-log line at INFO (serve --log-level info):
 // method, route template (never the raw path, which carries client
-// input), status, duration, tenant and token id. The probes are left out:
-// they would drown the rest.
+// input), status, duration, tenant (when it is a valid name) and token
+// id. The probes and metric scrapes are left out: they would drown the
+// rest.
 func (s *Server) logAccess(r *http.Request, status int, d time.Duration, a *access) {
-	if r.Pattern == "GET /healthz" || r.Pattern == "GET /readyz" || !s.log.Enabled(r.Context(), slog.LevelInfo) {
+	if r.Pattern == "GET /healthz" || r.Pattern == "GET /readyz" || r.Pattern == "GET /metrics" || !s.log.Enabled(r.Context(), slog.LevelInfo) {
 		return
+	}
+	tenant := r.PathValue("tenant")
+	if ident.Tenant(tenant) != nil {
+		tenant = "" // not a tenant's name: a client's bytes, not logged
 	}
 	route := r.Pattern
 	if route == "" {
@@ -255,7 +260,7 @@ func (s *Server) logAccess(r *http.Request, status int, d time.Duration, a *acce
 	}
 	s.log.LogAttrs(context.WithoutCancel(r.Context()), slog.LevelInfo, "shardq serve: request",
 		slog.String("method", knownMethod(r.Method)), slog.String("route", route), slog.Int("status", status),
-		slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("tenant", r.PathValue("tenant")),
+		slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("tenant", tenant),
 		slog.String("token_id", a.token))
 }
 
