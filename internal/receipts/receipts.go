@@ -355,7 +355,7 @@ func (r *Receipts) releaseClaims(ctx context.Context, claims []driver.Claim, cau
 }
 
 // receiveNextGroup takes the free message group whose next message is
-// oldest (trying the 20 oldest: others may take some meanwhile).
+// oldest (trying a page of the oldest: others may take some meanwhile).
 func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, error) {
 	// Groups whose next message is a large one still being written come
 	// first (their chunk 0 is old) but have nothing to hand out: each is
