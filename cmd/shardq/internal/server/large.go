@@ -188,15 +188,14 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, tenant string) {
 	if strings.Contains(r.Header.Get("Range"), ",") {
 		r.Header.Del("Range")
 	}
-	// Each write gets WriteTimeout (bodySeeker), the whole
+	// Each write gets WriteTimeout (paced), the whole
 	// LargeTransferTimeout (transfer).
-	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Repr-Digest", reprDigest(b.SHA256))
 	h.Set("ETag", `"`+b.SHA256+`"`)
 	h.Set("Cache-Control", "no-store")
-	rs := &bodySeeker{size: b.Size, r: b.Reader, rc: rc, idle: s.cfg.WriteTimeout,
+	rs := &bodySeeker{size: b.Size, r: b.Reader,
 		open: func() (io.Reader, error) {
 			b, err := s.cfg.Receipts.Body(r.Context(), g, receipt)
 			if err != nil {
@@ -204,7 +203,7 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, tenant string) {
 			}
 			return b.Reader, nil
 		}}
-	http.ServeContent(w, r, "", time.Time{}, rs)
+	http.ServeContent(paced{w, http.NewResponseController(w), s.cfg.WriteTimeout}, r, "", time.Time{}, rs)
 	if rs.err != nil && r.Context().Err() == nil {
 		// The response is cut short: its Content-Length tells the client.
 		s.log.Warn("shardq serve: a large message's body failed mid-response", "tenant", tenant, "topic", g.Topic, "group", g.ConsumerGroup, "err", rs.err)
@@ -214,16 +213,31 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, tenant string) {
 // bodySeeker is a large message's body as an io.ReadSeeker for
 // http.ServeContent (Range): a seek only moves the position; a read at a
 // position behind what was read opens the body again, and one ahead skips
-// to it. Each read pushes the connection's write deadline on by idle.
+// to it.
 type bodySeeker struct {
 	size, pos int64
 	r         io.Reader // read up to rpos
 	rpos      int64
 	open      func() (io.Reader, error)
-	rc        *http.ResponseController
-	idle      time.Duration
 	err       error // the body's failure, for the log
 }
+
+// paced gives each write to the client its own deadline, idle from its
+// start: reading the body from the database between writes does not count
+// against the client. It hides the ResponseWriter's ReadFrom, so that
+// every write passes through Write.
+type paced struct {
+	http.ResponseWriter
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (p paced) Write(b []byte) (int, error) {
+	p.rc.SetWriteDeadline(time.Now().Add(p.idle)) //nolint:errcheck // not every writer has deadlines
+	return p.ResponseWriter.Write(b)
+}
+
+func (p paced) Unwrap() http.ResponseWriter { return p.ResponseWriter }
 
 func (b *bodySeeker) Seek(offset int64, whence int) (int64, error) {
 	switch whence {
@@ -241,7 +255,6 @@ func (b *bodySeeker) Seek(offset int64, whence int) (int64, error) {
 }
 
 func (b *bodySeeker) Read(p []byte) (int, error) {
-	b.rc.SetWriteDeadline(time.Now().Add(b.idle)) //nolint:errcheck // not every writer has deadlines
 	if b.pos >= b.size {
 		return 0, io.EOF
 	}

@@ -4,6 +4,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -11,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -227,29 +230,46 @@ func (s slowReader) Read(p []byte) (int, error) {
 func TestLargeTransfersOutlastTheTimeouts(t *testing.T) {
 	drv := testdb.Migrated(t, testdb.SQLite(t))
 	h := newHarness(t, drv, harnessOptions{})
-	// Each write may wait for the client a while on a loaded machine
-	// (the race detector, parallel packages): the timeouts leave room for
-	// that and are still well under each transfer's length.
-	const timeout = time.Second
+	lines := &testdb.LogLines{}
+	// The timeouts leave a client paused by a loaded machine (the race
+	// detector, parallel packages) seconds between reads; each transfer
+	// still lasts about twice as long.
+	const timeout = 3 * time.Second
 	srv, err := New(Config{Client: h.client, Driver: drv, Receipts: h.srv.cfg.Receipts, Rate: 1e6, Burst: 1e6, AuthFailRate: 1e6,
-		ReadTimeout: timeout, WriteTimeout: timeout, Logger: h.srv.log, Clock: h.clock.Now})
+		ReadTimeout: timeout, WriteTimeout: timeout, Logger: slog.New(lines), Clock: h.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewUnstartedServer(srv)
 	hs.Config.ReadTimeout, hs.Config.WriteTimeout = timeout, timeout
+	// Small socket buffers on both ends keep the bytes in flight to a few
+	// pieces, so that the server's reads and writes wait on the client's
+	// pace rather than fill the kernel's buffers up front.
+	hs.Listener = smallBuffers{hs.Listener}
 	hs.Start()
 	defer hs.Close()
+	hs.Client().Transport.(*http.Transport).DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = setBuffers(c)
+		}
+		return c, err
+	}
 	h.http = hs
+	defer func() {
+		if t.Failed() {
+			t.Logf("the server's log:\n%s", strings.Join(lines.All(), "\n"))
+		}
+	}()
 	tok, _ := h.token(RoleAdmin, 0, "acme")
-	// Far more than the sockets' buffers hold, at a pace that makes each
-	// transfer last two to three times each timeout (and each write wait
-	// for well under it).
-	data := make([]byte, 32<<20)
+	// 128 pieces of 32 KiB, one each 50 ms: about 6.4 s each way.
+	const piece, pause = 32 << 10, 50 * time.Millisecond
+	data := make([]byte, 128*piece)
 	rand.NewChaCha8([32]byte{2}).Read(data)
-	r := h.upload("/v1/tenants/acme/topics/files/large?key=k&id=slow", tok, slowReader{bytes.NewReader(data), 64 << 10, 5 * time.Millisecond}, nil)
+	start := time.Now()
+	r := h.upload("/v1/tenants/acme/topics/files/large?key=k&id=slow", tok, slowReader{bytes.NewReader(data), piece, pause}, nil)
 	if r.status != 200 {
-		t.Fatalf("slow upload: %d %s", r.status, r.raw)
+		t.Fatalf("slow upload after %v: %d %s", time.Since(start), r.status, r.raw)
 	}
 	ms := received(h.must(200, "POST", "/v1/tenants/acme/topics/files/groups/g/receive", tok, map[string]any{"key": "k", "max": 1}))
 	req, err := http.NewRequest("GET", hs.URL+ms[0]["body_url"].(string), nil)
@@ -257,13 +277,63 @@ func TestLargeTransfersOutlastTheTimeouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+tok)
+	start = time.Now()
 	res, err := hs.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	got, err := io.ReadAll(slowReader{res.Body, 128 << 10, 10 * time.Millisecond})
+	got, err := io.ReadAll(slowReader{res.Body, piece, pause})
 	if err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("slow download: %d of %d bytes, %v", len(got), len(data), err)
+		t.Fatalf("slow download after %v: %d of %d bytes, %v", time.Since(start), len(got), len(data), err)
+	}
+}
+
+// smallBuffers gives each accepted connection a small send buffer.
+type smallBuffers struct{ net.Listener }
+
+func (l smallBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		err = setBuffers(c)
+	}
+	return c, err
+}
+
+// setBuffers shrinks a TCP connection's socket buffers to 16 KiB each way.
+func setBuffers(c net.Conn) error {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return fmt.Errorf("not a TCP connection: %T", c)
+	}
+	return errors.Join(tc.SetReadBuffer(16<<10), tc.SetWriteBuffer(16<<10))
+}
+
+// A pause between writes longer than the write timeout (the body read from
+// a slow database) does not cut the response: the deadline covers each
+// write from its start.
+func TestPacedWritesDeadlineEachWrite(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := paced{w, http.NewResponseController(w), idle}
+		for range 3 {
+			time.Sleep(2 * idle)
+			if _, err := p.Write(make([]byte, 1<<10)); err != nil {
+				return
+			}
+			p.rc.Flush() //nolint:errcheck
+		}
+	}))
+	hs.Config.WriteTimeout = idle
+	hs.Start()
+	defer hs.Close()
+	res, err := hs.Client().Get(hs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	got, err := io.ReadAll(res.Body)
+	if err != nil || len(got) != 3<<10 {
+		t.Fatalf("read %d of %d bytes: %v", len(got), 3<<10, err)
 	}
 }
