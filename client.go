@@ -112,6 +112,12 @@ type Config struct {
 	// Vitess, this keeps a process on the shards it was deployed for.
 	Tenants []string
 
+	// TenantSettingsTTL is how long this client trusts what it read of a
+	// tenant's settings (its suspension): a publish, receive or accept in
+	// a tenant reads its row at most once per TTL, so a suspension made
+	// elsewhere reaches this client within it. Default 1 s.
+	TenantSettingsTTL time.Duration
+
 	// ChangeFeed chooses how this client's consumers hear of messages
 	// published by other processes: FeedAuto (the default) runs the
 	// database's change feed when its driver has one (docs/feed.md), and
@@ -141,6 +147,7 @@ func (c Config) withDefaults() Config {
 	settings.Positive(&c.PublishTimeout, DefaultPublishTimeout)
 	settings.Positive(&c.MaxDelay, DefaultMaxDelay)
 	settings.Positive(&c.PublishRetries, DefaultPublishRetries)
+	settings.Positive(&c.TenantSettingsTTL, DefaultTenantSettingsTTL)
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
@@ -167,6 +174,8 @@ type Client struct {
 	// (registerGroup), keyed by groupreg.Key, so that accepting message
 	// groups in a loop does not read the registry every time.
 	registered sync.Map
+	// tenants caches the tenants' settings rows (tenants.go).
+	tenants *tenantStates
 }
 
 // registerGroup registers group in the tenants' topic (driver.RegisterGroup)
@@ -186,6 +195,7 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
+	cl.tenants = newTenantStates(drv, cl.cfg.TenantSettingsTTL, cl.cfg.Clock)
 	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
 	if l, ok := drv.(driver.Logged); ok {
 		l.UseLogger(cl.cfg.Logger)
@@ -195,7 +205,8 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		MaxDelay: cl.cfg.MaxDelay, Retries: cl.cfg.PublishRetries, MaxBatch: cl.cfg.PublishMaxBatch,
 		MaxInflight: cl.cfg.PublishMaxInflight, Linger: cl.cfg.PublishLinger, Timeout: cl.cfg.PublishTimeout,
 		Tenants: cl.cfg.Tenants, ReservedPrefix: large.HeaderPrefix, Clock: cl.cfg.Clock, Logger: cl.cfg.Logger,
-		MessageError: func(i int, err error) error { return &MessageError{Index: i, Err: err} }})
+		MessageError: func(i int, err error) error { return &MessageError{Index: i, Err: err} },
+		Admit:        func(ctx context.Context, tenant string) error { return cl.tenants.check(ctx, tenant) }})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: new client: %w", err)
 	}

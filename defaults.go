@@ -21,6 +21,7 @@ const (
 	DefaultPublishMaxInflight = 2
 	DefaultPublishTimeout     = 30 * time.Second
 	DefaultPublishRetries     = 5
+	DefaultTenantSettingsTTL  = time.Second
 
 	DefaultLeaseTTL          = 30 * time.Second
 	DefaultHeartbeatInterval = 3 * time.Second

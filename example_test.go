@@ -3,12 +3,15 @@
 package shardq_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver/sqlitedriver"
@@ -251,4 +254,57 @@ func ExampleReceipts() {
 	// received paid attempt 1
 	// edited receipt: true
 	// next: shipped truncated: false
+}
+
+// A tenant's life: suspended (its publishes fail, nothing stored
+// changes), resumed, and exported as JSON lines.
+func ExampleAdmin_SuspendTenant() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+	msg := shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "order-42", ID: "paid", Payload: []byte("paid")}
+	if _, err := client.Publish(ctx, msg); err != nil {
+		log.Fatal(err)
+	}
+	admin := client.Admin()
+	if err := admin.SuspendTenant(ctx, "acme"); err != nil {
+		log.Fatal(err)
+	}
+	msg.ID = "shipped"
+	_, err := client.Publish(ctx, msg)
+	fmt.Println("suspended:", errors.Is(err, shardq.ErrTenantSuspended))
+	if err := admin.ResumeTenant(ctx, "acme"); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := client.Publish(ctx, msg); err != nil {
+		log.Fatal(err)
+	}
+	info, err := admin.Tenant(ctx, "acme")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(info.Tenant, "stores", info.Messages, "messages,", info.Bytes, "bytes")
+
+	var export bytes.Buffer
+	n, err := admin.ExportTenant(ctx, "acme", &export, shardq.ExportOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	dec := json.NewDecoder(&export)
+	for dec.More() {
+		var l shardq.ExportLine
+		if err := dec.Decode(&l); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(strings.TrimSpace(l.Kind + " " + l.ID))
+	}
+	fmt.Println("exported", n, "messages")
+	// Output:
+	// suspended: true
+	// acme stores 2 messages, 8 bytes
+	// tenant
+	// message paid
+	// message shipped
+	// end
+	// exported 2 messages
 }

@@ -5,8 +5,10 @@ package shardq_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,10 +27,47 @@ import (
 // message to its handler, which takes 50 ms, until it is killed.
 const memberHelperEnv = "SHARDQ_MEMBER_HELPER_DSN"
 
-// frozenTTL is the lease TTL of the frozen-member tests: the heartbeat
-// interval keeps SQLite write transactions rare, so a SIGSTOP lands inside
-// one (which would hold the file's write lock) only by bad luck.
+// frozenTTL is the lease TTL of the frozen-member tests.
 const frozenTTL = 3 * time.Second
+
+// freezeOutsideWrites SIGSTOPs p. On SQLite it does so while this
+// process holds the file's write lock, so that p is not frozen inside a
+// write transaction of its own: that would block every writer until it
+// resumes (docs/leases.md), which no lease can change. MySQL's row locks
+// are bounded by the server instead (TestFrozenTransactionIsBounded).
+func freezeOutsideWrites(t *testing.T, drv driver.Driver, p *os.Process) {
+	t.Helper()
+	var tx *sql.Tx
+	if drv.Name() == "sqlite" {
+		var err error
+		if tx, err = drv.DB().BeginTx(context.Background(), nil); err != nil { // BEGIN IMMEDIATE
+			t.Fatal(err)
+		}
+	}
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// The lock goes only once every thread of p has stopped.
+	waitUntil(t, "the holder stopped", 10*time.Second, func() bool {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p.Pid))
+		if err != nil || len(tasks) == 0 {
+			return false
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(task)
+			_, rest, ok := strings.Cut(string(b), ") ")
+			if err != nil || !ok || !strings.HasPrefix(rest, "T") {
+				return false
+			}
+		}
+		return true
+	})
+	if tx != nil {
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 func frozenConfig(name string, h shardq.Handler) shardq.SubscriberConfig {
 	return shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Name: name, Handler: h, Take: shardq.TakeGrouped,
@@ -151,9 +190,7 @@ func TestFrozenMemberIsReplaced(t *testing.T) {
 				batch := publishSpread(t, c, 0, 300)
 				frozen, proc := readMemberLines(t, []string{"SHARDQ_MEMBER_MODE=" + mode, "SHARDQ_MEMBER_NAME=frozen"}, frozenURL(url))
 				waitUntil(t, "the holder delivering", 30*time.Second, func() bool { return frozen.count() >= 5 })
-				if err := proc().Signal(syscall.SIGSTOP); err != nil {
-					t.Fatal(err)
-				}
+				freezeOutsideWrites(t, drv, proc())
 				stoppedAt := time.Now()
 
 				var mu sync.Mutex

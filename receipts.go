@@ -145,6 +145,11 @@ func (r *Receipts) decode(ctx context.Context, s, tenant, topic, group string) (
 
 func (rc receipt) claim(m driver.Message) driver.Claim { return (*receipts.Receipt)(&rc).ClaimOf(m) }
 
+// Validate checks rq as Receive does, without running anything: a
+// request that also settles receipts (the HTTP API's receive with ack) is
+// refused whole before any of them is settled.
+func (rq ReceiveRequest) Validate() error { return rq.check() }
+
 func (rq *ReceiveRequest) check() error {
 	if err := validateGroupRef(rq.Tenant, rq.Topic, rq.ConsumerGroup); err != nil {
 		return err
@@ -183,6 +188,9 @@ func (rq *ReceiveRequest) check() error {
 // message: an empty Messages.
 func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
 	if err := rq.check(); err != nil {
+		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
+	}
+	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	if err := r.c.registerGroup(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, StartEarliest, r.o.Clock()); err != nil {

@@ -163,6 +163,9 @@ func (c *Client) AcceptGroup(ctx context.Context, g GroupRef, partitionKey strin
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
+	if err := c.tenants.check(ctx, tenant); err != nil {
+		return nil, fmt.Errorf("shardq: accept group: %w", err)
+	}
 	if err := c.registerGroup(ctx, []string{tenant}, topic, consumerGroup, o.StartPosition, o.Clock()); err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
@@ -186,6 +189,9 @@ func (c *Client) AcceptNextGroup(ctx context.Context, r NextGroupRequest, opts *
 		err = validateGroupRef(tenants[0], topic, consumerGroup)
 	}
 	if err != nil {
+		return nil, fmt.Errorf("shardq: accept next group: %w", err)
+	}
+	if tenants, err = c.activeTenants(ctx, tenants); err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)
 	}
 	if err := c.registerGroup(ctx, tenants, topic, consumerGroup, o.StartPosition, o.Clock()); err != nil {
@@ -259,6 +265,9 @@ func (r *GroupReceiver) ID() string { return r.rt.ID() }
 // every chunk and the end marker; Nack, Stop or a crash before Ack
 // deliver it again from its first chunk.
 func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
+	if err := r.c.tenants.check(ctx, r.Tenant()); err != nil {
+		return nil, fmt.Errorf("shardq: receive: %w", err)
+	}
 	w, err := r.rt.ReceiveWhole(ctx)
 	if err != nil {
 		return nil, err

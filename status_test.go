@@ -48,6 +48,8 @@ func TestMessageStatusPerGroup(t *testing.T) {
 			return gs[0]
 		}
 		waitFor(t, "m1 committed", func() bool { return status("m1").Status == shardq.StatusConsumed })
+		// The handler's failure is recorded after it returns.
+		waitFor(t, "m2's failure recorded", func() bool { return status("m2").Status == shardq.StatusRetrying })
 		if s := status("m2"); s.Status != shardq.StatusRetrying || s.State.Attempts != 1 || s.State.LastError != "retry after 1h0m0s: downstream is down" {
 			t.Fatalf("m2: %+v; want retrying after one attempt", s)
 		}

@@ -146,10 +146,12 @@ type SubscriberConfig struct {
 	FeedPollInterval time.Duration
 	IdleRelease      time.Duration // a lease without work this long is released [30s]
 	// CommitInterval bounds how long settled messages stay uncommitted
-	// while a batch is being delivered (a crash redelivers at most that
-	// much); the cursor is also committed after every batch [1s].
+	// (a crash redelivers at most that much): every interval the member
+	// commits the cursors of all its partitions in one transaction [1s].
 	CommitInterval time.Duration
-	// MaxPartitions bounds the partitions this member delivers at once [64].
+	// MaxPartitions bounds the partitions this member takes new messages
+	// from at once [64]; a partition it hands back finishes the message
+	// in hand beside them. Its tenants share them fairly (docs/consumers.md).
 	MaxPartitions int
 
 	// StartPosition is where the group starts reading a partition it has

@@ -11,11 +11,13 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -102,7 +104,8 @@ type Driver interface {
 	// InsertMessages appends msgs inside tx, which the caller commits or
 	// rolls back. Within one partition, offsets become visible in increasing
 	// order: a message committed later never gets a lower offset than one
-	// committed earlier (invariant 2 of docs/design.md).
+	// committed earlier (invariant 2 of docs/design.md). A ctx marked
+	// Rerunnable allows faster paths that may, rarely, deadlock.
 	InsertMessages(ctx context.Context, tx DBTX, msgs []*InsertMessage) error
 	// Retryable reports whether a failed write transaction may simply be run
 	// again (deadlock, busy database).
@@ -222,12 +225,41 @@ type Migration struct {
 	Statements []string
 }
 
+type rerunnableKey struct{}
+
+// Rerunnable marks ctx as that of a transaction its caller runs again
+// when the database reports a deadlock (shardq's own Publish does), so
+// that InsertMessages may take locks in an order that can, rarely,
+// deadlock.
+func Rerunnable(ctx context.Context) context.Context {
+	return context.WithValue(ctx, rerunnableKey{}, true)
+}
+
+// IsRerunnable reports whether ctx was marked by Rerunnable.
+func IsRerunnable(ctx context.Context) bool {
+	v, _ := ctx.Value(rerunnableKey{}).(bool)
+	return v
+}
+
+// OffsetCommit is a cursor to commit under a lease.
+type OffsetCommit struct {
+	Lease  Lease
+	Offset int64
+}
+
 // PartitionRef names one partition as one consumer group reads it.
 type PartitionRef struct {
 	Tenant        string
 	ConsumerGroup string
 	Topic         string
 	PartitionKey  string
+}
+
+// Compare orders partitions by tenant, topic, group and key, the order in
+// which a transaction that locks several of their rows takes them.
+func (p PartitionRef) Compare(q PartitionRef) int {
+	return cmp.Or(strings.Compare(p.Tenant, q.Tenant), strings.Compare(p.Topic, q.Topic),
+		strings.Compare(p.ConsumerGroup, q.ConsumerGroup), strings.Compare(p.PartitionKey, q.PartitionKey))
 }
 
 func (p PartitionRef) String() string {
@@ -295,10 +327,15 @@ type Leases interface {
 	// and drops the retry bookkeeping of the messages it passed, or
 	// returns ErrLeaseLost and changes nothing.
 	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// CommitOffsets commits several leases' cursors in one transaction,
+	// each as CommitOffset does; when any lease is lost it changes nothing
+	// and returns ErrLeaseLost (the caller then commits them one by one).
+	CommitOffsets(ctx context.Context, cs []OffsetCommit, now time.Time) error
 	// CommitReceived is CommitOffset for an offset a client named (a
 	// receipt): it returns ErrPastHead, changing nothing, when offset is
-	// past the partition's head, read in the fencing statement.
-	CommitReceived(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// past the partition's head, read in the fencing statement. With
+	// release it frees l in the same transaction (a receive's last ack).
+	CommitReceived(ctx context.Context, l Lease, offset int64, release bool, now time.Time) error
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
 	ListLeases(ctx context.Context, g GroupScope) ([]Lease, error)
@@ -492,6 +529,84 @@ type Admin interface {
 	// messages of each cut, one statement a cut, and returns how many each
 	// deleted.
 	DeleteBatches(ctx context.Context, tenant, topic string, cuts []Cut, limit int) ([]int64, error)
+	// TenantRows counts the tenant's rows in each table that holds any
+	// of a tenant's.
+	TenantRows(ctx context.Context, tenant string) ([]TableRows, error)
+	// DeleteTenantBatch deletes up to limit of the tenant's rows from one
+	// table (the first, in the driver's order, that has any) and reports
+	// which and how many; 0 rows means the tenant has none left.
+	DeleteTenantBatch(ctx context.Context, tenant string, limit int) (table string, rows int64, err error)
+	// TenantLive lists the tenant's members with a heartbeat since since
+	// and counts its leases unexpired at now.
+	TenantLive(ctx context.Context, tenant string, since, now time.Time) (members []string, leases int, err error)
+	// TenantSettings reads the settings rows of those of tenants that
+	// have one.
+	TenantSettings(ctx context.Context, tenants []string) ([]TenantSettings, error)
+	// SetTenantSuspended sets (at now) or clears the tenant's suspension,
+	// adding its settings row when it has none.
+	SetTenantSuspended(ctx context.Context, tenant string, suspended bool, now time.Time) error
+	// ListTenants lists, in order, up to limit tenants after after that
+	// have a head row or a settings row (a scatter read on Vitess).
+	ListTenants(ctx context.Context, after string, limit int) ([]string, error)
+	// TenantUsage counts the tenant's messages, partitions with messages
+	// and payload bytes per topic, in topic order.
+	TenantUsage(ctx context.Context, tenant string) ([]TopicUsage, error)
+	// ExportMessages reads up to limit of the tenant's messages after
+	// the position after, in (topic, partition key, offset) order.
+	ExportMessages(ctx context.Context, tenant string, after ExportPosition, limit int) ([]Message, error)
+	// ExportGroups, ExportCursors and ExportGroupStates read up to limit
+	// of the tenant's group registry rows, cursors and message-group
+	// states after after's key, in key order.
+	ExportGroups(ctx context.Context, tenant string, after GroupRow, limit int) ([]GroupRow, error)
+	ExportCursors(ctx context.Context, tenant string, after CursorRow, limit int) ([]CursorRow, error)
+	ExportGroupStates(ctx context.Context, tenant string, after GroupStateRow, limit int) ([]GroupStateRow, error)
+}
+
+// TenantSettings is a tenant's settings row.
+type TenantSettings struct {
+	Tenant      string
+	SuspendedAt time.Time // zero: active
+	UpdatedAt   time.Time
+}
+
+// TopicUsage is what one topic of a tenant stores.
+type TopicUsage struct {
+	Topic                       string
+	Messages, Partitions, Bytes int64
+}
+
+// ExportPosition is where a tenant's export of messages stands: after
+// the message at (Topic, PartitionKey, Offset); the zero value is before
+// the first.
+type ExportPosition struct {
+	Topic, PartitionKey string
+	Offset              int64
+}
+
+// CursorRow is a consumer group's cursor in a partition of a tenant's
+// topic.
+type CursorRow struct {
+	Topic, PartitionKey, ConsumerGroup string
+	Committed                          int64
+}
+
+// GroupRow is a consumer group's registry row in a tenant's topic.
+type GroupRow struct {
+	Topic, ConsumerGroup string
+	StartOffset          int64
+	CreatedAt, PausedAt  time.Time // PausedAt zero: running
+}
+
+// GroupStateRow is a message group's state as its group stored it.
+type GroupStateRow struct {
+	Topic, ConsumerGroup, PartitionKey string
+	State                              []byte
+}
+
+// TableRows is a tenant's row count in one table.
+type TableRows struct {
+	Table string
+	Rows  int64
 }
 
 // Cut is what retention deletes from one partition: its messages with

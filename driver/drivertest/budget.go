@@ -21,6 +21,7 @@ var budgetTests = []struct {
 	{"FetchWithinByteBudget", testFetchWithin},
 	{"ClaimWithinByteBudget", testClaimWithin},
 	{"CommitReceivedStopsAtHead", testCommitReceived},
+	{"CommitOffsetsAllOrNothing", testCommitOffsets},
 	{"ClaimSettledOnlyByItsOwner", testClaimOwnerFence},
 }
 
@@ -137,7 +138,8 @@ func testClaimWithin(t *testing.T, open Open) {
 }
 
 // A commit a client named stops at the head: past it, ErrPastHead and
-// nothing changed.
+// nothing changed, the lease not released either. With release, a commit
+// frees the lease in its transaction.
 func testCommitReceived(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
@@ -148,23 +150,36 @@ func testCommitReceived(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	head := res[1].Offset
-	if err := d.CommitReceived(ctx, l, head+1, t0); !errors.Is(err, driver.ErrPastHead) {
+	if err := d.CommitReceived(ctx, l, head+1, true, t0); !errors.Is(err, driver.ErrPastHead) {
 		t.Fatalf("commit past the head: %v, want ErrPastHead", err)
 	}
-	if err := d.CommitReceived(ctx, l, 9e18, t0); !errors.Is(err, driver.ErrPastHead) {
+	if err := d.CommitReceived(ctx, l, 9e18, true, t0); !errors.Is(err, driver.ErrPastHead) {
 		t.Fatalf("commit at 9e18: %v, want ErrPastHead", err)
 	}
 	other := l
 	other.Token++
-	if err := d.CommitReceived(ctx, other, res[0].Offset, t0); !errors.Is(err, driver.ErrLeaseLost) {
+	if err := d.CommitReceived(ctx, other, res[0].Offset, true, t0); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("commit under another token: %v, want ErrLeaseLost", err)
+	}
+	if _, err := d.AcquireLease(ctx, ref, "r#2", t0, time.Minute); !errors.Is(err, driver.ErrLeaseHeld) {
+		t.Fatalf("another owner after refused commits with release: %v, want ErrLeaseHeld (nothing released)", err)
 	}
 	again, err := d.AcquireLease(ctx, ref, "r#1", t0, time.Minute)
 	if err != nil || again.Committed != 0 {
 		t.Fatalf("cursor after refused commits: %d, %v; want 0", again.Committed, err)
 	}
-	if err := d.CommitReceived(ctx, again, head, t0); err != nil {
+	if err := d.CommitReceived(ctx, again, res[0].Offset, false, t0); err != nil {
+		t.Fatalf("commit below the head: %v", err)
+	}
+	if _, err := d.AcquireLease(ctx, ref, "r#2", t0, time.Minute); !errors.Is(err, driver.ErrLeaseHeld) {
+		t.Fatalf("another owner after a commit without release: %v, want ErrLeaseHeld", err)
+	}
+	if err := d.CommitReceived(ctx, again, head, true, t0); err != nil {
 		t.Fatalf("commit at the head: %v", err)
+	}
+	next, err := d.AcquireLease(ctx, ref, "r#2", t0, time.Minute)
+	if err != nil || next.Committed != head {
+		t.Fatalf("another owner after the commit with release: cursor %d, %v; want %d and the lease", next.Committed, err, head)
 	}
 }
 
@@ -198,5 +213,54 @@ func testClaimOwnerFence(t *testing.T, open Open) {
 	}
 	if err := d.AckClaims(ctx, cs, t0); err != nil {
 		t.Fatalf("ack by its owner: %v", err)
+	}
+}
+
+// Several cursors commit in one call; when any lease is lost nothing is
+// committed and the call says ErrLeaseLost.
+func testCommitOffsets(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	a := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "a1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "a2"})
+	b := mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "b", ID: "b1"})
+	refA := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}
+	refB := driver.PartitionRef{Tenant: "u", ConsumerGroup: "g", Topic: "x", PartitionKey: "b"}
+	la, err := d.AcquireLease(ctx, refA, "m#1", t0, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := d.AcquireLease(ctx, refB, "m#1", t0, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := lb
+	stale.Token++
+	if err := d.CommitOffsets(ctx, []driver.OffsetCommit{{Lease: la, Offset: a[0].Offset}, {Lease: stale, Offset: b[0].Offset}}, t0); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("with a lost lease: %v, want ErrLeaseLost", err)
+	}
+	cursor := func(l driver.Lease) int64 {
+		t.Helper()
+		if err := d.ReleaseLease(ctx, l, t0); err != nil {
+			t.Fatal(err)
+		}
+		again, err := d.AcquireLease(ctx, l.PartitionRef, "m#1", t0, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.ReleaseLease(ctx, again, t0); err != nil {
+			t.Fatal(err)
+		}
+		return again.Committed
+	}
+	if ca, cb := cursor(la), cursor(lb); ca != 0 || cb != 0 {
+		t.Fatalf("cursors after the refused call: %d, %d; want 0, 0", ca, cb)
+	}
+	la, _ = d.AcquireLease(ctx, refA, "m#1", t0, time.Minute)
+	lb, _ = d.AcquireLease(ctx, refB, "m#1", t0, time.Minute)
+	if err := d.CommitOffsets(ctx, []driver.OffsetCommit{{Lease: lb, Offset: b[0].Offset}, {Lease: la, Offset: a[1].Offset}}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if ca, cb := cursor(la), cursor(lb); ca != a[1].Offset || cb != b[0].Offset {
+		t.Fatalf("cursors %d, %d; want %d, %d", ca, cb, a[1].Offset, b[0].Offset)
 	}
 }

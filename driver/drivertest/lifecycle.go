@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ var lifecycleTests = []struct {
 	{"StartPositionLatest", testStartPositionLatest},
 	{"UnreadPartitionsCounted", testUnreadPartitionsCounted},
 	{"DeleteGroup", testDeleteGroup},
+	{"DeleteTenant", testDeleteTenant},
 }
 
 // partitionTables are the tables whose rows belong to partitions: all of
@@ -583,5 +585,109 @@ func testDeleteGroup(t *testing.T, open Open) {
 	}
 	if n := rowCounts(t, d, "t"); n["queue_offsets"] != 0 || n["queue_partition_leases"] != 0 {
 		t.Fatalf("rows left after deleting both groups: %v", n)
+	}
+}
+
+// A tenant's deletion: a preview changes nothing; a live member refuses
+// it; a delete stopped midway and run again leaves none of the tenant's
+// rows in any table, and another tenant's rows as they were.
+func testDeleteTenant(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	for _, tenant := range []string{"t", "u"} {
+		publishSpread(t, c, tenant, "x", 4, 40)
+		mustPublish(t, c, shardq.Message{Tenant: tenant, Topic: "x", ID: "ungrouped-" + tenant})
+	}
+	rec := newRecorder()
+	cfg := fastConfig("g", "x", []string{"t", "u"}, rec.handle)
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "both tenants consumed", 30*time.Second, func() bool { return rec.total.Load() == 82 })
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "y", ConsumerGroup: "g"}, "k", receiverOpts("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetState(ctx, []byte("state")); err != nil {
+		t.Fatal(err)
+	}
+	closeReceiver(t, r)
+
+	counts := func(tenant string) map[string]int64 {
+		t.Helper()
+		rows, err := c.Admin().DeleteTenant(ctx, tenant, shardq.DeleteTenantOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, r := range rows {
+			out[r.Table] = r.Rows
+		}
+		return out
+	}
+	before, other := counts("t"), counts("u")
+	for _, table := range []string{"queue_messages", "queue_partitions", "queue_offsets", "queue_partition_leases",
+		"queue_subscriber_heartbeats", "queue_consumer_groups", "queue_group_state"} {
+		if before[table] == 0 || table != "queue_group_state" && other[table] == 0 {
+			t.Fatalf("%s: tenant t has %d rows, u %d; the test needs some of each", table, before[table], other[table])
+		}
+	}
+	if again := counts("t"); !maps.Equal(again, before) {
+		t.Fatalf("a preview changed the counts: %v, then %v", before, again)
+	}
+	_, err = c.Admin().DeleteTenant(ctx, "t", shardq.DeleteTenantOptions{Apply: true})
+	var live *shardq.TenantLiveError
+	if !errors.Is(err, shardq.ErrTenantLive) || !errors.As(err, &live) || len(live.Members) == 0 {
+		t.Fatalf("deleting a tenant with a running member: %v, want ErrTenantLive naming it", err)
+	}
+	stopAll(t, s)
+	// A suspension is the tenant's too: it goes with the rest.
+	if err := c.Admin().SuspendTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A delete that stopped after two batches, then run again.
+	sum := func(m map[string]int64) (n int64) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	stopped := sum(counts("t"))
+	for range 2 {
+		if _, n, err := d.DeleteTenantBatch(ctx, "t", 1); err != nil || n != 1 {
+			t.Fatalf("one batch: %d rows, %v", n, err)
+		}
+	}
+	if left := sum(counts("t")); left != stopped-2 {
+		t.Fatalf("%d rows after two batches of one, from %d", left, stopped)
+	}
+	other = counts("u") // as the stopped member left them
+	var progress int64
+	deleted, err := c.Admin().WithProgress(func(n int64) { progress += n }).DeleteTenant(ctx, "t", shardq.DeleteTenantOptions{Apply: true, BatchSize: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, r := range deleted {
+		total += r.Rows
+	}
+	if total != stopped-2 || progress != total {
+		t.Fatalf("deleted %d rows (progress %d) in %v; want the %d left", total, progress, deleted, stopped-2)
+	}
+	for table, n := range counts("t") {
+		if n != 0 {
+			t.Errorf("%s keeps %d rows of the deleted tenant", table, n)
+		}
+	}
+	if after := counts("u"); !maps.Equal(after, other) {
+		t.Fatalf("the other tenant's rows changed: %v, then %v", other, after)
+	}
+	// The tenant starts anew, not suspended.
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "again"})
+	if msgs := fetchAll(t, d, "t", "x", "k"); len(msgs) != 1 || msgs[0].ID != "again" {
+		t.Fatalf("after the delete, tenant t's partition holds %v", msgs)
 	}
 }

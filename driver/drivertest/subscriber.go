@@ -29,6 +29,7 @@ var subscriberTests = []struct {
 	{"BatchHandlerSettlesTogether", testBatchHandlerSettlesTogether},
 	{"IdleLeasesAreReleased", testIdleLeasesAreReleased},
 	{"FullMemberMakesRoomForWaitingWork", testFullMemberMakesRoomForWaitingWork},
+	{"TenantBacklogLeavesRoomForAnother", testTenantBacklogLeavesRoom},
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
@@ -453,6 +454,49 @@ func testFullMemberMakesRoomForWaitingWork(t *testing.T, open Open) {
 	defer stopAll(t, s)
 	waitFor(t, "every partition consumed by a member holding two at a time", 30*time.Second, func() bool { return rec.total.Load() == 16 })
 	rec.check(t)
+}
+
+// A tenant whose backlog fills every slot of a member does not keep
+// another tenant's new partition waiting: a busy partition of the first is
+// handed back (it finishes the message in hand, here held until the end)
+// and the second's is delivered meanwhile. The member's slots are shared
+// by max-min fairness, not taken first come.
+func testTenantBacklogLeavesRoom(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	publishSpread(t, c, "a", "x", 8, 80)
+	g := newGate()
+	defer g.open()
+	var busyA atomic.Int32
+	deliveredB := make(chan string, 1)
+	cfg := fastConfig("g", "x", []string{"a", "b"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		if dl.Tenant == "b" {
+			deliveredB <- dl.ID
+			return nil
+		}
+		busyA.Add(1)
+		defer busyA.Add(-1)
+		return g.hold(ctx)
+	})
+	cfg.MaxPartitions, cfg.IdleRelease = 4, time.Hour
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "tenant a's backlog in every slot", 30*time.Second, func() bool { return busyA.Load() == 4 })
+	mustPublish(t, c, shardq.Message{Tenant: "b", Topic: "x", PartitionKey: "new", ID: "b1"})
+	select {
+	case id := <-deliveredB:
+		if id != "b1" {
+			t.Fatalf("tenant b got %s", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("tenant b's message waited 30 s behind tenant a's held slots")
+	}
+	if n := busyA.Load(); n != 4 {
+		t.Fatalf("%d of tenant a's handlers in flight; the hand-back must wait for the message in hand", n)
+	}
+	g.open() // before the deferred stop, which would wait for the held handlers
 }
 
 func testLostLeaseCancelsHandler(t *testing.T, open Open) {

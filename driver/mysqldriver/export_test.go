@@ -20,3 +20,7 @@ func BinlogPosition(ctx context.Context, d *Driver) (string, uint32, error) {
 	p, err := d.binlogPosition(ctx)
 	return p.Name, p.Pos, err
 }
+
+// WithoutNewestMigration makes d embed every migration but the newest, as
+// the previous release did.
+func WithoutNewestMigration(d *Driver) { d.migrations = d.migrations[:len(d.migrations)-1] }

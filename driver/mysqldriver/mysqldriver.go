@@ -49,6 +49,7 @@ type Driver struct {
 	owned      bool
 	migrations []migrate.Migration
 	server     *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
+	heads      *knownHeads   // partitions whose head row this driver locked
 	feedCfg    *mysql.Config // the connection settings the change feed uses (Open's DSN, or FeedDSN's); nil with New
 	feedSchema string        // the database whose head rows the feed reads (Open's DSN's)
 	feedDB     *sql.DB       // FeedDSN's pool, for the binary log position; nil: db
@@ -119,7 +120,7 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Driver{db: db, migrations: ms, server: limits, logs: &logSink{}}
+	d := &Driver{db: db, migrations: ms, server: limits, logs: &logSink{}, heads: &knownHeads{}}
 	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages}
 	return d, nil
 }
@@ -288,9 +289,13 @@ var dialect = sqlcommon.Dialect{
 	// even if every connection ran every text. Past the bound a statement
 	// is prepared, run and closed (one more round trip).
 	PreparedStatements: 128,
-	Wrap:               wrap,
-	EncodeTime:         func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
-	DecodeTime:         decodeTime,
+	// Lists of any length are prepared: a batch's text recurs (a
+	// publisher's batch size, a full claim), and unprepared it costs a
+	// round trip more.
+	PreparedListMax: 0,
+	Wrap:            wrap,
+	EncodeTime:      func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
+	DecodeTime:      decodeTime,
 }
 
 // decodeTime reads a DATETIME whichever way the pool's DSN returns it

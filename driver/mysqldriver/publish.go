@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/sqlcommon"
@@ -46,10 +47,20 @@ func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*dri
 	if len(msgs) == 0 {
 		return nil
 	}
+	if len(msgs) == 1 && driver.IsRerunnable(ctx) && d.server.insertSelect.Load() && d.heads.has(msgs[0]) {
+		if done, err := d.insertOne(ctx, tx, msgs[0]); done || err != nil {
+			return err
+		}
+	}
 	b := sqlcommon.Plan(msgs)
 	err := b.ByTenant(func(tenant string, groups []*sqlcommon.Group) error {
 		if err := d.LockHeads(ctx, tx, tenant, groups); err != nil {
 			return err
+		}
+		for _, g := range groups {
+			for _, k := range g.Keys {
+				d.heads.add(g.Tenant, g.Topic, k)
+			}
 		}
 		for _, g := range groups {
 			if err := d.insertGroup(ctx, tx, g); err != nil {
@@ -63,6 +74,47 @@ func (d *Driver) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*dri
 	}
 	b.Finish()
 	return nil
+}
+
+// insertOne appends m alone in one statement that locks its head row and
+// inserts (steps 1 and 2 above), then advances the head: one round trip
+// fewer than the general path, for the lone publisher's transaction. It
+// reports false, having changed nothing but perhaps the head row's lock,
+// when the general path must run: the head row is gone (retention removed
+// it), or m's identity is stored (the duplicate key rolled the statement
+// back).
+//
+// A locking read of a missing row takes a gap lock, and two publishers
+// creating one partition that way would each wait for the other's gap
+// before their inserts. So it runs only for a partition whose head row
+// this driver locked before (heads; the row may still have gone since,
+// by a rollback or retention: then the rare deadlock is possible), and
+// only in a transaction its caller runs again on a deadlock
+// (driver.Rerunnable: Publish's; a caller's PublishTx, dead-letter copies
+// and the other writers take the general path). Through vtgate an INSERT
+// ... SELECT is not one statement on one shard, and under the STATEMENT
+// binary-log format a replica would draw other offsets for it: the
+// general path runs there.
+func (d *Driver) insertOne(ctx context.Context, tx driver.DBTX, m *driver.InsertMessage) (bool, error) {
+	m.Offset, m.Duplicate = 0, false
+	res, ok, err := d.InsertLocked(ctx, tx, m)
+	if err == nil && !ok {
+		d.heads.remove(m)
+	}
+	if isDuplicateKey(err) || (err == nil && !ok) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("tenant %q topic %q: %w", m.Tenant, m.Topic, err)
+	}
+	if m.Offset, err = res.LastInsertId(); err != nil {
+		return false, fmt.Errorf("tenant %q topic %q: insert message: %w", m.Tenant, m.Topic, err)
+	}
+	g := &sqlcommon.Group{Tenant: m.Tenant, Topic: m.Topic, Msgs: []*driver.InsertMessage{m}, Keys: []string{m.PartitionKey}}
+	if err := d.AdvanceHeads(ctx, tx, g, map[string]int64{m.PartitionKey: m.Offset}); err != nil {
+		return false, fmt.Errorf("tenant %q topic %q: %w", m.Tenant, m.Topic, err)
+	}
+	return true, nil
 }
 
 func (d *Driver) insertGroup(ctx context.Context, tx driver.DBTX, g *sqlcommon.Group) error {
@@ -149,4 +201,38 @@ func (d *Driver) autoIncrementStep(ctx context.Context, q *sql.DB) (int64, error
 		return 0, err
 	}
 	return v, nil
+}
+
+// knownHeads remembers partitions whose head row this driver locked: the
+// partitions a lone publish may lock in its insert (insertOne). It holds
+// at most knownHeadEntries; when full it starts over, and a partition it
+// forgot takes the general path once.
+type knownHeads struct {
+	mu sync.Mutex
+	m  map[[3]string]struct{}
+}
+
+// knownHeadEntries bounds knownHeads.
+const knownHeadEntries = 10_000
+
+func (h *knownHeads) has(m *driver.InsertMessage) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.m[[3]string{m.Tenant, m.Topic, m.PartitionKey}]
+	return ok
+}
+
+func (h *knownHeads) add(tenant, topic, key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil || len(h.m) >= knownHeadEntries {
+		h.m = make(map[[3]string]struct{})
+	}
+	h.m[[3]string{tenant, topic, key}] = struct{}{}
+}
+
+func (h *knownHeads) remove(m *driver.InsertMessage) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.m, [3]string{m.Tenant, m.Topic, m.PartitionKey})
 }

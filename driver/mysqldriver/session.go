@@ -118,9 +118,16 @@ func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) err
 	}
 	var set []string
 	version := strings.ToLower(vals[0])
-	switch {
-	case strings.Contains(version, "vitess"):
+	if strings.Contains(version, "vitess") {
+		c.limits.noteServer(version, "")
 		return nil
+	}
+	format, err := queryRow(ctx, q, "SELECT @@binlog_format")
+	if err != nil {
+		return fmt.Errorf("mysql: read session settings: %w", err)
+	}
+	c.limits.noteServer(version, format[0])
+	switch {
 	case strings.Contains(version, "mariadb"):
 		if !c.skipIdle {
 			set = append(set, fmt.Sprintf("idle_transaction_timeout = %d", idleTxTimeoutSeconds))
@@ -199,12 +206,19 @@ const interpolationProbe = "shardq-parameter-probe"
 func checkPool(db *sql.DB, limits *serverLimits) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var client, connection, results string
+	var version, client, connection, results string
 	var step, packet int64
-	if err := db.QueryRowContext(ctx, "SELECT @@character_set_client, @@character_set_connection, @@character_set_results, "+
-		"@@auto_increment_increment, @@max_allowed_packet").Scan(&client, &connection, &results, &step, &packet); err != nil {
+	if err := db.QueryRowContext(ctx, "SELECT @@version, @@character_set_client, @@character_set_connection, @@character_set_results, "+
+		"@@auto_increment_increment, @@max_allowed_packet").Scan(&version, &client, &connection, &results, &step, &packet); err != nil {
 		return fmt.Errorf("mysql: read session settings: %w", err)
 	}
+	format := ""
+	if !strings.Contains(strings.ToLower(version), "vitess") {
+		if err := db.QueryRowContext(ctx, "SELECT @@binlog_format").Scan(&format); err != nil {
+			return fmt.Errorf("mysql: read session settings: %w", err)
+		}
+	}
+	limits.noteServer(strings.ToLower(version), format)
 	if err := checkSessionCharset(client, connection, results); err != nil {
 		return err
 	}
@@ -224,9 +238,21 @@ func checkPool(db *sql.DB, limits *serverLimits) error {
 
 // serverLimits are the server settings publishing needs, read once:
 // auto_increment_increment spaces the offsets one multi-row INSERT
-// receives, max_allowed_packet bounds a statement.
+// receives, max_allowed_packet bounds a statement, and insertSelect tells
+// whether a lone publish may lock its head row in an INSERT ... SELECT
+// (publish.go).
 type serverLimits struct {
 	step, packet atomic.Int64
+	insertSelect atomic.Bool
+}
+
+// noteServer records, from a connection's @@version (lower case) and
+// @@binlog_format, whether an INSERT ... SELECT is one statement on the
+// server (through vtgate, whose version names Vitess, it is not) and is
+// safe for the binary log: under STATEMENT format a replica would draw its
+// own AUTO_INCREMENT values for it.
+func (l *serverLimits) noteServer(version, binlogFormat string) {
+	l.insertSelect.Store(!strings.Contains(version, "vitess") && !strings.EqualFold(binlogFormat, "STATEMENT"))
 }
 
 func (l *serverLimits) store(step, packet int64) error {

@@ -105,6 +105,8 @@ var allTenantReads = map[string]string{
 	"TopicMessages":  "FROM queue_messages WHERE 1 = 1",
 	"ListHalves":     "FROM queue_half_messages",
 	"ListTokens":     "FROM queue_api_tokens WHERE 1 = 1",
+	"ListTenants":    "SELECT DISTINCT tenant FROM queue_partitions WHERE 1 = 1",
+	"ListTenantsSet": "SELECT tenant FROM queue_tenants WHERE 1 = 1",
 }
 
 func exemptAllTenantRead(q string) (string, bool) {
@@ -424,5 +426,107 @@ func waitUntil(t *testing.T, what string, conds ...func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A tenant's life across shards: the listing merges both shards in order;
+// a suspension, an export and a deletion stay on the tenant's shard, and
+// a deletion stopped midway and run again leaves the tenant's neighbours
+// on its shard and the other shard's tenants as they were.
+func TestVitessTenantLifecycle(t *testing.T) {
+	drv := testdb.Vitess(t)
+	ctx := context.Background()
+	if _, err := drv.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	placed := tenantsByShard(t, c, 8)
+	if len(placed["-80"]) < 2 || len(placed["80-"]) == 0 {
+		t.Fatalf("placement %v: want two tenants on -80 and one on 80-", placed)
+	}
+	gone, neighbour := placed["-80"][0], placed["-80"][1]
+	var all []string
+	for after := ""; ; {
+		page, err := c.Admin().Tenants(ctx, after, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, ti := range page {
+			all = append(all, ti.Tenant)
+			if ti.Messages != 1 {
+				t.Fatalf("tenant %s: %d messages, want its probe", ti.Tenant, ti.Messages)
+			}
+		}
+		after = page[len(page)-1].Tenant
+	}
+	if want := slices.Sorted(slices.Values(slices.Concat(placed["-80"], placed["80-"]))); !slices.Equal(all, want) {
+		t.Fatalf("tenants in pages of 3: %v, want %v", all, want)
+	}
+	for i := range 5 {
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: gone, Topic: "x", PartitionKey: fmt.Sprintf("k%d", i), ID: fmt.Sprintf("m%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Admin().SuspendTenant(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	var export strings.Builder
+	if n, err := c.Admin().ExportTenant(ctx, gone, &export, shardq.ExportOptions{BatchSize: 2}); err != nil || n != 6 {
+		t.Fatalf("export of %s: %d messages, %v", gone, n, err)
+	}
+	counts := func(shard string) map[string]int {
+		t.Helper()
+		out := map[string]int{}
+		for _, table := range []string{"queue_messages", "queue_partitions", "queue_tenants"} {
+			rows, err := onShard(t, shard).QueryContext(ctx, "SELECT tenant, COUNT(*) FROM "+table+" GROUP BY tenant")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var tenant string
+				var n int
+				if err := rows.Scan(&tenant, &n); err != nil {
+					t.Fatal(err)
+				}
+				out[table+"/"+tenant] = n
+			}
+			rows.Close()
+		}
+		return out
+	}
+	before := map[string]map[string]int{"-80": counts("-80"), "80-": counts("80-")}
+	if before["-80"]["queue_tenants/"+gone] != 1 || before["-80"]["queue_messages/"+gone] != 6 {
+		t.Fatalf("shard -80 before the delete: %v", before["-80"])
+	}
+	// Stopped after two batches of one row, then run again.
+	for range 2 {
+		if _, n, err := drv.DeleteTenantBatch(ctx, gone, 1); err != nil || n != 1 {
+			t.Fatalf("one batch: %d rows, %v", n, err)
+		}
+	}
+	if _, err := c.Admin().DeleteTenant(ctx, gone, shardq.DeleteTenantOptions{Apply: true, BatchSize: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for shard, was := range before {
+		now := counts(shard)
+		for k, n := range was {
+			if strings.HasSuffix(k, "/"+gone) {
+				if now[k] != 0 {
+					t.Errorf("shard %s keeps %d rows of %s", shard, now[k], k)
+				}
+			} else if now[k] != n {
+				t.Errorf("shard %s: %s has %d rows, had %d", shard, k, now[k], n)
+			}
+		}
+	}
+	if _, err := c.Publish(ctx, shardq.Message{Tenant: neighbour, Topic: "x", PartitionKey: "k", ID: "after"}); err != nil {
+		t.Fatalf("the neighbour on the same shard: %v", err)
 	}
 }

@@ -203,8 +203,13 @@ func nowMicros() int64 { return time.Now().UnixMicro() }
 var dialect = sqlcommon.Dialect{
 	Syntax:             sqlcommon.SQLite,
 	PreparedStatements: 1024, // parsing is a fifth of a short statement's cost
-	Wrap:               wrap,
-	EncodeTime:         func(t time.Time) any { return t.UnixMicro() },
+	// A longer list's parse is shared by its many values, and its texts
+	// (one per length: batches of claims, acks, messages) would be
+	// prepared one by one on the one write connection, ahead of the
+	// transactions waiting for it.
+	PreparedListMax: 8,
+	Wrap:            wrap,
+	EncodeTime:      func(t time.Time) any { return t.UnixMicro() },
 	DecodeTime: func(v any) (time.Time, error) {
 		us, ok := v.(int64)
 		if !ok {

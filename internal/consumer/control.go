@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -120,22 +121,19 @@ func (s *Member) tick() (contended bool) {
 		}
 		s.mu.Unlock()
 	}
-	for i, p := range plan.Acquire {
+	// Partitions are handed back to make room only for acquisitions that
+	// succeed: a lost race for a lease costs the other tenant nothing.
+	victims, acquire := s.fairShare(plan.Acquire)
+	for i, p := range acquire {
 		s.mu.Lock()
 		_, running := s.workers[p]
-		full := len(s.workers) >= s.cfg.MaxPartitions
+		full := s.delivering()-s.stillDelivering(victims) >= s.cfg.MaxPartitions
 		s.mu.Unlock()
 		if running {
 			continue
 		}
 		if full {
-			// Partitions wait while this member is at MaxPartitions: the
-			// idle ones make room now rather than after IdleRelease, so
-			// that many short-lived keys do not queue behind leases held
-			// for nothing. Replan soon to take the freed slots.
-			if s.handBackIdle(len(plan.Acquire)-i) > 0 {
-				contended = true
-			}
+			contended = true // replan soon for the slots being freed
 			break
 		}
 		if s.life.Context().Err() != nil {
@@ -153,7 +151,7 @@ func (s *Member) tick() (contended bool) {
 			// The tick's deadline passed: every further acquisition would
 			// fail the same way. Say so once; the next tick goes on.
 			s.tickFailed(fmt.Sprintf("acquiring leases stopped at the tick's deadline with %d of %d partitions left",
-				len(plan.Acquire)-i, len(plan.Acquire)), errors.Join(err, ctx.Err()))
+				len(acquire)-i, len(acquire)), errors.Join(err, ctx.Err()))
 			break
 		}
 		if err != nil {
@@ -162,6 +160,7 @@ func (s *Member) tick() (contended bool) {
 		}
 		s.cfg.Metrics.LeaseAcquired(l.Tenant)
 		s.startWorker(l)
+		victims = s.makeRoom(victims)
 	}
 	return contended
 }
@@ -189,23 +188,68 @@ func (s *Member) stillUnseen(work []driver.Partition, held map[[2]string]bool) b
 	return len(s.unseen) > 0
 }
 
-// handBackIdle asks up to n workers that wait idle (drained, no message
-// after their cursor) to hand their partitions back, and reports how many
-// it asked.
-func (s *Member) handBackIdle(n int) int {
+// fairShare applies fairPlan to the member's workers and the balance
+// plan's acquisitions (in paused tenants, none): what to hand back, and
+// what to acquire in turn.
+func (s *Member) fairShare(offered []driver.PartitionRef) (handBack, acquire []driver.PartitionRef) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	asked := 0
-	for _, w := range s.workers {
-		if asked == n {
-			break
-		}
-		if w.idleAfter.Load() != 0 {
-			w.handBack()
-			asked++
+	held := map[string][]heldPartition{}
+	for ref, w := range s.workers {
+		if !w.leaving() {
+			held[ref.Tenant] = append(held[ref.Tenant], heldPartition{ref: ref, idle: w.idleAfter.Load() != 0})
 		}
 	}
-	return asked
+	for _, hs := range held { // map order is random: plans are repeatable
+		slices.SortFunc(hs, func(a, b heldPartition) int { return a.ref.Compare(b.ref) })
+	}
+	want := map[string][]driver.PartitionRef{}
+	for _, p := range offered {
+		if _, running := s.workers[p]; running || s.isPaused(p.Tenant) {
+			continue
+		}
+		want[p.Tenant] = append(want[p.Tenant], p)
+	}
+	s.turn++
+	return fairPlan(s.cfg.MaxPartitions, held, want, s.turn)
+}
+
+// makeRoom hands back victims, in order, while more than MaxPartitions
+// workers deliver, and returns the victims left.
+func (s *Member) makeRoom(victims []driver.PartitionRef) []driver.PartitionRef {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(victims) > 0 && s.delivering() > s.cfg.MaxPartitions {
+		if w := s.workers[victims[0]]; w != nil {
+			w.handBack()
+		}
+		victims = victims[1:]
+	}
+	return victims
+}
+
+// stillDelivering counts the victims whose workers still deliver: the
+// room they can make. s.mu is held.
+func (s *Member) stillDelivering(victims []driver.PartitionRef) int {
+	n := 0
+	for _, p := range victims {
+		if w := s.workers[p]; w != nil && !w.leaving() {
+			n++
+		}
+	}
+	return n
+}
+
+// delivering is the number of workers that take new messages (not
+// handing back, not lost). s.mu is held.
+func (s *Member) delivering() int {
+	n := 0
+	for _, w := range s.workers {
+		if !w.leaving() {
+			n++
+		}
+	}
+	return n
 }
 
 // tickInputs lists, for tenants, the group's members, its held leases and

@@ -102,19 +102,28 @@ type Member struct {
 	life    *lifecycle.Group
 	mu      sync.Mutex
 	workers map[driver.PartitionRef]*worker
-	disc    discovery // the control loop's
+	// commitMu orders the cursor commits of the member's workers: the
+	// committer's shared transaction and a worker's own (commit.go).
+	commitMu sync.Mutex
+	disc     discovery // the control loop's
 	// heldElsewhere is the partitions other owners held at the last tick:
 	// a wake-up for one of those does not run a tick early.
 	heldElsewhere map[[2]string]bool
+	// turn counts the fair shares planned (fairShare), varying the order
+	// of tenants that want equally many slots.
+	turn uint64
 	// work is the partitions with work at the last tick: what the lag
 	// metrics count.
 	work []driver.Partition
-	// paused is the tenants where the group is paused, as last read
-	// (pause.go).
+	// paused is the tenants where the group is paused or that are
+	// suspended, as last read (pause.go).
 	// Read without s.mu: workers ask before every message.
 	paused atomic.Pointer[map[string]bool]
-	rescan chan struct{} // the feed asks the head watcher to read now
-	kick   chan struct{} // the feed saw a partition nobody here holds move
+	// suspended is the member's suspended tenants, as last read (also in
+	// paused).
+	suspended atomic.Pointer[map[string]bool]
+	rescan    chan struct{} // the feed asks the head watcher to read now
+	kick      chan struct{} // the feed saw a partition nobody here holds move
 	// unseen is the keys a wake-up named that no tick has found with work
 	// yet, with when first named (guarded by mu): the change feed can
 	// report a commit before a reader sees it, so the control loop ticks
@@ -163,6 +172,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		s.life.Go(s.beat)
 		s.life.Go(s.manage)
 		s.life.Go(s.watchHeads)
+		s.life.Go(s.commits)
 	} else {
 		s.life.Go(s.watchPaused)
 	}

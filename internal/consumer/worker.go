@@ -19,9 +19,9 @@ type worker struct {
 	s            *Member
 	lease        driver.Lease                   // ExpiresAt guarded by s.mu
 	cursor       int64                          // last settled offset
-	commit       int64                          // last committed offset
+	settled      atomic.Int64                   // cursor as the member's committer reads it
+	commit       atomic.Int64                   // last committed offset
 	states       map[int64]driver.DeliveryState // earlier owners' bookkeeping beyond the cursor, read once
-	committedAt  time.Time                      // wall clock: CommitInterval bounds real time, whatever Clock says
 	ctx          context.Context
 	cancel       context.CancelFunc // cancels the handler: lease lost or hard stop
 	handback     chan struct{}      // closed to ask for a graceful hand-back
@@ -48,6 +48,19 @@ type worker struct {
 
 func (w *worker) handBack() { w.handbackOnce.Do(func() { close(w.handback) }) }
 
+// leaving reports whether the worker was asked to hand back or lost its
+// lease: it takes no new message.
+func (w *worker) leaving() bool {
+	select {
+	case <-w.handback:
+		return true
+	case <-w.lost:
+		return true
+	default:
+		return false
+	}
+}
+
 func (w *worker) lose() {
 	w.lostOnce.Do(func() { close(w.lost) })
 	w.cancel()
@@ -55,9 +68,11 @@ func (w *worker) lose() {
 
 func (s *Member) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
-	w := &worker{s: s, lease: l, cursor: l.Committed, commit: l.Committed, committedAt: time.Now(), ctx: ctx, cancel: cancel,
+	w := &worker{s: s, lease: l, cursor: l.Committed, ctx: ctx, cancel: cancel,
 		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1),
 		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout}}
+	w.settled.Store(l.Committed)
+	w.commit.Store(l.Committed)
 	s.mu.Lock()
 	s.workers[l.PartitionRef] = w
 	s.mu.Unlock()
@@ -68,16 +83,7 @@ func (s *Member) startWorker(l driver.Lease) {
 
 // stopping reports whether the worker should stop taking new messages.
 func (w *worker) stopping() bool {
-	select {
-	case <-w.s.life.Context().Done():
-		return true
-	case <-w.handback:
-		return true
-	case <-w.lost:
-		return true
-	default:
-		return false
-	}
+	return w.s.life.Context().Err() != nil || w.leaving()
 }
 
 // wait sleeps d unless the worker is asked to stop first.
@@ -139,6 +145,9 @@ func (w *worker) run() {
 	rereads := 0
 	drained := false // the last fetch read to the head, and the feed streams
 	for !w.stopping() {
+		if s.isSuspended(w.lease.Tenant) {
+			return // finish() commits and releases the lease
+		}
 		if s.isPaused(w.lease.Tenant) {
 			// Paused: commit what is settled, keep the lease (not idle),
 			// and wait for the tick that reads the resume.
@@ -164,9 +173,6 @@ func (w *worker) run() {
 		}
 		drained = false
 		if len(msgs) == 0 {
-			if !w.commitDue() {
-				return
-			}
 			if s.cfg.Clock().Sub(idleSince) >= s.cfg.IdleRelease {
 				return // idle release: finish() commits and releases
 			}
@@ -181,12 +187,9 @@ func (w *worker) run() {
 			// The head watcher checks every PollInterval, for all idle
 			// partitions at once; a worker fetches on its own only as a
 			// fallback.
-			// Wake up in time for the idle release, and to commit what
-			// is settled within CommitInterval.
+			// Wake up in time for the idle release; the member's
+			// committer commits what is settled.
 			wait := min(idleFallback*s.pollEvery(), s.cfg.IdleRelease-s.cfg.Clock().Sub(idleSince))
-			if w.cursor > w.commit {
-				wait = min(wait, max(0, s.cfg.CommitInterval-time.Since(w.committedAt)))
-			}
 			w.idleAfter.Store(w.cursor + 1)
 			w.idle(wait)
 			w.idleAfter.Store(0)
@@ -194,9 +197,6 @@ func (w *worker) run() {
 		}
 		idleSince, rereads = s.cfg.Clock(), 0
 		if !w.deliver(msgs) {
-			return
-		}
-		if !w.commitDue() {
 			return
 		}
 		// A short batch read up to the head. While a feed that names
@@ -231,37 +231,24 @@ func (w *worker) fetch() ([]driver.Message, error) {
 	return w.s.drv.FetchAfter(ctx, tp, w.cursor, w.s.cfg.BatchSize)
 }
 
-// commitDue commits settled progress once CommitInterval has passed since
-// the last commit: a partition woken for every message commits at most
-// once per interval, not once per message (a crash redelivers at most
-// what was settled in that interval). Hand-back, idle release and stop
-// commit at once (finish). False when the lease is lost.
-func (w *worker) commitDue() bool {
-	if w.cursor <= w.commit || time.Since(w.committedAt) < w.s.cfg.CommitInterval {
-		return true
-	}
-	return w.commitCursor()
-}
+// settledTo records that the messages up to the cursor are settled: the
+// member's committer commits them within CommitInterval, in one
+// transaction with its other partitions' (commit.go), off the delivery
+// path. A crash redelivers at most what was settled in that interval.
+func (w *worker) settledTo() { w.settled.Store(w.cursor) }
 
-// commitCursor commits settled progress; false when the lease is lost.
+// commitCursor commits settled progress now, before the worker waits,
+// hands back or stops; false when the lease is lost.
 func (w *worker) commitCursor() bool {
-	if w.cursor <= w.commit {
+	w.settledTo()
+	w.s.commitMu.Lock()
+	defer w.s.commitMu.Unlock()
+	if w.cursor <= w.commit.Load() {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
 	defer cancel()
-	err := w.s.drv.CommitOffset(ctx, w.leaseNow(), w.cursor, w.s.cfg.Clock())
-	switch {
-	case errorsIsLost(err):
-		w.s.log.Warn("shardq: lease lost at commit; the new owner redelivers", w.logArgs("offset", w.cursor)...)
-		w.lose()
-		return false
-	case err != nil:
-		w.s.log.Warn("shardq: commit failed; will retry", w.logArgs("offset", w.cursor, "err", err)...)
-		return true
-	}
-	w.commit, w.committedAt = w.cursor, time.Now()
-	return true
+	return w.committed(w.cursor, w.s.drv.CommitOffset(ctx, w.leaseNow(), w.cursor, w.s.cfg.Clock()))
 }
 
 // finish commits and releases the lease, unless it was lost.
@@ -319,6 +306,7 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 		}
 	}
 	defer func() { w.prefetched = nil }()
+	defer w.settledTo() // whatever path settled them, the committer sees it
 	if w.s.cfg.Batch && large.KindOf(&msgs[0]) == large.Ordinary {
 		// A batch stops before a message delayed past its first one's
 		// time (the partition waits there, as a FIFO group does), and
@@ -344,11 +332,9 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 			return true // the rest is read again after the resume
 		}
 		ok, more := w.deliverOne(&msgs[i], states[msgs[i].Offset])
+		w.settledTo()
 		if !ok || !more {
 			return ok
-		}
-		if !w.commitDue() {
-			return false
 		}
 		if w.s.cfg.Batch {
 			return true // one large message: the next batch starts after it
@@ -432,7 +418,9 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 			if !w.deadLetter(msgs, end, attempt, v.Cause, serr) {
 				return false
 			}
-			w.cursor, w.commit = last, last
+			w.cursor = last
+			w.settled.Store(last)
+			raise(&w.commit, last) // the dead-letter transaction committed the cursor
 			return true
 		}
 		if errorsIsLost(serr) {

@@ -65,6 +65,9 @@ type Config struct {
 	// MessageError wraps the refusal err of the call's message i
 	// (shardq.MessageError).
 	MessageError func(i int, err error) error
+	// Admit refuses publishing to a tenant that may not publish now (a
+	// suspended one), before anything is stored.
+	Admit func(ctx context.Context, tenant string) error
 }
 
 // Publisher writes messages to one database.
@@ -152,6 +155,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message, reserved bool) 
 				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)})
 		}
 	}
+	if err := p.Admit(ctx, rows); err != nil {
+		return nil, fmt.Errorf("shardq: publish: %w", err)
+	}
 	sent = rows
 	if err := p.batcher.Submit(ctx, rows[0].Tenant, rows); err != nil {
 		if errors.Is(err, coalesce.ErrClosed) {
@@ -178,12 +184,28 @@ func (p *Publisher) PublishTx(ctx context.Context, tx *sql.Tx, msgs []Message) (
 	if len(rows) == 0 {
 		return nil, nil
 	}
+	if err := p.Admit(ctx, rows); err != nil {
+		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
+	}
 	// The caller's pool is the caller's: whatever it is set to do, shardq's
 	// statements run prepared on tx, their values bound, never spliced.
 	if err := p.drv.InsertMessages(ctx, driver.PreparedTx(tx), rows); err != nil {
 		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
 	}
 	return rows, nil
+}
+
+// Admit checks that each tenant of rows may publish now (Config.Admit).
+func (p *Publisher) Admit(ctx context.Context, rows []*driver.InsertMessage) error {
+	for i, r := range rows {
+		if i > 0 && r.Tenant == rows[i-1].Tenant || p.cfg.Admit == nil {
+			continue
+		}
+		if err := p.cfg.Admit(ctx, r.Tenant); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Prepare validates every message, runs selectors, fills ids, headers and
@@ -334,7 +356,8 @@ func (p *Publisher) writeOnce(ctx context.Context, rows []*driver.InsertMessage)
 	if err != nil {
 		return err
 	}
-	if err := p.drv.InsertMessages(ctx, tx, rows); err != nil {
+	// retry.Do in writeBatch runs this again on a deadlock.
+	if err := p.drv.InsertMessages(driver.Rerunnable(ctx), tx, rows); err != nil {
 		return errors.Join(err, ignoreDone(tx.Rollback()))
 	}
 	if err := tx.Commit(); err != nil {

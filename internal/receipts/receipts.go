@@ -502,19 +502,10 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 	// (A receipt's Last only decides whether its ack gives the group back.)
 	l := rc.lease()
 	upTo := max(rc.Offset, rc.End) // a large message: its chunks and end marker
-	err := r.drv.CommitReceived(ctx, l, upTo, now)
+	// The receive's last ack gives the group back in the same transaction.
+	err := r.drv.CommitReceived(ctx, l, upTo, upTo == rc.Last, now)
 	if errors.Is(err, driver.ErrPastHead) {
 		return settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)})
-	}
-	if err == nil && upTo == rc.Last {
-		// Committed: give the group back even if the caller has gone.
-		dctx, cancel := lifecycle.Detached(ctx)
-		rerr := r.drv.ReleaseLease(dctx, l, now)
-		cancel()
-		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
-			r.cfg.Log.Warn("shardq: giving back a message group after its last ack failed; it is free after its visibility timeout",
-				"tenant", rc.Tenant, "topic", rc.Topic, "partition_key", rc.Key, "err", rerr)
-		}
 	}
 	return settled("ack", rc, err)
 }

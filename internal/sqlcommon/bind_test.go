@@ -84,6 +84,9 @@ func TestStatementTablesAreWhole(t *testing.T) {
 					if path == "statements.publish.insertFresh" && s == MySQL {
 						return // SQLite only
 					}
+					if path == "statements.publish.insertLocked" && s == SQLite {
+						return // MySQL only
+					}
 					t.Errorf("%v %s is empty", s, path)
 				}
 				if strings.ContainsAny(q, "?{}") {

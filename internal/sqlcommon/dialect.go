@@ -26,6 +26,9 @@ type Dialect struct {
 	// by text (texts differ by the length of their lists and rows); past
 	// it a statement is prepared for one use. 0 caches none.
 	PreparedStatements int
+	// PreparedListMax is the longest list (List or Rows) of a statement
+	// that is prepared; a longer one runs unprepared. 0: no bound.
+	PreparedListMax int
 }
 
 // statements is every statement of the package, written once per syntax
@@ -37,10 +40,11 @@ type statements struct {
 	admin     adminSQL
 	lifecycle lifecycleSQL
 	token     tokenSQL
+	tenant    tenantSQL
 }
 
 func newStatements(s Syntax) *statements {
-	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL(s)}
+	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL(s), tenant: newTenantSQL(s)}
 }
 
 // FetchAfter reads up to limit messages of one partition after offset

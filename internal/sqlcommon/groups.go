@@ -565,19 +565,37 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, g driver.GroupRef, now tim
 	}
 	// Most calls find nothing to do (an idle group, or its first message
 	// still in a handler): ask the read pool, and open a write
-	// transaction only when the cursor can move or gaps need rows.
-	if p, err := d.planAdvance(ctx, d.Read, key, op); err != nil || !p.moves() {
-		return p.cur, err
+	// transaction only when the cursor can move or gaps need rows. The
+	// read pool's plan looks for gaps up to the highest claim; the
+	// transaction's only below the first open claim, which the cursor
+	// cannot pass: with a claim held low and thousands claimed above it,
+	// the write lock (SQLite's one writer) is not held for a scan of them
+	// all at every advance.
+	read, err := d.planAdvance(ctx, d.Read, key, false, op)
+	if err != nil || !read.moves() {
+		return read.cur, err
 	}
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
-		p, err := d.planAdvance(ctx, tx, key, op)
-		if err != nil || !p.moves() {
+		p, err := d.planAdvance(ctx, tx, key, true, op)
+		if err != nil {
 			return p.cur, err
 		}
+		// The read's gaps above the transaction's scan get their rows too
+		// (a row claimed or settled meanwhile is left as it is; one below
+		// the cursor by then is deleted below or by the next advance).
+		gaps := p.gaps
+		for _, o := range read.gaps {
+			if o > p.scanned && o > p.cur {
+				gaps = append(gaps, o)
+			}
+		}
+		if p.next <= p.cur && len(gaps) == 0 {
+			return p.cur, nil
+		}
 		st := &d.sql().group
-		if len(p.gaps) > 0 {
-			rows := make(Rows, len(p.gaps))
-			for i, o := range p.gaps {
+		if len(gaps) > 0 {
+			rows := make(Rows, len(gaps))
+			for i, o := range gaps {
 				rows[i] = []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(now), 0, d.EncodeTime(now)}
 			}
 			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
@@ -600,17 +618,18 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, g driver.GroupRef, now tim
 }
 
 // advancePlan is where the ungrouped cursor can move: next, and the gaps
-// that need claim rows first.
+// that need claim rows first, looked for up to scanned.
 type advancePlan struct {
-	cur, next int64
-	gaps      []int64
+	cur, next, scanned int64
+	gaps               []int64
 }
 
 func (p advancePlan) moves() bool { return p.next > p.cur || len(p.gaps) > 0 }
 
 // planAdvance reads, through db, the head, the cursor and the first
-// message not done.
-func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, op string) (advancePlan, error) {
+// message not done. belowOpen looks for gaps only below the first open
+// claim, where the cursor may move; otherwise up to the highest claim.
+func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, belowOpen bool, op string) (advancePlan, error) {
 	st := &d.sql().group
 	var p advancePlan
 	var head int64
@@ -643,7 +662,11 @@ func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, op st
 	// a claim transaction that locked them (SKIP LOCKED kept the others
 	// away) and then failed. They count as open, and get claimable rows
 	// so that the next claim takes them.
-	if p.gaps, err = d.ungroupedGaps(ctx, db, key, p.cur, min(highest, head)); err != nil {
+	p.scanned = min(highest, head)
+	if belowOpen && open.Valid {
+		p.scanned = min(p.scanned, open.Int64-1)
+	}
+	if p.gaps, err = d.ungroupedGaps(ctx, db, key, p.cur, p.scanned); err != nil {
 		return p, d.Wrap(op, err)
 	}
 	p.next = head

@@ -247,9 +247,39 @@ func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, 
 	return err
 }
 
+// CommitOffsets commits several leases' cursors in one transaction: it
+// fences every lease first, in partition order, and only then commits
+// and drops bookkeeping, so that it holds no range of
+// queue_delivery_state while it waits for another lease's row (a worker
+// recording an attempt under that lease would wait for the range: a
+// cycle). When any lease is lost it changes nothing and returns
+// ErrLeaseLost.
+func (d *Store) CommitOffsets(ctx context.Context, cs []driver.OffsetCommit, now time.Time) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	cs = slices.Clone(cs)
+	slices.SortFunc(cs, func(a, b driver.OffsetCommit) int { return a.Lease.PartitionRef.Compare(b.Lease.PartitionRef) })
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
+		for _, c := range cs {
+			if err := d.fence(ctx, tx, c.Lease, fmt.Sprintf("commit offset %d on %s", c.Offset, c.Lease.PartitionRef)); err != nil {
+				return struct{}{}, err
+			}
+		}
+		for _, c := range cs {
+			if err := d.commitOffset(ctx, tx, c.Lease, c.Offset, now, fmt.Sprintf("commit offset %d on %s", c.Offset, c.Lease.PartitionRef)); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return struct{}{}, nil
+	})
+	return err
+}
+
 // CommitReceived commits like CommitOffset, but only up to the
-// partition's head, read in the statement that fences the lease.
-func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64, now time.Time) error {
+// partition's head, read in the statement that fences the lease; with
+// release it frees the lease in the same transaction.
+func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64, release bool, now time.Time) error {
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("commit received offset %d on %s", offset, l.PartitionRef)
 		var head sql.NullInt64
@@ -264,7 +294,11 @@ func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64
 		case offset > head.Int64:
 			return struct{}{}, fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
 		}
-		return struct{}{}, d.commitOffset(ctx, tx, l, offset, now, op)
+		if err := d.commitOffset(ctx, tx, l, offset, now, op); err != nil || !release {
+			return struct{}{}, err
+		}
+		_, err = d.exec(ctx, tx, d.leases().release, refNamed(l.PartitionRef).with(Args{"now": d.EncodeTime(now), "token": l.Token}))
+		return struct{}{}, d.wrapNil(op+" and release the lease", err)
 	})
 	return err
 }

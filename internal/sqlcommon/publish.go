@@ -64,6 +64,29 @@ func (d *Store) InsertRows(ctx context.Context, tx driver.DBTX, g *Group, msgs [
 	return res, nil
 }
 
+// InsertLocked inserts m alone while it locks m's partition head row, in
+// one statement (MySQL): the lock comes before the row's AUTO_INCREMENT
+// value, as LockHeads before InsertRows. It reports whether the row went
+// in; it did not when the head row does not exist yet.
+func (d *Store) InsertLocked(ctx context.Context, tx driver.DBTX, m *driver.InsertMessage) (sql.Result, bool, error) {
+	g := &Group{Tenant: m.Tenant, Topic: m.Topic}
+	rows, err := d.messageRows(g, []*driver.InsertMessage{m})
+	if err != nil {
+		return nil, false, err
+	}
+	r := rows[0]
+	res, err := d.exec(ctx, tx, d.sql().publish.insertLocked, Args{"tenant": r[0], "topic": r[1], "key": r[2], "id": r[3],
+		"headers": r[4], "payload": r[5], "created_at": r[6], "not_before": r[7]})
+	if err != nil {
+		return nil, false, d.Wrap("insert message", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, false, d.Wrap("insert message", err)
+	}
+	return res, n == 1, nil
+}
+
 // InsertFresh inserts the msgs (all of g) whose identity is not stored
 // and returns the offsets they received, by (partition key, id). SQLite
 // only: it needs INSERT ... RETURNING.

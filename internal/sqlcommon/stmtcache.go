@@ -145,10 +145,35 @@ func (d *Store) stmt(ctx context.Context, db driver.DBTX, q string) *sql.Stmt {
 	return nil
 }
 
+// preparable reports whether args expand to a statement to prepare: one
+// whose lists are at most the dialect's PreparedListMax long.
+func (d *Store) preparable(args Args) bool {
+	limit := d.PreparedListMax
+	if limit <= 0 {
+		return true
+	}
+	for _, v := range args {
+		switch v := v.(type) {
+		case List:
+			if len(v) > limit {
+				return false
+			}
+		case Rows:
+			if len(v) > limit {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // exec, query and queryRow run a named statement (Bind), prepared where
-// the dialect caches statements.
+// the dialect caches statements and the statement's lists are short.
 func (d *Store) exec(ctx context.Context, db driver.DBTX, stmt string, args Args) (sql.Result, error) {
 	q, a := Bind(stmt, args)
+	if !d.preparable(args) {
+		return db.ExecContext(ctx, q, a...)
+	}
 	if s := d.stmt(ctx, db, q); s != nil {
 		return s.ExecContext(ctx, a...)
 	}
@@ -157,6 +182,9 @@ func (d *Store) exec(ctx context.Context, db driver.DBTX, stmt string, args Args
 
 func (d *Store) query(ctx context.Context, db driver.DBTX, stmt string, args Args) (*sql.Rows, error) {
 	q, a := Bind(stmt, args)
+	if !d.preparable(args) {
+		return db.QueryContext(ctx, q, a...)
+	}
 	if s := d.stmt(ctx, db, q); s != nil {
 		return s.QueryContext(ctx, a...)
 	}

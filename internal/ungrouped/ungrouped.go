@@ -160,15 +160,17 @@ const (
 	feedRereads = 5
 )
 
-// maxPrefetch bounds the claims a member holds in its local queue.
+// maxPrefetch bounds the claims a member holds in its local queue (the
+// target, split among its tenants).
 const maxPrefetch = 500
 
 // ungrouped is the competing-consumer loop for messages with an empty
 // partition key. Concurrency handler goroutines take claimed messages from
-// a local queue; this loop refills it in batches whenever it is at most
-// half full, so that one claim transaction serves many messages even
-// while every handler is busy, and every DiscoveryInterval it moves the
-// group's ungrouped cursor past what is done. Acks are coalesced into
+// a local queue, the tenants' claims in turn; this loop refills each
+// tenant's share of it in batches whenever that is at most half full, so
+// that one claim transaction serves many messages even while every
+// handler is busy, and every DiscoveryInterval it moves the group's
+// ungrouped cursor past what is done. Acks are coalesced into
 // shared transactions the way publishes are.
 //
 // The queue's target (prefetch) follows the handlers' measured rate: what
@@ -178,7 +180,7 @@ const maxPrefetch = 500
 // claims that those lapse in the queue.
 func (s *Service) ungrouped() {
 	n := s.cfg.Concurrency
-	queue := make(chan driver.Claim, max(maxPrefetch, 2*n))
+	queue := newClaimQueue()
 	took := make(chan struct{}, 1) // a handler took a claim off the queue
 	var handled atomic.Int64
 	for range n {
@@ -186,15 +188,16 @@ func (s *Service) ungrouped() {
 	}
 	prefetch := newPrefetch(n, s.cfg.Visibility, s.cfg.Clock())
 	defer func() {
-		close(queue)
-		for c := range queue { // claimed, never started: others may take them now
+		for _, c := range queue.close() { // claimed, never started: others may take them now
 			s.giveBack(c)
 		}
 	}()
 	var advanced time.Time
 	var nextProbe, lastProbe time.Time // when the tenants with work are read again, and were last
 	active := map[string]bool{}        // tenants with work at the last probe, or woken since
+	dry := map[string]bool{}           // active tenants whose last claim found nothing
 	rereads := 0                       // claims after a wake-up that found nothing (feedRereads)
+	round := 0                         // turns the tenants' claims when more claim than the target
 	for {
 		if s.life.Context().Err() != nil {
 			return
@@ -202,6 +205,7 @@ func (s *Service) ungrouped() {
 		woken, rescan := s.takeWoken()
 		for _, t := range woken {
 			active[t] = true
+			delete(dry, t)
 		}
 		now := time.Now()
 		if rescan {
@@ -211,6 +215,7 @@ func (s *Service) ungrouped() {
 		}
 		if !now.Before(nextProbe) {
 			active = s.probe()
+			clear(dry)
 			for _, t := range woken {
 				active[t] = true
 			}
@@ -218,21 +223,41 @@ func (s *Service) ungrouped() {
 		}
 		target := prefetch.target(handled.Load(), s.cfg.Clock())
 		claimed := 0
+		var claimable []string
 		for _, tenant := range s.cfg.Tenants { // in the configured order
-			if !active[tenant] {
-				continue
+			if active[tenant] && !dry[tenant] && (s.cfg.Paused == nil || !s.cfg.Paused(tenant)) {
+				claimable = append(claimable, tenant)
 			}
-			room := target - len(queue)
-			if room < max(1, target/2) {
-				break
+		}
+		if len(claimable) > target {
+			// More tenants than claims to queue: target of them a round,
+			// in turn.
+			round = (round + target) % len(claimable)
+			claimable = append(claimable[round:], claimable[:round]...)[:target]
+		}
+		// Each claimable tenant claims within its share of the queue's
+		// target, in batches of at least half of it, except that one with
+		// nothing queued claims at once: a woken tenant's message does not
+		// wait for another tenant's backlog to shrink the queue, and the
+		// handlers take the tenants' claims in turn (claimQueue). A
+		// tenant whose claim finds nothing is left until it is woken or
+		// the next probe.
+		share := max(1, target/max(1, len(claimable)))
+		for _, tenant := range claimable {
+			queued := queue.queued(tenant)
+			if room := share - queued; queued == 0 || room >= max(1, share/2) {
+				n := s.claimInto(tenant, room, queue)
+				if n == 0 && rereads == 0 { // after a wake-up, look again (feedRereads)
+					dry[tenant] = true
+				}
+				claimed += n
 			}
-			claimed += s.claimInto(tenant, room, queue)
 		}
 		if now := s.cfg.Clock(); now.Sub(advanced) >= s.cfg.DiscoveryInterval {
 			s.advanceUngrouped(active, now)
 			advanced = now
 		}
-		if claimed > 0 && target-len(queue) >= max(1, target/2) {
+		if claimed > 0 && target-queue.len() >= max(1, target/2) {
 			continue // there may be more right away
 		}
 		wait := time.Until(nextProbe)
@@ -320,8 +345,12 @@ func (s *Service) takeWoken() ([]string, bool) {
 
 // handleClaims is one handler goroutine. On stop, it gives back what it
 // takes instead of running it.
-func (s *Service) handleClaims(queue <-chan driver.Claim, took chan<- struct{}, handled *atomic.Int64) {
-	for c := range queue {
+func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled *atomic.Int64) {
+	for {
+		c, ok := queue.pop()
+		if !ok {
+			return
+		}
 		handled.Add(1)
 		select {
 		case took <- struct{}{}:
@@ -365,7 +394,7 @@ func (p *prefetch) target(handled int64, now time.Time) int {
 	return p.cur
 }
 
-func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) int {
+func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
 	if s.cfg.Paused != nil && s.cfg.Paused(tenant) {
 		return 0
 	}
@@ -379,7 +408,9 @@ func (s *Service) claimInto(tenant string, room int, queue chan<- driver.Claim) 
 		return 0
 	}
 	for _, c := range claims {
-		queue <- c // room was reserved: only this loop adds
+		if !queue.push(c) {
+			s.giveBack(c) // the queue closed: stopping
+		}
 	}
 	return len(claims)
 }

@@ -151,11 +151,28 @@ func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
 	var wg sync.WaitGroup
 	for i := range e.p.Subscribers {
 		wg.Go(func() {
+			// Each receive acks the previous one's receipts when it asks
+			// the same tenant (one request a turn); otherwise they are
+			// acked on their own first.
+			var pending []string
+			var pendingGroup string
 			for n := i; ctx.Err() == nil; n++ { // each receive asks the next tenant
 				tenant := ns.tenants[n%len(ns.tenants)]
 				group := topicPath(tenant, ns.topic) + "/groups/bench"
+				if len(pending) > 0 && pendingGroup != group {
+					var out struct{}
+					if err := a.post(ctx, pendingGroup+"/ack", map[string]any{"receipts": pending}, &out); err != nil && ctx.Err() == nil {
+						errc <- err
+						return
+					}
+					pending = nil
+				}
+				body := map[string]any{"next_group": true, "max": 100, "wait": 1}
+				if len(pending) > 0 {
+					body["ack"] = pending
+				}
 				var got struct{ Messages []apiMessage }
-				if err := a.post(ctx, group+"/receive", map[string]any{"next_group": true, "max": 100, "wait": 1}, &got); err != nil {
+				if err := a.post(ctx, group+"/receive", body, &got); err != nil {
 					if ctx.Err() == nil {
 						errc <- err
 					}
@@ -179,13 +196,7 @@ func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
 					rec.record(event{tenant: tenant, key: m.Key, seq: seq, at: time.Now()})
 					receipts[j] = m.Receipt
 				}
-				if len(receipts) > 0 {
-					var out struct{}
-					if err := a.post(ctx, group+"/ack", map[string]any{"receipts": receipts}, &out); err != nil && ctx.Err() == nil {
-						errc <- err
-						return
-					}
-				}
+				pending, pendingGroup = receipts, group
 			}
 		})
 	}

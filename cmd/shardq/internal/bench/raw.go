@@ -16,9 +16,9 @@ import (
 // queue's shape, with no queue around it.
 
 func (e *env) rawCases() []scenCase {
-	cases := []scenCase{e.rawInsertCase(1)}
+	cases := []scenCase{e.rawInsertCase(1), e.rawAppendCase(1)}
 	if e.p.Publishers > 1 {
-		cases = append(cases, e.rawInsertCase(e.p.Publishers))
+		cases = append(cases, e.rawInsertCase(e.p.Publishers), e.rawAppendCase(e.p.Publishers))
 	}
 	return append(cases, e.rawMultiRowCase(), e.rawConsumeCase())
 }
@@ -27,6 +27,17 @@ func (e *env) rawCases() []scenCase {
 func (e *env) rawInsertCase(conns int) scenCase {
 	return scenCase{fmt.Sprintf("raw-insert-%dconn", conns), func(ctx context.Context, ns namespace) (rep, error) {
 		return e.rawInsert(ctx, ns, conns, 1)
+	}}
+}
+
+// rawAppendCase: over conns connections, one transaction a message that
+// inserts it and raises its partition's head row (created on first use),
+// the two writes every ordered append needs: { BEGIN; INSERT the message;
+// INSERT ... ON DUPLICATE KEY UPDATE (SQLite: ON CONFLICT) the head;
+// COMMIT }. On SQLite BEGIN IMMEDIATE, as shardq's writer.
+func (e *env) rawAppendCase(conns int) scenCase {
+	return scenCase{fmt.Sprintf("raw-append-%dconn", conns), func(ctx context.Context, ns namespace) (rep, error) {
+		return e.rawAppend(ctx, ns, conns)
 	}}
 }
 
@@ -145,6 +156,82 @@ func (e *env) rawInsert(ctx context.Context, ns namespace, conns, rowsPer int) (
 	}
 	var stored int64
 	if err := e.d.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM "+ns.rawMessages()).Scan(&stored); err != nil {
+		return rep{}, err
+	}
+	return rep{msgs: int64(total), elapsed: elapsed, latencies: lat, lost: max(0, int64(total)-stored),
+		dups: max(0, stored-int64(total))}, nil
+}
+
+// rawAppend runs rawAppendCase, its statements prepared and its
+// transactions begun as shardq's (the driver's BeginWrite).
+func (e *env) rawAppend(ctx context.Context, ns namespace, conns int) (rep, error) {
+	if err := ns.createRaw(ctx); err != nil {
+		return rep{}, err
+	}
+	db := e.d.DB()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+ns.rawHeads()+" (tenant VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "+
+		"partition_key VARCHAR(255) NOT NULL, head_offset BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (tenant, topic, partition_key))"); err != nil {
+		return rep{}, fmt.Errorf("create raw heads: %w", err)
+	}
+	upsert := "INSERT INTO " + ns.rawHeads() + " (tenant, topic, partition_key, head_offset, updated_at) VALUES (?, ?, ?, ?, ?) "
+	if e.d.Name() == "mysql" {
+		upsert += "ON DUPLICATE KEY UPDATE head_offset = GREATEST(head_offset, VALUES(head_offset)), updated_at = VALUES(updated_at)"
+	} else {
+		upsert += "ON CONFLICT (tenant, topic, partition_key) DO UPDATE SET head_offset = MAX(head_offset, excluded.head_offset), updated_at = excluded.updated_at"
+	}
+	stmts := e.prepared()
+	defer stmts.close()
+	ins, err := stmts.get(ctx, "INSERT INTO "+ns.rawMessages()+" (tenant, topic, partition_key, id, headers, payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+	if err != nil {
+		return rep{}, err
+	}
+	up, err := stmts.get(ctx, upsert)
+	if err != nil {
+		return rep{}, err
+	}
+	total := e.p.Messages
+	var next atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	elapsed, err := runWorkers(conns, func(int) error {
+		var mine []time.Duration
+		defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= total {
+				return nil
+			}
+			tenant, key := ns.partition(i % e.p.Partitions)
+			now := time.Now()
+			t0 := time.Now()
+			tx, err := e.d.BeginWrite(ctx)
+			if err != nil {
+				return fmt.Errorf("raw append: %w", err)
+			}
+			res, err := tx.StmtContext(ctx, ins).ExecContext(ctx, tenant, ns.topic, key, fmt.Sprint(i), `{"queue_name":"`+tenant+`"}`, payload(e.p.Size, uint64(i), now, 0), e.timeArg(now))
+			var off int64
+			if err == nil {
+				off, err = res.LastInsertId()
+			}
+			if err == nil {
+				_, err = tx.StmtContext(ctx, up).ExecContext(ctx, tenant, ns.topic, key, off, now.UnixMicro())
+			}
+			if err == nil {
+				err = tx.Commit()
+			} else {
+				tx.Rollback() //nolint:errcheck // the error above is the one to report
+			}
+			if err != nil {
+				return fmt.Errorf("raw append: %w", err)
+			}
+			mine = append(mine, time.Since(t0))
+		}
+	})
+	if err != nil {
+		return rep{}, err
+	}
+	var stored int64
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+ns.rawMessages()).Scan(&stored); err != nil {
 		return rep{}, err
 	}
 	return rep{msgs: int64(total), elapsed: elapsed, latencies: lat, lost: max(0, int64(total)-stored),

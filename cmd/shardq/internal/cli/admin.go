@@ -134,7 +134,7 @@ func ts(t time.Time) string {
 func (a *app) adminCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Operator commands: listings, messages by identity, offsets (all scoped by tenant)"}
 	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminGroups(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
-		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false), a.adminMessages())
+		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false), a.adminMessages(), a.adminTenants(), a.adminTenant())
 	return cmd
 }
 

@@ -26,7 +26,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var asJSON bool
 	var cpuProfile string
 	cmd := &cobra.Command{
-		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|api|large|raw [flags]",
+		Use:   "bench publish|consume|latency|ungrouped|discovery|idle|api|large|noisy|raw [flags]",
 		Short: "Measure publish, consume, competing consumers and end-to-end latency against the database's own ceiling",
 		Long: "Runs a scenario --reps times, each in a fresh namespace that is removed afterwards, and reports\n" +
 			"medians next to the matching raw baseline measured in the same run:\n" +
@@ -55,6 +55,12 @@ func (a *app) benchCmd() *cobra.Command {
 			"           direction's rate and the peak heap): PublishLarge and a receiver's Body, and the HTTP API's\n" +
 			"           upload and body_url (baseline: the database alone, one INSERT per 256 KiB BLOB chunk in\n" +
 			"           transactions of 16, then a read in order, one row at a time)\n" +
+			"  noisy    a noisy neighbour: --subscribers members of one group serve a busy tenant holding --messages\n" +
+			"           over --partitions keys and a quiet tenant publishing --rate msg/s over 16 keys for --duration\n" +
+			"           (from a client of its own), handlers of --handler-delay, MaxPartitions 64 (fewer when the\n" +
+			"           partitions are few, so that the backlog fills them): the quiet tenant's p99 from publish to\n" +
+			"           handler (baseline: the same without the backlog), and the busy tenant's rate during the\n" +
+			"           window (baseline: the same without the quiet tenant)\n" +
 			"Every scenario counts lost, duplicated and out-of-order messages; the command exits 1 when any\n" +
 			"message is lost or out of order.",
 		Args:      oneOf("scenario", bench.Scenarios...),

@@ -5,6 +5,8 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -125,6 +127,159 @@ func TestGroupLifecycleCommands(t *testing.T) {
 			}
 			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rep) != nil || rep.Removed != 2 || rep.Deleted != 3 {
 				t.Fatalf("retention: %+v", r)
+			}
+		})
+	}
+}
+
+// admin tenant delete: a preview by default, --execute deletes the
+// tenant's rows and nothing of another tenant's, bad flags are usage
+// errors naming the rule.
+func TestAdminTenantDelete(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			for _, tenant := range []string{"acme", "other"} {
+				for _, key := range []string{"a", "b"} {
+					if r := runCLI(t, env, "", "publish", "--tenant", tenant, "--topic", "orders", "--key", key, "p"); r.code != 0 {
+						t.Fatal(r)
+					}
+				}
+			}
+			rows := func(tenant string) map[string]int64 {
+				t.Helper()
+				r := runCLI(t, env, "", "admin", "tenant", "delete", "--tenant", tenant, "--json")
+				if r.code != 0 {
+					t.Fatal(r)
+				}
+				out := map[string]int64{}
+				for _, l := range jsonLines[struct {
+					Table   string `json:"table"`
+					Rows    int64  `json:"rows"`
+					Deleted bool   `json:"deleted"`
+				}](t, r.stdout) {
+					if l.Deleted {
+						t.Fatalf("a preview says deleted: %s", r.stdout)
+					}
+					out[l.Table] = l.Rows
+				}
+				return out
+			}
+			if got := rows("acme"); got["queue_messages"] != 2 || got["queue_partitions"] != 2 {
+				t.Fatalf("preview of acme: %v", got)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "delete", "--tenant", "acme"); r.code != 0 || !strings.Contains(r.stdout, "preview: nothing changed") {
+				t.Fatalf("preview: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "delete", "--tenant", "acme", "--execute", "--batch", "1"); r.code != 0 ||
+				!strings.Contains(r.stdout, "deleted 4 rows of tenant acme") {
+				t.Fatalf("--execute: %+v", r)
+			}
+			for table, n := range rows("acme") {
+				if n != 0 {
+					t.Errorf("%s keeps %d rows of acme", table, n)
+				}
+			}
+			if got := rows("other"); got["queue_messages"] != 2 || got["queue_partitions"] != 2 {
+				t.Fatalf("the other tenant after acme's delete: %v", got)
+			}
+			for _, c := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"--tenant", "acme", "--batch", "0"}, "--batch 0: must be between 1 and"},
+				{[]string{"--tenant", ""}, "tenant: must not be empty"},
+			} {
+				if r := runCLI(t, env, "", append([]string{"admin", "tenant", "delete"}, c.args...)...); r.code != 2 || !strings.Contains(r.stderr, c.want) {
+					t.Errorf("%v: %+v, want exit 2 naming %q", c.args, r, c.want)
+				}
+			}
+		})
+	}
+}
+
+// admin tenants lists tenants with their use, admin tenant suspend refuses
+// a tenant's publishes until resume, and admin tenant export writes its
+// messages as JSON lines, resumable from a line's cursor.
+func TestAdminTenantLifecycle(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			env := map[string]string{"SHARDQ_DSN": db.dsn(t)}
+			if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+				t.Fatal(r)
+			}
+			for _, tenant := range []string{"acme", "other"} {
+				for _, key := range []string{"a", "b", "c"} {
+					if r := runCLI(t, env, "", "publish", "--tenant", tenant, "--topic", "orders", "--key", key, "pay-"+key); r.code != 0 {
+						t.Fatal(r)
+					}
+				}
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "suspend", "--tenant", "acme"); r.code != 0 || !strings.Contains(r.stdout, "suspended tenant acme") {
+				t.Fatalf("suspend: %+v", r)
+			}
+			if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "a", "refused"); r.code == 0 || !strings.Contains(r.stderr, `tenant "acme" is suspended`) {
+				t.Fatalf("publish to a suspended tenant: %+v", r)
+			}
+			type topic struct {
+				Topic    string `json:"topic"`
+				Messages int64  `json:"messages"`
+				Bytes    int64  `json:"bytes"`
+			}
+			type tenantLine struct {
+				Tenant      string  `json:"tenant"`
+				Messages    int64   `json:"messages"`
+				Bytes       int64   `json:"bytes"`
+				SuspendedAt string  `json:"suspended_at"`
+				Topics      []topic `json:"topics"`
+			}
+			r := runCLI(t, env, "", "admin", "tenants", "--json")
+			if r.code != 0 {
+				t.Fatal(r)
+			}
+			got := jsonLines[tenantLine](t, r.stdout)
+			if len(got) != 2 || got[0].Tenant != "acme" || got[0].SuspendedAt == "" || got[0].Messages != 3 || got[0].Bytes != 15 ||
+				len(got[0].Topics) != 1 || got[0].Topics[0].Topic != "orders" || got[1].Tenant != "other" || got[1].SuspendedAt != "" {
+				t.Fatalf("admin tenants: %+v", got)
+			}
+			if r := runCLI(t, env, "", "admin", "tenants", "--after", "acme", "--limit", "1"); r.code != 0 || !strings.Contains(r.stdout, "other") || strings.Contains(r.stdout, "acme") {
+				t.Fatalf("admin tenants, second page: %+v", r)
+			}
+			// A suspended tenant can still be exported.
+			file := filepath.Join(t.TempDir(), "acme.jsonl")
+			if r := runCLI(t, env, "", "admin", "tenant", "export", "--tenant", "acme", "--output", file, "--batch", "1"); r.code != 0 || !strings.Contains(r.stdout, "exported 3 messages") {
+				t.Fatalf("export: %+v", r)
+			}
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(r)
+			}
+			type exportLine struct {
+				Kind    string `json:"kind"`
+				Tenant  string `json:"tenant"`
+				Payload []byte `json:"payload"`
+				Cursor  string `json:"cursor"`
+			}
+			lines := jsonLines[exportLine](t, string(raw))
+			if len(lines) != 5 || lines[0].Kind != "tenant" || lines[0].Tenant != "acme" || lines[4].Kind != "end" || string(lines[1].Payload) != "pay-a" {
+				t.Fatalf("export lines: %+v", lines)
+			}
+			r = runCLI(t, env, "", "admin", "tenant", "export", "--tenant", "acme", "--after", lines[1].Cursor)
+			rest := jsonLines[exportLine](t, r.stdout)
+			if r.code != 0 || len(rest) != 4 || string(rest[1].Payload) != "pay-b" || string(rest[2].Payload) != "pay-c" {
+				t.Fatalf("export resumed after the first message: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "export", "--tenant", "acme", "--after", "nonsense!"); r.code != 2 || !strings.Contains(r.stderr, "after:") {
+				t.Fatalf("export after a bad cursor: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "resume", "--tenant", "acme"); r.code != 0 || !strings.Contains(r.stdout, "resumed tenant acme") {
+				t.Fatalf("resume: %+v", r)
+			}
+			if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "a", "again"); r.code != 0 {
+				t.Fatalf("publish after the resume: %+v", r)
 			}
 		})
 	}

@@ -38,6 +38,7 @@ type serveFlags struct {
 	maxLarge                    int64
 	maxLargeTransfers           int
 	largeTimeout                time.Duration
+	tokenCache                  time.Duration
 	shutdown                    time.Duration
 }
 
@@ -92,9 +93,20 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.Int64Var(&f.maxLarge, "max-large-bytes", server.DefaultMaxLargeBytes, "largest large-message upload (POST …/large) in bytes")
 	fl.IntVar(&f.maxLargeTransfers, "max-large-transfers", server.DefaultMaxLargeTransfers,
 		"large-message uploads and body downloads in flight on this server (each holds 4 MiB); past it, 429")
+	fl.DurationVar(&f.tokenCache, "token-cache", server.DefaultTokenCacheTTL,
+		"how long a token's stored row is reused before it is read again: a revocation reaches this server within it (0: read at every request)")
 	fl.DurationVar(&f.largeTimeout, "large-transfer-timeout", server.DefaultLargeTransferTimeout,
 		"how long one large-message upload or download may take in all (each read or write gets --read-timeout or --write-timeout)")
 	return cmd
+}
+
+// tokenCacheTTL is --token-cache as server.Config takes it: 0 there is
+// the default, and no cache is negative.
+func tokenCacheTTL(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func (a *app) serve(ctx context.Context, f serveFlags) error {
@@ -113,6 +125,12 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		mustBePositive("--write-timeout", f.writeTimeout > 0), mustBePositive("--max-large-bytes", f.maxLarge > 0),
 		mustBePositive("--max-large-transfers", f.maxLargeTransfers > 0), mustBePositive("--large-transfer-timeout", f.largeTimeout > 0),
 		mustBePositive("--max-attempts", f.maxAttempts > 0), mustBePositive("--shutdown-timeout", f.shutdown > 0),
+		func() error {
+			if f.tokenCache < 0 {
+				return usagef("--token-cache: must not be negative (0: no cache)")
+			}
+			return nil
+		}(),
 	); err != nil {
 		return err
 	}
@@ -153,7 +171,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
 		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxInflightBodyBytes: f.maxInflightBody, MaxResponseBytes: f.maxResponse,
 		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, ReadTimeout: f.readTimeout,
-		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, LargeTransferTimeout: f.largeTimeout, Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
+		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, LargeTransferTimeout: f.largeTimeout, TokenCacheTTL: tokenCacheTTL(f.tokenCache), Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
 		MeterProvider: a.meterProvider, Logger: a.logger()})
 	if err != nil {
 		return usageError{err}

@@ -173,7 +173,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, tenant stri
 		s.fail(w, r, err)
 		return
 	}
-	writeMessages(w, "items", ms, storedView, cut)
+	writeMessages(w, "items", ms, nil, storedView, cut)
 }
 
 // Reads of stored messages within a byte budget: pages no larger than
@@ -325,7 +325,7 @@ func (s *Server) browse(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.fail(w, r, err)
 		return
 	}
-	writeMessages(w, "items", ms, storedView, cut)
+	writeMessages(w, "items", ms, nil, storedView, cut)
 }
 
 // deleteMessage deletes one message by identity: ?key= and ?id=.

@@ -56,17 +56,18 @@ func FuzzDecodePublish(f *testing.F) {
 }
 
 func FuzzDecodeReceive(f *testing.F) {
-	for _, s := range []string{`{"max":10,"wait":20,"visibility":30,"key":"k"}`, `{"next_group":true}`, `{"wait":1e308}`, `{"visibility":-1}`, ``} {
+	for _, s := range []string{`{"max":10,"wait":20,"visibility":30,"key":"k"}`, `{"next_group":true}`, `{"wait":1e308}`, `{"visibility":-1}`, ``,
+		`{"next_group":true,"ack":["r1.x","r2.y"]}`, `{"ack":"r1"}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		rq, err := decodeReceive(strings.NewReader(body), "acme", "orders", "g")
+		rq, acks, err := decodeReceive(strings.NewReader(body), "acme", "orders", "g")
 		if err != nil {
 			checkRefusal(t, err)
 			return
 		}
-		if rq.Wait < 0 || rq.Wait > 20e9 || rq.Visibility < 0 || rq.Visibility > 12*3600e9 || rq.Tenant != "acme" {
-			t.Fatalf("accepted %+v", rq)
+		if rq.Wait < 0 || rq.Wait > 20e9 || rq.Visibility < 0 || rq.Visibility > 12*3600e9 || rq.Tenant != "acme" || len(acks) > 100 {
+			t.Fatalf("accepted %+v, acks %d", rq, len(acks))
 		}
 	})
 }

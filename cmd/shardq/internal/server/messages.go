@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -187,23 +188,29 @@ type receiveIn struct {
 	Key        string  `json:"key"`
 	NextGroup  bool    `json:"next_group"`
 	Ungrouped  bool    `json:"ungrouped"`
+	// Ack holds receipts of earlier receives to acknowledge before this
+	// one receives: a consumer's loop in one request a turn.
+	Ack []string `json:"ack"`
 }
 
-func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, error) {
+func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, []string, error) {
 	var in receiveIn
 	if err := decodeJSON(body, &in); err != nil {
-		return shardq.ReceiveRequest{}, err
+		return shardq.ReceiveRequest{}, nil, err
 	}
 	wait, err := seconds("wait", in.Wait, shardq.MaxReceiveWait)
 	if err != nil {
-		return shardq.ReceiveRequest{}, err
+		return shardq.ReceiveRequest{}, nil, err
 	}
 	vis, err := seconds("visibility", in.Visibility, shardq.MaxVisibility)
 	if err != nil {
-		return shardq.ReceiveRequest{}, err
+		return shardq.ReceiveRequest{}, nil, err
+	}
+	if len(in.Ack) > shardq.MaxReceiveMessages {
+		return shardq.ReceiveRequest{}, nil, &shardq.ValidationError{Field: "ack", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Ack), shardq.MaxReceiveMessages)}
 	}
 	return shardq.ReceiveRequest{Tenant: tenant, Topic: topic, ConsumerGroup: group, PartitionKey: in.Key, NextGroup: in.NextGroup, Ungrouped: in.Ungrouped,
-		Max: in.Max, Wait: wait, Visibility: vis}, nil
+		Max: in.Max, Wait: wait, Visibility: vis}, in.Ack, nil
 }
 
 // messageOut is a delivered message; the payload is text when it is
@@ -244,7 +251,10 @@ func messageOf(key, id string, offset int64, headers map[string]string, payload 
 }
 
 func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {
-	rq, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
+	rq, acks, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
+	if err == nil {
+		err = rq.Validate() // before the acks: a refused request settles nothing
+	}
 	if err != nil {
 		s.decodeError(w, r, err)
 		return
@@ -264,12 +274,40 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	rc.SetWriteDeadline(time.Now().Add(rq.Wait + s.cfg.WriteTimeout)) //nolint:errcheck // not every writer has deadlines (tests' recorders)
 	rq.Done = s.draining
 	rq.MaxBytes = s.cfg.MaxResponseBytes
+	// The acks go first, so that the message group they release may be
+	// received again at once; a stale receipt does not fail the receive,
+	// the answer names it.
+	var settled struct {
+		Acked *int  `json:"acked,omitempty"` // present when the request acked
+		Stale []int `json:"stale,omitempty"`
+	}
+	if len(acks) > 0 {
+		stale, err := s.cfg.Receipts.AckAll(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: rq.Topic, ConsumerGroup: rq.ConsumerGroup}, acks)
+		var bad *shardq.ValidationError
+		if errors.As(err, &bad) {
+			// AckAll checks every receipt's form and signature before it
+			// settles any (a malformed one settles nothing); one naming an
+			// offset past its partition's head fails at its commit.
+			// Nothing is received either way.
+			if rest, ok := strings.CutPrefix(bad.Field, "receipts"); ok {
+				bad.Field = "ack" + rest
+			} else if bad.Field == "receipt" {
+				bad.Field = "ack"
+			}
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		acked := len(acks) - len(stale)
+		settled.Acked, settled.Stale = &acked, stale
+	}
 	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeMessages(w, "messages", got.Messages, func(m shardq.ReceivedMessage) messageOut {
+	writeMessages(w, "messages", got.Messages, settled, func(m shardq.ReceivedMessage) messageOut {
 		out := messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
 		out.Attempt, out.Receipt = m.Attempt, m.Receipt
 		if m.IsLarge() {

@@ -42,6 +42,7 @@ const (
 	typeNotFound   = "urn:shardq:problem:not-found"
 	typeConflict   = "urn:shardq:problem:conflict"
 	typeUnavail    = "urn:shardq:problem:unavailable"
+	typeSuspended  = "urn:shardq:problem:tenant-suspended"
 )
 
 func writeProblem(w http.ResponseWriter, p problem) {
@@ -82,7 +83,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt", Detail: err.Error()})
 	case errors.Is(err, shardq.ErrNoMessage):
 		writeProblem(w, problem{Type: typeNotFound, Status: http.StatusNotFound, Detail: err.Error()})
-	case errors.Is(err, shardq.ErrPartitionLeased), errors.Is(err, shardq.ErrGroupLive):
+	case errors.Is(err, shardq.ErrTenantSuspended):
+		// The token is good; the tenant may not act now.
+		writeProblem(w, problem{Type: typeSuspended, Status: http.StatusForbidden, Title: "tenant suspended", Detail: err.Error()})
+	case errors.Is(err, shardq.ErrPartitionLeased), errors.Is(err, shardq.ErrGroupLive), errors.Is(err, shardq.ErrTenantLive):
 		writeProblem(w, problem{Type: typeConflict, Status: http.StatusConflict, Detail: err.Error()})
 	case errors.Is(err, shardq.ErrNotMigrated):
 		writeProblem(w, problem{Type: typeUnavail, Status: http.StatusServiceUnavailable, Detail: "the database is not migrated: run `shardq migrate`"})
@@ -112,10 +116,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b.Bytes()) //nolint:errcheck // the client went away
 }
 
-// writeMessages streams {"<list>": [...], "truncated": bool}: each item
-// turned into its view and encoded one at a time, so a response holds no
-// more than one item's view and encoding besides what the caller holds.
-func writeMessages[T, O any](w http.ResponseWriter, list string, items []T, view func(T) O, truncated bool) {
+// writeMessages streams {"<list>": [...], "truncated": bool} and, when
+// extra is not nil, extra's fields: each item turned into its view and
+// encoded one at a time, so a response holds no more than one item's view
+// and encoding besides what the caller holds.
+func writeMessages[T, O any](w http.ResponseWriter, list string, items []T, extra any, view func(T) O, truncated bool) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	var buf bytes.Buffer
@@ -134,5 +139,16 @@ func writeMessages[T, O any](w http.ResponseWriter, list string, items []T, view
 			return // the client went away
 		}
 	}
-	fmt.Fprintf(w, "],\"truncated\":%t}\n", truncated)
+	fmt.Fprintf(w, "],\"truncated\":%t", truncated)
+	if extra != nil {
+		buf.Reset()
+		if enc.Encode(extra) == nil { // our own types: cannot fail
+			fields := bytes.TrimSuffix(bytes.TrimPrefix(bytes.TrimSpace(buf.Bytes()), []byte("{")), []byte("}"))
+			if len(fields) > 0 {
+				io.WriteString(w, ",") //nolint:errcheck // as above
+				w.Write(fields)        //nolint:errcheck
+			}
+		}
+	}
+	io.WriteString(w, "}\n") //nolint:errcheck
 }

@@ -89,8 +89,12 @@ type Config struct {
 	// StaleAfter is when a member's heartbeat counts as stale in listings
 	// [15s].
 	StaleAfter time.Duration
-	Logger     *slog.Logger
-	Clock      func() time.Time
+	// TokenCacheTTL is how long a token's stored row is reused before it
+	// is read again [DefaultTokenCacheTTL]: a revocation reaches this
+	// server within it. Negative: the row is read at every request.
+	TokenCacheTTL time.Duration
+	Logger        *slog.Logger
+	Clock         func() time.Time
 }
 
 // Server is the HTTP API and dashboard of one shardq database.
@@ -101,6 +105,7 @@ type Server struct {
 	admin *shardq.Admin
 
 	limits *limits
+	tokens driver.Tokens    // the driver's, through a cache of their rows
 	keys   *receiptkey.Ring // signs dashboard sessions
 	csrf   *http.CrossOriginProtection
 	http   httpMetrics
@@ -198,8 +203,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	if cfg.TokenCacheTTL == 0 {
+		cfg.TokenCacheTTL = DefaultTokenCacheTTL
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), admin: cfg.Client.Admin(), limits: newLimits(cfg),
-		keys: receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{}),
+		tokens: newCachedTokens(cfg.Driver, cfg.TokenCacheTTL, cfg.Clock),
+		keys:   receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{}),
 		transfersOf: map[string]int{}}
 	var err error
 	if s.http, err = newHTTPMetrics(cfg.MeterProvider); err != nil {
@@ -300,6 +309,11 @@ func (s *Server) apiRoutes() []route {
 		{"POST " + g + "/reset", RoleAdmin, s.reset, false},
 		{"POST " + g + "/pause", RoleAdmin, s.pause, false},
 		{"POST " + g + "/resume", RoleAdmin, s.resume, false},
+		{"GET " + t, RoleAdmin, s.tenant, false},
+		{"POST " + t + "/suspend", RoleAdmin, s.suspend, false},
+		{"POST " + t + "/resume", RoleAdmin, s.resumeTenant, false},
+		{"GET " + t + "/export", RoleAdmin, s.export, true},
+		{"POST " + t + "/delete", RoleAdmin, s.deleteTenant, false},
 	}
 }
 
@@ -436,7 +450,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant str
 	var err error
 	switch {
 	case hasBearer:
-		id, roles, err = verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
+		id, roles, err = verify(r.Context(), s.tokens, tenant, tok, s.cfg.Clock())
 	case cookies && fromDashboard(r):
 		var sess session
 		if sess, err = s.session(r); err == nil {

@@ -69,6 +69,7 @@ type harnessOptions struct {
 	maxInflightBody   int64
 	maxLargeBytes     int64
 	maxLargeTransfers int
+	tokenCacheTTL     time.Duration
 }
 
 func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
@@ -92,7 +93,7 @@ func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
 	}
 	srv, err := New(Config{Client: c, Driver: drv, Receipts: rc, Tenants: o.tenants, Rate: o.rate, Burst: o.burst, AuthFailRate: o.authFailRate,
 		MaxBodyBytes: o.maxBody, MaxInflightBodyBytes: o.maxInflightBody, MaxResponseBytes: o.maxResponseBytes, MaxReceives: o.maxReceives, MaxReceivesPerToken: o.maxPerToken,
-		MaxLargeBytes: o.maxLargeBytes, MaxLargeTransfers: o.maxLargeTransfers, Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
+		MaxLargeBytes: o.maxLargeBytes, MaxLargeTransfers: o.maxLargeTransfers, TokenCacheTTL: o.tokenCacheTTL, Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +266,57 @@ func TestPublishReceiveAck(t *testing.T) {
 			if again := received(h.must(200, "POST", groupPath+"/receive", con, body)); len(again) != 0 {
 				t.Fatalf("receive %s after every ack: %v", body, again)
 			}
+		}
+	})
+}
+
+// TestReceiveAcksEarlierReceipts: a receive's "ack" settles receipts of
+// earlier receives before it receives, so that a consumer's loop is one
+// request a turn; the message group it releases can be received at once.
+func TestReceiveAcksEarlierReceipts(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[
+			{"key":"a","id":"a1","payload":"x"}, {"key":"a","id":"a2","payload":"x"},
+			{"key":"b","id":"b1","payload":"x"}]}`)
+		first := h.must(200, "POST", groupPath+"/receive", tok, `{"next_group":true,"max":1}`)
+		if got := received(first); !slices.Equal(ids(got), []string{"a1"}) || first["acked"] != nil {
+			t.Fatalf("first receive: %v", first)
+		}
+		// Acking a1 keeps group a; the same request receives a2 from it.
+		second := h.must(200, "POST", groupPath+"/receive", tok, map[string]any{"key": "a", "ack": receipts(received(first))})
+		if got := received(second); !slices.Equal(ids(got), []string{"a2"}) || second["acked"] != 1.0 || second["stale"] != nil {
+			t.Fatalf("receive with the ack of a1: %v", second)
+		}
+		third := h.must(200, "POST", groupPath+"/receive", tok, map[string]any{"next_group": true, "max": 10, "ack": receipts(received(second))})
+		if got := received(third); !slices.Equal(ids(got), []string{"b1"}) || third["acked"] != 1.0 {
+			t.Fatalf("receive with the ack of a2: %v", third)
+		}
+		// A receipt acked already is stale: the receive goes on and says so.
+		again := h.must(200, "POST", groupPath+"/receive", tok, map[string]any{"next_group": true, "ack": append(receipts(received(third)), receipts(received(second))...)})
+		if got := received(again); len(got) != 0 || again["acked"] != 1.0 || fmt.Sprint(again["stale"]) != "[1]" {
+			t.Fatalf("receive with a fresh and a settled receipt: %v", again)
+		}
+		// A request refused for its receive part settles none of its acks.
+		h.must(200, "POST", topicPath+"/messages", tok, `{"key":"e","id":"e1","payload":"x"}`)
+		held := receipts(received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"e"}`)))
+		for _, body := range []map[string]any{{"max": 500, "ack": held}, {"key": "e", "next_group": true, "ack": held}, {"visibility": 0.5, "ack": held}} {
+			if r := h.call("POST", groupPath+"/receive", tok, body); r.status != 400 {
+				t.Fatalf("receive %v: %d %s, want 400", body, r.status, r.raw)
+			}
+		}
+		if b := h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": held}); b["settled"] != 1.0 {
+			t.Fatalf("the receipt after the refused requests: %v, want it still unsettled", b)
+		}
+		// A malformed receipt settles nothing and receives nothing.
+		h.must(200, "POST", topicPath+"/messages", tok, `{"key":"c","id":"c1","payload":"x"}`)
+		bad := h.call("POST", groupPath+"/receive", tok, `{"next_group":true,"ack":["nonsense"]}`)
+		if bad.status != 400 || !strings.Contains(bad.raw, "ack[0]") {
+			t.Fatalf("malformed ack receipt: %d %s", bad.status, bad.raw)
+		}
+		if got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"next_group":true}`)); !slices.Equal(ids(got), []string{"c1"}) {
+			t.Fatalf("after the refused request: %v, want c1 (nothing was received by it)", got)
 		}
 	})
 }
@@ -595,6 +647,8 @@ func TestBadInputStoresNothing(t *testing.T) {
 			{"receive wait", "POST", groupPath + "/receive", `{"wait":60}`, 400, "wait"},
 			{"receive visibility", "POST", groupPath + "/receive", `{"visibility":-5}`, 400, "visibility"},
 			{"receive two modes", "POST", groupPath + "/receive", `{"ungrouped":true,"next_group":true}`, 400, "key"},
+			{"receive too many acks", "POST", groupPath + "/receive", `{"ack":[` + strings.TrimSuffix(strings.Repeat(`"r1.x",`, 101), ",") + `]}`, 400, "ack"},
+			{"receive forged ack", "POST", groupPath + "/receive", `{"ack":["r1.bm9wZQ"]}`, 400, "ack[0]"},
 			{"invalid group", "POST", "/v1/tenants/acme/topics/orders/groups/b%C3%BC/receive", `{}`, 400, "group"},
 			{"ack nothing", "POST", groupPath + "/ack", `{}`, 400, "receipts"},
 			{"ack garbage", "POST", groupPath + "/ack", `{"receipts":["r1.bm9wZQ"]}`, 400, "receipts[0]"},

@@ -12,6 +12,12 @@ VALUES :rows;
 -- insertFresh: SQLite: insert, skip stored identities, return what went in
 ;
 
+-- insertLocked: MySQL: insert one message while locking its partition's head row; no row when the head row is missing
+INSERT INTO queue_messages (tenant, topic, partition_key, id, headers, payload, created_at, not_before) SELECT :tenant, :topic, :key, :id, :headers, :payload, :created_at, :not_before
+FROM queue_partitions
+WHERE tenant = :tenant AND topic = :topic AND partition_key = :key
+FOR UPDATE;
+
 -- stored: stored offsets of identities (:ids rows of key, id), read current
 SELECT partition_key, id, `offset`
 FROM queue_messages

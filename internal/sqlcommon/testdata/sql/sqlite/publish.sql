@@ -15,6 +15,9 @@ VALUES :rows
 ON CONFLICT (tenant, topic, partition_key, id) DO NOTHING
 RETURNING partition_key, id, "offset";
 
+-- insertLocked: MySQL: insert one message while locking its partition's head row; no row when the head row is missing
+;
+
 -- stored: stored offsets of identities (:ids rows of key, id), read current
 SELECT partition_key, id, "offset"
 FROM queue_messages

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/groupreg"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// ErrTenantLive refuses to delete a tenant that has a member with a
+// recent heartbeat or an unexpired lease (see Admin.DeleteTenant); the
+// error is a *TenantLiveError naming them.
+var ErrTenantLive = errors.New("tenant is live")
+
+// TenantLiveError names what keeps a tenant live.
+type TenantLiveError struct {
+	Tenant  string
+	Members []string // members with a recent heartbeat, in any group and topic
+	Leases  int      // unexpired leases
+}
+
+func (e *TenantLiveError) Error() string {
+	return fmt.Sprintf("tenant %q is live (%d recent members %v, %d unexpired leases); stop its members or force the delete",
+		e.Tenant, len(e.Members), e.Members, e.Leases)
+}
+
+// Is makes errors.Is(err, ErrTenantLive) match.
+func (e *TenantLiveError) Is(target error) bool { return target == ErrTenantLive }
+
+// DeleteTenantOptions guard Admin.DeleteTenant.
+type DeleteTenantOptions struct {
+	// Apply deletes; without it DeleteTenant only counts what it would
+	// delete (a preview, as ResetOffsets' DryRun is the default of the
+	// CLI).
+	Apply bool
+	// Force deletes while the tenant has live members: their leases go,
+	// so their next commit fails with ErrLeaseLost. Stop them first, and
+	// restart any process that served the tenant before it is used again.
+	Force bool
+	// StaleAfter is how long a member may be silent and still count as
+	// live [three DefaultHeartbeatIntervals].
+	StaleAfter time.Duration
+	// BatchSize bounds the rows of one delete statement [1000], so that
+	// other tenants' statements keep their latency while it runs.
+	BatchSize int
+}
+
+// TenantRows is a tenant's row count in one table.
+type TenantRows struct {
+	Table string
+	Rows  int64
+}
+
+// DefaultTenantBatch is DeleteTenantOptions.BatchSize's default.
+const DefaultTenantBatch = 1000
+
+// DeleteTenant removes every row of one tenant from every table:
+// messages and their head rows, cursors, leases, members, retry
+// bookkeeping, ungrouped claims, message-group state, half messages,
+// tokens and the group registry. Each statement deletes at most
+// BatchSize rows of one table, routed by the tenant (on Vitess, to its
+// shard), so a crash or a cancelled context leaves part of the tenant,
+// and running it again deletes the rest. Without opts.Apply it deletes
+// nothing and returns the tenant's row counts per table; with it, the
+// rows it deleted per table. While the tenant has a live member or an
+// unexpired lease it fails with ErrTenantLive, unless opts.Force is set.
+//
+// Nothing stops a publisher of the tenant meanwhile: what it publishes
+// during the delete may stay. Stop the tenant's publishers first.
+func (a *Admin) DeleteTenant(ctx context.Context, tenant string, opts DeleteTenantOptions) ([]TenantRows, error) {
+	if err := ident.Tenant(tenant); err != nil {
+		return nil, fmt.Errorf("shardq: admin delete tenant: %w", err)
+	}
+	switch {
+	case opts.BatchSize < 0 || opts.BatchSize > MaxPageLimit:
+		return nil, fmt.Errorf("shardq: admin delete tenant: %w", &ident.Error{Field: "batch size", Rule: fmt.Sprintf("must be between 1 and %d", MaxPageLimit)})
+	case opts.BatchSize == 0:
+		opts.BatchSize = DefaultTenantBatch
+	}
+	if opts.StaleAfter <= 0 {
+		opts.StaleAfter = 3 * DefaultHeartbeatInterval
+	}
+	if !opts.Apply {
+		rows, err := a.c.drv.TenantRows(ctx, tenant)
+		if err != nil {
+			return nil, fmt.Errorf("shardq: admin delete tenant %q: %w", tenant, err)
+		}
+		return mapSlice(rows, func(r driver.TableRows) TenantRows { return TenantRows(r) }), nil
+	}
+	if !opts.Force {
+		now := a.c.cfg.Clock()
+		members, leases, err := a.c.drv.TenantLive(ctx, tenant, now.Add(-opts.StaleAfter), now)
+		if err != nil {
+			return nil, fmt.Errorf("shardq: admin delete tenant %q: %w", tenant, err)
+		}
+		if len(members) > 0 || leases > 0 {
+			return nil, fmt.Errorf("shardq: admin delete tenant: %w", &TenantLiveError{Tenant: tenant, Members: members, Leases: leases})
+		}
+	}
+	var deleted []TenantRows
+	for {
+		table, n, err := a.c.drv.DeleteTenantBatch(ctx, tenant, opts.BatchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("shardq: admin delete tenant %q: %w", tenant, err)
+		}
+		if n == 0 {
+			break
+		}
+		if len(deleted) == 0 || deleted[len(deleted)-1].Table != table {
+			deleted = append(deleted, TenantRows{Table: table})
+		}
+		deleted[len(deleted)-1].Rows += n
+		a.advance(n)
+	}
+	a.c.tenants.forget(tenant)
+	a.c.registered.Range(func(k, _ any) bool {
+		if k.(groupreg.Key)[0] == tenant {
+			a.c.registered.Delete(k)
+		}
+		return true
+	})
+	return deleted, nil
+}
+
+// SuspendTenant suspends a tenant: its publishes, receives and accepts fail
+// with ErrTenantSuspended, its members release its partitions after the
+// message in hand and take no more, and nothing stored changes. It takes
+// effect in this client at once, in other clients within their
+// Config.TenantSettingsTTL and in members at their next rebalance tick
+// (DiscoveryInterval). A transactional message sent before the suspension
+// may still be committed into the tenant.
+func (a *Admin) SuspendTenant(ctx context.Context, tenant string) error {
+	return a.setSuspended(ctx, tenant, true)
+}
+
+// ResumeTenant ends a tenant's suspension (for a tenant without a settings
+// row it adds an empty one).
+func (a *Admin) ResumeTenant(ctx context.Context, tenant string) error {
+	return a.setSuspended(ctx, tenant, false)
+}
+
+func (a *Admin) setSuspended(ctx context.Context, tenant string, suspended bool) error {
+	verb := map[bool]string{true: "suspend", false: "resume"}[suspended]
+	if err := ident.Tenant(tenant); err != nil {
+		return fmt.Errorf("shardq: admin %s tenant: %w", verb, err)
+	}
+	defer a.c.tenants.forget(tenant)
+	if err := a.c.drv.SetTenantSuspended(ctx, tenant, suspended, a.c.cfg.Clock()); err != nil {
+		return fmt.Errorf("shardq: admin %s tenant %q: %w", verb, tenant, err)
+	}
+	return nil
+}
+
+// TenantInfo is one tenant as Admin.Tenants lists it.
+type TenantInfo struct {
+	Tenant      string
+	SuspendedAt time.Time // zero: active
+	Messages    int64     // in every topic
+	Bytes       int64     // of payload, in every topic
+	Topics      []TopicUsage
+}
+
+// TopicUsage is what one topic of a tenant stores.
+type TopicUsage struct {
+	Topic      string
+	Messages   int64
+	Partitions int64 // with a message
+	Bytes      int64 // of payload
+}
+
+// Tenants lists up to limit tenants after after, in order: those with a
+// partition or a settings row (a suspension), each with its messages and
+// payload bytes per topic. Listing the tenants reads every shard; counting
+// one tenant's messages reads all of them on its shard (a full count, not
+// an estimate), so keep pages small on large databases. limit 0 means
+// DefaultTenantPage.
+func (a *Admin) Tenants(ctx context.Context, after string, limit int) ([]TenantInfo, error) {
+	switch {
+	case limit < 0 || limit > MaxPageLimit:
+		return nil, fmt.Errorf("shardq: admin tenants: %w", &ident.Error{Field: "limit", Rule: fmt.Sprintf("%d: want 1 to %d (0: %d)", limit, MaxPageLimit, DefaultTenantPage)})
+	case limit == 0:
+		limit = DefaultTenantPage
+	}
+	if after != "" {
+		if err := ident.Tenant(after); err != nil {
+			return nil, fmt.Errorf("shardq: admin tenants: after: %w", err)
+		}
+	}
+	names, err := a.c.drv.ListTenants(ctx, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: admin tenants: %w", err)
+	}
+	settings, err := a.c.drv.TenantSettings(ctx, names)
+	if err != nil {
+		return nil, fmt.Errorf("shardq: admin tenants: %w", err)
+	}
+	suspended := map[string]time.Time{}
+	for _, s := range settings {
+		suspended[s.Tenant] = s.SuspendedAt
+	}
+	out := make([]TenantInfo, len(names))
+	for i, t := range names {
+		if out[i], err = a.tenantUsage(ctx, t, suspended[t]); err != nil {
+			return nil, fmt.Errorf("shardq: admin tenants: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// Tenant describes one tenant as Tenants does (zero counts when it has
+// nothing stored).
+func (a *Admin) Tenant(ctx context.Context, tenant string) (TenantInfo, error) {
+	if err := ident.Tenant(tenant); err != nil {
+		return TenantInfo{}, fmt.Errorf("shardq: admin tenant: %w", err)
+	}
+	settings, err := a.c.drv.TenantSettings(ctx, []string{tenant})
+	if err != nil {
+		return TenantInfo{}, fmt.Errorf("shardq: admin tenant: %w", err)
+	}
+	var since time.Time
+	for _, s := range settings {
+		since = s.SuspendedAt
+	}
+	info, err := a.tenantUsage(ctx, tenant, since)
+	if err != nil {
+		return TenantInfo{}, fmt.Errorf("shardq: admin tenant: %w", err)
+	}
+	return info, nil
+}
+
+func (a *Admin) tenantUsage(ctx context.Context, tenant string, suspendedAt time.Time) (TenantInfo, error) {
+	usage, err := a.c.drv.TenantUsage(ctx, tenant)
+	if err != nil {
+		return TenantInfo{}, err
+	}
+	info := TenantInfo{Tenant: tenant, SuspendedAt: suspendedAt, Topics: mapSlice(usage, func(u driver.TopicUsage) TopicUsage { return TopicUsage(u) })}
+	for _, u := range usage {
+		info.Messages += u.Messages
+		info.Bytes += u.Bytes
+	}
+	return info, nil
+}
+
+// DefaultTenantPage is Admin.Tenants' default page.
+const DefaultTenantPage = 100

@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// adminTenant is `admin tenant`: a tenant's whole life.
+func (a *app) adminTenant() *cobra.Command {
+	cmd := &cobra.Command{Use: "tenant", Short: "One tenant's whole life: suspend, resume, export, delete everything it owns"}
+	cmd.AddCommand(a.adminTenantSuspend(true), a.adminTenantSuspend(false), a.adminTenantExport(), a.adminTenantDelete())
+	return cmd
+}
+
+// adminTenants is `admin tenants`: the tenants with data, a page at a time.
+func (a *app) adminTenants() *cobra.Command {
+	var after string
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "tenants [--after T] [--limit N] [--json]",
+		Short: "List the tenants with partitions or a suspension, with their messages and payload bytes per topic",
+		Long: "Lists up to --limit tenants after --after, in order, reading every shard for the names; then counts each\n" +
+			"tenant's messages and payload bytes per topic on its shard (a full count: keep pages small on large databases).",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			tenants, err := c.Admin().Tenants(cmd.Context(), after, limit)
+			if err != nil {
+				return err
+			}
+			var rows [][]string
+			var objs []any
+			for _, t := range tenants {
+				state := "active"
+				if !t.SuspendedAt.IsZero() {
+					state = "suspended since " + ts(t.SuspendedAt)
+				}
+				rows = append(rows, []string{t.Tenant, state, "*", fmt.Sprint(t.Messages), fmt.Sprint(t.Bytes)})
+				topics := []any{}
+				for _, u := range t.Topics {
+					rows = append(rows, []string{t.Tenant, state, u.Topic, fmt.Sprint(u.Messages), fmt.Sprint(u.Bytes)})
+					topics = append(topics, map[string]any{"topic": u.Topic, "messages": u.Messages, "partitions": u.Partitions, "bytes": u.Bytes})
+				}
+				o := map[string]any{"tenant": t.Tenant, "messages": t.Messages, "bytes": t.Bytes, "topics": topics}
+				if !t.SuspendedAt.IsZero() {
+					o["suspended_at"] = t.SuspendedAt.UTC()
+				}
+				objs = append(objs, o)
+			}
+			return a.table(asJSON, []string{"TENANT", "STATE", "TOPIC", "MESSAGES", "BYTES"}, rows, objs)
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&after, "after", "", "list the tenants after this one (the last of the previous page)")
+	fl.IntVar(&limit, "limit", shardq.DefaultTenantPage, "tenants per page")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object per tenant")
+	return cmd
+}
+
+func (a *app) adminTenantSuspend(suspend bool) *cobra.Command {
+	use, short := "resume", "End a tenant's suspension: its publishers and consumers work again"
+	if suspend {
+		use, short = "suspend", "Suspend a tenant: its publishes and receives fail, its members release its partitions; nothing stored changes"
+	}
+	var tenant string
+	cmd := &cobra.Command{
+		Use:   use + " --tenant T",
+		Short: short,
+		Long: short + ".\nOther processes see it within their TenantSettingsTTL (1 s by default) and members at their next\n" +
+			"rebalance tick (DiscoveryInterval).",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := ident.Tenant(tenant); err != nil {
+				return err
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			set := c.Admin().ResumeTenant
+			if suspend {
+				set = c.Admin().SuspendTenant
+			}
+			if err := set(cmd.Context(), tenant); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "%s tenant %s\n", map[bool]string{true: "suspended", false: "resumed"}[suspend], display(tenant))
+			return nil
+		}),
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (required)")
+	cmd.MarkFlagRequired("tenant")
+	return cmd
+}
+
+func (a *app) adminTenantExport() *cobra.Command {
+	var tenant, after, output string
+	var batch int
+	cmd := &cobra.Command{
+		Use:   "export --tenant T [--output FILE] [--after CURSOR] [--batch N]",
+		Short: "Write a tenant's consumer groups, cursors, message-group states and messages as JSON lines",
+		Long: "Writes one JSON object a line (docs/tenants.md): the tenant, its consumer groups, cursors and message-group\n" +
+			"states, its messages in (topic, partition key, offset) order, and an \"end\" line last. An export cut short\n" +
+			"has no end line: run it again with --after set to the \"cursor\" of its last message line to write the rest.\n" +
+			"Each statement reads at most --batch rows, routed to the tenant's shard.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := ident.Tenant(tenant); err != nil {
+				return err
+			}
+			if batch < 1 || batch > shardq.MaxPageLimit {
+				return usagef("--batch %d: must be between 1 and %d", batch, shardq.MaxPageLimit)
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			w := a.env.Stdout
+			if output != "" && output != "-" {
+				// A resumed export appends to the part already written.
+				flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+				if after != "" {
+					flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
+				}
+				f, err := os.OpenFile(output, flags, 0o644)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			bw := bufio.NewWriter(w)
+			p := a.progress("rows exported", false)
+			n, err := c.Admin().WithProgress(p.add).ExportTenant(cmd.Context(), tenant, bw, shardq.ExportOptions{After: after, BatchSize: batch})
+			if ferr := bw.Flush(); err == nil {
+				err = ferr
+			}
+			p.done(fmt.Sprintf("exported %d messages", n))
+			if err != nil {
+				return err
+			}
+			if f, ok := w.(*os.File); ok && w != a.env.Stdout {
+				if err := f.Close(); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.env.Stdout, "exported %d messages of tenant %s to %s\n", n, display(tenant), output)
+			}
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&output, "output", "", "file to write (default: standard output)")
+	fl.StringVar(&after, "after", "", "resume after the message line with this cursor")
+	fl.IntVar(&batch, "batch", shardq.DefaultExportBatch, "rows read per statement")
+	cmd.MarkFlagRequired("tenant")
+	return cmd
+}
+
+func (a *app) adminTenantDelete() *cobra.Command {
+	var tenant string
+	var execute, force, asJSON bool
+	var batch int
+	var staleAfter time.Duration
+	cmd := &cobra.Command{
+		Use:   "delete --tenant T [--execute] [--force] [--batch N]",
+		Short: "Preview (or, with --execute, make) the deletion of every row a tenant owns, in every table",
+		Long: "Counts the tenant's rows in each table (messages, head rows, cursors, leases, members, retry bookkeeping,\n" +
+			"ungrouped claims, message-group state, half messages, tokens, the group registry) and changes nothing.\n" +
+			"With --execute it deletes them, --batch rows a statement (each routed to the tenant's shard), so that\n" +
+			"other tenants keep their latency; run it again after a crash or an interrupt and it deletes the rest.\n" +
+			"Refused while a member's heartbeat is within --stale-after or a lease is unexpired, unless --force (their\n" +
+			"leases go). Stop the tenant's publishers and members first.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := ident.Tenant(tenant); err != nil {
+				return err
+			}
+			if batch < 1 || batch > shardq.MaxPageLimit {
+				return usagef("--batch %d: must be between 1 and %d", batch, shardq.MaxPageLimit)
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			p := a.progress("rows deleted", asJSON)
+			rows, err := c.Admin().WithProgress(p.add).DeleteTenant(cmd.Context(), tenant,
+				shardq.DeleteTenantOptions{Apply: execute, Force: force, StaleAfter: staleAfter, BatchSize: batch})
+			if execute {
+				p.done(fmt.Sprintf("deleted %d rows", p.n))
+			}
+			if err != nil {
+				return err
+			}
+			var out [][]string
+			var objs []any
+			var total int64
+			for _, r := range rows {
+				total += r.Rows
+				out = append(out, []string{r.Table, fmt.Sprint(r.Rows)})
+				objs = append(objs, map[string]any{"tenant": tenant, "table": r.Table, "rows": r.Rows, "deleted": execute})
+			}
+			if err := a.table(asJSON, []string{"TABLE", "ROWS"}, out, objs); err != nil || asJSON {
+				return err
+			}
+			if !execute {
+				fmt.Fprintf(a.env.Stdout, "preview: nothing changed; run again with --execute to delete the %d rows of tenant %s\n", total, display(tenant))
+				return nil
+			}
+			fmt.Fprintf(a.env.Stdout, "deleted %d rows of tenant %s\n", total, display(tenant))
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&tenant, "tenant", "", "tenant (required)")
+	fl.BoolVar(&execute, "execute", false, "delete (without it: a preview that changes nothing)")
+	fl.BoolVar(&force, "force", false, "delete even while members are live, voiding their leases")
+	fl.IntVar(&batch, "batch", shardq.DefaultTenantBatch, "rows deleted per statement")
+	durationFlag(fl, &staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is not live")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object per table")
+	cmd.MarkFlagRequired("tenant")
+	return cmd
+}

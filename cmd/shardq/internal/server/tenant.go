@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"cmp"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/shardq/shardq"
+)
+
+// A tenant's life over HTTP: what it stores, suspend and resume, export
+// and delete, each for the URL's tenant with its admin token. Listing
+// every tenant reads across tenants, which no token may: that is the
+// CLI's (shardq admin tenants).
+
+type tenantOut struct {
+	Tenant      string          `json:"tenant"`
+	SuspendedAt *time.Time      `json:"suspended_at,omitempty"`
+	Messages    int64           `json:"messages"`
+	Bytes       int64           `json:"bytes"`
+	Topics      []topicUsageOut `json:"topics"`
+}
+
+type topicUsageOut struct {
+	Topic      string `json:"topic"`
+	Messages   int64  `json:"messages"`
+	Partitions int64  `json:"partitions"`
+	Bytes      int64  `json:"bytes"`
+}
+
+// onlyParams refuses a query parameter outside allowed.
+func onlyParams(r *http.Request, allowed ...string) error {
+	for name := range r.URL.Query() {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || name == a
+		}
+		if !ok {
+			return &shardq.ValidationError{Field: name, Rule: fmt.Sprintf("unknown query parameter: want one of %v", allowed)}
+		}
+	}
+	return nil
+}
+
+func (s *Server) tenant(w http.ResponseWriter, r *http.Request, tenant string) {
+	if err := onlyParams(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	info, err := s.admin.Tenant(r.Context(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := tenantOut{Tenant: info.Tenant, Messages: info.Messages, Bytes: info.Bytes, Topics: []topicUsageOut{}}
+	if !info.SuspendedAt.IsZero() {
+		at := info.SuspendedAt.UTC()
+		out.SuspendedAt = &at
+	}
+	for _, u := range info.Topics {
+		out.Topics = append(out.Topics, topicUsageOut{u.Topic, u.Messages, u.Partitions, u.Bytes})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) suspend(w http.ResponseWriter, r *http.Request, tenant string) {
+	s.suspendOrResume(w, r, tenant, true)
+}
+
+func (s *Server) resumeTenant(w http.ResponseWriter, r *http.Request, tenant string) {
+	s.suspendOrResume(w, r, tenant, false)
+}
+
+func (s *Server) suspendOrResume(w http.ResponseWriter, r *http.Request, tenant string, suspend bool) {
+	if err := decodeJSON(r.Body, &struct{}{}); err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	op := s.admin.ResumeTenant
+	if suspend {
+		op = s.admin.SuspendTenant
+	}
+	if err := op(r.Context(), tenant); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"suspended": suspend})
+}
+
+// export streams the tenant's export as JSON lines: a transfer (one of
+// MaxLargeTransfers, each write within WriteTimeout, the whole within
+// LargeTransferTimeout). An answer cut short has no "end" line; ?after=
+// resumes it.
+func (s *Server) export(w http.ResponseWriter, r *http.Request, tenant string) {
+	q := r.URL.Query()
+	opts := shardq.ExportOptions{After: q.Get("after")}
+	if err := onlyParams(r, "after", "batch"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if v := q.Get("batch"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > shardq.MaxPageLimit {
+			s.fail(w, r, &shardq.ValidationError{Field: "batch", Rule: fmt.Sprintf("%q: want 1 to %d", v, shardq.MaxPageLimit)})
+			return
+		}
+		opts.BatchSize = n
+	}
+	// A page of rows is held in memory: at most MaxResponseBytes of
+	// payloads at the client's largest message size.
+	opts.BatchSize = min(cmp.Or(opts.BatchSize, shardq.DefaultExportBatch), max(1, int(s.cfg.MaxResponseBytes/s.cfg.Client.MaxMessageBytes())))
+	pw := &pendingWriter{w: paced{w, http.NewResponseController(w), s.cfg.WriteTimeout}}
+	_, err := s.admin.ExportTenant(r.Context(), tenant, pw, opts)
+	switch {
+	case err != nil && !pw.started:
+		s.fail(w, r, err) // nothing written yet: a proper answer
+	case err != nil && r.Context().Err() == nil:
+		// Cut short: the missing end line tells the client.
+		s.log.Warn("shardq serve: a tenant's export failed mid-response", "tenant", tenant, "err", err)
+	}
+}
+
+// pendingWriter sets the export's headers on its first write, so that a
+// failure before it can still answer with a problem.
+type pendingWriter struct {
+	w       paced
+	started bool
+}
+
+func (p *pendingWriter) Write(b []byte) (int, error) {
+	if !p.started {
+		p.started = true
+		p.w.Header().Set("Content-Type", "application/x-ndjson")
+		p.w.Header().Set("Cache-Control", "no-store")
+		p.w.WriteHeader(http.StatusOK)
+	}
+	return p.w.Write(b)
+}
+
+type deleteTenantIn struct {
+	Execute    bool    `json:"execute"`
+	Force      bool    `json:"force"`
+	Batch      int     `json:"batch"`
+	StaleAfter float64 `json:"stale_after"` // seconds
+}
+
+type tableRowsOut struct {
+	Table string `json:"table"`
+	Rows  int64  `json:"rows"`
+}
+
+// deleteTenant previews, or with "execute" makes, the deletion of every
+// row of the tenant (its tokens too: the token of the request stops
+// working here at once, on other servers within their TokenCacheTTL). A
+// deletion cut short by the request's deadline is resumed by sending it
+// again.
+func (s *Server) deleteTenant(w http.ResponseWriter, r *http.Request, tenant string) {
+	var in deleteTenantIn
+	if err := decodeJSON(r.Body, &in); err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	opts := shardq.DeleteTenantOptions{Apply: in.Execute, Force: in.Force, BatchSize: in.Batch}
+	stale, err := seconds("stale_after", in.StaleAfter, 0)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	opts.StaleAfter = stale
+	rows, err := s.admin.DeleteTenant(r.Context(), tenant, opts)
+	if c, ok := s.tokens.(*cachedTokens); ok && in.Execute {
+		c.forgetTenant(tenant) // even when cut short: its token rows may be gone
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]tableRowsOut, len(rows))
+	for i, t := range rows {
+		out[i] = tableRowsOut{t.Table, t.Rows}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"executed": in.Execute, "tables": out})
+}

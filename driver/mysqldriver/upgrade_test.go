@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package mysqldriver_test
+
+import (
+	"testing"
+
+	"github.com/shardq/shardq/driver/drivertest"
+	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// TestUpgrade migrates a database that a member of the previous release
+// is using, with state in flight (drivertest.Upgrade).
+func TestUpgrade(t *testing.T) {
+	dsn := testdb.MySQLDatabase(t)
+	open := func() *mysqldriver.Driver {
+		d, err := mysqldriver.Open(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	older, newer := open(), open()
+	mysqldriver.WithoutNewestMigration(older)
+	drivertest.Upgrade(t, older, newer)
+}

@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package sqlitedriver_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/shardq/shardq/driver/drivertest"
+	"github.com/shardq/shardq/driver/sqlitedriver"
+)
+
+// TestUpgrade migrates a file that a member of the previous release is
+// using, with state in flight (drivertest.Upgrade).
+func TestUpgrade(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shardq.db")
+	open := func() *sqlitedriver.Driver {
+		d, err := sqlitedriver.Open(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	older, newer := open(), open()
+	sqlitedriver.WithoutNewestMigration(older)
+	drivertest.Upgrade(t, older, newer)
+}

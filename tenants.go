@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// ErrTenantSuspended refuses a publish, receive or accept in a suspended
+// tenant (Admin.SuspendTenant); the error is a *TenantSuspendedError.
+var ErrTenantSuspended = errors.New("tenant is suspended")
+
+// TenantSuspendedError names the suspended tenant and since when.
+type TenantSuspendedError struct {
+	Tenant string
+	Since  time.Time
+}
+
+func (e *TenantSuspendedError) Error() string {
+	return fmt.Sprintf("tenant %q is suspended since %s; an operator resumes it (shardq admin tenant resume)",
+		e.Tenant, e.Since.UTC().Format(time.RFC3339))
+}
+
+// Is makes errors.Is(err, ErrTenantSuspended) match.
+func (e *TenantSuspendedError) Is(target error) bool { return target == ErrTenantSuspended }
+
+// maxTenantStates bounds the tenants whose settings a client remembers:
+// past it, the entries read longest ago are dropped first.
+const maxTenantStates = 10_000
+
+// tenantStates is what a client knows of tenants' settings rows
+// (queue_tenants). Each tenant's row is read at most once per ttl by
+// whichever call finds it stale; the others read the last snapshot without
+// a lock. So a suspension reaches this client's publishes and receives
+// within ttl (Config.TenantSettingsTTL).
+type tenantStates struct {
+	drv   driver.Driver
+	ttl   time.Duration
+	clock func() time.Time
+
+	mu    sync.Mutex
+	known map[string]*tenantState
+}
+
+type tenantState struct {
+	snap    atomic.Pointer[tenantSnapshot]
+	reading sync.Mutex // held by the call reading the row
+}
+
+type tenantSnapshot struct {
+	readAt      time.Time
+	suspendedAt time.Time // zero: active
+}
+
+func newTenantStates(drv driver.Driver, ttl time.Duration, clock func() time.Time) *tenantStates {
+	return &tenantStates{drv: drv, ttl: ttl, clock: clock, known: map[string]*tenantState{}}
+}
+
+func (ts *tenantStates) entry(tenant string) *tenantState {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if st := ts.known[tenant]; st != nil {
+		return st
+	}
+	if len(ts.known) >= maxTenantStates {
+		ts.evict()
+	}
+	st := &tenantState{}
+	ts.known[tenant] = st
+	return st
+}
+
+// evict drops the stale entries, or when none is stale, one of those read
+// longest ago; ts.mu is held.
+func (ts *tenantStates) evict() {
+	now := ts.clock()
+	var oldest string
+	var oldestAt time.Time
+	for t, st := range ts.known {
+		s := st.snap.Load()
+		if s == nil || now.Sub(s.readAt) >= ts.ttl {
+			delete(ts.known, t)
+			continue
+		}
+		if oldest == "" || s.readAt.Before(oldestAt) {
+			oldest, oldestAt = t, s.readAt
+		}
+	}
+	if len(ts.known) >= maxTenantStates {
+		delete(ts.known, oldest)
+	}
+}
+
+// forget drops what is known of tenant: the next check reads its row.
+func (ts *tenantStates) forget(tenant string) {
+	ts.mu.Lock()
+	delete(ts.known, tenant)
+	ts.mu.Unlock()
+}
+
+// check fails with a *TenantSuspendedError when tenant is suspended, as
+// last read within ttl.
+func (ts *tenantStates) check(ctx context.Context, tenant string) error {
+	s, err := ts.snapshot(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	if !s.suspendedAt.IsZero() {
+		return &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
+	}
+	return nil
+}
+
+func (ts *tenantStates) snapshot(ctx context.Context, tenant string) (*tenantSnapshot, error) {
+	st := ts.entry(tenant)
+	if s := st.snap.Load(); s != nil && ts.clock().Sub(s.readAt) < ts.ttl {
+		return s, nil
+	}
+	st.reading.Lock()
+	defer st.reading.Unlock()
+	now := ts.clock()
+	if s := st.snap.Load(); s != nil && now.Sub(s.readAt) < ts.ttl {
+		return s, nil // read by the call this one waited for
+	}
+	rows, err := ts.drv.TenantSettings(ctx, []string{tenant})
+	if err != nil {
+		return nil, fmt.Errorf("read the settings of tenant %q: %w", tenant, err)
+	}
+	s := &tenantSnapshot{readAt: now}
+	for _, r := range rows {
+		s.suspendedAt = r.SuspendedAt
+	}
+	st.snap.Store(s)
+	return s, nil
+}
+
+// activeTenants is tenants without the suspended ones; when every one is
+// suspended it fails with the first one's *TenantSuspendedError.
+func (c *Client) activeTenants(ctx context.Context, tenants []string) ([]string, error) {
+	var active []string
+	var first error
+	for _, t := range tenants {
+		switch err := c.tenants.check(ctx, t); {
+		case err == nil:
+			active = append(active, t)
+		case errors.Is(err, ErrTenantSuspended):
+			first = cmp.Or(first, err)
+		default:
+			return nil, err
+		}
+	}
+	if len(active) == 0 {
+		return nil, first
+	}
+	return active, nil
+}
