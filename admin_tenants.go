@@ -139,8 +139,7 @@ func (a *Admin) SuspendTenant(ctx context.Context, tenant string) error {
 	return a.setSuspended(ctx, tenant, true)
 }
 
-// ResumeTenant ends a tenant's suspension (for a tenant without a settings
-// row it adds an empty one).
+// ResumeTenant ends a tenant's suspension (none: nothing changes).
 func (a *Admin) ResumeTenant(ctx context.Context, tenant string) error {
 	return a.setSuspended(ctx, tenant, false)
 }
@@ -161,9 +160,93 @@ func (a *Admin) setSuspended(ctx context.Context, tenant string, suspended bool)
 type TenantInfo struct {
 	Tenant      string
 	SuspendedAt time.Time // zero: active
-	Messages    int64     // in every topic
-	Bytes       int64     // of payload, in every topic
+	Limits      TenantLimits
+	Messages    int64 // in every topic
+	Partitions  int64 // with a message, in every topic
+	Bytes       int64 // of payload, in every topic
 	Topics      []TopicUsage
+}
+
+// TenantLimits are a tenant's quotas and its topics' retention
+// (docs/tenants.md); zero is no limit, and for retention the cleaner's
+// default. Rates hold per client (as Kafka's quotas hold per broker),
+// each allowing a second's worth at once; what is stored is checked
+// against a measure at most Config.TenantUsageInterval old.
+type TenantLimits struct {
+	PublishRate     int64 // messages per second
+	PublishByteRate int64 // payload bytes per second
+	MaxMessages     int64 // messages stored
+	MaxBytes        int64 // payload bytes stored
+	MaxPartitions   int64 // partitions with a message
+	// Retention is the tenant's default, between RetentionConfig.Default
+	// and a topic's own (RetentionConfig.Topics); dead-letter topics keep
+	// RetentionConfig.DeadLetters. A field left zero is the default's.
+	Retention RetentionPolicy
+}
+
+func (l TenantLimits) check() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"publish rate", l.PublishRate}, {"publish byte rate", l.PublishByteRate}, {"max messages", l.MaxMessages},
+		{"max bytes", l.MaxBytes}, {"max partitions", l.MaxPartitions},
+		{"min retention", int64(l.Retention.MinRetention)}, {"max retention", int64(l.Retention.MaxRetention)}} {
+		if f.v < 0 {
+			return &ident.Error{Field: f.name, Rule: fmt.Sprintf("%d: must not be negative (0: no limit)", f.v)}
+		}
+	}
+	r := l.Retention
+	if r.MaxRetention > 0 && r.MinRetention > r.MaxRetention {
+		return &ident.Error{Field: "retention", Rule: fmt.Sprintf("minimum %s is longer than maximum %s", r.MinRetention, r.MaxRetention)}
+	}
+	if r.MinRetention%time.Millisecond != 0 || r.MaxRetention%time.Millisecond != 0 {
+		return &ident.Error{Field: "retention", Rule: "whole milliseconds"}
+	}
+	return nil
+}
+
+func (l TenantLimits) driver() driver.TenantLimits {
+	return driver.TenantLimits{PublishRate: l.PublishRate, PublishByteRate: l.PublishByteRate, MaxMessages: l.MaxMessages,
+		MaxBytes: l.MaxBytes, MaxPartitions: l.MaxPartitions, MinRetention: l.Retention.MinRetention, MaxRetention: l.Retention.MaxRetention}
+}
+
+func tenantLimits(l driver.TenantLimits) TenantLimits {
+	return TenantLimits{PublishRate: l.PublishRate, PublishByteRate: l.PublishByteRate, MaxMessages: l.MaxMessages,
+		MaxBytes: l.MaxBytes, MaxPartitions: l.MaxPartitions, Retention: RetentionPolicy{MinRetention: l.MinRetention, MaxRetention: l.MaxRetention}}
+}
+
+// TenantLimits reads a tenant's quotas and retention (zero: none set).
+func (a *Admin) TenantLimits(ctx context.Context, tenant string) (TenantLimits, error) {
+	if err := ident.Tenant(tenant); err != nil {
+		return TenantLimits{}, fmt.Errorf("shardq: admin tenant limits: %w", err)
+	}
+	settings, err := a.c.drv.TenantSettings(ctx, []string{tenant})
+	if err != nil {
+		return TenantLimits{}, fmt.Errorf("shardq: admin tenant limits of %q: %w", tenant, err)
+	}
+	var l TenantLimits
+	for _, s := range settings {
+		l = tenantLimits(s.Limits)
+	}
+	return l, nil
+}
+
+// SetTenantLimits replaces a tenant's quotas and retention (the zero
+// value removes them). Publishing over a quota fails with
+// ErrQuotaExceeded. It takes effect in this client at once and in others
+// within their Config.TenantSettingsTTL; retention at the next pass.
+func (a *Admin) SetTenantLimits(ctx context.Context, tenant string, limits TenantLimits) error {
+	if err := ident.Tenant(tenant); err != nil {
+		return fmt.Errorf("shardq: admin set tenant limits: %w", err)
+	}
+	if err := limits.check(); err != nil {
+		return fmt.Errorf("shardq: admin set tenant limits of %q: %w", tenant, err)
+	}
+	defer a.c.tenants.forget(tenant)
+	if err := a.c.drv.SetTenantLimits(ctx, tenant, limits.driver(), a.c.cfg.Clock()); err != nil {
+		return fmt.Errorf("shardq: admin set tenant limits of %q: %w", tenant, err)
+	}
+	return nil
 }
 
 // TopicUsage is what one topic of a tenant stores.
@@ -200,13 +283,13 @@ func (a *Admin) Tenants(ctx context.Context, after string, limit int) ([]TenantI
 	if err != nil {
 		return nil, fmt.Errorf("shardq: admin tenants: %w", err)
 	}
-	suspended := map[string]time.Time{}
+	byTenant := map[string]driver.TenantSettings{}
 	for _, s := range settings {
-		suspended[s.Tenant] = s.SuspendedAt
+		byTenant[s.Tenant] = s
 	}
 	out := make([]TenantInfo, len(names))
 	for i, t := range names {
-		if out[i], err = a.tenantUsage(ctx, t, suspended[t]); err != nil {
+		if out[i], err = a.tenantUsage(ctx, t, byTenant[t]); err != nil {
 			return nil, fmt.Errorf("shardq: admin tenants: %w", err)
 		}
 	}
@@ -223,25 +306,27 @@ func (a *Admin) Tenant(ctx context.Context, tenant string) (TenantInfo, error) {
 	if err != nil {
 		return TenantInfo{}, fmt.Errorf("shardq: admin tenant: %w", err)
 	}
-	var since time.Time
+	var set driver.TenantSettings
 	for _, s := range settings {
-		since = s.SuspendedAt
+		set = s
 	}
-	info, err := a.tenantUsage(ctx, tenant, since)
+	info, err := a.tenantUsage(ctx, tenant, set)
 	if err != nil {
 		return TenantInfo{}, fmt.Errorf("shardq: admin tenant: %w", err)
 	}
 	return info, nil
 }
 
-func (a *Admin) tenantUsage(ctx context.Context, tenant string, suspendedAt time.Time) (TenantInfo, error) {
+func (a *Admin) tenantUsage(ctx context.Context, tenant string, set driver.TenantSettings) (TenantInfo, error) {
 	usage, err := a.c.drv.TenantUsage(ctx, tenant)
 	if err != nil {
 		return TenantInfo{}, err
 	}
-	info := TenantInfo{Tenant: tenant, SuspendedAt: suspendedAt, Topics: mapSlice(usage, func(u driver.TopicUsage) TopicUsage { return TopicUsage(u) })}
+	info := TenantInfo{Tenant: tenant, SuspendedAt: set.SuspendedAt, Limits: tenantLimits(set.Limits),
+		Topics: mapSlice(usage, func(u driver.TopicUsage) TopicUsage { return TopicUsage(u) })}
 	for _, u := range usage {
 		info.Messages += u.Messages
+		info.Partitions += u.Partitions
 		info.Bytes += u.Bytes
 	}
 	return info, nil

@@ -118,6 +118,13 @@ type Config struct {
 	// elsewhere reaches this client within it. Default 1 s.
 	TenantSettingsTTL time.Duration
 
+	// TenantUsageInterval is how old the measure of what a tenant stores
+	// may be when a publish is checked against the tenant's storage
+	// quotas (Admin.SetTenantLimits): older, it is measured again in the
+	// background, a count of the tenant's messages. A tenant may go over
+	// such a quota by what it publishes in this time. Default 30 s.
+	TenantUsageInterval time.Duration
+
 	// ChangeFeed chooses how this client's consumers hear of messages
 	// published by other processes: FeedAuto (the default) runs the
 	// database's change feed when its driver has one (docs/feed.md), and
@@ -148,6 +155,7 @@ func (c Config) withDefaults() Config {
 	settings.Positive(&c.MaxDelay, DefaultMaxDelay)
 	settings.Positive(&c.PublishRetries, DefaultPublishRetries)
 	settings.Positive(&c.TenantSettingsTTL, DefaultTenantSettingsTTL)
+	settings.Positive(&c.TenantUsageInterval, DefaultTenantUsageInterval)
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
@@ -195,8 +203,9 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
-	cl.tenants = newTenantStates(drv, cl.cfg.TenantSettingsTTL, cl.cfg.Clock)
 	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
+	cl.tenants = newTenantStates(drv, cl.cfg, cl.tel)
+	cl.tel.SetQuotas(cl.tenants.quotaUses)
 	if l, ok := drv.(driver.Logged); ok {
 		l.UseLogger(cl.cfg.Logger)
 	}
@@ -206,7 +215,7 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		MaxInflight: cl.cfg.PublishMaxInflight, Linger: cl.cfg.PublishLinger, Timeout: cl.cfg.PublishTimeout,
 		Tenants: cl.cfg.Tenants, ReservedPrefix: large.HeaderPrefix, Clock: cl.cfg.Clock, Logger: cl.cfg.Logger,
 		MessageError: func(i int, err error) error { return &MessageError{Index: i, Err: err} },
-		Admit:        func(ctx context.Context, tenant string) error { return cl.tenants.check(ctx, tenant) }})
+		Admit:        cl.tenants.admit})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: new client: %w", err)
 	}
@@ -263,5 +272,7 @@ func (c *Client) Close() error {
 	err := c.handles.Close(ctx)
 	c.local.Close()
 	c.pub.Close()
+	c.tenants.close()
+	c.tel.SetQuotas(nil)
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver/sqlitedriver"
@@ -307,4 +308,29 @@ func ExampleAdmin_SuspendTenant() {
 	// message shipped
 	// end
 	// exported 2 messages
+}
+
+// A tenant's quotas: a publish over one fails whole, naming the quota.
+func ExampleAdmin_SetTenantLimits() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+	admin := client.Admin()
+	limits := shardq.TenantLimits{MaxMessages: 2, Retention: shardq.RetentionPolicy{MaxRetention: 24 * time.Hour}}
+	if err := admin.SetTenantLimits(ctx, "acme", limits); err != nil {
+		log.Fatal(err)
+	}
+	msg := func(id string) shardq.Message {
+		return shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "order-42", ID: id}
+	}
+	if _, err := client.Publish(ctx, msg("paid"), msg("packed")); err != nil {
+		log.Fatal(err)
+	}
+	_, err := client.Publish(ctx, msg("shipped"))
+	var qe *shardq.QuotaExceededError
+	if errors.As(err, &qe) {
+		fmt.Println("refused by", qe.Quota, "of", qe.Limit)
+	}
+	// Output:
+	// refused by max_messages of 2
 }

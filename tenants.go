@@ -7,11 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // ErrTenantSuspended refuses a publish, receive or accept in a suspended
@@ -42,9 +44,19 @@ const maxTenantStates = 10_000
 // a lock. So a suspension reaches this client's publishes and receives
 // within ttl (Config.TenantSettingsTTL).
 type tenantStates struct {
-	drv   driver.Driver
-	ttl   time.Duration
-	clock func() time.Time
+	drv        driver.Driver
+	ttl        time.Duration
+	usageEvery time.Duration
+	clock      func() time.Time
+	tel        *telemetry.T
+	log        *slog.Logger
+
+	// life ends the background usage measures (quotas.go) at close; bg
+	// counts them.
+	life context.Context
+	stop context.CancelFunc
+	bgMu sync.Mutex // orders starting a measure against close
+	bg   sync.WaitGroup
 
 	mu    sync.Mutex
 	known map[string]*tenantState
@@ -53,15 +65,27 @@ type tenantStates struct {
 type tenantState struct {
 	snap    atomic.Pointer[tenantSnapshot]
 	reading sync.Mutex // held by the call reading the row
+	quota   quotaState
 }
 
 type tenantSnapshot struct {
 	readAt      time.Time
 	suspendedAt time.Time // zero: active
+	limits      driver.TenantLimits
 }
 
-func newTenantStates(drv driver.Driver, ttl time.Duration, clock func() time.Time) *tenantStates {
-	return &tenantStates{drv: drv, ttl: ttl, clock: clock, known: map[string]*tenantState{}}
+func newTenantStates(drv driver.Driver, cfg Config, tel *telemetry.T) *tenantStates {
+	life, stop := context.WithCancel(context.Background())
+	return &tenantStates{drv: drv, ttl: cfg.TenantSettingsTTL, usageEvery: cfg.TenantUsageInterval, clock: cfg.Clock,
+		tel: tel, log: cfg.Logger, life: life, stop: stop, known: map[string]*tenantState{}}
+}
+
+// close ends the background usage measures and waits for them.
+func (ts *tenantStates) close() {
+	ts.bgMu.Lock()
+	ts.stop()
+	ts.bgMu.Unlock()
+	ts.bg.Wait()
 }
 
 func (ts *tenantStates) entry(tenant string) *tenantState {
@@ -74,6 +98,8 @@ func (ts *tenantStates) entry(tenant string) *tenantState {
 		ts.evict()
 	}
 	st := &tenantState{}
+	st.quota.measuring.init()
+	st.quota.admitting.init()
 	ts.known[tenant] = st
 	return st
 }
@@ -109,7 +135,7 @@ func (ts *tenantStates) forget(tenant string) {
 // check fails with a *TenantSuspendedError when tenant is suspended, as
 // last read within ttl.
 func (ts *tenantStates) check(ctx context.Context, tenant string) error {
-	s, err := ts.snapshot(ctx, tenant)
+	_, s, err := ts.read(ctx, tenant)
 	if err != nil {
 		return err
 	}
@@ -119,27 +145,28 @@ func (ts *tenantStates) check(ctx context.Context, tenant string) error {
 	return nil
 }
 
-func (ts *tenantStates) snapshot(ctx context.Context, tenant string) (*tenantSnapshot, error) {
+// read returns the tenant's entry and its settings as read within ttl.
+func (ts *tenantStates) read(ctx context.Context, tenant string) (*tenantState, *tenantSnapshot, error) {
 	st := ts.entry(tenant)
 	if s := st.snap.Load(); s != nil && ts.clock().Sub(s.readAt) < ts.ttl {
-		return s, nil
+		return st, s, nil
 	}
 	st.reading.Lock()
 	defer st.reading.Unlock()
 	now := ts.clock()
 	if s := st.snap.Load(); s != nil && now.Sub(s.readAt) < ts.ttl {
-		return s, nil // read by the call this one waited for
+		return st, s, nil // read by the call this one waited for
 	}
 	rows, err := ts.drv.TenantSettings(ctx, []string{tenant})
 	if err != nil {
-		return nil, fmt.Errorf("read the settings of tenant %q: %w", tenant, err)
+		return nil, nil, fmt.Errorf("read the settings of tenant %q: %w", tenant, err)
 	}
 	s := &tenantSnapshot{readAt: now}
 	for _, r := range rows {
-		s.suspendedAt = r.SuspendedAt
+		s.suspendedAt, s.limits = r.SuspendedAt, r.Limits
 	}
 	st.snap.Store(s)
-	return s, nil
+	return st, s, nil
 }
 
 // activeTenants is tenants without the suspended ones; when every one is

@@ -542,12 +542,18 @@ type Admin interface {
 	// TenantSettings reads the settings rows of those of tenants that
 	// have one.
 	TenantSettings(ctx context.Context, tenants []string) ([]TenantSettings, error)
-	// SetTenantSuspended sets (at now) or clears the tenant's suspension,
-	// adding its settings row when it has none.
+	// SetTenantSuspended sets (at now, adding the tenant's settings row
+	// when it has none) or clears the tenant's suspension.
 	SetTenantSuspended(ctx context.Context, tenant string, suspended bool, now time.Time) error
+	// SetTenantLimits stores the tenant's limits (at now), its suspension
+	// as it is.
+	SetTenantLimits(ctx context.Context, tenant string, limits TenantLimits, now time.Time) error
 	// ListTenants lists, in order, up to limit tenants after after that
 	// have a head row or a settings row (a scatter read on Vitess).
 	ListTenants(ctx context.Context, after string, limit int) ([]string, error)
+	// TenantPartitions counts the tenant's head rows: its partitions,
+	// drained ones included, in every topic (an index range).
+	TenantPartitions(ctx context.Context, tenant string) (int64, error)
 	// TenantUsage counts the tenant's messages, partitions with messages
 	// and payload bytes per topic, in topic order.
 	TenantUsage(ctx context.Context, tenant string) ([]TopicUsage, error)
@@ -567,6 +573,15 @@ type TenantSettings struct {
 	Tenant      string
 	SuspendedAt time.Time // zero: active
 	UpdatedAt   time.Time
+	Limits      TenantLimits
+}
+
+// TenantLimits are a tenant's quotas and retention; zero is no limit (the
+// retention's default).
+type TenantLimits struct {
+	PublishRate, PublishByteRate         int64 // messages, payload bytes per second
+	MaxMessages, MaxBytes, MaxPartitions int64 // stored
+	MinRetention, MaxRetention           time.Duration
 }
 
 // TopicUsage is what one topic of a tenant stores.

@@ -10,14 +10,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testdb"
 )
 
 var tenantTests = []struct {
@@ -25,26 +27,13 @@ var tenantTests = []struct {
 	fn   func(*testing.T, Open)
 }{
 	{"SuspendTenant", testSuspendTenant},
+	{"SuspendGivesBackClaims", testSuspendGivesBackClaims},
+	{"SuspendStopsRetries", testSuspendStopsRetries},
 	{"ListTenants", testListTenants},
 	{"ExportTenant", testExportTenant},
-}
-
-// manualClock is a clock a test moves.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+	{"TenantRateQuotas", testTenantRateQuotas},
+	{"TenantStorageQuotas", testTenantStorageQuotas},
+	{"TenantRetention", testTenantRetention},
 }
 
 // A suspended tenant publishes and receives nothing (this client at once,
@@ -54,7 +43,7 @@ func (c *manualClock) Add(d time.Duration) {
 func testSuspendTenant(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
-	clock := &manualClock{now: time.Now()}
+	clock := testdb.NewClock(time.Now())
 	other, err := shardq.NewClient(d, &shardq.Config{Clock: clock.Now, TenantSettingsTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -313,4 +302,295 @@ func testExportTenant(t *testing.T, open Open) {
 			t.Fatalf("export after %q: %v, want a ValidationError on after", bad, err)
 		}
 	}
+}
+
+// stored is the tenant's message count, as Admin.Tenant counts it.
+func stored(t *testing.T, c *shardq.Client, tenant string) int64 {
+	t.Helper()
+	info, err := c.Admin().Tenant(context.Background(), tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Messages
+}
+
+// wantQuota fails unless err is a *QuotaExceededError of tenant and quota.
+func wantQuota(t *testing.T, err error, tenant, quota string) *shardq.QuotaExceededError {
+	t.Helper()
+	var qe *shardq.QuotaExceededError
+	if !errors.Is(err, shardq.ErrQuotaExceeded) || !errors.As(err, &qe) || qe.Tenant != tenant || qe.Quota != quota {
+		t.Fatalf("got %v; want tenant %q's %s quota exceeded", err, tenant, quota)
+	}
+	if !strings.Contains(err.Error(), quota) || !strings.Contains(err.Error(), fmt.Sprintf("%q", tenant)) {
+		t.Fatalf("%q does not name the tenant and the quota", err)
+	}
+	return qe
+}
+
+// Rate quotas refuse what is over a second's worth, with when to retry,
+// store nothing of a refused call, leave other tenants alone, and wait
+// instead for a large message's chunks.
+func testTenantRateQuotas(t *testing.T, open Open) {
+	clock := testdb.NewClock(t0)
+	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	admin := c.Admin()
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{PublishRate: -1}); !errors.Is(err, shardq.ErrInvalid) || !strings.Contains(err.Error(), "publish rate") {
+		t.Fatalf("a negative rate: %v", err)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{PublishRate: 4, PublishByteRate: 100}); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(id string, payload int) shardq.Message {
+		return shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: id, Payload: make([]byte, payload)}
+	}
+	mustPublish(t, c, msg("a", 1), msg("b", 1), msg("c", 1))
+	_, err := c.Publish(ctx, msg("d", 1), msg("e", 1))
+	qe := wantQuota(t, err, "t", shardq.QuotaPublishRate)
+	if qe.Limit != 4 || qe.Call != 2 || qe.RetryAfter <= 0 || qe.RetryAfter > 250*time.Millisecond {
+		t.Fatalf("refusal %+v; want the limit 4, the call's 2 and a retry within 250 ms", qe)
+	}
+	if n := stored(t, c, "t"); n != 3 {
+		t.Fatalf("%d messages stored; want the 3 before the refused call", n)
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "k", ID: "other"}) // no quota
+	clock.Add(qe.RetryAfter)
+	mustPublish(t, c, msg("d", 1), msg("e", 1))
+	// More than a second's worth can never fit.
+	clock.Add(time.Hour)
+	_, err = c.Publish(ctx, msg("f", 1), msg("g", 1), msg("h", 1), msg("i", 1), msg("j", 1))
+	if qe := wantQuota(t, err, "t", shardq.QuotaPublishRate); qe.RetryAfter != 0 || !strings.Contains(err.Error(), "second's worth") {
+		t.Fatalf("a call over the burst: %v", err)
+	}
+	// Bytes: 100 per second.
+	_, err = c.Publish(ctx, msg("big", 101))
+	wantQuota(t, err, "t", shardq.QuotaPublishByteRate)
+	mustPublish(t, c, msg("m1", 60))
+	_, err = c.Publish(ctx, msg("m2", 60))
+	if qe := wantQuota(t, err, "t", shardq.QuotaPublishByteRate); qe.RetryAfter <= 0 {
+		t.Fatalf("byte rate refusal without a retry time: %+v", qe)
+	}
+	// The transaction's publish is held to the same quotas.
+	tx, err := d.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.PublishTx(ctx, tx, msg("tx", 60))
+	wantQuota(t, err, "t", shardq.QuotaPublishByteRate)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	// Removing the limits lifts them at once in this client.
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	mustPublish(t, c, msg("m2", 60), msg("m3", 1000))
+	info, err := admin.Tenant(ctx, "t")
+	if err != nil || info.Limits != (shardq.TenantLimits{}) {
+		t.Fatalf("limits after removal: %+v, %v", info.Limits, err)
+	}
+}
+
+// Storage quotas refuse a call that would take the tenant past what it
+// may store, as measured, whole; a publish to an existing partition goes
+// on at the partitions limit.
+func testTenantStorageQuotas(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	admin := c.Admin()
+	for _, k := range []string{"a", "b"} {
+		mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: k, ID: k, Payload: []byte("12345")})
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxMessages: 3}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "c1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "c2"})
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxMessages); qe.Usage != 2 || qe.Call != 2 || qe.Limit != 3 {
+		t.Fatalf("refusal %+v; want 2 stored, 2 added, limit 3", qe)
+	}
+	if n := stored(t, c, "t"); n != 2 {
+		t.Fatalf("%d stored after a refused call; want 2", n)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: 12}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "d", Payload: []byte("123")})
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != 10 || qe.Call != 3 {
+		t.Fatalf("refusal %+v; want 10 bytes stored, 3 added", qe)
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "d", Payload: []byte("12")})
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxPartitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "b", ID: "e"})
+	_, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "f"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "new", ID: "g"})
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxPartitions); qe.Usage != 2 || qe.Call != 1 {
+		t.Fatalf("refusal %+v; want 2 partitions, 1 new", qe)
+	}
+	_, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "y", PartitionKey: "a", ID: "h"}) // another topic's partition is new
+	wantQuota(t, err, "t", shardq.QuotaMaxPartitions)
+	if n := stored(t, c, "t"); n != 4 {
+		t.Fatalf("%d stored; want 4", n)
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "new", ID: "g"})
+	// Far below the limit no key is read, yet the keys published to since
+	// the measure count: the fourth new one is refused.
+	if err := admin.SetTenantLimits(ctx, "u", shardq.TenantLimits{MaxPartitions: 4}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"k1", "k2", "k3", "k1"} {
+		mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: k})
+	}
+	_, err = c.Publish(ctx, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "k4"})
+	if qe := wantQuota(t, err, "u", shardq.QuotaMaxPartitions); qe.Usage != 4 || qe.Call != 1 {
+		t.Fatalf("refusal %+v; want 4 partitions, 1 new", qe)
+	}
+	info, err := admin.Tenant(ctx, "t")
+	if err != nil || info.Limits.MaxPartitions != 2 || info.Partitions != 2 {
+		t.Fatalf("tenant %+v, %v", info, err)
+	}
+}
+
+// A tenant's retention stands between the default and a topic's own.
+func testTenantRetention(t *testing.T, open Open) {
+	_, c := setup(t, open, &shardq.Config{Clock: func() time.Time { return t0 }})
+	ctx := context.Background()
+	admin := c.Admin()
+	old := t0.Add(-2 * time.Hour)
+	for _, tenant := range []string{"t", "u"} {
+		for _, topic := range []string{"x", "kept"} {
+			mustPublish(t, c, shardq.Message{Tenant: tenant, Topic: topic, PartitionKey: "k", ID: "old", CreatedAt: old})
+		}
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{Retention: shardq.RetentionPolicy{MinRetention: 2 * time.Hour, MaxRetention: time.Hour}}); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("a minimum over the maximum: %v", err)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{Retention: shardq.RetentionPolicy{MaxRetention: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := shardq.RetentionConfig{Topics: map[string]shardq.RetentionPolicy{"kept": {MaxRetention: 24 * time.Hour}}}
+	rep, err := admin.RunRetention(ctx, shardq.Scope{Tenants: []string{"t", "u"}}, cfg)
+	if err != nil || rep.Deleted != 1 {
+		t.Fatalf("retention: %+v, %v; want t's message of x deleted, nothing else", rep, err)
+	}
+	for _, w := range []struct {
+		tenant, topic string
+		n             int64
+	}{{"t", "x", 0}, {"t", "kept", 1}, {"u", "x", 1}, {"u", "kept", 1}} {
+		info, err := admin.Tenant(ctx, w.tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, u := range info.Topics {
+			if u.Topic == w.topic {
+				n = u.Messages
+			}
+		}
+		if n != w.n {
+			t.Fatalf("tenant %s topic %s keeps %d; want %d", w.tenant, w.topic, n, w.n)
+		}
+	}
+}
+
+// A member that sees its tenant suspended delivers none of the ungrouped
+// messages it already claimed: they go back, uncounted, for after the
+// resume.
+func testSuspendGivesBackClaims(t *testing.T, open Open) {
+	lines := &testdb.LogLines{}
+	d, c := setup(t, open, &shardq.Config{Logger: slog.New(lines)})
+	ctx := context.Background()
+	var batch []shardq.Message
+	for i := range 10 {
+		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("m%d", i)})
+	}
+	mustPublish(t, c, batch...)
+	gate, first := make(chan struct{}), make(chan struct{})
+	var delivered atomic.Int64
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, _ *shardq.Delivery) error {
+		if delivered.Add(1) == 1 {
+			close(first)
+			<-gate
+		}
+		return nil
+	})
+	cfg.UngroupedConcurrency = 1
+	s, err := c.Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	<-first // the member holds the others claimed in its queue
+	if err := c.Admin().SuspendTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the member sees the suspension", 30*time.Second, func() bool { return lines.Count("tenant suspended") > 0 })
+	close(gate)
+	unsettled := func() int {
+		var n int
+		if err := d.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM queue_message_claims WHERE tenant = 't' AND done = 0 AND attempts > 0").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "the claims settled or given back", 30*time.Second, func() bool { return unsettled() == 0 })
+	if n := delivered.Load(); n != 1 {
+		t.Fatalf("%d deliveries; want only the one in hand when the tenant was suspended", n)
+	}
+	if err := c.Admin().ResumeTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the rest after the resume", 30*time.Second, func() bool { return delivered.Load() == 10 })
+}
+
+// A message whose handler failed is not tried again while its tenant is
+// suspended (nor dead-lettered for the attempts a suspension would burn):
+// the member releases the partition, and the retry comes after the
+// resume.
+func testSuspendStopsRetries(t *testing.T, open Open) {
+	lines := &testdb.LogLines{}
+	d, c := setup(t, open, &shardq.Config{Logger: slog.New(lines)})
+	ctx := context.Background()
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m"})
+	gate, first := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	var failing atomic.Bool
+	failing.Store(true)
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, _ *shardq.Delivery) error {
+		if calls.Add(1) == 1 {
+			close(first)
+			<-gate
+		}
+		if failing.Load() {
+			return errors.New("the handler fails")
+		}
+		return nil
+	})
+	cfg.MaxAttempts = 5
+	s, err := c.Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	<-first
+	if err := c.Admin().SuspendTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the member sees the suspension", 30*time.Second, func() bool { return lines.Count("tenant suspended") > 0 })
+	close(gate)
+	waitFor(t, "the suspended tenant's lease released", 30*time.Second, func() bool {
+		_, leases, err := d.TenantLive(ctx, "t", time.Now(), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leases == 0
+	})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d handler calls while suspended; want the one in hand", n)
+	}
+	failing.Store(false)
+	if err := c.Admin().ResumeTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the retry after the resume", 30*time.Second, func() bool { return calls.Load() == 2 })
 }

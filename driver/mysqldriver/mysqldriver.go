@@ -272,10 +272,11 @@ func (d *Driver) Retryable(err error) bool {
 	return errors.As(err, &me) && me.Number == errDeadlock
 }
 
-// wrap names the operation and turns a missing table into ErrNotMigrated.
+// wrap names the operation and turns a missing table or column (a schema
+// behind the code) into ErrNotMigrated.
 func wrap(op string, err error) error {
 	var me *mysql.MySQLError
-	if errors.As(err, &me) && me.Number == errNoSuchTable {
+	if errors.As(err, &me) && (me.Number == errNoSuchTable || me.Number == errBadField) {
 		return fmt.Errorf("%s: %w (%s)", op, driver.ErrNotMigrated, me.Message)
 	}
 	return fmt.Errorf("%s: %w", op, err)

@@ -189,9 +189,11 @@ func (d *Driver) Retryable(err error) bool {
 	return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
 }
 
+// wrap names the operation and turns a missing table or column (a schema
+// behind the code) into ErrNotMigrated.
 func wrap(op string, err error) error {
 	var se *sqlite.Error
-	if errors.As(err, &se) && strings.Contains(se.Error(), "no such table") {
+	if errors.As(err, &se) && (strings.Contains(se.Error(), "no such table") || strings.Contains(se.Error(), "no such column")) {
 		return fmt.Errorf("%s: %w (%s)", op, driver.ErrNotMigrated, se.Error())
 	}
 	return fmt.Errorf("%s: %w", op, err)

@@ -151,7 +151,7 @@ func (p *Producer) Send(ctx context.Context, msg publish.Message, twoSelectors b
 		return Result{}, fmt.Errorf("shardq: send in transaction: %w", &ident.Error{Field: "tenant",
 			Rule: fmt.Sprintf("%q is not among producer group %q's tenants, whose check-back would never see it", row.Tenant, p.cfg.Group)})
 	}
-	if err := p.pub.Admit(ctx, rows); err != nil {
+	if err := p.pub.Admit(ctx, rows, false); err != nil {
 		return Result{}, fmt.Errorf("shardq: send in transaction: %w", err)
 	}
 	half := &driver.HalfMessage{InsertMessage: *row, ProducerGroup: p.cfg.Group, NextCheckAt: p.cfg.Clock().Add(p.cfg.TransactionTimeout)}

@@ -435,6 +435,9 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 		if !w.commitCursor() || !w.wait(v.Delay) {
 			return false
 		}
+		if s.isSuspended(w.lease.Tenant) {
+			return false // the attempt is recorded: the retry waits for the resume
+		}
 		attempt++
 	}
 }

@@ -65,9 +65,10 @@ type Config struct {
 	// MessageError wraps the refusal err of the call's message i
 	// (shardq.MessageError).
 	MessageError func(i int, err error) error
-	// Admit refuses publishing to a tenant that may not publish now (a
-	// suspended one), before anything is stored.
-	Admit func(ctx context.Context, tenant string) error
+	// Admit refuses rows of one tenant that it may not publish now (a
+	// suspended tenant, or one over a quota), before anything is stored.
+	// With wait, a rate quota may delay the call instead.
+	Admit func(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) error
 }
 
 // Publisher writes messages to one database.
@@ -155,7 +156,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message, reserved bool) 
 				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)})
 		}
 	}
-	if err := p.Admit(ctx, rows); err != nil {
+	if err := p.Admit(ctx, rows, reserved); err != nil {
 		return nil, fmt.Errorf("shardq: publish: %w", err)
 	}
 	sent = rows
@@ -184,7 +185,7 @@ func (p *Publisher) PublishTx(ctx context.Context, tx *sql.Tx, msgs []Message) (
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	if err := p.Admit(ctx, rows); err != nil {
+	if err := p.Admit(ctx, rows, false); err != nil {
 		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
 	}
 	// The caller's pool is the caller's: whatever it is set to do, shardq's
@@ -195,15 +196,22 @@ func (p *Publisher) PublishTx(ctx context.Context, tx *sql.Tx, msgs []Message) (
 	return rows, nil
 }
 
-// Admit checks that each tenant of rows may publish now (Config.Admit).
-func (p *Publisher) Admit(ctx context.Context, rows []*driver.InsertMessage) error {
-	for i, r := range rows {
-		if i > 0 && r.Tenant == rows[i-1].Tenant || p.cfg.Admit == nil {
-			continue
+// Admit checks that each tenant of rows may publish its rows now
+// (Config.Admit); wait: large messages' chunks, which wait for a rate
+// quota rather than fail part of the way.
+func (p *Publisher) Admit(ctx context.Context, rows []*driver.InsertMessage, wait bool) error {
+	if p.cfg.Admit == nil {
+		return nil
+	}
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j].Tenant == rows[i].Tenant {
+			j++
 		}
-		if err := p.cfg.Admit(ctx, r.Tenant); err != nil {
+		if err := p.cfg.Admit(ctx, rows[i].Tenant, rows[i:j], wait); err != nil {
 			return err
 		}
+		i = j
 	}
 	return nil
 }

@@ -78,14 +78,54 @@ func CheckPolicies(def, deadLetters Policy, topics map[string]Policy, minDefault
 	return nil
 }
 
-func (c Config) policy(topic string) Policy {
+// policy is the topic's: its own, else for a dead-letter topic the dead
+// letters', else the tenant's (what it leaves unset the default's), else
+// the default.
+func (c Config) policy(tenants map[string]Policy, tenant, topic string) Policy {
 	if p, ok := c.Topics[topic]; ok {
 		return p
 	}
 	if strings.HasSuffix(topic, c.DLQSuffix) {
 		return c.DeadLetters
 	}
-	return c.Default
+	p, ok := tenants[tenant]
+	if !ok {
+		return c.Default
+	}
+	// Where the tenant's field and the default's cross, the tenant's wins.
+	switch {
+	case p.MinRetention <= 0:
+		p.MinRetention = min(c.Default.MinRetention, p.MaxRetention)
+	case p.MaxRetention <= 0:
+		p.MaxRetention = max(c.Default.MaxRetention, p.MinRetention)
+	}
+	return p
+}
+
+// tenantPolicies reads the retention the tenants of topics set
+// (queue_tenants), a page of tenants per statement.
+func tenantPolicies(ctx context.Context, drv driver.Driver, topics []driver.TopicSummary) (map[string]Policy, error) {
+	var names []string
+	for i, t := range topics {
+		if i == 0 || t.Tenant != topics[i-1].Tenant {
+			names = append(names, t.Tenant)
+		}
+	}
+	out := map[string]Policy{}
+	for len(names) > 0 {
+		page := names[:min(len(names), 500)]
+		names = names[len(page):]
+		settings, err := drv.TenantSettings(ctx, page)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range settings {
+			if s.Limits.MinRetention > 0 || s.Limits.MaxRetention > 0 {
+				out[s.Tenant] = Policy{MinRetention: s.Limits.MinRetention, MaxRetention: s.Limits.MaxRetention}
+			}
+		}
+	}
+	return out, nil
 }
 
 // Report counts what a pass did.
@@ -114,9 +154,13 @@ func Run(ctx context.Context, drv driver.Driver, clock func() time.Time, s drive
 		last := ts[len(ts)-1]
 		page.After = []string{last.Tenant, last.Topic}
 	}
+	tenants, err := tenantPolicies(ctx, drv, topics)
+	if err != nil {
+		return rep, err
+	}
 	var errs []error
 	for _, t := range topics {
-		r, skipped, err := retainTopic(ctx, drv, clock, t.Tenant, t.Topic, cfg)
+		r, skipped, err := retainTopic(ctx, drv, clock, t.Tenant, t.Topic, cfg, cfg.policy(tenants, t.Tenant, t.Topic))
 		if cfg.Deleted != nil && r.Deleted > 0 {
 			cfg.Deleted(t.Tenant, r.Deleted)
 		}
@@ -139,7 +183,7 @@ func Run(ctx context.Context, drv driver.Driver, clock func() time.Time, s drive
 // message, deletes messages only where some are due, and removes the
 // partitions left drained and idle (docs/design.md, "Partition
 // lifecycle"), with the rows of partitions already gone.
-func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time, tenant, topic string, cfg Config) (rep Report, skipped bool, err error) {
+func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time, tenant, topic string, cfg Config, pol Policy) (rep Report, skipped bool, err error) {
 	claim, err := drv.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: Group, Topic: topic}, cfg.Owner, clock(), cfg.ClaimTTL)
 	if errors.Is(err, driver.ErrLeaseHeld) {
 		return rep, true, nil
@@ -152,7 +196,6 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 			err = errors.Join(err, rerr)
 		}
 	}()
-	pol := cfg.policy(topic)
 	groups, err := drv.TopicGroups(ctx, tenant, topic)
 	if err != nil {
 		return rep, false, err

@@ -97,30 +97,42 @@ func (d *Store) TenantLive(ctx context.Context, tenant string, since, now time.T
 }
 
 // TenantSettings reads the settings rows of those of tenants that have one.
+// A schema behind the code (a new release's process ahead of its
+// migration) reads what it has: on schema 10 no limits, before it no
+// settings at all, so no tenant is suspended or limited there.
 func (d *Store) TenantSettings(ctx context.Context, tenants []string) ([]driver.TenantSettings, error) {
 	op := fmt.Sprintf("read the settings of tenants %q", tenants)
 	if len(tenants) == 0 {
 		return nil, nil
 	}
-	rows, err := d.query(ctx, d.Read, d.sql().tenant.settings, Args{"tenants": textList(tenants)})
-	if err != nil {
-		err = d.Wrap(op, err)
-		if errors.Is(err, driver.ErrNotMigrated) {
-			// A schema before queue_tenants (a new release's process
-			// ahead of its migration) has no settings to read: no tenant
-			// can be suspended there.
+	st := &d.sql().tenant
+	limits := true
+	rows, err := d.query(ctx, d.Read, st.settings, Args{"tenants": textList(tenants)})
+	if err != nil && errors.Is(d.Wrap(op, err), driver.ErrNotMigrated) {
+		limits = false
+		rows, err = d.query(ctx, d.Read, st.settings10, Args{"tenants": textList(tenants)})
+		if err != nil && errors.Is(d.Wrap(op, err), driver.ErrNotMigrated) {
 			return nil, nil
 		}
-		return nil, err
+	}
+	if err != nil {
+		return nil, d.Wrap(op, err)
 	}
 	defer rows.Close()
 	var out []driver.TenantSettings
 	for rows.Next() {
 		var ts driver.TenantSettings
 		var suspended, updated any
-		if err := rows.Scan(&ts.Tenant, &suspended, &updated); err != nil {
+		var minRet, maxRet int64
+		l := &ts.Limits
+		dest := []any{&ts.Tenant, &suspended, &updated}
+		if limits {
+			dest = append(dest, &l.PublishRate, &l.PublishByteRate, &l.MaxMessages, &l.MaxBytes, &l.MaxPartitions, &minRet, &maxRet)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
+		l.MinRetention, l.MaxRetention = time.Duration(minRet)*time.Millisecond, time.Duration(maxRet)*time.Millisecond
 		var err error
 		if ts.SuspendedAt, err = d.decodeNotBefore(suspended); err == nil {
 			ts.UpdatedAt, err = d.DecodeTime(updated)
@@ -135,12 +147,22 @@ func (d *Store) TenantSettings(ctx context.Context, tenants []string) ([]driver.
 
 // SetTenantSuspended sets or clears the tenant's suspension.
 func (d *Store) SetTenantSuspended(ctx context.Context, tenant string, suspended bool, now time.Time) error {
-	var at any
+	var err error
 	if suspended {
-		at = d.EncodeTime(now)
+		_, err = d.exec(ctx, d.Write, d.sql().tenant.suspend, Args{"rows": Rows{{tenant, d.EncodeTime(now), d.EncodeTime(now)}}})
+	} else {
+		// A tenant without a row is not suspended: nothing to add.
+		_, err = d.exec(ctx, d.Write, d.sql().tenant.resume, Args{"tenant": tenant, "now": d.EncodeTime(now)})
 	}
-	_, err := d.exec(ctx, d.Write, d.sql().tenant.suspend, Args{"rows": Rows{{tenant, at, d.EncodeTime(now)}}})
 	return d.wrapNil(fmt.Sprintf("set suspended=%t of tenant %q", suspended, tenant), err)
+}
+
+// SetTenantLimits stores the tenant's limits.
+func (d *Store) SetTenantLimits(ctx context.Context, tenant string, l driver.TenantLimits, now time.Time) error {
+	row := []any{tenant, d.EncodeTime(now), l.PublishRate, l.PublishByteRate, l.MaxMessages, l.MaxBytes, l.MaxPartitions,
+		l.MinRetention.Milliseconds(), l.MaxRetention.Milliseconds()}
+	_, err := d.exec(ctx, d.Write, d.sql().tenant.setLimits, Args{"rows": Rows{row}})
+	return d.wrapNil(fmt.Sprintf("set the limits of tenant %q", tenant), err)
 }
 
 // ListTenants merges two ordered pages, of the tenants with head rows and
@@ -181,6 +203,15 @@ func (d *Store) TenantUsage(ctx context.Context, tenant string) ([]driver.TopicU
 		out = append(out, u)
 	}
 	return out, d.wrapNil(op, rows.Err())
+}
+
+// TenantPartitions counts the tenant's head rows.
+func (d *Store) TenantPartitions(ctx context.Context, tenant string) (int64, error) {
+	var n int64
+	if err := d.queryRow(ctx, d.Read, d.sql().tenant.heads, Args{"tenant": tenant}).Scan(&n); err != nil {
+		return 0, d.Wrap(fmt.Sprintf("count the partitions of tenant %q", tenant), err)
+	}
+	return n, nil
 }
 
 // ExportMessages reads a keyset page of the tenant's messages.

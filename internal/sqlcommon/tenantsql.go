@@ -25,14 +25,30 @@ type tenantSQL struct {
 	liveMembers string   // members of the tenant with a heartbeat since :since
 	liveLeases  string   // the tenant's unexpired leases
 	settings    string   // the settings rows of :tenants
+	settings10  string   // the same on schema 10, before the limits
 	suspend     string   // add the tenant's settings row (:rows) or set suspended_at of the one there
+	setLimits   string   // add the tenant's settings row (:rows) or set the limits of the one there
+	resume      string   // clear the suspension of the tenant's settings row, if it has one
 	list        string   // up to :limit tenants after :after with a head row (a scatter read on Vitess)
 	listSet     string   // up to :limit tenants after :after with a settings row (a scatter read on Vitess)
 	usage       string   // the tenant's messages and their bytes per topic
+	heads       string   // the tenant's head rows
 	exportMsgs  string   // up to :limit of the tenant's messages after (:a0, :a1, :a2) = (topic, key, offset)
 	exportGroup string   // up to :limit of the tenant's group registry rows after (topic, group)
 	exportCurs  string   // up to :limit of the tenant's cursors after (topic, key, group)
 	exportState string   // up to :limit of the tenant's message-group states after (group, topic, key)
+}
+
+// limitColumns are queue_tenants' limits, in driver.TenantLimits' order.
+var limitColumns = []string{"publish_rate", "publish_byte_rate", "max_messages", "max_bytes", "max_partitions", "min_retention_ms", "max_retention_ms"}
+
+// setExcluded is an upsert's "col = <the row offered>, ..." for cols.
+func setExcluded(s Syntax, cols []string) string {
+	set := make([]string, len(cols))
+	for i, c := range cols {
+		set[i] = c + " = " + s.excluded(c)
+	}
+	return strings.Join(set, ", ")
 }
 
 // keysetPage ends a read of one tenant's rows: those after (:a0, :a1, ...)
@@ -78,13 +94,19 @@ func newTenantSQL(s Syntax) tenantSQL {
 	st := tenantSQL{
 		liveMembers: "SELECT DISTINCT subscriber_name FROM queue_subscriber_heartbeats WHERE tenant = :tenant AND heartbeat_at >= :since ORDER BY subscriber_name",
 		liveLeases:  "SELECT COUNT(*) FROM queue_partition_leases WHERE tenant = :tenant AND owner <> '' AND expires_at > :now",
-		settings:    "SELECT tenant, suspended_at, updated_at FROM queue_tenants WHERE tenant IN (:tenants)",
+		settings: "SELECT tenant, suspended_at, updated_at, " + strings.Join(limitColumns, ", ") +
+			" FROM queue_tenants WHERE tenant IN (:tenants)",
+		settings10: "SELECT tenant, suspended_at, updated_at FROM queue_tenants WHERE tenant IN (:tenants)",
 		suspend: "INSERT INTO queue_tenants (tenant, suspended_at, updated_at) VALUES :rows" +
 			s.upsert("tenant", "suspended_at = "+s.excluded("suspended_at")+", updated_at = "+s.excluded("updated_at")),
+		resume: "UPDATE queue_tenants SET suspended_at = NULL, updated_at = :now WHERE tenant = :tenant",
+		setLimits: "INSERT INTO queue_tenants (tenant, updated_at, " + strings.Join(limitColumns, ", ") + ") VALUES :rows" +
+			s.upsert("tenant", setExcluded(s, append([]string{"updated_at"}, limitColumns...))),
 		// Every tenant, as an operator asked: "1 = 1" marks an all-tenant
 		// read, as driver.Scope.AllTenants renders it.
 		list:    "SELECT DISTINCT tenant FROM queue_partitions WHERE 1 = 1 AND tenant > :after ORDER BY tenant LIMIT :limit",
 		listSet: "SELECT tenant FROM queue_tenants WHERE 1 = 1 AND tenant > :after ORDER BY tenant LIMIT :limit",
+		heads:   "SELECT COUNT(*) FROM queue_partitions WHERE tenant = :tenant",
 		usage: "SELECT topic, COUNT(*), COUNT(DISTINCT partition_key), COALESCE(SUM(LENGTH(payload)), 0) FROM queue_messages" +
 			" WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
 		// Keyset pages in primary-key order, each after the last row of

@@ -247,3 +247,61 @@ func (t *T) RetentionDeleted(tenant string, n int64) {
 	}
 	t.retentionDeleted.Add(context.Background(), n, metric.WithAttributeSet(t.tenantSet(tenant)))
 }
+
+// QuotaUse is one quota of a tenant as a client knows it: its limit and,
+// for what is stored, the usage last measured (Measured).
+type QuotaUse struct {
+	Tenant, Quota string
+	Limit, Usage  int64
+	Measured      bool
+}
+
+// SetQuotas reports what read returns at each collection; nil stops it.
+func (t *T) SetQuotas(read func() []QuotaUse) {
+	t.mu.Lock()
+	t.quotas = read
+	t.mu.Unlock()
+}
+
+// QuotaRefused counts a publish a tenant's quota refused.
+func (t *T) QuotaRefused(tenant, quota string) {
+	t.quotaRefused.Add(context.Background(), 1, metric.WithAttributeSet(t.quotaSet(tenant, quota)))
+}
+
+type quotaKeyT struct{ tenant, quota string }
+
+func (t *T) quotaSet(tenant, quota string) attribute.Set {
+	return t.set(quotaKeyT{tenant, quota}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{systemAttr, TenantKey.String(tenant), QuotaKey.String(quota)}
+	})
+}
+
+func (t *T) observeQuotas(m metric.Meter) error {
+	limit, err := m.Int64ObservableGauge("shardq.tenant.quota.limit",
+		metric.WithDescription("A tenant's quota as this client last read it (rates per second), per tenant and quota."))
+	if err != nil {
+		return err
+	}
+	usage, err := m.Int64ObservableGauge("shardq.tenant.quota.usage",
+		metric.WithDescription("What a tenant stores against its storage quotas, as this client last measured it, per tenant and quota."))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		t.mu.Lock()
+		read := t.quotas
+		t.mu.Unlock()
+		if read == nil {
+			return nil
+		}
+		for _, q := range read() {
+			set := metric.WithAttributeSet(t.quotaSet(q.Tenant, q.Quota))
+			o.ObserveInt64(limit, q.Limit, set)
+			if q.Measured {
+				o.ObserveInt64(usage, q.Usage, set)
+			}
+		}
+		return nil
+	}, limit, usage)
+	return err
+}

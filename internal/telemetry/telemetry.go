@@ -41,6 +41,7 @@ const (
 	ProducerGroupKey = attribute.Key("shardq.producer_group")
 	OutcomeKey       = attribute.Key("shardq.outcome")
 	TransactionalKey = attribute.Key("shardq.transactional")
+	QuotaKey         = attribute.Key("shardq.quota")
 )
 
 var (
@@ -78,6 +79,7 @@ type T struct {
 	deadLettered     metric.Int64Counter
 	checks           metric.Int64Counter
 	retentionDeleted metric.Int64Counter
+	quotaRefused     metric.Int64Counter
 
 	// sets caches attribute sets by what they are made of, so that a hot
 	// path builds none.
@@ -86,6 +88,7 @@ type T struct {
 	mu         sync.Mutex
 	lagSources map[*LagSource]struct{}
 	halfSource map[*HalfSource]struct{}
+	quotas     func() []QuotaUse
 }
 
 // New makes a client's instruments from tp and mp (nil: the globals). An
@@ -149,6 +152,10 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) *T {
 	t.retentionDeleted, err = m.Int64Counter("shardq.retention.deleted", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages deleted by retention."))
 	note(err)
+	t.quotaRefused, err = m.Int64Counter("shardq.tenant.quota.refused", metric.WithUnit("{call}"),
+		metric.WithDescription("Publish calls a tenant's quota refused, per tenant and quota."))
+	note(err)
+	note(t.observeQuotas(m))
 	note(t.observeLag(m))
 	note(t.observeHalves(m))
 	if len(errs) > 0 {

@@ -343,8 +343,8 @@ func (s *Service) takeWoken() ([]string, bool) {
 	return ts, r
 }
 
-// handleClaims is one handler goroutine. On stop, it gives back what it
-// takes instead of running it.
+// handleClaims is one handler goroutine. On stop, and in a paused or
+// suspended tenant, it gives back what it takes instead of running it.
 func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled *atomic.Int64) {
 	for {
 		c, ok := queue.pop()
@@ -356,7 +356,9 @@ func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled 
 		case took <- struct{}{}:
 		default:
 		}
-		if s.life.Context().Err() != nil {
+		// Stopping, or the group paused or the tenant suspended since the
+		// claim: deliver nothing, give it back uncounted.
+		if s.life.Context().Err() != nil || s.cfg.Paused != nil && s.cfg.Paused(c.Message.Tenant) {
 			s.giveBack(c)
 			continue
 		}

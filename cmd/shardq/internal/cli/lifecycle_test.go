@@ -218,6 +218,24 @@ func TestAdminTenantLifecycle(t *testing.T) {
 					}
 				}
 			}
+			// Limits: set, kept across a change of another, refused when
+			// negative, and enforced on the next publish.
+			if r := runCLI(t, env, "", "admin", "tenant", "quota", "--tenant", "other", "--max-messages", "3", "--max-retention", "1h"); r.code != 0 || !strings.Contains(r.stdout, "max-messages") {
+				t.Fatalf("set limits: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "limits", "--tenant", "other", "--publish-rate", "100", "--json"); r.code != 0 ||
+				!strings.Contains(r.stdout, `"max_messages":3`) || !strings.Contains(r.stdout, `"publish_rate":100`) || !strings.Contains(r.stdout, `"max_retention":"1h0m0s"`) {
+				t.Fatalf("change one limit: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "limits", "--tenant", "other", "--max-bytes", "-1"); r.code != 2 || !strings.Contains(r.stderr, "max bytes") {
+				t.Fatalf("a negative limit: %+v", r)
+			}
+			if r := runCLI(t, env, "", "publish", "--tenant", "other", "--topic", "orders", "--key", "a", "over"); r.code == 0 || !strings.Contains(r.stderr, "max_messages quota of 3 exceeded") {
+				t.Fatalf("publish over the quota: %+v", r)
+			}
+			if r := runCLI(t, env, "", "admin", "tenant", "limits", "--tenant", "other", "--clear"); r.code != 0 {
+				t.Fatalf("clear limits: %+v", r)
+			}
 			if r := runCLI(t, env, "", "admin", "tenant", "suspend", "--tenant", "acme"); r.code != 0 || !strings.Contains(r.stdout, "suspended tenant acme") {
 				t.Fatalf("suspend: %+v", r)
 			}

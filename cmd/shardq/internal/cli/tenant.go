@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,7 +18,7 @@ import (
 // adminTenant is `admin tenant`: a tenant's whole life.
 func (a *app) adminTenant() *cobra.Command {
 	cmd := &cobra.Command{Use: "tenant", Short: "One tenant's whole life: suspend, resume, export, delete everything it owns"}
-	cmd.AddCommand(a.adminTenantSuspend(true), a.adminTenantSuspend(false), a.adminTenantExport(), a.adminTenantDelete())
+	cmd.AddCommand(a.adminTenantSuspend(true), a.adminTenantSuspend(false), a.adminTenantLimits(), a.adminTenantExport(), a.adminTenantDelete())
 	return cmd
 }
 
@@ -55,7 +56,10 @@ func (a *app) adminTenants() *cobra.Command {
 					rows = append(rows, []string{t.Tenant, state, u.Topic, fmt.Sprint(u.Messages), fmt.Sprint(u.Bytes)})
 					topics = append(topics, map[string]any{"topic": u.Topic, "messages": u.Messages, "partitions": u.Partitions, "bytes": u.Bytes})
 				}
-				o := map[string]any{"tenant": t.Tenant, "messages": t.Messages, "bytes": t.Bytes, "topics": topics}
+				o := map[string]any{"tenant": t.Tenant, "messages": t.Messages, "partitions": t.Partitions, "bytes": t.Bytes, "topics": topics}
+				if t.Limits != (shardq.TenantLimits{}) {
+					o["limits"] = limitsJSON(t.Limits)
+				}
 				if !t.SuspendedAt.IsZero() {
 					o["suspended_at"] = t.SuspendedAt.UTC()
 				}
@@ -105,6 +109,101 @@ func (a *app) adminTenantSuspend(suspend bool) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (required)")
 	cmd.MarkFlagRequired("tenant")
+	return cmd
+}
+
+// limitFlags are `admin tenant limits`' flags, in TenantLimits' order.
+var limitFlags = []struct{ name, usage string }{
+	{"publish-rate", "messages per second, per client process (0: no limit)"},
+	{"publish-byte-rate", "payload bytes per second, per client process (0: no limit)"},
+	{"max-messages", "messages stored (0: no limit)"},
+	{"max-bytes", "payload bytes stored (0: no limit)"},
+	{"max-partitions", "partitions with a message (0: no limit)"},
+}
+
+func limitFields(l *shardq.TenantLimits) []*int64 {
+	return []*int64{&l.PublishRate, &l.PublishByteRate, &l.MaxMessages, &l.MaxBytes, &l.MaxPartitions}
+}
+
+func limitsJSON(l shardq.TenantLimits) map[string]any {
+	o := map[string]any{}
+	for i, f := range limitFields(&l) {
+		o[strings.ReplaceAll(limitFlags[i].name, "-", "_")] = *f
+	}
+	o["min_retention"] = l.Retention.MinRetention.String()
+	o["max_retention"] = l.Retention.MaxRetention.String()
+	return o
+}
+
+// adminTenantLimits is `admin tenant limits`: read or change a tenant's
+// quotas and retention.
+func (a *app) adminTenantLimits() *cobra.Command {
+	var tenant string
+	var clear, asJSON bool
+	var vals [5]int64
+	var minRet, maxRet time.Duration
+	cmd := &cobra.Command{
+		Use:     "limits --tenant T [--publish-rate N] [--publish-byte-rate N] [--max-messages N] [--max-bytes N] [--max-partitions N] [--min-retention D] [--max-retention D] [--clear]",
+		Aliases: []string{"quota"},
+		Short:   "Show or set a tenant's quotas and retention",
+		Long: "Without a limit flag, prints the tenant's limits. Each flag given sets that limit (0 removes it) and keeps the\n" +
+			"others; --clear removes them all first. Publishing over a quota fails with ErrQuotaExceeded (HTTP 429 for\n" +
+			"rates, 409 for what is stored); rates hold per client process, and what is stored is measured at most\n" +
+			"TenantUsageInterval (30 s) ago (docs/tenants.md). Retention is the tenant's default, between the cleaner's\n" +
+			"default and a topic's own.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := ident.Tenant(tenant); err != nil {
+				return err
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			l, err := c.Admin().TenantLimits(cmd.Context(), tenant)
+			if err != nil {
+				return err
+			}
+			changed := clear
+			if clear {
+				l = shardq.TenantLimits{}
+			}
+			fl := cmd.Flags()
+			for i, f := range limitFields(&l) {
+				if fl.Changed(limitFlags[i].name) {
+					*f, changed = vals[i], true
+				}
+			}
+			if fl.Changed("min-retention") {
+				l.Retention.MinRetention, changed = minRet, true
+			}
+			if fl.Changed("max-retention") {
+				l.Retention.MaxRetention, changed = maxRet, true
+			}
+			if changed {
+				if err := c.Admin().SetTenantLimits(cmd.Context(), tenant, l); err != nil {
+					return err
+				}
+			}
+			var rows [][]string
+			for i, f := range limitFields(&l) {
+				rows = append(rows, []string{limitFlags[i].name, fmt.Sprint(*f)})
+			}
+			rows = append(rows, []string{"min-retention", l.Retention.MinRetention.String()}, []string{"max-retention", l.Retention.MaxRetention.String()})
+			return a.table(asJSON, []string{"LIMIT", "VALUE"}, rows, []any{limitsJSON(l)})
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&tenant, "tenant", "", "tenant (required)")
+	cmd.MarkFlagRequired("tenant")
+	for i, f := range limitFlags {
+		fl.Int64Var(&vals[i], f.name, 0, f.usage)
+	}
+	fl.DurationVar(&minRet, "min-retention", 0, "a message every group passed is deleted once this old (0: the cleaner's default)")
+	fl.DurationVar(&maxRet, "max-retention", 0, "any message is deleted once this old (0: the cleaner's default)")
+	fl.BoolVar(&clear, "clear", false, "remove every limit first")
+	fl.BoolVar(&asJSON, "json", false, "print the limits as one JSON object")
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/shardq/shardq"
 )
@@ -24,6 +25,9 @@ type problem struct {
 	Detail string `json:"detail,omitempty"`
 	Field  string `json:"field,omitempty"`
 	Rule   string `json:"rule,omitempty"`
+	// Quota and Limit name the tenant's quota a publish went over.
+	Quota string `json:"quota,omitempty"`
+	Limit int64  `json:"limit,omitempty"`
 	// Settled and Stale, on a 409 of ack or nack: how many receipts of the
 	// request were settled, and the indexes of the stale ones.
 	Settled *int  `json:"settled,omitempty"`
@@ -43,6 +47,7 @@ const (
 	typeConflict   = "urn:shardq:problem:conflict"
 	typeUnavail    = "urn:shardq:problem:unavailable"
 	typeSuspended  = "urn:shardq:problem:tenant-suspended"
+	typeQuota      = "urn:shardq:problem:quota-exceeded"
 )
 
 func writeProblem(w http.ResponseWriter, p problem) {
@@ -71,6 +76,7 @@ func invalid(field, rule string) problem {
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var ve *shardq.ValidationError
 	var me *shardq.MessageError
+	var qe *shardq.QuotaExceededError
 	switch {
 	case errors.As(err, &me) && errors.As(me.Err, &ve):
 		p := invalid(ve.Field, ve.Rule)
@@ -86,6 +92,22 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, shardq.ErrTenantSuspended):
 		// The token is good; the tenant may not act now.
 		writeProblem(w, problem{Type: typeSuspended, Status: http.StatusForbidden, Title: "tenant suspended", Detail: err.Error()})
+	case errors.As(err, &qe):
+		// A rate clears with time: 429 and when. What is stored clears
+		// only when the tenant stores less or its quota grows: 409, a
+		// state of the tenant to change, not a server's to wait out (507
+		// and other 5xx are retried blindly by many clients).
+		// A call larger than a second's worth never fits: 413, split it.
+		p := problem{Type: typeQuota, Status: http.StatusConflict, Title: "quota exceeded", Detail: err.Error(), Quota: qe.Quota, Limit: qe.Limit}
+		switch {
+		case qe.Quota != shardq.QuotaPublishRate && qe.Quota != shardq.QuotaPublishByteRate:
+		case qe.RetryAfter == 0:
+			p.Status = http.StatusRequestEntityTooLarge
+		default:
+			p.Status = http.StatusTooManyRequests
+			w.Header().Set("Retry-After", strconv.FormatInt(int64((qe.RetryAfter+time.Second-1)/time.Second), 10))
+		}
+		writeProblem(w, p)
 	case errors.Is(err, shardq.ErrPartitionLeased), errors.Is(err, shardq.ErrGroupLive), errors.Is(err, shardq.ErrTenantLive):
 		writeProblem(w, problem{Type: typeConflict, Status: http.StatusConflict, Detail: err.Error()})
 	case errors.Is(err, shardq.ErrNotMigrated):

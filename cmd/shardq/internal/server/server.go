@@ -310,8 +310,10 @@ func (s *Server) apiRoutes() []route {
 		{"POST " + g + "/pause", RoleAdmin, s.pause, false},
 		{"POST " + g + "/resume", RoleAdmin, s.resume, false},
 		{"GET " + t, RoleAdmin, s.tenant, false},
-		{"POST " + t + "/suspend", RoleAdmin, s.suspend, false},
-		{"POST " + t + "/resume", RoleAdmin, s.resumeTenant, false},
+		{"POST " + t + "/suspend", RoleOperator, s.suspend, false},
+		{"POST " + t + "/resume", RoleOperator, s.resumeTenant, false},
+		{"GET " + t + "/limits", RoleAdmin, s.tenantLimits, false},
+		{"PUT " + t + "/limits", RoleOperator, s.setLimits, false},
 		{"GET " + t + "/export", RoleAdmin, s.export, true},
 		{"POST " + t + "/delete", RoleAdmin, s.deleteTenant, false},
 	}

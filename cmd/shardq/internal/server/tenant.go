@@ -20,9 +20,69 @@ import (
 type tenantOut struct {
 	Tenant      string          `json:"tenant"`
 	SuspendedAt *time.Time      `json:"suspended_at,omitempty"`
+	Limits      limitsJSON      `json:"limits"`
 	Messages    int64           `json:"messages"`
+	Partitions  int64           `json:"partitions"`
 	Bytes       int64           `json:"bytes"`
 	Topics      []topicUsageOut `json:"topics"`
+}
+
+// limitsJSON is a tenant's quotas and retention (0: none, the default).
+type limitsJSON struct {
+	PublishRate     int64 `json:"publish_rate"`
+	PublishByteRate int64 `json:"publish_byte_rate"`
+	MaxMessages     int64 `json:"max_messages"`
+	MaxBytes        int64 `json:"max_bytes"`
+	MaxPartitions   int64 `json:"max_partitions"`
+	MinRetentionMS  int64 `json:"min_retention_ms"`
+	MaxRetentionMS  int64 `json:"max_retention_ms"`
+}
+
+func limitsOut(l shardq.TenantLimits) limitsJSON {
+	return limitsJSON{l.PublishRate, l.PublishByteRate, l.MaxMessages, l.MaxBytes, l.MaxPartitions,
+		l.Retention.MinRetention.Milliseconds(), l.Retention.MaxRetention.Milliseconds()}
+}
+
+// tenantLimits answers the tenant's limits; its own admin may read them.
+func (s *Server) tenantLimits(w http.ResponseWriter, r *http.Request, tenant string) {
+	if err := onlyParams(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	l, err := s.admin.TenantLimits(r.Context(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, limitsOut(l))
+}
+
+// setLimits replaces the tenant's limits (a field left out: 0); an
+// operator's, not the tenant's own admin's.
+func (s *Server) setLimits(w http.ResponseWriter, r *http.Request, tenant string) {
+	var in limitsJSON
+	if err := decodeJSON(r.Body, &in); err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	const maxMS = int64(1<<63-1) / int64(time.Millisecond)
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"min_retention_ms", in.MinRetentionMS}, {"max_retention_ms", in.MaxRetentionMS}} {
+		if f.v < 0 || f.v > maxMS {
+			s.fail(w, r, &shardq.ValidationError{Field: f.name, Rule: fmt.Sprintf("%d: want 0 to %d", f.v, maxMS)})
+			return
+		}
+	}
+	l := shardq.TenantLimits{PublishRate: in.PublishRate, PublishByteRate: in.PublishByteRate, MaxMessages: in.MaxMessages,
+		MaxBytes: in.MaxBytes, MaxPartitions: in.MaxPartitions, Retention: shardq.RetentionPolicy{
+			MinRetention: time.Duration(in.MinRetentionMS) * time.Millisecond, MaxRetention: time.Duration(in.MaxRetentionMS) * time.Millisecond}}
+	if err := s.admin.SetTenantLimits(r.Context(), tenant, l); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, limitsOut(l))
 }
 
 type topicUsageOut struct {
@@ -56,7 +116,7 @@ func (s *Server) tenant(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.fail(w, r, err)
 		return
 	}
-	out := tenantOut{Tenant: info.Tenant, Messages: info.Messages, Bytes: info.Bytes, Topics: []topicUsageOut{}}
+	out := tenantOut{Tenant: info.Tenant, Limits: limitsOut(info.Limits), Messages: info.Messages, Partitions: info.Partitions, Bytes: info.Bytes, Topics: []topicUsageOut{}}
 	if !info.SuspendedAt.IsZero() {
 		at := info.SuspendedAt.UTC()
 		out.SuspendedAt = &at

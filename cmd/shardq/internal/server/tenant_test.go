@@ -19,13 +19,14 @@ func TestTenantRoutes(t *testing.T) {
 	eachDB(t, func(t *testing.T, drv driver.Driver) {
 		h := newHarness(t, drv, harnessOptions{})
 		adm, _ := h.token(RoleAdmin, 0, "acme")
+		op, _ := h.token(RoleOperator, 0, "acme")
 		other, _ := h.token(RoleAdmin, 0, "other")
 		pub, _ := h.token(RolePublish, 0, "acme")
 		h.must(200, "POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"m1","payload":"one"},{"key":"k","id":"m2","payload":"two"},{"key":"j","id":"m3","payload":"three"}]}`)
 		h.must(200, "POST", "/v1/tenants/other/topics/orders/messages", other, `{"messages":[{"key":"k","id":"o1","payload":"x"}]}`)
 
 		info := h.must(200, "GET", "/v1/tenants/acme", adm, nil)
-		if info["messages"] != 3.0 || info["bytes"] != 11.0 || info["suspended_at"] != nil || len(info["topics"].([]any)) != 1 {
+		if info["messages"] != 3.0 || info["partitions"] != 2.0 || info["bytes"] != 11.0 || info["suspended_at"] != nil || len(info["topics"].([]any)) != 1 {
 			t.Fatalf("tenant: %v", info)
 		}
 		if r := h.call("GET", "/v1/tenants/acme", pub, nil); r.status != 403 {
@@ -35,7 +36,13 @@ func TestTenantRoutes(t *testing.T) {
 			t.Fatalf("tenant with an unknown parameter: %d %s", r.status, r.raw)
 		}
 
-		h.must(200, "POST", "/v1/tenants/acme/suspend", adm, nil)
+		// A tenant's own admin may not suspend or resume it.
+		for _, path := range []string{"/v1/tenants/acme/suspend", "/v1/tenants/acme/resume"} {
+			if r := h.call("POST", path, adm, nil); r.status != 403 || !strings.Contains(r.body["detail"].(string), "operator") {
+				t.Fatalf("%s with an admin token: %d %s", path, r.status, r.raw)
+			}
+		}
+		h.must(200, "POST", "/v1/tenants/acme/suspend", op, nil)
 		r := h.call("POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"refused","payload":"no"}]}`)
 		if r.status != 403 || r.body["type"] != typeSuspended {
 			t.Fatalf("publish while suspended: %d %s", r.status, r.raw)
@@ -94,7 +101,7 @@ func TestTenantRoutes(t *testing.T) {
 			}
 		}
 
-		h.must(200, "POST", "/v1/tenants/acme/resume", adm, `{}`)
+		h.must(200, "POST", "/v1/tenants/acme/resume", op, `{}`)
 		h.must(200, "POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"m4","payload":"four"}]}`)
 
 		preview := h.must(200, "POST", "/v1/tenants/acme/delete", adm, `{}`)
@@ -125,4 +132,49 @@ func toJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// A tenant's limits over HTTP: its admin reads them, only an operator sets
+// them; a publish over a rate answers 429 with Retry-After, over what is
+// stored 409, each naming the quota; nothing of a refused publish is
+// stored.
+func TestTenantLimitsRoutes(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		adm, _ := h.token(RoleAdmin, 0, "acme")
+		op, _ := h.token(RoleOperator, 0, "acme")
+		pub, _ := h.token(RolePublish, 0, "acme")
+		if r := h.call("PUT", "/v1/tenants/acme/limits", adm, `{"publish_rate":1000}`); r.status != 403 {
+			t.Fatalf("limits set by the tenant's admin: %d %s", r.status, r.raw)
+		}
+		for body, field := range map[string]string{`{"publish_rate":-1}`: "publish rate", `{"max_retention_ms":-5}`: "max_retention_ms", `{"nope":1}`: ""} {
+			if r := h.call("PUT", "/v1/tenants/acme/limits", op, body); r.status != 400 || field != "" && r.body["field"] != field {
+				t.Fatalf("limits %s: %d %s", body, r.status, r.raw)
+			}
+		}
+		set := h.must(200, "PUT", "/v1/tenants/acme/limits", op, `{"publish_rate":2,"max_retention_ms":3600000}`)
+		if set["publish_rate"] != 2.0 || set["max_retention_ms"] != 3600000.0 || set["max_messages"] != 0.0 {
+			t.Fatalf("limits set: %v", set)
+		}
+		if got := h.must(200, "GET", "/v1/tenants/acme/limits", adm, nil); got["publish_rate"] != 2.0 {
+			t.Fatalf("limits read: %v", got)
+		}
+		h.must(200, "POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"m1","payload":"a"},{"key":"k","id":"m2","payload":"b"}]}`)
+		r := h.call("POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"m3","payload":"c"}]}`)
+		if r.status != 429 || r.body["type"] != typeQuota || r.body["quota"] != "publish_rate" || r.body["limit"] != 2.0 || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("publish over the rate: %d %v %s", r.status, r.header, r.raw)
+		}
+		r = h.call("POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"m3","payload":"c"},{"key":"k","id":"m4","payload":"d"},{"key":"k","id":"m5","payload":"e"}]}`)
+		if r.status != 413 || r.body["quota"] != "publish_rate" || r.header.Get("Retry-After") != "" {
+			t.Fatalf("publish of more than a second's worth: %d %v %s", r.status, r.header, r.raw)
+		}
+		h.must(200, "PUT", "/v1/tenants/acme/limits", op, `{"max_messages":2}`)
+		r = h.call("POST", topicPath+"/messages", pub, `{"messages":[{"key":"k","id":"m3","payload":"c"}]}`)
+		if r.status != 409 || r.body["type"] != typeQuota || r.body["quota"] != "max_messages" || r.header.Get("Retry-After") != "" {
+			t.Fatalf("publish over what may be stored: %d %s", r.status, r.raw)
+		}
+		if info := h.must(200, "GET", "/v1/tenants/acme", adm, nil); info["messages"] != 2.0 || info["limits"].(map[string]any)["max_messages"] != 2.0 {
+			t.Fatalf("tenant after refused publishes: %v", info)
+		}
+	})
 }

@@ -20,20 +20,23 @@ import (
 	"github.com/shardq/shardq/internal/ident"
 )
 
-// Roles a token may have. admin may do everything in its tenants;
-// publish only publishes; consume receives and settles.
+// Roles a token may have. operator may do everything in its tenants,
+// what a tenant may not do to itself included (its limits, resuming it);
+// admin everything else; publish only publishes; consume receives and
+// settles.
 const (
-	RolePublish = "publish"
-	RoleConsume = "consume"
-	RoleAdmin   = "admin"
+	RolePublish  = "publish"
+	RoleConsume  = "consume"
+	RoleAdmin    = "admin"
+	RoleOperator = "operator"
 )
 
 // Roles lists the roles, for flags and errors.
-var Roles = []string{RolePublish, RoleConsume, RoleAdmin}
+var Roles = []string{RolePublish, RoleConsume, RoleAdmin, RoleOperator}
 
 // JoinRoles checks roles and returns them as stored: sorted, without
-// repeats, comma-separated ("admin" alone when it is among them: it may
-// do everything).
+// repeats, comma-separated ("operator" or "admin" alone when among them:
+// each does what the others do).
 func JoinRoles(roles []string) (string, error) {
 	if len(roles) == 0 {
 		return "", &shardq.ValidationError{Field: "role", Rule: "at least one is required: " + strings.Join(Roles, ", ")}
@@ -43,8 +46,10 @@ func JoinRoles(roles []string) (string, error) {
 			return "", &shardq.ValidationError{Field: "role", Rule: fmt.Sprintf("%q: want one of %s", r, strings.Join(Roles, ", "))}
 		}
 	}
-	if slices.Contains(roles, RoleAdmin) {
-		return RoleAdmin, nil
+	for _, all := range []string{RoleOperator, RoleAdmin} {
+		if slices.Contains(roles, all) {
+			return all, nil
+		}
 	}
 	return strings.Join(slices.Compact(slices.Sorted(slices.Values(roles))), ","), nil
 }
@@ -156,7 +161,7 @@ func verify(ctx context.Context, drv driver.Tokens, tenant, tok string, now time
 // want.
 func allows(roles, want string) bool {
 	for r := range strings.SplitSeq(roles, ",") {
-		if r == RoleAdmin || r == want {
+		if r == want || r == RoleOperator || r == RoleAdmin && want != RoleOperator {
 			return true
 		}
 	}

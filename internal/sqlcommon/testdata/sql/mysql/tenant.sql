@@ -155,6 +155,11 @@ FROM queue_partition_leases
 WHERE tenant = :tenant AND owner <> '' AND expires_at > :now;
 
 -- settings: the settings rows of :tenants
+SELECT tenant, suspended_at, updated_at, publish_rate, publish_byte_rate, max_messages, max_bytes, max_partitions, min_retention_ms, max_retention_ms
+FROM queue_tenants
+WHERE tenant IN (:tenants);
+
+-- settings10: the same on schema 10, before the limits
 SELECT tenant, suspended_at, updated_at
 FROM queue_tenants
 WHERE tenant IN (:tenants);
@@ -163,6 +168,16 @@ WHERE tenant IN (:tenants);
 INSERT INTO queue_tenants (tenant, suspended_at, updated_at)
 VALUES :rows
 ON DUPLICATE KEY UPDATE suspended_at = VALUES(suspended_at), updated_at = VALUES(updated_at);
+
+-- setLimits: add the tenant's settings row (:rows) or set the limits of the one there
+INSERT INTO queue_tenants (tenant, updated_at, publish_rate, publish_byte_rate, max_messages, max_bytes, max_partitions, min_retention_ms, max_retention_ms)
+VALUES :rows
+ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at), publish_rate = VALUES(publish_rate), publish_byte_rate = VALUES(publish_byte_rate), max_messages = VALUES(max_messages), max_bytes = VALUES(max_bytes), max_partitions = VALUES(max_partitions), min_retention_ms = VALUES(min_retention_ms), max_retention_ms = VALUES(max_retention_ms);
+
+-- resume: clear the suspension of the tenant's settings row, if it has one
+UPDATE queue_tenants
+SET suspended_at = NULL, updated_at = :now
+WHERE tenant = :tenant;
 
 -- list: up to :limit tenants after :after with a head row (a scatter read on Vitess)
 SELECT DISTINCT tenant
@@ -184,6 +199,11 @@ FROM queue_messages
 WHERE tenant = :tenant
 GROUP BY topic
 ORDER BY topic;
+
+-- heads: the tenant's head rows
+SELECT COUNT(*)
+FROM queue_partitions
+WHERE tenant = :tenant;
 
 -- exportMsgs: up to :limit of the tenant's messages after (:a0, :a1, :a2) = (topic, key, offset)
 SELECT `offset`, tenant, topic, partition_key, id, headers, payload, created_at, not_before

@@ -142,6 +142,11 @@ FROM queue_partition_leases
 WHERE tenant = :tenant AND owner <> '' AND expires_at > :now;
 
 -- settings: the settings rows of :tenants
+SELECT tenant, suspended_at, updated_at, publish_rate, publish_byte_rate, max_messages, max_bytes, max_partitions, min_retention_ms, max_retention_ms
+FROM queue_tenants
+WHERE tenant IN (:tenants);
+
+-- settings10: the same on schema 10, before the limits
 SELECT tenant, suspended_at, updated_at
 FROM queue_tenants
 WHERE tenant IN (:tenants);
@@ -151,6 +156,17 @@ INSERT INTO queue_tenants (tenant, suspended_at, updated_at)
 VALUES :rows
 ON CONFLICT (tenant) DO UPDATE
 SET suspended_at = excluded.suspended_at, updated_at = excluded.updated_at;
+
+-- setLimits: add the tenant's settings row (:rows) or set the limits of the one there
+INSERT INTO queue_tenants (tenant, updated_at, publish_rate, publish_byte_rate, max_messages, max_bytes, max_partitions, min_retention_ms, max_retention_ms)
+VALUES :rows
+ON CONFLICT (tenant) DO UPDATE
+SET updated_at = excluded.updated_at, publish_rate = excluded.publish_rate, publish_byte_rate = excluded.publish_byte_rate, max_messages = excluded.max_messages, max_bytes = excluded.max_bytes, max_partitions = excluded.max_partitions, min_retention_ms = excluded.min_retention_ms, max_retention_ms = excluded.max_retention_ms;
+
+-- resume: clear the suspension of the tenant's settings row, if it has one
+UPDATE queue_tenants
+SET suspended_at = NULL, updated_at = :now
+WHERE tenant = :tenant;
 
 -- list: up to :limit tenants after :after with a head row (a scatter read on Vitess)
 SELECT DISTINCT tenant
@@ -172,6 +188,11 @@ FROM queue_messages
 WHERE tenant = :tenant
 GROUP BY topic
 ORDER BY topic;
+
+-- heads: the tenant's head rows
+SELECT COUNT(*)
+FROM queue_partitions
+WHERE tenant = :tenant;
 
 -- exportMsgs: up to :limit of the tenant's messages after (:a0, :a1, :a2) = (topic, key, offset)
 SELECT "offset", tenant, topic, partition_key, id, headers, payload, created_at, not_before
