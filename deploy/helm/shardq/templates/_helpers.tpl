@@ -1,0 +1,44 @@
+{{- define "shardq.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "shardq.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "shardq.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "shardq.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "shardq.secretName" -}}
+{{- if .Values.dsn.existingSecret -}}
+{{ .Values.dsn.existingSecret }}
+{{- else -}}
+{{ include "shardq.fullname" . }}-dsn
+{{- end -}}
+{{- end -}}
+
+{{- define "shardq.dsnEnv" -}}
+- name: SHARDQ_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "shardq.secretName" . }}
+      key: {{ .Values.dsn.secretKey }}
+- name: SHARDQ_LOG_FORMAT
+  value: {{ .Values.serve.logFormat | quote }}
+- name: SHARDQ_LOG_LEVEL
+  value: {{ .Values.serve.logLevel | quote }}
+{{- end -}}
