@@ -106,14 +106,18 @@ func TestChart(t *testing.T) {
 		t.Fatalf("rendered without a DSN: %v\n%s", err, out)
 	}
 
-	r := render(t, "dsn.value=mysql://u:p@db:3306/q", "image.tag=v1.2.3", "serve.env.RATE=200")
-	if len(r.deployments) != 1 || len(r.jobs) != 1 || len(r.services) != 1 || len(r.secrets) != 1 || len(r.others) != 0 {
+	if out, err := helm(t, "template", "rel", "./shardq", "--set", "dsn.value=sqlite:///data/q.db"); err == nil || !strings.Contains(out, "SQLite") {
+		t.Fatalf("rendered with a SQLite DSN: %v\n%s", err, out)
+	}
+
+	r := render(t, "dsn.value=mysql://u:p@db:3306/q", "image.tag=v1.2.3", "serve.env.RATE=200", "serve.env.token-cache=2s")
+	if len(r.deployments) != 1 || len(r.jobs) != 1 || len(r.services) != 1 || len(r.secrets) != 2 || len(r.others) != 0 {
 		t.Fatalf("rendered %d deployments, %d jobs, %d services, %d secrets, %d others", len(r.deployments), len(r.jobs), len(r.services), len(r.secrets), len(r.others))
 	}
 	d := r.deployments[0]
 	pod := d.Spec.Template.Spec
 	c := pod.Containers[0]
-	if c.Image != "shardq:v1.2.3" || strings.Join(c.Args, " ") != "serve --addr 0.0.0.0:8080" {
+	if c.Image != "shardq:v1.2.3" || strings.Join(c.Args, " ") != "serve --addr :8080" {
 		t.Fatalf("serve container %s %v", c.Image, c.Args)
 	}
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
@@ -125,17 +129,28 @@ func TestChart(t *testing.T) {
 	if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
 		t.Fatalf("container security %+v", c.SecurityContext)
 	}
-	secret := r.secrets[0]
-	dsnFromSecret := func(env []corev1.EnvVar) bool {
+	// The release's own Secret for serve; a hook's copy, made before
+	// the migrate Job and deleted once it succeeds, for the Job.
+	secret, hookSecret := r.secrets[0], r.secrets[1]
+	if secret.Annotations["helm.sh/hook"] != "" {
+		secret, hookSecret = hookSecret, secret
+	}
+	dsnFromSecret := func(env []corev1.EnvVar, s corev1.Secret) bool {
 		i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == "SHARDQ_DSN" })
 		return i >= 0 && env[i].ValueFrom != nil && env[i].ValueFrom.SecretKeyRef != nil &&
-			env[i].ValueFrom.SecretKeyRef.Name == secret.Name && env[i].ValueFrom.SecretKeyRef.Key == "dsn"
+			env[i].ValueFrom.SecretKeyRef.Name == s.Name && env[i].ValueFrom.SecretKeyRef.Key == "dsn"
 	}
-	if !dsnFromSecret(c.Env) || !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "SHARDQ_RATE" && e.Value == "200" }) {
+	hasEnv := func(name, value string) bool {
+		return slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name && e.Value == value })
+	}
+	if !dsnFromSecret(c.Env, secret) || !hasEnv("SHARDQ_RATE", "200") || !hasEnv("SHARDQ_TOKEN_CACHE", "2s") {
 		t.Fatalf("serve env %+v", c.Env)
 	}
-	if secret.StringData["dsn"] != "mysql://u:p@db:3306/q" {
-		t.Fatalf("secret %+v", secret)
+	if secret.Annotations["helm.sh/hook"] != "" || secret.StringData["dsn"] != "mysql://u:p@db:3306/q" || hookSecret.StringData["dsn"] != "mysql://u:p@db:3306/q" {
+		t.Fatalf("secrets %+v %+v", secret, hookSecret)
+	}
+	if d.Spec.Template.Annotations["checksum/dsn"] == "" {
+		t.Fatal("no checksum of the DSN on the pods: a changed DSN would not roll them")
 	}
 	for k, v := range d.Spec.Selector.MatchLabels {
 		if d.Spec.Template.Labels[k] != v {
@@ -149,7 +164,7 @@ func TestChart(t *testing.T) {
 	}
 	job := r.jobs[0]
 	jc := job.Spec.Template.Spec.Containers[0]
-	if strings.Join(jc.Args, " ") != "migrate" || !dsnFromSecret(jc.Env) || job.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever {
+	if strings.Join(jc.Args, " ") != "migrate" || !dsnFromSecret(jc.Env, hookSecret) || job.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever {
 		t.Fatalf("migrate job %+v", jc)
 	}
 	weight := func(a map[string]string) int {
@@ -159,9 +174,9 @@ func TestChart(t *testing.T) {
 		}
 		return w
 	}
-	if job.Annotations["helm.sh/hook"] != "pre-install,pre-upgrade" || secret.Annotations["helm.sh/hook"] != "pre-install,pre-upgrade" ||
-		weight(secret.Annotations) >= weight(job.Annotations) {
-		t.Fatalf("hooks: job %v, secret %v; want the secret first", job.Annotations, secret.Annotations)
+	if job.Annotations["helm.sh/hook"] != "pre-install,pre-upgrade" || hookSecret.Annotations["helm.sh/hook"] != "pre-install,pre-upgrade" ||
+		weight(hookSecret.Annotations) >= weight(job.Annotations) || !strings.Contains(hookSecret.Annotations["helm.sh/hook-delete-policy"], "hook-succeeded") {
+		t.Fatalf("hooks: job %v, secret %v; want the secret first, gone after", job.Annotations, hookSecret.Annotations)
 	}
 	if job.Spec.Template.Labels["app.kubernetes.io/component"] == d.Spec.Selector.MatchLabels["app.kubernetes.io/component"] {
 		t.Fatal("the migrate job's pods match the deployment's selector")

@@ -11,6 +11,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"debug/elf"
 	"fmt"
 	"io"
 	"os"
@@ -36,7 +37,7 @@ const (
 // Options name what goes into the image.
 type Options struct {
 	Binary  string // a static linux binary of shardq (CGO_ENABLED=0)
-	Arch    string // its GOARCH [amd64]
+	Arch    string // its GOARCH [read from the binary]
 	Version string // the org.opencontainers.image.version label
 	// CACerts is a PEM bundle copied to /etc/ssl/certs (for TLS to the
 	// database or an OTLP collector); empty: none.
@@ -49,8 +50,14 @@ var epoch = time.Unix(0, 0).UTC()
 
 // Build makes the image.
 func Build(o Options) (v1.Image, error) {
+	arch, err := staticLinux(o.Binary)
+	if err != nil {
+		return nil, err
+	}
 	if o.Arch == "" {
-		o.Arch = "amd64"
+		o.Arch = arch
+	} else if o.Arch != arch {
+		return nil, fmt.Errorf("image: the binary is for %s, not %s", arch, o.Arch)
 	}
 	bin, err := os.ReadFile(o.Binary)
 	if err != nil {
@@ -86,13 +93,15 @@ func Build(o Options) (v1.Image, error) {
 		Entrypoint: []string{Binary},
 		// Listens on every interface of the container; the database is
 		// SQLite in the data directory unless SHARDQ_DSN says otherwise.
-		Cmd:          []string{"serve", "--addr", fmt.Sprintf("0.0.0.0:%d", Port)},
+		Cmd:          []string{"serve", "--addr", fmt.Sprintf(":%d", Port)},
 		WorkingDir:   DataDir,
 		Env:          []string{"SHARDQ_DSN=sqlite://" + DataDir + "/shardq.db", "SSL_CERT_DIR=/etc/ssl/certs"},
 		ExposedPorts: map[string]struct{}{fmt.Sprintf("%d/tcp", Port): {}},
 		Volumes:      map[string]struct{}{DataDir: {}},
+		// Alive, not ready: a database outage is not the container's to
+		// fix by restarting.
 		Healthcheck: &v1.HealthConfig{
-			Test:     []string{"CMD", Binary, "healthcheck", "--url", fmt.Sprintf("http://127.0.0.1:%d/readyz", Port)},
+			Test:     []string{"CMD", Binary, "healthcheck", "--url", fmt.Sprintf("http://127.0.0.1:%d/healthz", Port), "--timeout", "3s"},
 			Interval: 10 * time.Second, Timeout: 5 * time.Second, StartPeriod: 10 * time.Second, Retries: 3,
 		},
 		Labels: map[string]string{
@@ -107,6 +116,27 @@ func Build(o Options) (v1.Image, error) {
 		return nil, fmt.Errorf("image: set the config: %w", err)
 	}
 	return img, nil
+}
+
+// staticLinux returns a linux ELF binary's GOARCH, and refuses one that
+// needs a dynamic loader (a cgo build): scratch has none.
+func staticLinux(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("image: %s is not a linux binary: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("image: %s is linked dynamically; build it with CGO_ENABLED=0", path)
+		}
+	}
+	arch, ok := map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64", elf.EM_386: "386", elf.EM_ARM: "arm",
+		elf.EM_PPC64: "ppc64le", elf.EM_S390: "s390x", elf.EM_RISCV: "riscv64"}[f.Machine]
+	if !ok {
+		return "", fmt.Errorf("image: %s is for machine %v, which this builder does not name", path, f.Machine)
+	}
+	return arch, nil
 }
 
 // Write writes img as a tarball tagged tag (repository:tag).

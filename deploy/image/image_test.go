@@ -33,10 +33,16 @@ import (
 func TestImage(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "shardq")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/shardq/shardq/cmd/shardq")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+	// The command as the repository builds it: in its workspace (go.work
+	// at the root), not this module's.
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/shardq")
+	build.Dir = filepath.Join("..", "..")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOWORK=")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the binary: %v\n%s", err, out)
+	}
+	if _, err := Build(Options{Binary: "/bin/ls"}); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+		t.Fatalf("a dynamically linked binary: %v", err)
 	}
 	o := Options{Binary: bin, Version: "v0.0.0-test"}
 	img, err := Build(o)
@@ -81,8 +87,8 @@ func TestImage(t *testing.T) {
 	}
 	c := cf.Config
 	if cf.OS != "linux" || cf.Architecture != "amd64" || c.User != "65532:65532" || strings.HasPrefix(c.User, "0") ||
-		strings.Join(c.Entrypoint, " ") != "/shardq" || strings.Join(c.Cmd, " ") != "serve --addr 0.0.0.0:8080" ||
-		c.WorkingDir != "/data" || c.Healthcheck == nil || strings.Join(c.Healthcheck.Test, " ") != "CMD /shardq healthcheck --url http://127.0.0.1:8080/readyz" {
+		strings.Join(c.Entrypoint, " ") != "/shardq" || strings.Join(c.Cmd, " ") != "serve --addr :8080" ||
+		c.WorkingDir != "/data" || c.Healthcheck == nil || strings.Join(c.Healthcheck.Test, " ") != "CMD /shardq healthcheck --url http://127.0.0.1:8080/healthz --timeout 3s" {
 		t.Fatalf("config %+v %+v", cf, c.Healthcheck)
 	}
 

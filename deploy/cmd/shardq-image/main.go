@@ -4,7 +4,7 @@
 // `docker load` or `podman load`, without a container engine:
 //
 //	CGO_ENABLED=0 GOOS=linux go build -trimpath -o shardq ./cmd/shardq
-//	go run ./deploy/cmd/shardq-image --binary shardq --out shardq.tar --tag shardq:dev
+//	(cd deploy && GOWORK=off go run ./cmd/shardq-image --binary ../shardq --out ../shardq.tar --tag shardq:dev)
 package main
 
 import (
@@ -19,7 +19,7 @@ func main() {
 	var o image.Options
 	var out, tag string
 	flag.StringVar(&o.Binary, "binary", "", "a static linux shardq binary (CGO_ENABLED=0; required)")
-	flag.StringVar(&o.Arch, "arch", "amd64", "the binary's GOARCH")
+	flag.StringVar(&o.Arch, "arch", "", "the binary's GOARCH (default: read from the binary)")
 	flag.StringVar(&o.Version, "version", "dev", "the image's version label")
 	flag.StringVar(&o.CACerts, "ca-certs", "/etc/ssl/certs/ca-certificates.crt", "a PEM bundle to include (empty: none)")
 	flag.StringVar(&out, "out", "shardq.tar", "the tarball to write")

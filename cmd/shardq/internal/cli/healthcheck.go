@@ -24,7 +24,8 @@ func (a *app) healthcheckCmd() *cobra.Command {
 		Use:   "healthcheck [--url URL] [--timeout D]",
 		Short: "Exit 0 when a serve's probe answers 2xx (an image's HEALTHCHECK)",
 		Long: "GETs --url (serve's /readyz by default: the database reachable and migrated) and exits 0 on a 2xx answer,\n" +
-			"1 otherwise, printing why. Only http and https URLs of a host are accepted.",
+			"1 otherwise, printing why; redirects are not followed. Only http and https URLs of a host are accepted\n" +
+			"(another is a usage error, exit 2).",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			u, err := url.Parse(target)
@@ -40,7 +41,9 @@ func (a *app) healthcheckCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := http.DefaultClient.Do(req)
+			// A probe answers itself: a redirect is not followed.
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			res, err := client.Do(req)
 			if err != nil {
 				return fmt.Errorf("healthcheck %s: %w", u.Redacted(), err)
 			}

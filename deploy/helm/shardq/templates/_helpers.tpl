@@ -31,14 +31,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{- define "shardq.migrateSecretName" -}}
+{{- if .Values.dsn.existingSecret -}}
+{{ .Values.dsn.existingSecret }}
+{{- else -}}
+{{ include "shardq.fullname" . }}-migrate-dsn
+{{- end -}}
+{{- end -}}
+
 {{- define "shardq.dsnEnv" -}}
 - name: SHARDQ_DSN
   valueFrom:
     secretKeyRef:
-      name: {{ include "shardq.secretName" . }}
-      key: {{ .Values.dsn.secretKey }}
+      name: {{ .secret }}
+      key: {{ .root.Values.dsn.secretKey }}
 - name: SHARDQ_LOG_FORMAT
-  value: {{ .Values.serve.logFormat | quote }}
+  value: {{ .root.Values.serve.logFormat | quote }}
 - name: SHARDQ_LOG_LEVEL
-  value: {{ .Values.serve.logLevel | quote }}
+  value: {{ .root.Values.serve.logLevel | quote }}
 {{- end -}}
