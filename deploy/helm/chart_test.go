@@ -182,13 +182,28 @@ func TestChart(t *testing.T) {
 		t.Fatal("the migrate job's pods match the deployment's selector")
 	}
 
-	r = render(t, "dsn.existingSecret=shardq-db", "serviceMonitor.enabled=true", "migrate.enabled=false")
-	if len(r.secrets) != 0 || len(r.jobs) != 0 || len(r.others) != 1 {
+	r = render(t, "dsn.existingSecret=shardq-db", "serviceMonitor.enabled=true", "migrate.enabled=false",
+		"bootstrapToken.existingSecret=boot", "bootstrapToken.tenants={acme,beta}")
+	if len(r.secrets) != 0 || len(r.jobs) != 1 || len(r.others) != 1 {
 		t.Fatalf("with an existing secret, no migrate job and a monitor: %d secrets, %d jobs, %d others", len(r.secrets), len(r.jobs), len(r.others))
 	}
 	env := r.deployments[0].Spec.Template.Spec.Containers[0].Env
 	if i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == "SHARDQ_DSN" }); i < 0 || env[i].ValueFrom.SecretKeyRef.Name != "shardq-db" {
 		t.Fatalf("env with an existing secret %+v", env)
+	}
+	// The bootstrap token's Job: after install and upgrade, the token
+	// from its Secret, never in the arguments.
+	tj := r.jobs[0]
+	tc := tj.Spec.Template.Spec.Containers[0]
+	if tj.Annotations["helm.sh/hook"] != "post-install,post-upgrade" ||
+		strings.Join(tc.Args, " ") != "token create --tenant acme --tenant beta --role operator --from-env SHARDQ_BOOTSTRAP_TOKEN" ||
+		!slices.ContainsFunc(tc.Env, func(e corev1.EnvVar) bool {
+			return e.Name == "SHARDQ_BOOTSTRAP_TOKEN" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef.Name == "boot" && e.ValueFrom.SecretKeyRef.Key == "token"
+		}) {
+		t.Fatalf("token job %v %+v", tj.Annotations, tc)
+	}
+	if out, err := helm(t, "template", "rel", "./shardq", "--set", "dsn.existingSecret=db", "--set", "bootstrapToken.existingSecret=boot"); err == nil || !strings.Contains(out, "bootstrapToken.tenants") {
+		t.Fatalf("a bootstrap token without tenants: %v\n%s", err, out)
 	}
 	ep := r.others[0]["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
 	if ep["path"] != "/metrics" || ep["port"] != "http" {

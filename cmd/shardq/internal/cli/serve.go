@@ -228,10 +228,15 @@ func (a *app) tokenCmd() *cobra.Command {
 	var tenants []string
 	var roles []string
 	var expires time.Duration
+	var fromEnv string
 	create := &cobra.Command{
-		Use:   "create --tenant T [--tenant T2 ...] --role publish|consume|admin [--role R2 ...] [--expires D]",
+		Use:   "create --tenant T [--tenant T2 ...] --role publish|consume|admin|operator [--role R2 ...] [--expires D] [--from-env NAME]",
 		Short: "Create a token and print it once (only its hash is stored)",
-		Args:  cobra.NoArgs,
+		Long: "Creates a token for the tenants with the roles and prints it once; only its hash is stored.\n" +
+			"With --from-env NAME it stores instead the token that variable holds (made by `shardq token new`,\n" +
+			"kept in a secret store: a deployment's bootstrap) and prints only its id; storing the same token\n" +
+			"with the same role and tenants again changes nothing, another token of its id is refused.",
+		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if len(tenants) == 0 {
 				return usagef("--tenant is required")
@@ -252,11 +257,25 @@ func (a *app) tokenCmd() *cobra.Command {
 			if expires < 0 {
 				return usagef("--expires must not be negative")
 			}
+			var given string
+			if fromEnv != "" {
+				if given = a.env.Getenv(fromEnv); given == "" {
+					return usagef("--from-env: %s is empty or unset", fromEnv)
+				}
+			}
 			_, drv, done, err := a.open(false)
 			if err != nil {
 				return err
 			}
 			defer done()
+			if given != "" {
+				id, err := server.StoreToken(cmd.Context(), drv, given, tenants, split, expires, time.Now())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.env.Stdout, "token %s (%s of %s) stored from %s; shardq token revoke %s revokes it\n", id, role, strings.Join(tenants, ", "), fromEnv, id)
+				return nil
+			}
 			tok, id, err := server.NewToken(cmd.Context(), drv, tenants, split, expires, time.Now())
 			if err != nil {
 				return err
@@ -267,8 +286,18 @@ func (a *app) tokenCmd() *cobra.Command {
 		}),
 	}
 	create.Flags().StringArrayVar(&tenants, "tenant", nil, "a tenant the token may use (repeatable)")
-	create.Flags().StringArrayVar(&roles, "role", nil, "publish, consume or admin, repeatable or comma-separated (admin may do everything in its tenants)")
+	create.Flags().StringArrayVar(&roles, "role", nil, "publish, consume, admin or operator, repeatable or comma-separated (admin may do everything in its tenants but suspend, resume and set limits; operator everything)")
 	create.Flags().DurationVar(&expires, "expires", 0, "the token expires this long from now (0: never)")
+	create.Flags().StringVar(&fromEnv, "from-env", "", "store the token this environment variable holds (made by shardq token new) instead of a new one")
+	newTok := &cobra.Command{
+		Use:   "new",
+		Short: "Print a new random token without storing it (for a secret store; token create --from-env stores it)",
+		Args:  cobra.NoArgs,
+		RunE: run(func(*cobra.Command, []string) error {
+			fmt.Fprintln(a.env.Stdout, server.MakeToken())
+			return nil
+		}),
+	}
 	var listTenants []string
 	list := &cobra.Command{
 		Use:   "list [--tenant T ...]",
@@ -325,7 +354,7 @@ func (a *app) tokenCmd() *cobra.Command {
 		}),
 	}
 	list.Flags().StringArrayVar(&listTenants, "tenant", nil, "list the tokens of this tenant (repeatable)")
-	cmd.AddCommand(create, list, revoke)
+	cmd.AddCommand(create, newTok, list, revoke)
 	return cmd
 }
 

@@ -193,7 +193,8 @@ func TestTokenCommands(t *testing.T) {
 				want string
 			}{
 				{[]string{"token", "create", "--role", "admin"}, "--tenant is required"},
-				{[]string{"token", "create", "--tenant", "a", "--role", "root"}, `--role "root": want one of publish, consume, admin`},
+				{[]string{"token", "create", "--tenant", "a", "--role", "root"}, `--role "root": want one of publish, consume, admin, operator`},
+				{[]string{"token", "create", "--tenant", "a", "--role", "admin", "--from-env", "SHARDQ_TEST_UNSET_TOKEN"}, "--from-env: SHARDQ_TEST_UNSET_TOKEN is empty or unset"},
 				{[]string{"token", "create", "--tenant", strings.Repeat("t", 256), "--role", "admin"}, "tenant: 256 bytes, limit 255"},
 				{[]string{"token", "create", "--tenant", "a", "--role", "admin", "--expires", "-1h"}, "--expires must not be negative"},
 			} {
@@ -221,6 +222,53 @@ func TestTokenCommands(t *testing.T) {
 			r = runCLI(t, nil, "", "--dsn", dsn, "token", "list", "--tenant", "acme")
 			if f := strings.Fields(strings.Split(r.stdout, "\n")[1]); r.code != 0 || f[0] != id || f[len(f)-1] == "-" {
 				t.Fatalf("the revoked token lists with its revocation time: %+v", r)
+			}
+		})
+	}
+}
+
+// A bootstrap token: made by token new (stored nowhere), stored from an
+// environment variable by token create --from-env (only its id printed),
+// stored again unchanged, refused when its id comes with another secret
+// or role or is not a token, and accepted by serve.
+func TestTokenFromEnv(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			migrateDSN(t, dsn)
+			r := runCLI(t, nil, "", "token", "new")
+			tok := strings.TrimSpace(r.stdout)
+			if r.code != 0 || !strings.HasPrefix(tok, "sq_") {
+				t.Fatalf("token new: %+v", r)
+			}
+			env := map[string]string{"BOOT": tok}
+			for range 2 {
+				r := runCLI(t, env, "", "--dsn", dsn, "token", "create", "--tenant", "acme", "--role", "operator", "--from-env", "BOOT")
+				if r.code != 0 || strings.Contains(r.stdout+r.stderr, tok) || !strings.Contains(r.stdout, "stored from BOOT") {
+					t.Fatalf("token create --from-env: %+v", r)
+				}
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "list"); strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stdout, "operator") {
+				t.Fatalf("token list after storing one token twice: %+v", r)
+			}
+			id, _, _ := strings.Cut(strings.TrimPrefix(tok, "sq_"), ".")
+			other := "sq_" + id + "." + strings.Repeat("A", 43)
+			for name, e := range map[string]map[string]string{
+				"another secret": {"BOOT": other},
+				"another role":   env,
+				"not a token":    {"BOOT": "hunter2"},
+			} {
+				role := "operator"
+				if name == "another role" {
+					role = "admin"
+				}
+				if r := runCLI(t, e, "", "--dsn", dsn, "token", "create", "--tenant", "acme", "--role", role, "--from-env", "BOOT"); r.code == 0 || strings.Contains(r.stderr, "hunter2") {
+					t.Fatalf("%s: %+v", name, r)
+				}
+			}
+			srv := startServe(t, dsn)
+			if code, body := api(t, srv.base, tok, "PUT", "/v1/tenants/acme/limits", map[string]any{"publish_rate": 100}); code != 200 {
+				t.Fatalf("serve with the bootstrap operator token: %d %v", code, body)
 			}
 		})
 	}

@@ -63,34 +63,80 @@ const tokenPrefix = "sq_"
 // NewToken makes a token for tenants with roles, stores its hash and
 // returns the token (shown once) and its id.
 func NewToken(ctx context.Context, drv driver.Tokens, tenants []string, roles []string, expires time.Duration, now time.Time) (token, id string, err error) {
+	token = MakeToken()
+	id, err = StoreToken(ctx, drv, token, tenants, roles, expires, now)
+	if err != nil {
+		return "", "", err
+	}
+	return token, id, nil
+}
+
+// MakeToken returns a new random token, stored nowhere: StoreToken stores
+// its hash (an operator's bootstrap token, kept in a secret store first).
+func MakeToken() string {
+	idb, secret := make([]byte, 8), make([]byte, 32)
+	rand.Read(idb)
+	rand.Read(secret)
+	return tokenPrefix + hex.EncodeToString(idb) + "." + b64(secret)
+}
+
+// ErrTokenTaken refuses to store a token whose id is stored already with
+// another secret, role or tenants.
+var ErrTokenTaken = errors.New("a token of this id is stored with another secret, role or tenants")
+
+// StoreToken stores the hash of token (made by MakeToken) for tenants with
+// roles and returns its id. Storing the same token with the same role and
+// tenants again changes nothing (a deployment's bootstrap runs at every
+// upgrade); another token of its id fails with ErrTokenTaken.
+func StoreToken(ctx context.Context, drv driver.Tokens, token string, tenants []string, roles []string, expires time.Duration, now time.Time) (string, error) {
 	if len(tenants) == 0 {
-		return "", "", &shardq.ValidationError{Field: "tenant", Rule: "at least one is required"}
+		return "", &shardq.ValidationError{Field: "tenant", Rule: "at least one is required"}
 	}
 	for _, t := range tenants {
 		if err := ident.Tenant(t); err != nil {
-			return "", "", err
+			return "", err
 		}
 	}
 	role, err := JoinRoles(roles)
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
 	if expires < 0 {
-		return "", "", &shardq.ValidationError{Field: "expires", Rule: "must not be negative (0: never)"}
+		return "", &shardq.ValidationError{Field: "expires", Rule: "must not be negative (0: never)"}
 	}
-	idb, secret := make([]byte, 8), make([]byte, 32)
-	rand.Read(idb)
-	rand.Read(secret)
-	id = hex.EncodeToString(idb)
+	id, secret, ok := parseToken(token)
+	if !ok {
+		return "", &shardq.ValidationError{Field: "token", Rule: "not a token: want sq_<16 hex digits>.<43 base64url characters>, as shardq token new prints"}
+	}
 	sum := sha256.Sum256(secret)
 	t := driver.APIToken{ID: id, Tenants: slices.Compact(slices.Sorted(slices.Values(tenants))), Role: role, SecretHash: sum[:], CreatedAt: now.UTC()}
 	if expires > 0 {
 		t.ExpiresAt = now.Add(expires).UTC()
 	}
-	if err := drv.CreateToken(ctx, t); err != nil {
-		return "", "", fmt.Errorf("create token: %w", err)
+	same := 0
+	for _, tenant := range t.Tenants {
+		have, err := drv.TokenIn(ctx, tenant, id)
+		switch {
+		case errors.Is(err, driver.ErrNoToken):
+		case err != nil:
+			return "", fmt.Errorf("store token %s: %w", id, err)
+		case subtle.ConstantTimeCompare(have.SecretHash, sum[:]) != 1 || have.Role != role:
+			return "", fmt.Errorf("store token %s in tenant %q: %w", id, tenant, ErrTokenTaken)
+		default:
+			same++
+		}
 	}
-	return tokenPrefix + id + "." + b64(secret), id, nil
+	switch same {
+	case len(t.Tenants):
+		return id, nil // stored before, as asked
+	case 0:
+	default:
+		return "", fmt.Errorf("store token %s: %w (some of its tenants have it)", id, ErrTokenTaken)
+	}
+	if err := drv.CreateToken(ctx, t); err != nil {
+		return "", fmt.Errorf("create token: %w", err)
+	}
+	return id, nil
 }
 
 // secretEncoding is strict: the spare bits of the last character must be
