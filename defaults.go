@@ -67,6 +67,9 @@ const (
 	DefaultRetentionBatch      = 1000
 	DefaultPartitionIdle       = time.Hour
 	DefaultCleanerInterval     = 5 * time.Minute
+	// DefaultDedupWindow is RetentionConfig.DedupWindow's default, SQS
+	// FIFO's de-duplication interval.
+	DefaultDedupWindow = 5 * time.Minute
 )
 
 // NoHandlerTimeout as HandlerTimeout lets a handler run for as long as it

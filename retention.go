@@ -44,7 +44,13 @@ type RetentionConfig struct {
 	// lifecycle"). Negative: never. [1h]
 	PartitionIdle time.Duration
 	ClaimTTL      time.Duration // [1m]
-	Name          string        // names the cleaner for people; claims are owned by Name#random, new per pass [host-pid]
+	// DedupWindow: retention never deletes a message younger than this
+	// (from its CreatedAt), whatever the policies say, so that a publish
+	// repeating its id within the window is a duplicate, not a new
+	// message (docs/design.md, invariant 5). Negative: none.
+	// [5m]
+	DedupWindow time.Duration
+	Name        string // names the cleaner for people; claims are owned by Name#random, new per pass [host-pid]
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -54,6 +60,9 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 	settings.Positive(&c.DeadLetters.MaxRetention, DefaultDeadLetterRetention)
 	settings.Positive(&c.BatchSize, DefaultRetentionBatch)
 	settings.Positive(&c.ClaimTTL, DefaultClaimTTL)
+	if c.DedupWindow == 0 {
+		c.DedupWindow = DefaultDedupWindow
+	}
 	if c.DLQSuffix == "" {
 		c.DLQSuffix = DefaultDLQSuffix
 	}
@@ -120,7 +129,7 @@ func (c RetentionConfig) pass() retention.Config {
 	}
 	return retention.Config{Default: conv(c.Default), DeadLetters: conv(c.DeadLetters), Topics: topics, DLQSuffix: c.DLQSuffix,
 		BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL, PageLimit: DefaultPageLimit, Owner: ident.MemberID(c.Name),
-		PartitionIdle: max(c.PartitionIdle, 0), RemoveBatch: removeBatch}
+		PartitionIdle: max(c.PartitionIdle, 0), RemoveBatch: removeBatch, DedupWindow: max(c.DedupWindow, 0)}
 }
 
 // retentionPass is cfg as one pass of this client's, counting what it

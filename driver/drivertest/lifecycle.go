@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testdb"
 )
 
 var lifecycleTests = []struct {
@@ -29,6 +30,36 @@ var lifecycleTests = []struct {
 	{"UnreadPartitionsCounted", testUnreadPartitionsCounted},
 	{"DeleteGroup", testDeleteGroup},
 	{"DeleteTenant", testDeleteTenant},
+	{"DedupWindow", testDedupWindow},
+}
+
+// Retention keeps every message younger than the de-duplication window,
+// whatever its policies say: an id published again within the window is
+// a duplicate. Past the window the message goes and its id is new again.
+func testDedupWindow(t *testing.T, open Open) {
+	clock := testdb.NewClock(t0)
+	_, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	msg := shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "order-1", Payload: []byte("a")}
+	mustPublish(t, c, msg)
+	eager := shardq.RetentionConfig{Default: shardq.RetentionPolicy{MinRetention: time.Second, MaxRetention: time.Minute}, DedupWindow: 10 * time.Minute}
+	clock.Add(9 * time.Minute) // past both policies, within the window
+	if rep := retainAll(t, c, eager); rep.Deleted != 0 {
+		t.Fatalf("retention deleted %d messages within the de-duplication window", rep.Deleted)
+	}
+	if res := mustPublish(t, c, msg); !res[0].Duplicate {
+		t.Fatalf("the id again within the window: %+v; want a duplicate", res[0])
+	}
+	clock.Add(2 * time.Minute)
+	if rep := retainAll(t, c, eager); rep.Deleted != 1 {
+		t.Fatalf("retention past the window: %+v; want the message deleted", rep)
+	}
+	if res := mustPublish(t, c, msg); res[0].Duplicate {
+		t.Fatalf("the id again once its message is gone: %+v; want a new message", res[0])
+	}
+	if _, err := c.Admin().RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, shardq.RetentionConfig{DedupWindow: -1}); err != nil {
+		t.Fatalf("a retention without a window: %v", err)
+	}
 }
 
 // partitionTables are the tables whose rows belong to partitions: all of
@@ -326,7 +357,7 @@ func churn(t *testing.T, c *shardq.Client, n int, keys []string, consumed func()
 	}
 	published := make(chan struct{})
 	go func() { wg.Wait(); close(published) }()
-	cfg := shardq.RetentionConfig{Default: shardq.RetentionPolicy{MinRetention: time.Microsecond}, PartitionIdle: time.Millisecond}
+	cfg := shardq.RetentionConfig{Default: shardq.RetentionPolicy{MinRetention: time.Microsecond}, PartitionIdle: time.Millisecond, DedupWindow: -1}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		rep, err := c.Admin().RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, cfg)

@@ -44,6 +44,7 @@ type Config struct {
 	PageLimit            int           // topics and head rows read per page
 	PartitionIdle        time.Duration // a drained partition idle this long is removed; 0: never
 	RemoveBatch          int           // partitions removed per transaction
+	DedupWindow          time.Duration // no message younger than this is deleted
 	Owner                string        // the claims' owner: one identity per pass
 	// Deleted hears how many messages a pass deleted in a tenant's topic
 	// (the retention metric); nil: nobody.
@@ -288,7 +289,10 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		}
 		return nil
 	}
-	minCut, maxCut := now.Add(-pol.MinRetention), now.Add(-pol.MaxRetention)
+	// Nothing younger than the de-duplication window goes, whatever the
+	// policy: an id stays a duplicate at least that long.
+	floor := now.Add(-cfg.DedupWindow)
+	minCut, maxCut := earliest(now.Add(-pol.MinRetention), floor), earliest(now.Add(-pol.MaxRetention), floor)
 	var after []string
 	for {
 		page, err := drv.RetentionHeads(ctx, tenant, topic, after, cfg.PageLimit)
@@ -422,3 +426,10 @@ func (c *Cleaner) Stop(ctx context.Context) error { return c.life.Stop(ctx) }
 
 // Done is closed once the service has stopped.
 func (c *Cleaner) Done() <-chan struct{} { return c.life.Done() }
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -116,7 +116,7 @@ func (e *env) discoveryConsume(withHistory bool) func(ctx context.Context, ns na
 		if extra["metadata_rows_before"], err = e.metadataRows(ctx, ns, ""); err != nil {
 			return r, err
 		}
-		cfg := shardq.RetentionConfig{Default: shardq.RetentionPolicy{MinRetention: time.Millisecond}, PartitionIdle: discoveryIdle}
+		cfg := shardq.RetentionConfig{Default: shardq.RetentionPolicy{MinRetention: time.Millisecond}, PartitionIdle: discoveryIdle, DedupWindow: -1}
 		for _, pass := range []string{"retention", "idle_retention"} {
 			start := time.Now()
 			res, err := c.Admin().RunRetention(ctx, shardq.Scope{Tenants: ns.tenants}, cfg)

@@ -148,7 +148,11 @@ func (a *app) adminRetention() *cobra.Command {
 		positiveDurationFlag(fl, &cfg.DeadLetters.MaxRetention, "dlq-max", shardq.DefaultDeadLetterRetention, "delete any dead letter older than this")
 		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
 		durationFlag(fl, &cfg.PartitionIdle, "partition-idle", time.Hour, "remove a drained partition (no message, no live lease) once no publish touched it this long")
+		durationFlag(fl, &cfg.DedupWindow, "dedup-window", shardq.DefaultDedupWindow, "never delete a message younger than this, whatever --min and --max say: its id stays a duplicate (0: none)")
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
+		if cfg.DedupWindow == 0 {
+			cfg.DedupWindow = -1 // the flag's 0 is none, the library's the default
+		}
 		prog := a.progress("deleted", asJSON)
 		rep, err := admin.WithProgress(prog.add).RunRetention(cmd.Context(), s, cfg)
 		prog.done(fmt.Sprintf("deleted %d messages", rep.Deleted))

@@ -475,7 +475,7 @@ func TestAdminCommands(t *testing.T) {
 	if r := runCLI(t, env, "", "admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-latest", "--execute"); r.code != 0 {
 		t.Fatal(r)
 	}
-	r = runCLI(t, env, "", "admin", "retention", "run", "--all-tenants", "--min", "1ns", "--json")
+	r = runCLI(t, env, "", "admin", "retention", "run", "--all-tenants", "--min", "1ns", "--dedup-window", "0", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"deleted":4`) {
 		t.Fatalf("retention run: %+v", r)
 	}

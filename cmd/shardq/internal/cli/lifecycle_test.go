@@ -120,7 +120,7 @@ func TestGroupLifecycleCommands(t *testing.T) {
 			// Retention removes the partitions late has drained once they are
 			// idle; b still holds a message late never read (it started
 			// after it), which only the maximum age removes.
-			r = runCLI(t, env, "", "admin", "retention", "run", "--tenant", "acme", "--min", "1ns", "--partition-idle", "1ns", "--json")
+			r = runCLI(t, env, "", "admin", "retention", "run", "--tenant", "acme", "--min", "1ns", "--partition-idle", "1ns", "--dedup-window", "0", "--json")
 			var rep struct {
 				Deleted int `json:"deleted"`
 				Removed int `json:"removed_partitions"`

@@ -239,7 +239,7 @@ func TestMetricsFollowEvents(t *testing.T) {
 
 			// Retention deletes what every group passed.
 			rep, err := c.Admin().RunRetention(ctx, shardq.Scope{Tenants: []string{"t"}}, shardq.RetentionConfig{
-				Default: shardq.RetentionPolicy{MinRetention: time.Nanosecond, MaxRetention: time.Hour}})
+				Default: shardq.RetentionPolicy{MinRetention: time.Nanosecond, MaxRetention: time.Hour}, DedupWindow: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
