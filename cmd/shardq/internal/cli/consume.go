@@ -29,6 +29,7 @@ type consumeFlags struct {
 	key                string        // --key: accept this message group
 	wait               time.Duration // --wait: for --key and --next-group
 	nextGroup          bool          // --next-group: accept the next free group with a ready message
+	requireReady       bool          // --require-ready: with --key, accept only while a message is ready
 	groupIdle          time.Duration // --group-idle: with --next-group, move on after this long without a message
 	assemble           bool          // --assemble: large messages whole, payloads raw on stdout
 	outputDir          string        // --output-dir: each payload to a file, its JSON line to stdout
@@ -39,7 +40,7 @@ type consumeFlags struct {
 func (a *app) consumeCmd() *cobra.Command {
 	var f consumeFlags
 	cmd := &cobra.Command{
-		Use:   "consume --topic X --group G [--tenant T ...] [--key K [--wait D] | --next-group [--wait D] | --ungrouped] [--start earliest|latest] [--max N] [--idle-exit D] [--name S]",
+		Use:   "consume --topic X --group G [--tenant T ...] [--key K [--wait D] [--require-ready] | --next-group [--wait D] | --ungrouped] [--start earliest|latest] [--max N] [--idle-exit D] [--name S]",
 		Short: "Consume a topic as a member of a consumer group, printing one JSON line per message",
 		Long: "Joins consumer group G on topic X for the tenants given by --tenant (repeatable) or MQ_TENANTS\n" +
 			"(comma-separated). Each message is printed as one JSON line and flushed before it is acked:\n" +
@@ -66,6 +67,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	durationFlag(fl, &f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
 	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
 	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
+	fl.BoolVar(&f.requireReady, "require-ready", false, "with --key: accept the group only when a message of it is ready (waiting up to --wait), as --next-group does")
 	durationFlag(fl, &f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
 	fl.BoolVar(&f.nextGroup, "next-group", false, "serve free message groups one after another, each while it has messages (until --idle-exit, --max or a signal)")
 	positiveDurationFlag(fl, &f.groupIdle, "group-idle", time.Second, "with --next-group: release a group after this long without a message and take the next")
@@ -129,6 +131,8 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		return usagef("--wait must not be negative")
 	case f.wait > 0 && f.key == "" && !f.nextGroup:
 		return usagef("--wait applies to --key and --next-group only")
+	case f.requireReady && f.key == "":
+		return usagef("--require-ready applies to --key only (--next-group always requires a ready message)")
 	case f.key != "" && len(tenants) != 1:
 		return usagef("--key needs exactly one tenant, got %d", len(tenants))
 	case f.assemble && f.key == "" && !f.nextGroup:
@@ -262,7 +266,7 @@ wait:
 // --key names, or with --next-group one free group after another. Each
 // message is printed, then acked.
 func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, tenants []string) error {
-	opts := shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start)}
+	opts := shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start), RequireReady: f.requireReady}
 	out := bufio.NewWriter(a.env.Stdout)
 	s := &groupServer{a: a, f: f, enc: json.NewEncoder(out), out: out, last: time.Now()}
 	if f.key != "" {

@@ -59,6 +59,15 @@ func TestConsumeMessageGroups(t *testing.T) {
 			if r := runCLI(t, env, "", append(base, "--next-group")...); r.code != 1 || !strings.Contains(r.stderr, "no free message group") {
 				t.Fatalf("--next-group with nothing ready: %+v", r)
 			}
+			// --require-ready: a drained group is refused, one with a
+			// ready message is served.
+			if r := runCLI(t, env, "", append(base, "--key", "a", "--require-ready", "--idle-exit", "1s")...); r.code != 1 || !strings.Contains(r.stderr, "no free message group") {
+				t.Fatalf("--key a --require-ready on a drained group: %+v", r)
+			}
+			publish("a", 1)
+			if got = consumedPayloads(t, runCLI(t, env, "", append(base, "--key", "a", "--require-ready", "--idle-exit", "500ms")...)); fmt.Sprint(got) != "[a-0]" {
+				t.Fatalf("--key a --require-ready with a ready message: %v", got)
+			}
 			got = consumedPayloads(t, runCLI(t, env, "", append(base, "--ungrouped", "--idle-exit", "1s")...))
 			if len(got) != 2 || !strings.HasPrefix(got[0], "-") {
 				t.Fatalf("--ungrouped: %v", got)
@@ -69,6 +78,7 @@ func TestConsumeMessageGroups(t *testing.T) {
 				{"--wait", "1s"},
 				{"--next-group", "--wait", "-1s"},
 				{"--next-group", "--group-idle", "0s"},
+				{"--next-group", "--require-ready"},
 			} {
 				if r := runCLI(t, env, "", append(base, bad...)...); r.code != 2 {
 					t.Errorf("%v: exit %d, want 2 (%s)", bad, r.code, r.stderr)
