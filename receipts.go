@@ -5,6 +5,7 @@ package shardq
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -94,14 +95,34 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 // ungrouped messages (competing consumers). With none of them a receive
 // takes what is available, as SQS FIFO's ReceiveMessage does: ungrouped
 // messages when there are any, else the next free message group.
+//
+// Hold, with PartitionKey or NextGroup, accepts the group as a session
+// (a Service Bus session accept): its lease is kept across receives, and
+// ReceiveResult.Session names it. A later receive with Session set
+// continues it. See docs/server.md, "Sessions".
 type ReceiveRequest struct {
 	Tenant, Topic, ConsumerGroup string
 	PartitionKey                 string
 	NextGroup                    bool
 	Ungrouped                    bool
-	Max                          int           // [1], at most MaxReceiveMessages
-	Wait                         time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
-	Visibility                   time.Duration // [30s], at most MaxVisibility
+	// Hold keeps the group's lease after the receive, as a session: a
+	// named group is accepted even while no message of it is ready (then
+	// the receive waits for one within the session, up to Wait), unless
+	// RequireReady. The next free group is taken only with a message
+	// ready.
+	Hold bool
+	// RequireReady, with Hold and PartitionKey, accepts the group only
+	// when a message of it is ready (as ReceiverOptions.RequireReady).
+	RequireReady bool
+	// Session receives in a session that an earlier receive opened: the
+	// session's lease is renewed to Visibility, and the group's messages
+	// are handed out from its cursor (those handed out before and not
+	// acked come again). It takes no PartitionKey, NextGroup, Ungrouped
+	// or Hold.
+	Session    string
+	Max        int           // [1], at most MaxReceiveMessages
+	Wait       time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
+	Visibility time.Duration // [30s], at most MaxVisibility
 	// MaxBytes, when > 0, bounds the payload and header bytes a receive
 	// holds: it takes no message that would pass it, except that the
 	// first is always taken. Messages are sized before they are loaded.
@@ -118,6 +139,17 @@ type ReceiveResult struct {
 	// Truncated: MaxBytes ended the receive before Max, and more
 	// messages may be ready: receive again.
 	Truncated bool
+	// Session is the group a receive with Hold or Session holds; nil
+	// when it holds none (with Hold: the group is held elsewhere, or has
+	// nothing ready that RequireReady or NextGroup asked for).
+	Session *ReceiveSession
+}
+
+// ReceiveSession is a message group held across receives.
+type ReceiveSession struct {
+	ID           string // pass it as ReceiveRequest.Session, to ChangeVisibility, CloseSession and the state calls
+	PartitionKey string
+	ExpiresAt    time.Time // when the lease lapses unless a receive or ChangeVisibility renews it
 }
 
 // ReceivedMessage is a delivery and the receipt that settles it.
@@ -157,6 +189,12 @@ func (rq *ReceiveRequest) check() error {
 	switch {
 	case (rq.PartitionKey != "" && rq.NextGroup) || (rq.Ungrouped && (rq.PartitionKey != "" || rq.NextGroup)):
 		return &ident.Error{Field: "key", Rule: "set at most one of key, next_group and ungrouped"}
+	case rq.Session != "" && (rq.PartitionKey != "" || rq.NextGroup || rq.Ungrouped || rq.Hold || rq.RequireReady):
+		return &ident.Error{Field: "session", Rule: "a receive in a session takes no key, next_group, ungrouped, hold or require_ready"}
+	case rq.Hold && rq.PartitionKey == "" && !rq.NextGroup:
+		return &ident.Error{Field: "hold", Rule: "holds a message group: set key or next_group with it"}
+	case rq.RequireReady && (!rq.Hold || rq.PartitionKey == ""):
+		return &ident.Error{Field: "require_ready", Rule: "only with hold and key (a receive that does not hold takes a group only for what it has ready)"}
 	case rq.PartitionKey != "":
 		if err := ident.PartitionKey(rq.PartitionKey); err != nil {
 			return err
@@ -197,8 +235,11 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	got, err := r.rt.Receive(ctx, receipts.Request{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Key: rq.PartitionKey,
-		NextGroup: rq.NextGroup, Ungrouped: rq.Ungrouped, Max: rq.Max, Wait: rq.Wait, Visibility: rq.Visibility, MaxBytes: rq.MaxBytes, Done: rq.Done})
+		NextGroup: rq.NextGroup, Ungrouped: rq.Ungrouped, Hold: rq.Hold, RequireReady: rq.RequireReady, Session: rq.Session, Max: rq.Max, Wait: rq.Wait, Visibility: rq.Visibility, MaxBytes: rq.MaxBytes, Done: rq.Done})
 	res := ReceiveResult{Messages: make([]ReceivedMessage, len(got.Messages)), Truncated: got.Truncated}
+	if s := got.Session; s != nil {
+		res.Session = &ReceiveSession{ID: s.ID, PartitionKey: s.Key, ExpiresAt: s.ExpiresAt}
+	}
 	for i, m := range got.Messages {
 		res.Messages[i] = ReceivedMessage{Delivery: *newDelivery(m.Message, m.Attempt), Receipt: m.Receipt}
 		if lg := m.Large; lg != nil {
@@ -299,4 +340,46 @@ func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, o
 // order); the receipts of that receive become stale.
 func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts NackOptions) error {
 	return r.rt.Nack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt, opts.RetryAfter, opts.Reason)
+}
+
+// ChangeVisibility sets the visibility timeout of the messages of
+// receipts of g's topic and group to vis from now, as SQS's
+// ChangeMessageVisibility does (0 to MaxVisibility). An ungrouped
+// message's claim then lapses at now+vis (0: another receive may take it
+// at once; the attempt stays counted). A message group's lease, the
+// whole receive's, lasts until now+vis; with 0 the group is given back at
+// once and its unacked messages are delivered again. Session ids may be
+// among receipts: the session's lease is renewed, or with 0 closed. Every
+// receipt is checked before anything changes, as in AckAll; it returns
+// the indexes of the stale receipts.
+func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []string, vis time.Duration) (stale []int, err error) {
+	return r.rt.ChangeVisibility(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, vis)
+}
+
+// CloseSession gives a session's group back at once: its unacked
+// messages are delivered again, to any receive. ErrStaleReceipt when the
+// session had already ended.
+func (r *Receipts) CloseSession(ctx context.Context, g GroupRef, session string) error {
+	stale, err := r.rt.ChangeVisibility(ctx, g.Tenant, g.Topic, g.ConsumerGroup, []string{session}, 0)
+	var ve *ValidationError
+	if errors.As(err, &ve) && ve.Field == "receipts[0]" {
+		ve.Field = "session"
+	}
+	if err == nil && len(stale) > 0 {
+		err = fmt.Errorf("shardq: close session of tenant %q topic %q group %q: %w", g.Tenant, g.Topic, g.ConsumerGroup, ErrStaleReceipt)
+	}
+	return err
+}
+
+// GroupState reads the state of a session's group (nil when never set),
+// under the session's lease: ErrStaleReceipt once the session ended.
+func (r *Receipts) GroupState(ctx context.Context, g GroupRef, session string) ([]byte, error) {
+	return r.rt.State(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session)
+}
+
+// SetGroupState stores the state of a session's group (at most
+// MaxMessageBytes), under the session's lease; it stays with the group
+// for its next holder, as GroupReceiver.SetState's.
+func (r *Receipts) SetGroupState(ctx context.Context, g GroupRef, session string, state []byte) error {
+	return r.rt.SetState(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session, state)
 }

@@ -321,6 +321,11 @@ type Leases interface {
 	// RenewLeases extends the leases of one owner in one group and topic
 	// in one transaction; it returns those renewed and those lost.
 	RenewLeases(ctx context.Context, ls []Lease, now time.Time, ttl time.Duration) (renewed, lost []Lease, err error)
+	// ResumeLease extends l to now+ttl while its token and owner are
+	// current, expired or not (a receipt's holder keeps its lease until
+	// another takes it, as its acks do), and reads the group's cursor into
+	// the Lease it returns; otherwise ErrLeaseLost.
+	ResumeLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
 	// ReleaseLease frees l, or returns ErrLeaseLost.
 	ReleaseLease(ctx context.Context, l Lease, now time.Time) error
 	// CommitOffset moves l's group cursor forward to offset (never back)
@@ -693,6 +698,9 @@ type Groups interface {
 	// RetryClaim makes c's message claimable again at retryAt, recording
 	// lastError, or returns ErrLeaseLost.
 	RetryClaim(ctx context.Context, c Claim, retryAt time.Time, lastError string, now time.Time) error
+	// ExtendClaim makes c's message claimable again at visibleAt instead
+	// (its visibility timeout changed), or returns ErrLeaseLost.
+	ExtendClaim(ctx context.Context, c Claim, visibleAt, now time.Time) error
 	// ReleaseClaim gives c's message back unhandled: claimable at once, and
 	// the claim's attempt uncounted (a stopping member's queue, or a
 	// handler that a stop cancelled, is not the message's failure), or

@@ -23,6 +23,8 @@ var receiptTests = []struct {
 	{"ReceiptsUngrouped", testReceiptsUngrouped},
 	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
 	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
+	{"ReceiptsChangeVisibility", testReceiptsChangeVisibility},
+	{"ReceiptsSession", testReceiptsSession},
 	{"TokensStoredPerTenant", testTokens},
 }
 

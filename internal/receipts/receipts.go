@@ -81,21 +81,27 @@ func (r *Receipts) now() time.Time { return r.cfg.Settler.Clock() }
 // Request is one receive, validated: Key takes that message group;
 // NextGroup the free group whose next message is oldest; Ungrouped only
 // ungrouped messages; none of them, ungrouped messages when there are
-// any, else the next free group.
+// any, else the next free group. Hold (with Key or NextGroup) keeps the
+// group's lease across receives as a session, even while it has no
+// message ready unless RequireReady; Session receives in a session.
 type Request struct {
 	Tenant, Topic, Group string
 	Key                  string
 	NextGroup, Ungrouped bool
+	Hold, RequireReady   bool
+	Session              string
 	Max                  int
 	Wait, Visibility     time.Duration
 	MaxBytes             int64 // 0: no bound
 	Done                 <-chan struct{}
 }
 
-// Result is what a receive hands out.
+// Result is what a receive hands out; Session, when the receive holds a
+// group, is the session's id.
 type Result struct {
 	Messages  []Received
 	Truncated bool
+	Session   *Session
 }
 
 // Received is a message handed out as its Attempt-th delivery, and the
@@ -133,6 +139,12 @@ type Receipt struct {
 	// without chunks), its end marker's offset: what an ack commits.
 	End   int64 `json:"e,omitempty"`
 	Claim bool  `json:"c,omitempty"` // an ungrouped message's claim
+	// Held marks a message of a session: its ack does not give the
+	// group back, nor does its nack.
+	Held bool `json:"h,omitempty"`
+	// Session marks a session id: the lease of a group held across
+	// receives (Offset 0). It settles no message.
+	Session bool `json:"s,omitempty"`
 	// Attempts counts an ungrouped message's claims, this one included
 	// (a message group's failures are stored under its lease instead).
 	Attempts int `json:"a,omitempty"`
@@ -161,8 +173,8 @@ func (r *Receipts) Sign(ctx context.Context, rc Receipt) (string, error) {
 
 // split splits a receipt into its key id, the signed text, the JSON it
 // carries and its MAC, checking only their form.
-func split(s string) (keyID int64, signed string, body, sum []byte, err error) {
-	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
+func split(s, field string) (keyID int64, signed string, body, sum []byte, err error) {
+	bad := func(rule string) error { return &ident.Error{Field: field, Rule: rule} }
 	rest, ok := strings.CutPrefix(s, Prefix)
 	if !ok || len(s) > maxBytes {
 		return 0, "", nil, nil, bad(fmt.Sprintf("not a receipt of this server (want %s…, at most %d bytes)", Prefix, maxBytes))
@@ -185,26 +197,35 @@ func split(s string) (keyID int64, signed string, body, sum []byte, err error) {
 	return keyID, s[:len(s)-len(mac)-1], body, sum, nil
 }
 
-// Decode checks a receipt's signature, then its form and that it belongs
-// to tenant, topic and group (a receipt is not a credential: the caller's
-// access to them is checked elsewhere).
+// Decode checks a message's receipt: its signature, then its form and
+// that it belongs to tenant, topic and group (a receipt is not a
+// credential: the caller's access to them is checked elsewhere).
 func (r *Receipts) Decode(ctx context.Context, s, tenant, topic, group string) (Receipt, error) {
-	keyID, signed, body, sum, err := split(s)
+	rc, err := r.decode(ctx, s, "receipt", tenant, topic, group)
+	if err == nil && rc.Session {
+		return Receipt{}, &ident.Error{Field: "receipt", Rule: "a session id, not a message's receipt"}
+	}
+	return rc, err
+}
+
+// decode checks a receipt or a session id (named field in errors).
+func (r *Receipts) decode(ctx context.Context, s, field, tenant, topic, group string) (Receipt, error) {
+	keyID, signed, body, sum, err := split(s, field)
 	if err != nil {
 		return Receipt{}, err
 	}
 	switch err := r.keys.Verify(ctx, keyID, []byte(signed), sum); {
 	case errors.Is(err, receiptkey.ErrSignature), errors.Is(err, receiptkey.ErrUnknownKey):
-		return Receipt{}, fmt.Errorf("%w: %w", &ident.Error{Field: "receipt", Rule: "not issued by a server of this database (" + err.Error() + ")"}, ErrBad)
+		return Receipt{}, fmt.Errorf("%w: %w", &ident.Error{Field: field, Rule: "not issued by a server of this database (" + err.Error() + ")"}, ErrBad)
 	case err != nil:
-		return Receipt{}, fmt.Errorf("verify receipt: %w", err)
+		return Receipt{}, fmt.Errorf("verify %s: %w", field, err)
 	}
-	return parse(body, tenant, topic, group)
+	return parse(body, field, tenant, topic, group)
 }
 
 // parse checks a signed receipt's JSON. It touches no database.
-func parse(b []byte, tenant, topic, group string) (Receipt, error) {
-	bad := func(rule string) error { return &ident.Error{Field: "receipt", Rule: rule} }
+func parse(b []byte, field, tenant, topic, group string) (Receipt, error) {
+	bad := func(rule string) error { return &ident.Error{Field: field, Rule: rule} }
 	var r Receipt
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
@@ -214,8 +235,12 @@ func parse(b []byte, tenant, topic, group string) (Receipt, error) {
 	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
 		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
 	}
-	if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
-		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) {
+	if r.Session {
+		if r.Claim || r.Held || r.Key == "" || r.Owner == "" || r.Token <= 0 || r.Offset != 0 || r.Last != 0 || r.End != 0 || r.Attempts != 0 {
+			return r, bad("inconsistent")
+		}
+	} else if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
+		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim {
 		return r, bad("inconsistent")
 	}
 	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
@@ -252,12 +277,22 @@ func (rc Receipt) receive() Receipt {
 // message group under its lease, or ungrouped ones under their claims,
 // waiting up to rq.Wait while there is none.
 func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
+	var held *Receipt // the session's lease, once there is one
+	if rq.Session != "" {
+		s, err := r.DecodeSession(ctx, rq.Session, rq.Tenant, rq.Topic, rq.Group)
+		if err != nil {
+			return Result{}, fmt.Errorf("shardq: receive: %w", err)
+		}
+		held, rq.Key = &s, s.Key
+	}
 	var wake *receiveWake
 	deadline := time.Now().Add(rq.Wait)
 	for {
 		var res Result
 		var err error
 		switch {
+		case held != nil:
+			res, err = r.receiveSession(ctx, rq, *held)
 		case rq.Key != "":
 			res, err = r.receiveGroup(ctx, rq, rq.Key)
 		case rq.NextGroup:
@@ -268,6 +303,10 @@ func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
 			if res, err = r.receiveUngrouped(ctx, rq); err == nil && len(res.Messages) == 0 {
 				res, err = r.receiveNextGroup(ctx, rq)
 			}
+		}
+		if err == nil && res.Session != nil && held == nil {
+			// Accepted with nothing ready: the wait goes on in the session.
+			held, rq.Session = &res.Session.lease, res.Session.ID
 		}
 		if err != nil || len(res.Messages) > 0 || !time.Now().Before(deadline) {
 			return res, err
@@ -284,8 +323,11 @@ func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
 		if r.cfg.Local.Up() {
 			poll = r.cfg.FeedPollInterval
 		}
+		if held != nil {
+			poll = min(poll, rq.Visibility/3) // each look renews the session's lease
+		}
 		if !lifecycle.SleepUntilNext(ctx, rq.Done, wake.ch, deadline, poll) {
-			return Result{}, nil
+			return Result{Session: res.Session}, nil
 		}
 	}
 }
@@ -374,6 +416,7 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 				continue // looked at on the page before
 			}
 			seen[g.PartitionKey] = true
+			rq.RequireReady = true // a group is taken for what it has ready
 			res, err := r.receiveGroup(ctx, rq, g.PartitionKey)
 			if err != nil || len(res.Messages) > 0 {
 				return res, err
@@ -392,7 +435,8 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 const maxReadyGroups = 320
 
 // receiveGroup takes group key's lease and hands out its ready messages
-// after the cursor; with none ready it gives the lease back.
+// after the cursor; with none ready it gives the lease back, unless the
+// receive holds the group.
 func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Result, error) {
 	ref := driver.PartitionRef{Tenant: rq.Tenant, ConsumerGroup: rq.Group, Topic: rq.Topic, PartitionKey: key}
 	owner := ident.MemberID(r.cfg.Name)
@@ -404,7 +448,29 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
 	}
-	var res Result
+	res, err := r.handOut(ctx, rq, l, now, rq.Hold)
+	if err == nil && rq.Hold && (len(res.Messages) > 0 || !rq.RequireReady) {
+		res.Session, err = r.session(ctx, l)
+	}
+	if err != nil || (len(res.Messages) == 0 && res.Session == nil) {
+		dctx, cancel := lifecycle.Detached(ctx)
+		rerr := r.drv.ReleaseLease(dctx, l, now)
+		cancel()
+		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
+		}
+		return Result{}, nil
+	}
+	return res, nil
+}
+
+// handOut hands out l's ready messages after its cursor, with receipts
+// (held: a session's).
+func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now time.Time, held bool) (Result, error) {
+	ref := l.PartitionRef
 	if r.writing(ref) {
 		rq.Max = 1 // a large message is being written at the cursor: its chunk 0 is all there is to read
 	}
@@ -416,37 +482,26 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 	if err == nil && len(msgs) > 0 {
 		msgs, states, whole, err = r.wholes(ctx, &l, rq, msgs, states, truncated, now)
 	}
-	if err == nil && len(msgs) > 0 {
-		last := msgs[len(msgs)-1].Offset
-		if whole != nil {
-			last = whole.End.Offset
-		}
-		res = Result{Messages: make([]Received, len(msgs)), Truncated: truncated && whole == nil}
-		for i, m := range msgs {
-			rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Key: key, Owner: owner, Token: l.Token, Offset: m.Offset, Last: last}
-			rec := Received{Message: m, Attempt: states[m.Offset].Attempts + 1}
-			if whole != nil {
-				rc.End = last
-				rec.Message = whole.Message
-				rec.Large = &Large{Size: whole.Size, Chunks: whole.Chunks, SHA256: whole.End.Headers[large.HeaderSHA256]}
-			}
-			if rec.Receipt, err = r.Sign(ctx, rc); err != nil {
-				break
-			}
-			res.Messages[i] = rec
-		}
-	}
 	if err != nil || len(msgs) == 0 {
-		dctx, cancel := lifecycle.Detached(ctx)
-		rerr := r.drv.ReleaseLease(dctx, l, now)
-		cancel()
-		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
-			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
+		return Result{}, err
+	}
+	last := msgs[len(msgs)-1].Offset
+	if whole != nil {
+		last = whole.End.Offset
+	}
+	res := Result{Messages: make([]Received, len(msgs)), Truncated: truncated && whole == nil}
+	for i, m := range msgs {
+		rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Key: ref.PartitionKey, Owner: l.Owner, Token: l.Token, Offset: m.Offset, Last: last, Held: held}
+		rec := Received{Message: m, Attempt: states[m.Offset].Attempts + 1}
+		if whole != nil {
+			rc.End = last
+			rec.Message = whole.Message
+			rec.Large = &Large{Size: whole.Size, Chunks: whole.Chunks, SHA256: whole.End.Headers[large.HeaderSHA256]}
 		}
-		if err != nil {
-			return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
+		if rec.Receipt, err = r.Sign(ctx, rc); err != nil {
+			return Result{}, err
 		}
-		return Result{}, nil
+		res.Messages[i] = rec
 	}
 	return res, nil
 }
@@ -503,7 +558,7 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 	l := rc.lease()
 	upTo := max(rc.Offset, rc.End) // a large message: its chunks and end marker
 	// The receive's last ack gives the group back in the same transaction.
-	err := r.drv.CommitReceived(ctx, l, upTo, upTo == rc.Last, now)
+	err := r.drv.CommitReceived(ctx, l, upTo, upTo == rc.Last && !rc.Held, now)
 	if errors.Is(err, driver.ErrPastHead) {
 		return settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)})
 	}
@@ -640,7 +695,8 @@ const MaxMessages = 100
 // after retryAfter, or dead-letters it once it has failed MaxAttempts
 // times. A message group is given back at once (its messages after this
 // one wait behind it, in order); the receipts of that receive become
-// stale.
+// stale. A session keeps its group: its next receive hands the message
+// out again once its retry is due.
 func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, retryAfter time.Duration, reason string) error {
 	rc, err := r.Decode(ctx, rcpt, tenant, topic, group)
 	if err == nil && (retryAfter < 0 || retryAfter > r.cfg.MaxVisibility) {
@@ -676,7 +732,7 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	if err != nil {
 		return settled("nack", rc, err)
 	}
-	if _, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause); err == nil {
+	if _, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause); err == nil && !rc.Held {
 		if rerr := r.drv.ReleaseLease(ctx, l, r.now()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			r.cfg.Log.Warn("shardq: giving back a message group after a nack failed; it is free after its visibility timeout",
 				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)

@@ -528,6 +528,11 @@ func (d *Store) RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Tim
 	return d.claimWrite(ctx, d.Write, c, claimOp("retry", c), d.sql().group.retry, Args{"retry_at": d.EncodeTime(retryAt), "last_error": lastError, "now": d.EncodeTime(now)})
 }
 
+// ExtendClaim moves c's visibility timeout to visibleAt.
+func (d *Store) ExtendClaim(ctx context.Context, c driver.Claim, visibleAt, now time.Time) error {
+	return d.claimWrite(ctx, d.Write, c, claimOp("change the visibility of", c), d.sql().group.extend, Args{"visible_at": d.EncodeTime(visibleAt), "now": d.EncodeTime(now)})
+}
+
 // ReleaseClaim makes c's message claimable at once and uncounts the
 // claim's attempt.
 func (d *Store) ReleaseClaim(ctx context.Context, c driver.Claim, now time.Time) error {

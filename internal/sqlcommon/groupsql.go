@@ -21,6 +21,7 @@ type groupSQL struct {
 	cursorNow  string // the group's cursor, read current (locking), not from the snapshot
 	claimed    string // this token's claims among :offsets
 	retry      string // make a claim visible again at :retry_at, under its token
+	extend     string // make a claim visible again at :visible_at, under its token
 	release    string // make a claim visible again at :now and uncount its attempt, under its token
 	settle     string // mark a claim done, under its token
 	ack        string // mark claims done, each under its token (:claims rows of offset, token)
@@ -87,6 +88,7 @@ func newGroupSQL(s Syntax) groupSQL {
 		claimed: "SELECT message_offset, attempts, last_error FROM queue_message_claims WHERE " + claimKey +
 			" AND message_offset IN (:offsets) AND token = :token AND message_offset > :cursor ORDER BY message_offset",
 		retry:   "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
+		extend:  "UPDATE queue_message_claims SET visible_at = :visible_at, updated_at = :now WHERE " + claimFence,
 		release: "UPDATE queue_message_claims SET visible_at = :now, attempts = attempts - 1, updated_at = :now WHERE " + claimFence,
 		settle:  "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
 		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND token > 0 AND " +

@@ -141,6 +141,30 @@ func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, t
 	})
 }
 
+// ResumeLease extends l under its fence whatever its expiry, and reads
+// the cursor.
+func (d *Store) ResumeLease(ctx context.Context, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
+		op := "resume lease on " + l.PartitionRef.String()
+		if err := d.fence(ctx, tx, l, op); err != nil {
+			return driver.Lease{}, err
+		}
+		st, key := d.leases(), refNamed(l.PartitionRef)
+		l.ExpiresAt = now.Add(ttl)
+		if _, err := d.exec(ctx, tx, st.renew, key.with(Args{"expires_at": d.EncodeTime(l.ExpiresAt), "token": l.Token})); err != nil {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		err := d.queryRow(ctx, tx, st.committed, key).Scan(&l.Committed)
+		if errors.Is(err, sql.ErrNoRows) { // no cursor yet: where the group starts
+			err = d.queryRow(ctx, tx, st.start, key).Scan(&l.Committed)
+		}
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		return l, nil
+	})
+}
+
 // RenewLeases extends many leases of one owner (one group and topic) in
 // one transaction: an UPDATE whose WHERE names every lease's token, then a
 // read of the owner's rows. A lease whose row still carries its token was

@@ -188,6 +188,11 @@ type receiveIn struct {
 	Key        string  `json:"key"`
 	NextGroup  bool    `json:"next_group"`
 	Ungrouped  bool    `json:"ungrouped"`
+	// Hold accepts the group as a session, RequireReady only while a
+	// message of it is ready; Session receives in one (docs/server.md).
+	Hold         bool   `json:"hold"`
+	RequireReady bool   `json:"require_ready"`
+	Session      string `json:"session"`
 	// Ack holds receipts of earlier receives to acknowledge before this
 	// one receives: a consumer's loop in one request a turn.
 	Ack []string `json:"ack"`
@@ -210,7 +215,7 @@ func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveR
 		return shardq.ReceiveRequest{}, nil, &shardq.ValidationError{Field: "ack", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Ack), shardq.MaxReceiveMessages)}
 	}
 	return shardq.ReceiveRequest{Tenant: tenant, Topic: topic, ConsumerGroup: group, PartitionKey: in.Key, NextGroup: in.NextGroup, Ungrouped: in.Ungrouped,
-		Max: in.Max, Wait: wait, Visibility: vis}, in.Ack, nil
+		Hold: in.Hold, RequireReady: in.RequireReady, Session: in.Session, Max: in.Max, Wait: wait, Visibility: vis}, in.Ack, nil
 }
 
 // messageOut is a delivered message; the payload is text when it is
@@ -278,8 +283,9 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	// received again at once; a stale receipt does not fail the receive,
 	// the answer names it.
 	var settled struct {
-		Acked *int  `json:"acked,omitempty"` // present when the request acked
-		Stale []int `json:"stale,omitempty"`
+		Acked   *int        `json:"acked,omitempty"` // present when the request acked
+		Stale   []int       `json:"stale,omitempty"`
+		Session *sessionOut `json:"session,omitempty"`
 	}
 	if len(acks) > 0 {
 		stale, err := s.cfg.Receipts.AckAll(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: rq.Topic, ConsumerGroup: rq.ConsumerGroup}, acks)
@@ -306,6 +312,9 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if gs := got.Session; gs != nil {
+		settled.Session = &sessionOut{ID: gs.ID, Key: gs.PartitionKey, ExpiresAt: gs.ExpiresAt}
 	}
 	writeMessages(w, "messages", got.Messages, settled, func(m shardq.ReceivedMessage) messageOut {
 		out := messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)

@@ -79,6 +79,11 @@ UPDATE queue_message_claims
 SET visible_at = :retry_at, last_error = :last_error, updated_at = :now
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND message_offset = :offset AND token = :token AND token > 0 AND owner = :owner AND done = 0;
 
+-- extend: make a claim visible again at :visible_at, under its token
+UPDATE queue_message_claims
+SET visible_at = :visible_at, updated_at = :now
+WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND message_offset = :offset AND token = :token AND token > 0 AND owner = :owner AND done = 0;
+
 -- release: make a claim visible again at :now and uncount its attempt, under its token
 UPDATE queue_message_claims
 SET visible_at = :now, attempts = attempts - 1, updated_at = :now

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/shardq/shardq"
+)
+
+// sessionOut is the message group a receive holds as a session.
+type sessionOut struct {
+	ID        string    `json:"id"`
+	Key       string    `json:"key"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// sessionHeader carries a session id to the group-state routes, whose
+// bodies are the state's bytes.
+const sessionHeader = "Shardq-Session"
+
+type visibilityIn struct {
+	Receipts   []string `json:"receipts"`
+	Visibility *float64 `json:"visibility"`
+}
+
+// changeVisibility sets the visibility timeout of receipts' messages (or
+// sessions) to visibility seconds from now, as SQS's
+// ChangeMessageVisibility; 0 gives them back at once.
+func (s *Server) changeVisibility(w http.ResponseWriter, r *http.Request, tenant string) {
+	var in visibilityIn
+	err := decodeJSON(r.Body, &in)
+	if err == nil && in.Visibility == nil {
+		err = &shardq.ValidationError{Field: "visibility", Rule: "required: seconds from now, 0 to give the messages back at once"}
+	}
+	var vis time.Duration
+	if err == nil {
+		vis, err = seconds("visibility", *in.Visibility, shardq.MaxVisibility)
+	}
+	if err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	stale, err := s.cfg.Receipts.ChangeVisibility(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group")}, in.Receipts, vis)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	changed := len(in.Receipts) - len(stale)
+	if len(stale) > 0 {
+		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt",
+			Detail:  fmt.Sprintf("%d of %d receipts are stale (their lease or claim moved on); the others were changed", len(stale), len(in.Receipts)),
+			Settled: &changed, Stale: stale})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"changed": changed})
+}
+
+// closeSession gives a session's group back at once.
+func (s *Server) closeSession(w http.ResponseWriter, r *http.Request, tenant string) {
+	var in struct {
+		Session string `json:"session"`
+	}
+	err := decodeJSON(r.Body, &in)
+	if err == nil && in.Session == "" {
+		err = &shardq.ValidationError{Field: "session", Rule: "required"}
+	}
+	if err != nil {
+		s.decodeError(w, r, err)
+		return
+	}
+	if err := s.cfg.Receipts.CloseSession(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group")}, in.Session); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"closed": true})
+}
+
+// sessionOf reads the session id of a group-state request.
+func sessionOf(r *http.Request) (string, error) {
+	id := r.Header.Get(sessionHeader)
+	if id == "" {
+		return "", &shardq.ValidationError{Field: sessionHeader, Rule: "required: the session id a receive with hold returned"}
+	}
+	return id, nil
+}
+
+// groupState answers a session's group state, its bytes as stored (an
+// empty body when none was set).
+func (s *Server) groupState(w http.ResponseWriter, r *http.Request, tenant string) {
+	id, err := sessionOf(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	st, err := s.cfg.Receipts.GroupState(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group")}, id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	w.Write(st) //nolint:errcheck // the client went away
+}
+
+// setGroupState stores the request's body as a session's group state.
+func (s *Server) setGroupState(w http.ResponseWriter, r *http.Request, tenant string) {
+	id, err := sessionOf(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	st, err := io.ReadAll(r.Body) // bounded by the server's MaxBytesReader
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		s.decodeError(w, r, errBodyTooLarge{tooBig.Limit})
+		return
+	}
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("read the state: %w", err))
+		return
+	}
+	if err := s.cfg.Receipts.SetGroupState(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group")}, id, st); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
