@@ -5,7 +5,6 @@ package shardq
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -179,8 +178,23 @@ func (rc receipt) claim(m driver.Message) driver.Claim { return (*receipts.Recei
 
 // Validate checks rq as Receive does, without running anything: a
 // request that also settles receipts (the HTTP API's receive with ack) is
-// refused whole before any of them is settled.
+// refused whole before any of them is settled. It checks a Session's form
+// only; Receipts.Check also checks its signature.
 func (rq ReceiveRequest) Validate() error { return rq.check() }
+
+// Check is Validate with rq.Session's signature and form checked too
+// (not whether the session still holds its group).
+func (r *Receipts) Check(ctx context.Context, rq ReceiveRequest) error {
+	if err := rq.check(); err != nil {
+		return err
+	}
+	if rq.Session != "" {
+		if _, err := r.rt.DecodeSession(ctx, rq.Session, rq.Tenant, rq.Topic, rq.ConsumerGroup); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func (rq *ReceiveRequest) check() error {
 	if err := validateGroupRef(rq.Tenant, rq.Topic, rq.ConsumerGroup); err != nil {
@@ -307,8 +321,8 @@ func (c *Client) MaxMessageBytes() int64 {
 // a message group it commits the cursor past the message, and past the
 // ones before it in the same receive: acks are cumulative, like Kafka's
 // offset commits; the receive's last message gives the group back at
-// once. A receipt whose lease or claim moved on fails with
-// ErrStaleReceipt and changes nothing.
+// once (except in a session, which keeps it). A receipt whose lease or
+// claim moved on fails with ErrStaleReceipt and changes nothing.
 func (r *Receipts) Ack(ctx context.Context, g GroupRef, receipt string) error {
 	return r.rt.Ack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
 }
@@ -334,10 +348,11 @@ func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, o
 }
 
 // Nack fails the message of a receipt: delivered again after
-// opts.RetryAfter,
-// or dead-lettered once it has failed MaxAttempts times. A message group
-// is given back at once (its messages after this one wait behind it, in
-// order); the receipts of that receive become stale.
+// opts.RetryAfter, or dead-lettered once it has failed MaxAttempts times.
+// A message group is given back at once, a session's too (ending the
+// session): its messages after this one wait behind it, in order, and the
+// receipts of that receive become stale. A message that an ack of a later
+// one already settled is not failed: ErrStaleReceipt.
 func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts NackOptions) error {
 	return r.rt.Nack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt, opts.RetryAfter, opts.Reason)
 }
@@ -360,15 +375,7 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []
 // messages are delivered again, to any receive. ErrStaleReceipt when the
 // session had already ended.
 func (r *Receipts) CloseSession(ctx context.Context, g GroupRef, session string) error {
-	stale, err := r.rt.ChangeVisibility(ctx, g.Tenant, g.Topic, g.ConsumerGroup, []string{session}, 0)
-	var ve *ValidationError
-	if errors.As(err, &ve) && ve.Field == "receipts[0]" {
-		ve.Field = "session"
-	}
-	if err == nil && len(stale) > 0 {
-		err = fmt.Errorf("shardq: close session of tenant %q topic %q group %q: %w", g.Tenant, g.Topic, g.ConsumerGroup, ErrStaleReceipt)
-	}
-	return err
+	return r.rt.CloseSession(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session)
 }
 
 // GroupState reads the state of a session's group (nil when never set),

@@ -4,6 +4,7 @@ package shardq
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"time"
@@ -276,6 +277,7 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 	if w.Body != nil {
 		d.Size, d.Chunks, d.body, d.SHA256 = w.Size, w.Chunks, w.Body, w.Message.Headers[large.HeaderSHA256]
 	}
+	d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error { return r.rt.AckTx(ctx, tx, d.Offset) }}
 	return d, nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,6 +46,45 @@ type Delivery struct {
 	// SHA256 is a large message's SHA-256 (hex), as its writer stored it;
 	// Body checks it at the end.
 	SHA256 string
+	// inTx settles the delivery in the application's transaction
+	// (AckTx), up to upTo; nil where that is not offered.
+	inTx *settle.InTx
+	upTo int64
+}
+
+// ErrNoTxSettle is returned by Delivery.AckTx for a delivery that cannot
+// be settled in a transaction: one not handed out by a subscriber's
+// handler or a GroupReceiver (a receipt's, or a copy made by an adapter).
+var ErrNoTxSettle = errors.New("shardq: this delivery cannot be settled in a transaction")
+
+// AckTx settles d inside tx, the application's own transaction on the
+// client's database (for SQLite, begun on the driver's DB; on Vitess,
+// with the application's rows on the tenant's shard), so that d's effects
+// and its settlement commit together or not at all: the consumer group's
+// cursor passes d (for an ungrouped message, its claim is marked done),
+// fenced by the lease or claim that delivered it. A crash before the
+// commit delivers d again with nothing of it stored; after the commit d
+// is never delivered to the group again. When the lease or claim was lost
+// AckTx fails (ErrLeaseLost) and the caller must roll tx back: another
+// member has d. The fence locks the lease's row until tx ends: keep tx
+// short.
+//
+// Then settle d as usual: a subscriber's handler returns nil (an error
+// after the commit would deliver d again), a GroupReceiver's caller calls
+// Ack, which finds the cursor already there. A batch handler may AckTx
+// each delivery; acks are cumulative, as the cursor's. See
+// docs/consumers.md, "Exactly once in your transaction".
+func (d *Delivery) AckTx(ctx context.Context, tx *sql.Tx) error {
+	if d.inTx == nil {
+		return fmt.Errorf("shardq: ack offset %d of tenant %q topic %q partition %q: %w", d.Offset, d.Tenant, d.Topic, d.PartitionKey, ErrNoTxSettle)
+	}
+	if tx == nil {
+		return &ident.Error{Field: "tx", Rule: "must not be nil"}
+	}
+	if err := d.inTx.Run(ctx, tx, d.upTo); err != nil {
+		return fmt.Errorf("shardq: ack offset %d of tenant %q topic %q partition %q in a transaction: %w", d.Offset, d.Tenant, d.Topic, d.PartitionKey, err)
+	}
+	return nil
 }
 
 // Body is the payload as a stream. For a large message it reads one chunk
@@ -355,12 +396,16 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 // recovery.
 func (s *Subscriber) deliver(ctx context.Context, msgs []driver.Message, whole *large.Whole, attempt int) error {
 	var ds []*Delivery
+	inTx := settle.InTxFrom(ctx)
 	if whole != nil {
-		ds = []*Delivery{wholeDelivery(whole, attempt)} // alone, as a batch too
+		d := wholeDelivery(whole, attempt) // alone, as a batch too
+		d.inTx, d.upTo = inTx, whole.End.Offset
+		ds = []*Delivery{d}
 	} else {
 		ds = make([]*Delivery, len(msgs))
 		for i, m := range msgs {
 			ds[i] = newDelivery(m, attempt)
+			ds[i].inTx, ds[i].upTo = inTx, m.Offset
 		}
 	}
 	if s.cfg.BatchHandler != nil {

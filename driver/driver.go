@@ -332,6 +332,10 @@ type Leases interface {
 	// and drops the retry bookkeeping of the messages it passed, or
 	// returns ErrLeaseLost and changes nothing.
 	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// CommitOffsetTx is CommitOffset inside the caller's transaction tx
+	// on the same database: the fence locks l's row until tx ends, and
+	// nothing is committed unless tx is.
+	CommitOffsetTx(ctx context.Context, tx *sql.Tx, l Lease, offset int64, now time.Time) error
 	// CommitOffsets commits several leases' cursors in one transaction,
 	// each as CommitOffset does; when any lease is lost it changes nothing
 	// and returns ErrLeaseLost (the caller then commits them one by one).
@@ -695,6 +699,9 @@ type Groups interface {
 	// (its token and owner),
 	// returns ErrLeaseLost and changes nothing.
 	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
+	// AckClaimsTx is AckClaims inside the caller's transaction tx on the
+	// same database.
+	AckClaimsTx(ctx context.Context, tx *sql.Tx, cs []Claim, now time.Time) error
 	// RetryClaim makes c's message claimable again at retryAt, recording
 	// lastError, or returns ErrLeaseLost.
 	RetryClaim(ctx context.Context, c Claim, retryAt time.Time, lastError string, now time.Time) error

@@ -25,12 +25,14 @@ var receiptTests = []struct {
 	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
 	{"ReceiptsChangeVisibility", testReceiptsChangeVisibility},
 	{"ReceiptsSession", testReceiptsSession},
+	{"AckTxSubscriber", testAckTxSubscriber},
+	{"AckTxReceiver", testAckTxReceiver},
 	{"TokensStoredPerTenant", testTokens},
 }
 
 func receipts(t *testing.T, c *shardq.Client, clock *fakeClock, maxAttempts int) *shardq.Receipts {
 	t.Helper()
-	o := &shardq.ReceiptOptions{Name: "api", MaxAttempts: maxAttempts, PollInterval: 5 * time.Millisecond}
+	o := &shardq.ReceiptOptions{Name: "api", MaxAttempts: maxAttempts, PollInterval: 5 * time.Millisecond, FeedPollInterval: 5 * time.Millisecond}
 	if clock != nil {
 		o.Clock = clock.Now
 	}

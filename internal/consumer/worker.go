@@ -4,6 +4,7 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -449,7 +450,12 @@ func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) e
 	if end != nil {
 		whole = w.open(&msgs[0], end)
 	}
-	return w.s.cfg.Handle(w.ctx, msgs, whole, attempt)
+	// The handler may settle in its own transaction (Delivery.AckTx):
+	// the cursor commit under this lease's fence joins it.
+	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, upTo int64) error {
+		return w.s.drv.CommitOffsetTx(ctx, tx, w.leaseNow(), upTo, w.s.cfg.Clock())
+	}}
+	return w.s.cfg.Handle(settle.WithInTx(w.ctx, inTx), msgs, whole, attempt)
 }
 
 // deadLetter copies msgs to the dead-letter topic and passes the cursor

@@ -278,6 +278,7 @@ func (rc Receipt) receive() Receipt {
 // waiting up to rq.Wait while there is none.
 func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
 	var held *Receipt // the session's lease, once there is one
+	opened := false   // this receive accepted the group: an error gives it back
 	if rq.Session != "" {
 		s, err := r.DecodeSession(ctx, rq.Session, rq.Tenant, rq.Topic, rq.Group)
 		if err != nil {
@@ -306,7 +307,10 @@ func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
 		}
 		if err == nil && res.Session != nil && held == nil {
 			// Accepted with nothing ready: the wait goes on in the session.
-			held, rq.Session = &res.Session.lease, res.Session.ID
+			held, rq.Session, opened = &res.Session.lease, res.Session.ID, true
+		}
+		if err != nil && opened {
+			r.giveBack(ctx, *held) // the caller never learnt of the session
 		}
 		if err != nil || len(res.Messages) > 0 || !time.Now().Before(deadline) {
 			return res, err
@@ -327,6 +331,10 @@ func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
 			poll = min(poll, rq.Visibility/3) // each look renews the session's lease
 		}
 		if !lifecycle.SleepUntilNext(ctx, rq.Done, wake.ch, deadline, poll) {
+			if ctx.Err() != nil && opened {
+				r.giveBack(ctx, *held) // the caller went away: nobody holds the session
+				return Result{}, nil
+			}
 			return Result{Session: res.Session}, nil
 		}
 	}
@@ -691,12 +699,16 @@ func (r *Receipts) decodeAll(ctx context.Context, rcpts []string, tenant, topic,
 // NackAll.
 const MaxMessages = 100
 
+// nackHold is how long a nack holds its group's lease between reading
+// the cursor and giving the group back (a failure between them leaves
+// it that long).
+const nackHold = 30 * time.Second
+
 // Nack fails the message of a receipt: the settler delivers it again
 // after retryAfter, or dead-letters it once it has failed MaxAttempts
 // times. A message group is given back at once (its messages after this
 // one wait behind it, in order); the receipts of that receive become
-// stale. A session keeps its group: its next receive hands the message
-// out again once its retry is due.
+// stale. A session's nack ends the session the same way.
 func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, retryAfter time.Duration, reason string) error {
 	rc, err := r.Decode(ctx, rcpt, tenant, topic, group)
 	if err == nil && (retryAfter < 0 || retryAfter > r.cfg.MaxVisibility) {
@@ -721,7 +733,16 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 		_, err = r.cfg.Settler.Claim(ctx, rc.ClaimOf(m), cause)
 		return settled("nack", rc, err)
 	}
-	l := rc.lease()
+	// An ack of a later message of the receive may have passed this one
+	// already (acks are cumulative): then it is settled, and the nack
+	// stale. The cursor is read under the lease's fence.
+	l, err := r.drv.ResumeLease(ctx, rc.lease(), r.now(), nackHold)
+	if err == nil && l.Committed >= rc.Offset {
+		err = ErrStale
+	}
+	if err != nil {
+		return settled("nack", rc, err)
+	}
 	var end *driver.Message
 	if rc.End > 0 {
 		if end, err = r.endAt(ctx, rc, m); err != nil {
@@ -732,7 +753,9 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	if err != nil {
 		return settled("nack", rc, err)
 	}
-	if _, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause); err == nil && !rc.Held {
+	// The group is given back, a session's too: the receive's later
+	// messages must not be acked past this one (acks are cumulative).
+	if _, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause); err == nil {
 		if rerr := r.drv.ReleaseLease(ctx, l, r.now()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
 			r.cfg.Log.Warn("shardq: giving back a message group after a nack failed; it is free after its visibility timeout",
 				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/lifecycle"
 )
 
 // A session holds a message group's lease across receives, as a Service
@@ -50,9 +51,10 @@ func (r *Receipts) DecodeSession(ctx context.Context, s, tenant, topic, group st
 	return rc, err
 }
 
-// errSessionLost is a session whose lease another receive took.
+// errSessionLost is a session that ended: closed, nacked, or its lapsed
+// lease taken by another receive.
 func errSessionLost(s Receipt, err error) error {
-	return fmt.Errorf("shardq: session on tenant %q topic %q group %q partition %q ended (another receive holds the group): %w",
+	return fmt.Errorf("shardq: session on tenant %q topic %q group %q partition %q ended (closed, at a nack, or its group taken by another receive): %w",
 		s.Tenant, s.Topic, s.Group, s.Key, errors.Join(ErrStale, err))
 }
 
@@ -73,6 +75,31 @@ func (r *Receipts) receiveSession(ctx context.Context, rq Request, s Receipt) (R
 	}
 	res.Session = &Session{ID: rq.Session, Key: s.Key, ExpiresAt: l.ExpiresAt, lease: s}
 	return res, nil
+}
+
+// giveBack ends a session that its receive could not hand out.
+func (r *Receipts) giveBack(ctx context.Context, s Receipt) {
+	dctx, cancel := lifecycle.Detached(ctx)
+	defer cancel()
+	if err := r.drv.ReleaseLease(dctx, s.lease(), r.now()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		r.cfg.Log.Warn("shardq: giving back a session's group failed; it is free after its visibility timeout",
+			"tenant", s.Tenant, "topic", s.Topic, "partition_key", s.Key, "err", err)
+	}
+}
+
+// CloseSession gives a session's group back at once.
+func (r *Receipts) CloseSession(ctx context.Context, tenant, topic, group, session string) error {
+	s, err := r.DecodeSession(ctx, session, tenant, topic, group)
+	if err != nil {
+		return fmt.Errorf("shardq: close session: %w", err)
+	}
+	switch err := r.drv.ReleaseLease(ctx, s.lease(), r.now()); {
+	case errors.Is(err, driver.ErrLeaseLost):
+		return errSessionLost(s, err)
+	case err != nil:
+		return fmt.Errorf("shardq: close session on %s: %w", s.ref(), err)
+	}
+	return nil
 }
 
 // ChangeVisibility sets the visibility timeout of the messages of

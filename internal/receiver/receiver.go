@@ -9,6 +9,7 @@ package receiver
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -467,6 +468,24 @@ func (r *Receiver) Ack(ctx context.Context, offset int64) error {
 		return r.fail("ack", err)
 	}
 	r.settled(upTo)
+	return nil
+}
+
+// AckTx commits the cursor past the message in hand at offset inside
+// the application's transaction tx, under the lease's fence; the
+// receiver counts it settled only at the Ack that follows the commit.
+func (r *Receiver) AckTx(ctx context.Context, tx *sql.Tx, offset int64) error {
+	l, err := r.settling(offset)
+	if err != nil {
+		return err
+	}
+	upTo := offset
+	if r.heldEnd != nil {
+		upTo = r.heldEnd.Offset
+	}
+	if err := r.drv.CommitOffsetTx(ctx, tx, l, upTo, r.now()); err != nil {
+		return r.fail("ack in the caller's transaction", err)
+	}
 	return nil
 }
 

@@ -499,28 +499,39 @@ func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time)
 	if len(cs) == 0 {
 		return nil
 	}
-	c0 := cs[0]
-	op := fmt.Sprintf("ack %d ungrouped messages of tenant %q topic %q group %q", len(cs), c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup)
-	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
-		pairs := make(Rows, len(cs))
-		for i, c := range cs {
-			pairs[i] = []any{c.Message.Offset, c.Token, c.Owner}
-		}
-		res, err := d.exec(ctx, tx, d.sql().group.ack, claimArgsOf(c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup).with(
-			Args{"now": d.EncodeTime(now), "claims": pairs}))
-		if err != nil {
-			return struct{}{}, d.Wrap(op, err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return struct{}{}, fmt.Errorf("%s: %w", op, err)
-		}
-		if n != int64(len(cs)) {
-			return struct{}{}, fmt.Errorf("%s: %w (%d of them claimed again)", op, driver.ErrLeaseLost, int64(len(cs))-n)
-		}
-		return struct{}{}, nil
-	})
+	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) { return struct{}{}, d.ackClaims(ctx, tx, cs, now, "") })
 	return err
+}
+
+// AckClaimsTx is AckClaims in the caller's transaction, which must roll
+// back on an error (some claims may have matched).
+func (d *Store) AckClaimsTx(ctx context.Context, tx *sql.Tx, cs []driver.Claim, now time.Time) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	return d.ackClaims(ctx, tx, cs, now, " in the caller's transaction")
+}
+
+func (d *Store) ackClaims(ctx context.Context, tx *sql.Tx, cs []driver.Claim, now time.Time, where string) error {
+	c0 := cs[0]
+	op := fmt.Sprintf("ack %d ungrouped messages of tenant %q topic %q group %q%s", len(cs), c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup, where)
+	pairs := make(Rows, len(cs))
+	for i, c := range cs {
+		pairs[i] = []any{c.Message.Offset, c.Token, c.Owner}
+	}
+	res, err := d.exec(ctx, tx, d.sql().group.ack, claimArgsOf(c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup).with(
+		Args{"now": d.EncodeTime(now), "claims": pairs}))
+	if err != nil {
+		return d.Wrap(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if n != int64(len(cs)) {
+		return fmt.Errorf("%s: %w (%d of them claimed again)", op, driver.ErrLeaseLost, int64(len(cs))-n)
+	}
+	return nil
 }
 
 // RetryClaim makes c's message claimable again at retryAt.

@@ -271,6 +271,15 @@ func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, 
 	return err
 }
 
+// CommitOffsetTx is CommitOffset in the caller's transaction.
+func (d *Store) CommitOffsetTx(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time) error {
+	op := fmt.Sprintf("commit offset %d on %s in the caller's transaction", offset, l.PartitionRef)
+	if err := d.fence(ctx, tx, l, op); err != nil {
+		return err
+	}
+	return d.commitOffset(ctx, tx, l, offset, now, op)
+}
+
 // CommitOffsets commits several leases' cursors in one transaction: it
 // fences every lease first, in partition order, and only then commits
 // and drops bookkeeping, so that it holds no range of

@@ -10,6 +10,7 @@ package ungrouped
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"sync"
@@ -448,7 +449,10 @@ func (s *Service) handleClaim(c driver.Claim) {
 	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost) }) {
 		close(renewing)
 	}
-	err := s.cfg.Handle(hctx, []driver.Message{m}, nil, c.Attempts) // never a chunk: a large message has a key
+	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error {
+		return s.drv.AckClaimsTx(ctx, tx, []driver.Claim{c}, s.cfg.Clock())
+	}}
+	err := s.cfg.Handle(settle.WithInTx(hctx, inTx), []driver.Message{m}, nil, c.Attempts) // never a chunk: a large message has a key
 	close(handled)
 	<-renewing // no renewal runs beside the settlement
 	if err != nil && s.life.HardContext().Err() != nil {
@@ -464,6 +468,9 @@ func (s *Service) handleClaim(c driver.Claim) {
 		s.ackSlots <- struct{}{}
 		if err := s.acks.Enqueue(m.Tenant, []driver.Claim{c}, func(err error) {
 			<-s.ackSlots
+			if inTx.Used() && errors.Is(err, driver.ErrLeaseLost) {
+				return // settled in the handler's transaction (or, if that rolled back, claimed again)
+			}
 			s.settled(c, "ack", err)
 		}); err != nil {
 			<-s.ackSlots

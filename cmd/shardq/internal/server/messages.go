@@ -258,7 +258,7 @@ func messageOf(key, id string, offset int64, headers map[string]string, payload 
 func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {
 	rq, acks, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
 	if err == nil {
-		err = rq.Validate() // before the acks: a refused request settles nothing
+		err = s.cfg.Receipts.Check(r.Context(), rq) // before the acks: a refused request settles nothing
 	}
 	if err != nil {
 		s.decodeError(w, r, err)
@@ -309,6 +309,12 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 		settled.Acked, settled.Stale = &acked, stale
 	}
 	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
+	if errors.Is(err, shardq.ErrStaleReceipt) && settled.Acked != nil {
+		// The session ended; the acks before it stand.
+		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "session ended", Detail: err.Error(),
+			Settled: settled.Acked, Stale: settled.Stale})
+		return
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -107,6 +107,16 @@ func TestSessionsOverHTTP(t *testing.T) {
 		}
 		h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": u})
 
+		// A receive whose session fails its check settles none of its acks.
+		h.must(200, "POST", topicPath+"/messages", pub, `{"messages":[{"key":"z","id":"z1","payload":"1"},{"key":"z","id":"z2","payload":"2"}]}`)
+		z := receipts(received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"z"}`)))
+		if r := h.call("POST", groupPath+"/receive", tok, map[string]any{"session": z[0], "ack": z}); r.status != 400 || !strings.Contains(r.raw, "session") {
+			t.Fatalf("receive with a receipt for a session: %d %s", r.status, r.raw)
+		}
+		if got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"z"}`)); len(got) != 0 {
+			t.Fatalf("the refused request acked z1: z is free again (%v)", got)
+		}
+
 		for _, bad := range []string{
 			`{"receipts":["` + u[0] + `"]}`, `{"receipts":["` + u[0] + `"],"visibility":-1}`, `{"receipts":["` + u[0] + `"],"visibility":43201}`,
 			`{"receipts":[],"visibility":1}`, `{"receipts":["r2.x"],"visibility":1}`,

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package settle
+
+import (
+	"context"
+	"database/sql"
+	"sync/atomic"
+)
+
+// InTx settles a delivery inside the application's own transaction
+// (Delivery.AckTx): Ack runs the settlement's statements on tx, fenced
+// by the lease or claim that delivered it; upTo is the offset a
+// partition's cursor passes (a claim settles its own message). The
+// runtime that made it hands it to the handler through the context and
+// reads Used afterwards.
+type InTx struct {
+	Ack  func(ctx context.Context, tx *sql.Tx, upTo int64) error
+	used atomic.Bool
+}
+
+// Run settles in tx and records that the handler asked for it.
+func (t *InTx) Run(ctx context.Context, tx *sql.Tx, upTo int64) error {
+	t.used.Store(true)
+	return t.Ack(ctx, tx, upTo)
+}
+
+// Used reports whether the handler settled in its transaction (which may
+// since have rolled back).
+func (t *InTx) Used() bool { return t.used.Load() }
+
+type inTxKey struct{}
+
+// WithInTx gives a handler's context t.
+func WithInTx(ctx context.Context, t *InTx) context.Context {
+	return context.WithValue(ctx, inTxKey{}, t)
+}
+
+// InTxFrom is the InTx of a handler's context, or nil.
+func InTxFrom(ctx context.Context) *InTx {
+	t, _ := ctx.Value(inTxKey{}).(*InTx)
+	return t
+}
