@@ -4,8 +4,11 @@ package shardq
 
 import (
 	"context"
+	"fmt"
 	"io"
 
+	"github.com/shardq/shardq/internal/expiry"
+	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/large"
 )
 
@@ -87,6 +90,9 @@ func (c *Client) PublishLarge(ctx context.Context, msg Message, body io.Reader, 
 	}
 	if o.ChunksPerTx == 0 {
 		o.ChunksPerTx = DefaultLargeChunksPerTx
+	}
+	if _, ok := msg.Headers[expiry.Header]; ok || msg.TTL != 0 || !msg.ExpiresAt.IsZero() {
+		return LargeResult{}, fmt.Errorf("shardq: publish large: %w", &ident.Error{Field: "ttl", Rule: "a large message does not expire (set no TTL, ExpiresAt or " + expiry.Header + ")"})
 	}
 	res, err := large.Write(ctx, c.pub, toPublish([]Message{msg})[0], body, o.ChunkSize, o.ChunksPerTx)
 	return LargeResult(res), err

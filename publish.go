@@ -45,6 +45,15 @@ type Message struct {
 	// once.
 	NotBefore time.Time
 	Delay     time.Duration
+	// ExpiresAt is when the message expires; TTL does the same relative
+	// to the client's clock at publish (set at most one, after NotBefore).
+	// An expired message is never handed out: a reader settles it
+	// unhandled (dead-lettered when the consumer asks for it) and counts
+	// it in shardq.consumer.expired. Stored in the header
+	// "shardq-expires-at" (RFC 3339), which a caller may set instead. Not
+	// for large messages. See docs/consumers.md, "Expiry".
+	ExpiresAt time.Time
+	TTL       time.Duration
 
 	// Selector, when set, chooses PartitionKey from the message and
 	// SelectorArg before anything is written; PartitionKey must then be
@@ -95,7 +104,7 @@ func toPublish(msgs []Message) []publish.Message {
 	for i := range msgs {
 		m := &msgs[i]
 		out[i] = publish.Message{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Payload: m.Payload,
-			Headers: m.Headers, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Delay: m.Delay}
+			Headers: m.Headers, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Delay: m.Delay, ExpiresAt: m.ExpiresAt, TTL: m.TTL}
 		if m.Selector != nil {
 			out[i].Select = func() (string, error) { return m.Selector.SelectPartition(m, m.SelectorArg) }
 		}

@@ -43,6 +43,10 @@ type ReceiptOptions struct {
 	Name        string
 	MaxAttempts int    // after this many failed attempts (Nacks) a message is dead-lettered [10]
 	DLQSuffix   string // [".dlq"]
+	// DeadLetterExpired dead-letters a message found expired
+	// (Message.TTL) instead of passing over it, as Service Bus's
+	// dead-lettering on expiration [false].
+	DeadLetterExpired bool
 	// PollInterval is how often a waiting receive looks again while the
 	// change feed is down [100ms]; while it streams, a waiting receive
 	// wakes when its partitions move and looks again only every
@@ -84,7 +88,8 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 		o.Clock = c.cfg.Clock
 	}
 	return &Receipts{c: c, o: o, rt: receipts.New(c.drv, receipts.Config{Name: o.Name,
-		Settler:      settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts}, DLQSuffix: o.DLQSuffix, Clock: o.Clock},
+		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, DeadLetterExpired: o.DeadLetterExpired},
+			DLQSuffix: o.DLQSuffix, Clock: o.Clock}, Tel: c.tel,
 		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, MaxVisibility: MaxVisibility,
 		MaxMessageBytes: c.MaxMessageBytes(), LargeWriteTimeout: c.cfg.LargeWriteTimeout, Local: &c.local, Log: c.cfg.Logger})}, nil
 }

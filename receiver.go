@@ -95,8 +95,12 @@ type ReceiverOptions struct {
 	BackoffMin     time.Duration // first retry delay, doubling per attempt, with jitter [1s]
 	BackoffMax     time.Duration // [5m]
 	DLQSuffix      string        // dead-letter topic = topic + DLQSuffix [".dlq"]
-	Clock          func() time.Time
-	Logger         *slog.Logger
+	// DeadLetterExpired dead-letters a message found expired
+	// (Message.TTL) instead of passing over it, as Service Bus's
+	// dead-lettering on expiration [false].
+	DeadLetterExpired bool
+	Clock             func() time.Time
+	Logger            *slog.Logger
 }
 
 func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOptions, error) {
@@ -133,7 +137,8 @@ func (c *Client) receiverConfig(o ReceiverOptions) receiver.Config {
 	return receiver.Config{Name: o.Name, Wait: o.Wait, RequireReady: o.RequireReady, LeaseTTL: o.LeaseTTL, IdleTimeout: o.IdleTimeout,
 		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, HandlerTimeout: o.HandlerTimeout,
 		LargeWriteTimeout: c.cfg.LargeWriteTimeout,
-		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, BackoffMin: o.BackoffMin, BackoffMax: o.BackoffMax},
+		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, BackoffMin: o.BackoffMin, BackoffMax: o.BackoffMax,
+			DeadLetterExpired: o.DeadLetterExpired},
 			DLQSuffix: o.DLQSuffix, Clock: o.Clock},
 		Log: o.Logger, Tel: c.tel, Local: &c.local,
 		Owned: func(ref driver.PartitionRef, held *driver.LeaseHeldError) error {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/consumer"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/settings"
@@ -32,6 +33,7 @@ type Delivery struct {
 	Payload      []byte
 	CreatedAt    time.Time
 	NotBefore    time.Time // when the message was delayed until (zero: not delayed)
+	ExpiresAt    time.Time // when the message expires (zero: never); an expired one is never handed out
 	// Attempt is 1 on the message's first delivery to the consumer group,
 	// 2 on its first retry, and so on (across subscribers).
 	Attempt int
@@ -230,6 +232,10 @@ type SubscriberConfig struct {
 	BackoffMin  time.Duration // first retry delay, doubling per attempt, with jitter [1s]
 	BackoffMax  time.Duration // [5m]
 	DLQSuffix   string        // dead-letter topic = Topic + DLQSuffix [".dlq"]
+	// DeadLetterExpired dead-letters a message found expired
+	// (Message.TTL) instead of passing over it, as Service Bus's
+	// dead-lettering on expiration [false].
+	DeadLetterExpired bool
 
 	// Clock is the time used for leases, heartbeats and retry times
 	// [the client's Clock].
@@ -373,7 +379,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		LargeWriteTimeout: c.cfg.LargeWriteTimeout,
 		Take:              consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
 		MaxVisibilityRenewal: cfg.MaxVisibilityRenewal,
-		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax},
+		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax, DeadLetterExpired: cfg.DeadLetterExpired},
 		DLQSuffix:            cfg.DLQSuffix, Clock: cfg.Clock, Logger: cfg.Logger,
 		Metrics: c.tel.Group(cfg.Topic, cfg.ConsumerGroup),
 	}, c.tel, &c.local, func() { c.untrack(s) })
@@ -415,9 +421,11 @@ func (s *Subscriber) deliver(ctx context.Context, msgs []driver.Message, whole *
 }
 
 func newDelivery(m driver.Message, attempt int) *Delivery {
-	return &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
+	d := &Delivery{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
 		Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore, Attempt: attempt,
 		Size: int64(len(m.Payload))}
+	d.ExpiresAt, _ = expiry.At(&m)
+	return d
 }
 
 // wholeDelivery is the delivery of a large message whole.

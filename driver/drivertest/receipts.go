@@ -27,6 +27,7 @@ var receiptTests = []struct {
 	{"ReceiptsSession", testReceiptsSession},
 	{"AckTxSubscriber", testAckTxSubscriber},
 	{"AckTxReceiver", testAckTxReceiver},
+	{"MessagesExpire", testMessagesExpire},
 	{"TokensStoredPerTenant", testTokens},
 }
 

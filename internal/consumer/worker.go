@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/settle"
 )
@@ -313,9 +314,10 @@ func (w *worker) deliver(msgs []driver.Message) bool {
 		// time (the partition waits there, as a FIFO group does), and
 		// before a large message's chunk or end marker: a large
 		// message is handed out alone.
-		ready := later(w.s.cfg.Clock(), msgs[0].NotBefore)
+		now := w.s.cfg.Clock()
+		ready := later(now, msgs[0].NotBefore)
 		for i := range msgs[1:] {
-			if m := &msgs[i+1]; m.NotBefore.After(ready) || large.KindOf(m) != large.Ordinary {
+			if m := &msgs[i+1]; m.NotBefore.After(ready) || large.KindOf(m) != large.Ordinary || expiry.Expired(m, now) {
 				msgs = msgs[:i+1]
 				break
 			}
@@ -391,6 +393,9 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 		last = end.Offset
 	}
 	attempt := st.Attempts + 1
+	if end == nil && expiry.Expired(&msgs[0], s.cfg.Clock()) {
+		return w.expire(msgs[0], attempt)
+	}
 	// A retry waits for its time, and a delayed message for its
 	// NotBefore: the partition waits with it.
 	if wait := later(st.NextAttemptAt, msgs[0].NotBefore).Sub(s.cfg.Clock()); wait > 0 {
@@ -480,6 +485,25 @@ func (w *worker) deadLetter(msgs []driver.Message, end *driver.Message, attempts
 		s.cfg.Metrics.DeadLettered(w.lease.Tenant, 1)
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
 	}
+	return true
+}
+
+// expire settles m, expired, without handing it out: the cursor passes
+// it, or it is dead-lettered.
+func (w *worker) expire(m driver.Message, attempt int) bool {
+	s := w.s
+	s.cfg.Metrics.Expired(w.lease.Tenant, 1)
+	if s.cfg.Policy.DeadLetterExpired {
+		cause := expiry.Cause(&m)
+		if !w.deadLetter([]driver.Message{m}, nil, attempt, cause, w.deadLetterOneOf(m, nil, attempt, cause)) {
+			return false
+		}
+		w.settled.Store(m.Offset)
+		raise(&w.commit, m.Offset) // the dead-letter transaction committed the cursor
+	} else {
+		s.log.Debug("shardq: passed over an expired message", w.logArgs("offset", m.Offset, "id", m.ID)...)
+	}
+	w.cursor = m.Offset
 	return true
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
@@ -40,6 +41,8 @@ type Message struct {
 	Headers                         map[string]string
 	CreatedAt, NotBefore            time.Time
 	Delay                           time.Duration
+	ExpiresAt                       time.Time
+	TTL                             time.Duration
 	// Select, when not nil, chooses the partition key (the message's
 	// Selector with its argument); PartitionKey must then be empty.
 	Select func() (string, error)
@@ -307,10 +310,45 @@ func (p *Publisher) prepareOne(ctx context.Context, m *Message, now time.Time) (
 	if err != nil {
 		return nil, err
 	}
+	if err := expires(m, headers, now, notBefore); err != nil {
+		return nil, err
+	}
 	return &driver.InsertMessage{
 		Tenant: m.Tenant, Topic: m.Topic, PartitionKey: key, ID: id,
 		Headers: headers, Payload: m.Payload, CreatedAt: created, NotBefore: notBefore,
 	}, nil
+}
+
+// expires sets headers' expiry from m's TTL or ExpiresAt (at most one
+// of them, or the header itself), after now and after notBefore.
+func expires(m *Message, headers map[string]string, now, notBefore time.Time) error {
+	v, inHeader := m.Headers[expiry.Header]
+	field := "expires at"
+	at := m.ExpiresAt
+	switch {
+	case m.TTL < 0:
+		return &ident.Error{Field: "ttl", Rule: fmt.Sprintf("%s is negative", m.TTL)}
+	case (m.TTL > 0 && !at.IsZero()) || (inHeader && (m.TTL > 0 || !at.IsZero())):
+		return &ident.Error{Field: "ttl", Rule: "set one of TTL, ExpiresAt and the header " + expiry.Header}
+	case m.TTL > 0:
+		at, field = now.Add(m.TTL), "ttl"
+	case inHeader:
+		var err error
+		if at, err = expiry.Parse(v); err != nil {
+			return &ident.Error{Field: fmt.Sprintf("header %q", expiry.Header), Rule: "an RFC 3339 time"}
+		}
+		field = fmt.Sprintf("header %q", expiry.Header)
+	case at.IsZero():
+		return nil
+	}
+	switch {
+	case !at.After(now):
+		return &ident.Error{Field: field, Rule: fmt.Sprintf("%s is not after now (%s): the message would never be delivered", expiry.Format(at), expiry.Format(now))}
+	case !notBefore.IsZero() && !at.After(notBefore):
+		return &ident.Error{Field: field, Rule: fmt.Sprintf("%s is not after the message's delivery time %s", expiry.Format(at), expiry.Format(notBefore))}
+	}
+	headers[expiry.Header] = expiry.Format(at)
+	return nil
 }
 
 // NewID is a fresh message id: a UUIDv7, unique and time-ordered.

@@ -22,11 +22,13 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/receiptkey"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/telemetry"
 	"github.com/shardq/shardq/internal/wakeup"
 )
 
@@ -55,6 +57,7 @@ type Config struct {
 	LargeWriteTimeout time.Duration
 	Local             *wakeup.Registry // the client's wake-ups
 	Log               *slog.Logger
+	Tel               *telemetry.T // counts expired messages (nil: not counted)
 }
 
 // Receipts receives with receipts.
@@ -382,6 +385,12 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, er
 	}
 	res := Result{Truncated: truncated}
 	for _, c := range claims {
+		if expiry.Expired(&c.Message, r.now()) {
+			if err := r.expireClaim(ctx, rq, c); err != nil {
+				return Result{}, r.releaseClaims(ctx, claims, err)
+			}
+			continue
+		}
 		rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Owner: owner, Token: c.Token, Offset: c.Message.Offset, Claim: true, Attempts: c.Attempts}
 		signed, err := r.Sign(ctx, rc)
 		if err != nil {
@@ -390,6 +399,65 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, er
 		res.Messages = append(res.Messages, Received{Message: c.Message, Attempt: c.Attempts, Receipt: signed})
 	}
 	return res, nil
+}
+
+// maxExpiredRounds bounds the reads of one receive that find only
+// expired messages at a group's cursor.
+const maxExpiredRounds = 4
+
+// expireLeading settles the expired messages at the front of msgs (read
+// after l's cursor) without handing them out, under l: the cursor passes
+// them, or each is dead-lettered. It returns the messages to hand out:
+// those after them, up to the next expired one. passed reports that some
+// were settled.
+func (r *Receipts) expireLeading(ctx context.Context, l *driver.Lease, msgs []driver.Message, states map[int64]driver.DeliveryState,
+	now time.Time) (rest []driver.Message, passed bool, err error) {
+	n := 0
+	for n < len(msgs) && large.KindOf(&msgs[n]) == large.Ordinary && expiry.Expired(&msgs[n], now) {
+		n++
+	}
+	if n > 0 {
+		if r.cfg.Settler.Policy.DeadLetterExpired {
+			for _, m := range msgs[:n] {
+				if _, err := r.cfg.Settler.Leased(ctx, *l, m, nil, states[m.Offset].Attempts+1, &settle.DeadLetterError{Err: expiry.Cause(&m)}); err != nil {
+					return nil, false, err
+				}
+			}
+		} else if err := r.drv.CommitOffset(ctx, *l, msgs[n-1].Offset, now); err != nil {
+			return nil, false, err
+		}
+		l.Committed = msgs[n-1].Offset
+		r.expired(l.Tenant, l.Topic, l.ConsumerGroup, n)
+	}
+	rest = msgs[n:]
+	for i := range rest {
+		if expiry.Expired(&rest[i], now) {
+			return rest[:i], n > 0, nil // it goes first in the next receive
+		}
+	}
+	return rest, n > 0, nil
+}
+
+// expireClaim settles an expired ungrouped message's claim without
+// handing it out: marked done, or dead-lettered.
+func (r *Receipts) expireClaim(ctx context.Context, rq Request, c driver.Claim) error {
+	var err error
+	if r.cfg.Settler.Policy.DeadLetterExpired {
+		_, err = r.cfg.Settler.Claim(ctx, c, &settle.DeadLetterError{Err: expiry.Cause(&c.Message)})
+	} else {
+		err = r.drv.AckClaims(ctx, []driver.Claim{c}, r.now())
+	}
+	if err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		return fmt.Errorf("shardq: receive: settle an expired message: %w", err)
+	}
+	r.expired(rq.Tenant, rq.Topic, rq.Group, 1)
+	return nil
+}
+
+func (r *Receipts) expired(tenant, topic, group string, n int) {
+	if r.cfg.Tel != nil {
+		r.cfg.Tel.Group(topic, group).Expired(tenant, n)
+	}
 }
 
 // releaseClaims gives back claims that cannot be handed out, uncounted.
@@ -483,6 +551,16 @@ func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now 
 		rq.Max = 1 // a large message is being written at the cursor: its chunk 0 is all there is to read
 	}
 	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
+	for range maxExpiredRounds {
+		var passed bool
+		if err != nil || len(msgs) == 0 {
+			break
+		}
+		if msgs, passed, err = r.expireLeading(ctx, &l, msgs, states, now); err != nil || !passed || len(msgs) > 0 {
+			break
+		}
+		msgs, states, truncated, err = r.ready(ctx, l, rq, now) // all of them had expired: look past them
+	}
 	if err == nil && (len(msgs) == 0 || large.KindOf(&msgs[0]) != large.First) {
 		r.forget(ref) // whatever was waited for at the cursor is past
 	}

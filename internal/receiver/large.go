@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/large"
 )
 
@@ -40,6 +41,12 @@ func (r *Receiver) ReceiveWhole(ctx context.Context) (Whole, error) {
 		var end *driver.Message
 		switch large.KindOf(&m) {
 		case large.Ordinary:
+			if expiry.Expired(&m, r.now()) {
+				if err := r.expire(ctx, m); err != nil {
+					return Whole{}, err
+				}
+				continue
+			}
 			return Whole{Message: m, Attempt: attempt, Size: int64(len(m.Payload))}, nil
 		case large.Chunk:
 			if err := r.passOver(ctx, m, nil, "a chunk of a large message that was passed over"); err != nil {
@@ -123,6 +130,17 @@ func (r *Receiver) passOver(ctx context.Context, m driver.Message, end *driver.M
 	}
 	r.log.Log(ctx, level, "shardq: passed over "+why, "offset", m.Offset, "id", m.ID)
 	return nil
+}
+
+// expire settles m, the message in hand, expired, without handing it
+// out: the cursor passes it, or it is dead-lettered.
+func (r *Receiver) expire(ctx context.Context, m driver.Message) error {
+	r.metrics.Expired(r.ref.Tenant, 1)
+	if r.cfg.Settler.Policy.DeadLetterExpired {
+		return r.DeadLetter(ctx, m.Offset, expiry.Cause(&m))
+	}
+	r.log.Debug("shardq: passed over an expired message", "offset", m.Offset, "id", m.ID)
+	return r.Ack(ctx, m.Offset)
 }
 
 // waitEnd waits until the end marker of the large message whose chunk 0

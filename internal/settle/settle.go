@@ -24,6 +24,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/backoff"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
@@ -68,6 +69,9 @@ const Unlimited = -1
 type Policy struct {
 	MaxAttempts            int // Unlimited: never dead-letter for the count
 	BackoffMin, BackoffMax time.Duration
+	// DeadLetterExpired dead-letters an expired message instead of
+	// passing over it (internal/expiry).
+	DeadLetterExpired bool
 }
 
 // Verdict is what a handler's result means for its message.
@@ -120,6 +124,7 @@ const (
 func DeadLetterCopy(m driver.Message, suffix string, attempts int, cause error) *driver.InsertMessage {
 	headers := make(map[string]string, len(m.Headers)+4)
 	maps.Copy(headers, m.Headers)
+	delete(headers, expiry.Header) // a dead letter stays until it is handled
 	headers[HeaderOriginalTopic] = m.Topic
 	headers[HeaderOriginalOffset] = strconv.FormatInt(m.Offset, 10)
 	headers[HeaderAttempts] = strconv.Itoa(attempts)

@@ -76,6 +76,14 @@ func (g *Group) DeadLettered(tenant string, n int) {
 	g.t.deadLettered.Add(context.Background(), int64(n), g.set(tenant))
 }
 
+// Expired counts n messages that expired before they were handed out.
+func (g *Group) Expired(tenant string, n int) {
+	if g == nil {
+		return
+	}
+	g.t.expired.Add(context.Background(), int64(n), g.set(tenant))
+}
+
 // Lag is one tenant's backlog in a consumer group.
 type Lag struct {
 	Tenant string

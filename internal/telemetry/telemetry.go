@@ -77,6 +77,7 @@ type T struct {
 	rebalance        metric.Float64Histogram
 	retries          metric.Int64Counter
 	deadLettered     metric.Int64Counter
+	expired          metric.Int64Counter
 	checks           metric.Int64Counter
 	retentionDeleted metric.Int64Counter
 	quotaRefused     metric.Int64Counter
@@ -145,6 +146,9 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) *T {
 	note(err)
 	t.deadLettered, err = m.Int64Counter("shardq.consumer.dead_lettered", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages copied to the dead-letter topic."))
+	note(err)
+	t.expired, err = m.Int64Counter("shardq.consumer.expired", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages past their expiry, settled without delivery (dead-lettered when configured)."))
 	note(err)
 	t.checks, err = m.Int64Counter("shardq.tx.checks", metric.WithUnit("{check}"),
 		metric.WithDescription("Check-backs of half messages, by outcome (commit, rollback, unknown)."))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/retry"
@@ -443,6 +444,10 @@ func (s *Service) advanceUngrouped(active map[string]bool, now time.Time) {
 // handler runs, its claim is renewed (up to MaxRenewal in all).
 func (s *Service) handleClaim(c driver.Claim) {
 	m := c.Message
+	if expiry.Expired(&m, s.cfg.Clock()) {
+		s.expire(c)
+		return
+	}
 	hctx, lost := context.WithCancel(s.life.HardContext())
 	defer lost()
 	handled, renewing := make(chan struct{}), make(chan struct{})
@@ -499,6 +504,28 @@ func (s *Service) handleClaim(c driver.Claim) {
 		s.wakeAt(m.Tenant, v.Delay)
 	}
 	s.settled(c, op, serr)
+}
+
+// expire settles c's message, expired, without handing it out: its
+// claim is marked done, or it is dead-lettered.
+func (s *Service) expire(c driver.Claim) {
+	m := c.Message
+	s.cfg.Metrics.Expired(m.Tenant, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	op := "pass over an expired"
+	err := s.retrying(ctx, func() error {
+		if s.cfg.Policy.DeadLetterExpired {
+			op = "dead-letter an expired"
+			_, err := s.settler.Claim(ctx, c, &settle.DeadLetterError{Err: expiry.Cause(&m)})
+			return err
+		}
+		return s.drv.AckClaims(ctx, []driver.Claim{c}, s.cfg.Clock())
+	})
+	if err == nil && s.cfg.Policy.DeadLetterExpired {
+		s.cfg.Metrics.DeadLettered(m.Tenant, 1)
+	}
+	s.settled(c, op, err)
 }
 
 // settled logs a settlement op of c that failed.

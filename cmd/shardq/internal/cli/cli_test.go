@@ -186,6 +186,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"publish", "--tenant", "t", "--topic", "x", "--delay", "1m", "--not-before", "2030-01-01T00:00:00Z", "p"}, "--delay and --not-before both say when"},
 		{[]string{"publish", "--tenant", "t", "--topic", "x", "--not-before", "tomorrow", "p"}, `--not-before "tomorrow": want an RFC 3339 time`},
 		{[]string{"publish", "--tenant", "t", "--topic", "x", "--delay", "48h", "p"}, "delay: 48h0m0s ahead, limit 24h0m0s (Config.MaxDelay)"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--file", "-", "--ttl", "1m"}, "--file: a large message does not expire"},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--ttl", "-1m", "p"}, `invalid argument "-1m" for "--ttl"`},
+		{[]string{"publish", "--tenant", "t", "--topic", "x", "--ttl", "1m", "--delay", "2m", "p"}, "is not after the message's delivery time"},
 	} {
 		args := append([]string{"--dsn", dsn}, tc.args...)
 		if tc.args[0] == "--dsn" {
@@ -550,5 +553,27 @@ func TestMigrateStatusDryRunAndPrintSQL(t *testing.T) {
 				t.Fatalf("--dry-run with --print-sql: %+v", r)
 			}
 		})
+	}
+}
+
+// publish --ttl stores the message's expiry, which readers honour.
+func TestPublishTTL(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	before := time.Now()
+	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "k", "--ttl", "1h", "p"); r.code != 0 {
+		t.Fatalf("publish --ttl: %+v", r)
+	}
+	drv := openURL(t, dsn)
+	msgs, err := drv.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "acme", Topic: "orders", PartitionKey: "k"}, 0, 10)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("stored: %+v, %v", msgs, err)
+	}
+	at, err := time.Parse(time.RFC3339Nano, msgs[0].Headers["shardq-expires-at"])
+	if err != nil || at.Before(before.Add(time.Hour-time.Second)) || at.After(time.Now().Add(time.Hour)) {
+		t.Fatalf("expiry header %q (%v), want an hour from the publish", msgs[0].Headers["shardq-expires-at"], err)
 	}
 }

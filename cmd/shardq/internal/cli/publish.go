@@ -25,6 +25,7 @@ type publishFlags struct {
 	json, lines            bool
 	batch                  int
 	delay                  time.Duration
+	ttl                    time.Duration
 	notBefore              string // RFC 3339
 	file                   string // --file: a large message from this file ("-": stdin)
 	chunk                  int    // --chunk: bytes per chunk of --file
@@ -50,6 +51,7 @@ func (a *app) publishCmd() *cobra.Command {
 	fl.BoolVar(&f.lines, "lines", false, "publish every line of stdin as one message")
 	countFlag(fl, &f.batch, "batch", 100, "with --lines, messages per transaction")
 	durationFlag(fl, &f.delay, "delay", 0, "deliver no earlier than this long from now (at most the client's MaxDelay, 24h)")
+	durationFlag(fl, &f.ttl, "ttl", 0, "expire this long from now: never handed out after (dead-lettered when the consumer asks for it)")
 	fl.StringVar(&f.notBefore, "not-before", "", "deliver no earlier than this RFC 3339 time (like 2026-12-01T18:00:00Z)")
 	fl.StringVar(&f.file, "file", "", "publish this file (\"-\": stdin) as one large message: chunks in one message group, read back whole by consume --assemble")
 	countFlag(fl, &f.chunk, "chunk", shardq.DefaultLargeChunkSize, "with --file: bytes per chunk (at most the payload limit, 1 MiB)")
@@ -78,6 +80,8 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 		return usagef("--file is the payload: do not also give PAYLOAD or --lines")
 	case f.file != "" && (f.delay > 0 || f.notBefore != ""):
 		return usagef("--file: a large message cannot be delayed")
+	case f.file != "" && f.ttl > 0:
+		return usagef("--file: a large message does not expire")
 	case f.file == "" && !f.lines && len(args) != 1:
 		return usagef("want exactly one PAYLOAD argument (or --lines), got %d", len(args))
 	}
@@ -99,7 +103,7 @@ func (a *app) publish(cmd *cobra.Command, args []string, f publishFlags) error {
 		}
 		notBefore = t
 	}
-	base := shardq.Message{Tenant: f.tenant, Topic: f.topic, PartitionKey: f.key, ID: f.id, Headers: headers, Delay: f.delay, NotBefore: notBefore}
+	base := shardq.Message{Tenant: f.tenant, Topic: f.topic, PartitionKey: f.key, ID: f.id, Headers: headers, Delay: f.delay, NotBefore: notBefore, TTL: f.ttl}
 	c, done, err := a.client()
 	if err != nil {
 		return err

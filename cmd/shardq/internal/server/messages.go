@@ -28,6 +28,8 @@ type messageIn struct {
 	PayloadBase64 *string           `json:"payload_base64"`
 	Delay         float64           `json:"delay"`
 	NotBefore     *time.Time        `json:"not_before"`
+	TTL           float64           `json:"ttl"` // seconds
+	ExpiresAt     *time.Time        `json:"expires_at"`
 }
 
 // publishIn is a publish request: one message, or {"messages": [...]}.
@@ -93,7 +95,7 @@ func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, erro
 	}
 	list := in.Messages
 	single := in.messageIn.Key != "" || in.messageIn.ID != "" || in.messageIn.Headers != nil || in.messageIn.Payload != nil ||
-		in.messageIn.PayloadBase64 != nil || in.messageIn.Delay != 0 || in.messageIn.NotBefore != nil
+		in.messageIn.PayloadBase64 != nil || in.messageIn.Delay != 0 || in.messageIn.NotBefore != nil || in.messageIn.TTL != 0 || in.messageIn.ExpiresAt != nil
 	switch {
 	case list != nil && single:
 		return nil, &shardq.ValidationError{Field: "body", Rule: `either one message or "messages", not both`}
@@ -132,6 +134,12 @@ func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, erro
 		msg.Delay = d
 		if m.NotBefore != nil {
 			msg.NotBefore = *m.NotBefore
+		}
+		if msg.TTL, err = seconds(field("ttl"), m.TTL, 0); err != nil {
+			return nil, err
+		}
+		if m.ExpiresAt != nil {
+			msg.ExpiresAt = *m.ExpiresAt
 		}
 		out[i] = msg
 	}
@@ -229,6 +237,7 @@ type messageOut struct {
 	PayloadBase64 *string           `json:"payload_base64,omitempty"`
 	CreatedAt     time.Time         `json:"created_at"`
 	NotBefore     *time.Time        `json:"not_before,omitempty"`
+	ExpiresAt     *time.Time        `json:"expires_at,omitempty"`
 	Attempt       int               `json:"attempt,omitempty"`
 	Receipt       string            `json:"receipt,omitempty"`
 	// Large and BodyURL, on a received large message (no payload): what
@@ -325,6 +334,9 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	writeMessages(w, "messages", got.Messages, settled, func(m shardq.ReceivedMessage) messageOut {
 		out := messageOf(m.PartitionKey, m.ID, m.Offset, m.Headers, m.Payload, m.CreatedAt, m.NotBefore)
 		out.Attempt, out.Receipt = m.Attempt, m.Receipt
+		if !m.ExpiresAt.IsZero() {
+			out.ExpiresAt = &m.ExpiresAt
+		}
 		if m.IsLarge() {
 			out.Payload, out.PayloadBase64 = nil, nil
 			out.Large = &largeOut{Bytes: m.Size, Chunks: m.Chunks, SHA256: m.SHA256}

@@ -135,3 +135,28 @@ func TestSessionsOverHTTP(t *testing.T) {
 		}
 	})
 }
+
+// A message's ttl or expires_at over HTTP: refused when it could never
+// be met, shown on a receive, and an expired message never received.
+func TestExpiryOverHTTP(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		for _, bad := range []string{`{"key":"k","ttl":-1}`, `{"key":"k","expires_at":"2020-01-01T00:00:00Z"}`,
+			`{"key":"k","ttl":60,"expires_at":"2030-01-01T00:00:00Z"}`, `{"messages":[{"key":"k","ttl":60,"delay":120}]}`} {
+			if r := h.call("POST", topicPath+"/messages", tok, bad); r.status != 400 {
+				t.Errorf("publish %s: %d %s", bad, r.status, r.raw)
+			}
+		}
+		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[{"key":"k","id":"gone","ttl":60},{"key":"k","id":"kept","ttl":3600}]}`)
+		h.clock.Add(2 * time.Minute)
+		got := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":10}`))
+		if !slices.Equal(ids(got), []string{"kept"}) {
+			t.Fatalf("received %v, want kept only", ids(got))
+		}
+		at, err := time.Parse(time.RFC3339Nano, got[0]["expires_at"].(string))
+		if want := time.Date(2026, 12, 1, 13, 0, 0, 0, time.UTC); err != nil || !at.Equal(want) {
+			t.Fatalf("expires_at %v (%v), want %v", got[0]["expires_at"], err, want)
+		}
+	})
+}
