@@ -170,6 +170,50 @@ func ExampleClient_AcceptGroup() {
 	// state: cps
 }
 
+// A receiver settles each message in the same transaction as the work
+// it does: the shipment row and the group's cursor commit together, so a
+// crash can neither lose the shipment nor ship twice.
+func ExampleDelivery_AckTx() {
+	ctx := context.Background()
+	client, drv, done := openExample()
+	defer done()
+	if _, err := drv.DB().ExecContext(ctx, "CREATE TABLE shipments (order_id TEXT PRIMARY KEY)"); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := client.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "order-42", Payload: []byte("42")}); err != nil {
+		log.Fatal(err)
+	}
+	r, err := client.AcceptGroup(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "shipping"}, "order-42", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	d, err := r.Receive(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := drv.BeginWrite(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "INSERT INTO shipments (order_id) VALUES (?)", string(d.Payload)); err != nil {
+		log.Fatal(err)
+	}
+	if err := d.AckTx(ctx, tx); err != nil { // the cursor passes d in tx, under the lease's fence
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Ack(ctx, d); err != nil { // finds the cursor already there
+		log.Fatal(err)
+	}
+	fmt.Println("shipped", string(d.Payload))
+	// Output: shipped 42
+}
+
 // A group made with StartLatest reads only what is published after it;
 // Admin.Groups shows what each group has read, and retention removes the
 // partitions every group has drained.
