@@ -56,7 +56,8 @@ type Delivery struct {
 
 // ErrNoTxSettle is returned by Delivery.AckTx for a delivery that cannot
 // be settled in a transaction: one not handed out by a subscriber's
-// handler or a GroupReceiver (a receipt's, or a copy made by an adapter).
+// handler or a GroupReceiver (a receipt's, or a copy made by an adapter),
+// or a subscriber's kept after its handler returned.
 var ErrNoTxSettle = errors.New("shardq: this delivery cannot be settled in a transaction")
 
 // AckTx settles d inside tx, the application's own transaction on the
@@ -84,6 +85,9 @@ func (d *Delivery) AckTx(ctx context.Context, tx *sql.Tx) error {
 		return &ident.Error{Field: "tx", Rule: "must not be nil"}
 	}
 	if err := d.inTx.Run(ctx, tx, d.upTo); err != nil {
+		if errors.Is(err, settle.ErrClosed) {
+			err = fmt.Errorf("%w: %w", ErrNoTxSettle, err)
+		}
 		return fmt.Errorf("shardq: ack offset %d of tenant %q topic %q partition %q in a transaction: %w", d.Offset, d.Tenant, d.Topic, d.PartitionKey, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -65,6 +66,56 @@ func testMessagesExpire(t *testing.T, open Open) {
 	mustReceive(t, r, shardq.ReceiveRequest{Ungrouped: true, Max: 10}, "u2")
 	if dlq := append(fetchAll(t, d, "t", "x.dlq", "k"), fetchAll(t, d, "t", "x.dlq", "")...); len(dlq) != 0 {
 		t.Fatalf("dead letters %v, want none (not asked for)", dlq)
+	}
+
+	// A long run of expired messages: no receive hands one out.
+	var run []shardq.Message
+	for i := range 9 {
+		run = append(run, msg("w", "k", fmt.Sprintf("e%d", i), time.Minute))
+	}
+	mustPublish(t, c, append(run, msg("w", "k", "live", 0))...)
+	clock.Advance(2 * time.Minute)
+	for i := 0; ; i++ {
+		res, err := r.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "w", ConsumerGroup: "g", PartitionKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Messages) > 0 {
+			if res.Messages[0].ID != "live" {
+				t.Fatalf("receive %d handed out %s, expired", i, res.Messages[0].ID)
+			}
+			break
+		}
+		if i == 5 {
+			t.Fatal("the live message after the expired run never came")
+		}
+	}
+
+	// A message that expires while it waits for its retry is not retried.
+	mustPublish(t, c, msg("v", "k", "v1", 10*time.Second), msg("v", "k", "v2", 0))
+	var vmu sync.Mutex
+	vseen := map[string]int{}
+	vsub, err := c.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "s", Topic: "v", Tenants: []string{"t"}, Clock: clock.Now,
+		Handler: func(_ context.Context, d *shardq.Delivery) error {
+			vmu.Lock()
+			defer vmu.Unlock()
+			vseen[d.ID]++
+			if d.ID == "v1" {
+				clock.Advance(11 * time.Second) // past its expiry before its retry
+				return errors.New("fails")
+			}
+			return nil
+		}, LeaseTTL: 30 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 20 * time.Second,
+		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "v2", 10*time.Second, func() bool { vmu.Lock(); defer vmu.Unlock(); return vseen["v2"] > 0 })
+	if err := vsub.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if vseen["v1"] != 1 {
+		t.Fatalf("v1 handed out %d times, want once (expired before its retry)", vseen["v1"])
 	}
 
 	// A subscriber's batches stop before an expired message.

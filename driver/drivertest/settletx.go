@@ -77,11 +77,13 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 	var mu sync.Mutex
 	failedOnce := false
 	handled := map[string]int{}
+	var kept *shardq.Delivery
 	sub, err := c.Subscribe(context.Background(), fastConfig("g", "x", []string{"t"}, func(ctx context.Context, m *shardq.Delivery) error {
 		mu.Lock()
 		handled[m.ID]++
 		fail := m.ID == "m2" && !failedOnce
 		failedOnce = failedOnce || fail
+		kept = m
 		mu.Unlock()
 		tx, err := d.BeginWrite(ctx)
 		if err != nil {
@@ -99,7 +101,13 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 			tx.Rollback()
 			return errors.New("rolled back")
 		}
-		return tx.Commit()
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		if m.ID == "m3" {
+			return errors.New("a step after the commit failed") // m3 stays settled: not retried
+		}
+		return nil
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -111,8 +119,17 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 	if got := list(); !slices.Equal(got, []string{"m1", "m2", "m3", "u1", "u2"}) {
 		t.Fatalf("effects %v, want each message's once", got)
 	}
-	if handled["m2"] != 2 {
-		t.Fatalf("m2 handled %d times, want 2 (the rolled-back attempt delivered again)", handled["m2"])
+	if handled["m2"] != 2 || handled["m3"] != 1 {
+		t.Fatalf("m2 handled %d times, m3 %d; want 2 (the rolled-back attempt delivered again) and 1 (committed, then failed)", handled["m2"], handled["m3"])
+	}
+	tx, err := d.BeginWrite(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = kept.AckTx(context.Background(), tx)
+	tx.Rollback()
+	if !errors.Is(err, shardq.ErrNoTxSettle) {
+		t.Fatalf("AckTx of a delivery kept past its handler = %v, want ErrNoTxSettle", err)
 	}
 	if got := committed(t, d, "t", "x", "k", "g"); got != 3 {
 		t.Fatalf("cursor of k at %d, want 3", got)
@@ -173,12 +190,15 @@ func testAckTxReceiver(t *testing.T, open Open) {
 	if got := cursor(); got != 1 || !slices.Equal(list(), []string{"m1"}) {
 		t.Fatalf("after a commit: cursor %d, effects %v", got, list())
 	}
-	if err := r.Ack(ctx, m1); err != nil {
-		t.Fatalf("Ack after AckTx: %v", err)
+	// A Nack after a committed AckTx changes nothing: m1 stays settled.
+	if err := r.Nack(ctx, m1, errors.New("a step after the commit failed")); err != nil {
+		t.Fatalf("Nack after AckTx: %v", err)
 	}
-	m2, err := r.Receive(ctx)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second) // m1 again would wait for its retry on the frozen clock
+	m2, err := r.Receive(rctx)
+	cancel()
 	if err != nil || m2.ID != "m2" {
-		t.Fatalf("next = %v, %v", m2, err)
+		t.Fatalf("next = %v, %v; want m2 (m1 settled by its transaction)", m2, err)
 	}
 	// The lease lapses and another member takes the group.
 	clock.Advance(11 * time.Second)

@@ -393,12 +393,9 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 		last = end.Offset
 	}
 	attempt := st.Attempts + 1
-	if end == nil && expiry.Expired(&msgs[0], s.cfg.Clock()) {
-		return w.expire(msgs[0], attempt)
-	}
 	// A retry waits for its time, and a delayed message for its
 	// NotBefore: the partition waits with it.
-	if wait := later(st.NextAttemptAt, msgs[0].NotBefore).Sub(s.cfg.Clock()); wait > 0 {
+	if wait := later(st.NextAttemptAt, msgs[0].NotBefore).Sub(s.cfg.Clock()); wait > 0 && !expiry.Expired(&msgs[0], s.cfg.Clock()) {
 		if !w.commitCursor() || !w.wait(wait) {
 			return false
 		}
@@ -407,13 +404,36 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 		if !w.leaseLive() {
 			return false
 		}
-		err := w.call(msgs, end, attempt)
+		// Expiry is checked just before each attempt, by now's clock: a
+		// batch stops before an expired message, and one expired first is
+		// settled without delivery.
+		if end == nil {
+			now := s.cfg.Clock()
+			if expiry.Expired(&msgs[0], now) {
+				return w.expire(msgs[0], attempt)
+			}
+			for i := 1; i < len(msgs); i++ {
+				if expiry.Expired(&msgs[i], now) {
+					msgs, last = msgs[:i], msgs[i-1].Offset
+					break
+				}
+			}
+		}
+		inTx, err := w.call(msgs, end, attempt)
 		if err == nil {
 			w.cursor = last
 			return true
 		}
 		if w.ctx.Err() != nil {
 			return false // lease lost or hard stop: the next owner redelivers
+		}
+		if inTx.Used() {
+			// The handler settled in its transaction and then failed: what
+			// that transaction committed stays settled.
+			if committed, ok := w.committedNow(); ok && committed >= first {
+				w.cursor = min(committed, last)
+				return true // the rest, if any, is read again after the cursor
+			}
 		}
 		// The verdict is the batch's: its first message records the
 		// attempt, or every message is dead-lettered.
@@ -448,9 +468,24 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 	}
 }
 
+// committedNow reads the partition's cursor under the lease's fence (the
+// lease renewed by the way); false when it cannot.
+func (w *worker) committedNow() (int64, bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
+	defer cancel()
+	l, err := w.s.drv.ResumeLease(ctx, w.leaseNow(), w.s.cfg.Clock(), w.s.cfg.LeaseTTL)
+	if err != nil {
+		w.s.log.Warn("shardq: reading the cursor after a handler's transaction failed", w.logArgs("err", err)...)
+		return 0, false
+	}
+	return l.Committed, true
+}
+
 // call hands msgs to the handler as their attempt-th delivery; with end,
-// the large message msgs[0] starts, whole, its body read afresh.
-func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) error {
+// the large message msgs[0] starts, whole, its body read afresh. It
+// returns the handler's result and what it could settle in its own
+// transaction.
+func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) (*settle.InTx, error) {
 	var whole *large.Whole
 	if end != nil {
 		whole = w.open(&msgs[0], end)
@@ -460,7 +495,9 @@ func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) e
 	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, upTo int64) error {
 		return w.s.drv.CommitOffsetTx(ctx, tx, w.leaseNow(), upTo, w.s.cfg.Clock())
 	}}
-	return w.s.cfg.Handle(settle.WithInTx(w.ctx, inTx), msgs, whole, attempt)
+	err := w.s.cfg.Handle(settle.WithInTx(w.ctx, inTx), msgs, whole, attempt)
+	inTx.Close() // a delivery kept past its handler settles nothing
+	return inTx, err
 }
 
 // deadLetter copies msgs to the dead-letter topic and passes the cursor

@@ -341,6 +341,7 @@ func expires(m *Message, headers map[string]string, now, notBefore time.Time) er
 	case at.IsZero():
 		return nil
 	}
+	at = at.UTC().Truncate(time.Millisecond) // as stored: the checks hold for the stored value
 	switch {
 	case !at.After(now):
 		return &ident.Error{Field: field, Rule: fmt.Sprintf("%s is not after now (%s): the message would never be delivered", expiry.Format(at), expiry.Format(now))}

@@ -551,15 +551,15 @@ func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now 
 		rq.Max = 1 // a large message is being written at the cursor: its chunk 0 is all there is to read
 	}
 	msgs, states, truncated, err := r.ready(ctx, l, rq, now)
-	for range maxExpiredRounds {
+	for round := 1; err == nil && len(msgs) > 0; round++ {
+		// Every read goes through expireLeading before anything of it is
+		// handed out; a read that was all expired is followed by another,
+		// a few times at most.
 		var passed bool
-		if err != nil || len(msgs) == 0 {
+		if msgs, passed, err = r.expireLeading(ctx, &l, msgs, states, now); err != nil || !passed || len(msgs) > 0 || round == maxExpiredRounds {
 			break
 		}
-		if msgs, passed, err = r.expireLeading(ctx, &l, msgs, states, now); err != nil || !passed || len(msgs) > 0 {
-			break
-		}
-		msgs, states, truncated, err = r.ready(ctx, l, rq, now) // all of them had expired: look past them
+		msgs, states, truncated, err = r.ready(ctx, l, rq, now)
 	}
 	if err == nil && (len(msgs) == 0 || large.KindOf(&msgs[0]) != large.First) {
 		r.forget(ref) // whatever was waited for at the cursor is past

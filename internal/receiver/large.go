@@ -43,6 +43,7 @@ func (r *Receiver) ReceiveWhole(ctx context.Context) (Whole, error) {
 		case large.Ordinary:
 			if expiry.Expired(&m, r.now()) {
 				if err := r.expire(ctx, m); err != nil {
+					r.unhold() // not handed out: the next call starts here again
 					return Whole{}, err
 				}
 				continue
@@ -185,7 +186,7 @@ func (r *Receiver) unhold() {
 	defer r.mu.Unlock()
 	if r.held != nil {
 		r.buf = append([]driver.Message{*r.held}, r.buf...)
-		r.held, r.heldEnd = nil, nil
+		r.held, r.heldEnd, r.heldInTx = nil, nil, false
 		r.stopHeldTimer()
 	}
 }

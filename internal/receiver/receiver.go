@@ -186,6 +186,9 @@ type Receiver struct {
 	held   *driver.Message                // handed out, not settled
 	// heldAttempt is held's attempt, as handed out.
 	heldAttempt int
+	// heldInTx: the application settled held in its own transaction
+	// (AckTx), which may have committed.
+	heldInTx bool
 	// heldTimer ends the attempt in hand at HandlerTimeout (expireHeld);
 	// expiring counts expiries running, which Close waits for.
 	heldTimer *time.Timer
@@ -445,7 +448,7 @@ func (r *Receiver) settled(cursor int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cursor = cursor
-	r.held, r.heldEnd = nil, nil
+	r.held, r.heldEnd, r.heldInTx = nil, nil, false
 	r.stopHeldTimer()
 	for len(r.buf) > 0 && r.buf[0].Offset <= cursor { // a large message's chunks
 		r.buf = r.buf[1:]
@@ -483,6 +486,9 @@ func (r *Receiver) AckTx(ctx context.Context, tx *sql.Tx, offset int64) error {
 	if r.heldEnd != nil {
 		upTo = r.heldEnd.Offset
 	}
+	r.mu.Lock()
+	r.heldInTx = true
+	r.mu.Unlock()
 	if err := r.drv.CommitOffsetTx(ctx, tx, l, upTo, r.now()); err != nil {
 		return r.fail("ack in the caller's transaction", err)
 	}
@@ -518,6 +524,25 @@ func (r *Receiver) DeadLetter(ctx context.Context, offset int64, reason error) e
 // settleFailure settles the message in hand as failed by cause (op: for errors).
 func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause error, op string) error {
 	held, end, attempt := *r.held, r.heldEnd, r.heldAttempt
+	r.mu.Lock()
+	inTx := r.heldInTx
+	r.mu.Unlock()
+	if inTx {
+		// Settled in the application's transaction: if that committed,
+		// the message is acked, whatever failed after.
+		upTo := held.Offset
+		if end != nil {
+			upTo = end.Offset
+		}
+		cur, err := r.drv.ResumeLease(ctx, l, r.now(), r.cfg.LeaseTTL)
+		if err != nil {
+			return r.fail(op, err)
+		}
+		if cur.Committed >= upTo {
+			r.settled(upTo)
+			return nil
+		}
+	}
 	v, err := r.cfg.Settler.Leased(ctx, l, held, end, attempt, cause)
 	if v.DeadLetter {
 		op = "dead-letter"
@@ -542,7 +567,7 @@ func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause erro
 		r.states = map[int64]driver.DeliveryState{}
 	}
 	r.states[held.Offset] = driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: settle.ErrText(cause)}
-	r.held, r.heldEnd = nil, nil
+	r.held, r.heldEnd, r.heldInTx = nil, nil, false
 	r.stopHeldTimer()
 	r.lastActive = r.now()
 	r.mu.Unlock()
@@ -630,13 +655,26 @@ func (r *Receiver) expireHeld(offset int64, attempt int) {
 		r.mu.Unlock()
 		return // settled meanwhile
 	}
-	held, end, l := *r.held, r.heldEnd, r.lease
+	held, end, l, inTx := *r.held, r.heldEnd, r.lease, r.heldInTx
 	r.heldTimer = nil
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	cause := fmt.Errorf("%w after %s", settle.ErrHandlerTimeout, r.cfg.HandlerTimeout)
-	v, err := r.cfg.Settler.Leased(ctx, l, held, end, attempt, cause)
+	var v settle.Verdict
+	var err error
+	upTo := held.Offset
+	if end != nil {
+		upTo = end.Offset
+	}
+	settledInTx := false
+	if inTx { // settled in the application's transaction, if that committed
+		cur, cerr := r.drv.ResumeLease(ctx, l, r.now(), r.cfg.LeaseTTL)
+		settledInTx = cerr == nil && cur.Committed >= upTo
+	}
+	if !settledInTx {
+		v, err = r.cfg.Settler.Leased(ctx, l, held, end, attempt, cause)
+	}
 	switch {
 	case err == nil && v.DeadLetter:
 		r.metrics.DeadLettered(r.ref.Tenant, 1)

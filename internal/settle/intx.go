@@ -5,6 +5,7 @@ package settle
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync/atomic"
 )
 
@@ -15,15 +16,26 @@ import (
 // runtime that made it hands it to the handler through the context and
 // reads Used afterwards.
 type InTx struct {
-	Ack  func(ctx context.Context, tx *sql.Tx, upTo int64) error
-	used atomic.Bool
+	Ack    func(ctx context.Context, tx *sql.Tx, upTo int64) error
+	used   atomic.Bool
+	closed atomic.Bool
 }
+
+// ErrClosed is Run's error once the handler has returned.
+var ErrClosed = errors.New("the handler that received this delivery has returned: settle it there")
 
 // Run settles in tx and records that the handler asked for it.
 func (t *InTx) Run(ctx context.Context, tx *sql.Tx, upTo int64) error {
+	if t.closed.Load() {
+		return ErrClosed
+	}
 	t.used.Store(true)
 	return t.Ack(ctx, tx, upTo)
 }
+
+// Close ends t when its handler returns: a delivery kept past it would
+// settle out of turn.
+func (t *InTx) Close() { t.closed.Store(true) }
 
 // Used reports whether the handler settled in its transaction (which may
 // since have rolled back).

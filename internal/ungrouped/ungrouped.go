@@ -451,15 +451,20 @@ func (s *Service) handleClaim(c driver.Claim) {
 	hctx, lost := context.WithCancel(s.life.HardContext())
 	defer lost()
 	handled, renewing := make(chan struct{}), make(chan struct{})
-	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost) }) {
-		close(renewing)
-	}
 	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error {
 		return s.drv.AckClaimsTx(ctx, tx, []driver.Claim{c}, s.cfg.Clock())
 	}}
+	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost, inTx) }) {
+		close(renewing)
+	}
 	err := s.cfg.Handle(settle.WithInTx(hctx, inTx), []driver.Message{m}, nil, c.Attempts) // never a chunk: a large message has a key
+	inTx.Close()
 	close(handled)
 	<-renewing // no renewal runs beside the settlement
+	if inTx.Used() {
+		s.settledInTx(c, err)
+		return
+	}
 	if err != nil && s.life.HardContext().Err() != nil {
 		// A stop cancelled the handler: not the message's failure. Give
 		// it back uncounted, as a partition's worker leaves its message
@@ -473,9 +478,6 @@ func (s *Service) handleClaim(c driver.Claim) {
 		s.ackSlots <- struct{}{}
 		if err := s.acks.Enqueue(m.Tenant, []driver.Claim{c}, func(err error) {
 			<-s.ackSlots
-			if inTx.Used() && errors.Is(err, driver.ErrLeaseLost) {
-				return // settled in the handler's transaction (or, if that rolled back, claimed again)
-			}
 			s.settled(c, "ack", err)
 		}); err != nil {
 			<-s.ackSlots
@@ -502,6 +504,30 @@ func (s *Service) handleClaim(c driver.Claim) {
 	case serr == nil:
 		s.cfg.Metrics.Retry(m.Tenant)
 		s.wakeAt(m.Tenant, v.Delay)
+	}
+	s.settled(c, op, serr)
+}
+
+// settledInTx settles c after a handler that acked it in its own
+// transaction returned err: a claim found done is that transaction's
+// (committed); otherwise, as after any handler, an ack or a failure.
+func (s *Service) settledInTx(c driver.Claim, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	op := "ack"
+	serr := s.retrying(ctx, func() error {
+		if err == nil {
+			return s.drv.AckClaims(ctx, []driver.Claim{c}, s.cfg.Clock())
+		}
+		op = "retry"
+		v, err2 := s.settler.Claim(ctx, c, err)
+		if v.DeadLetter {
+			op = "dead-letter"
+		}
+		return err2
+	})
+	if errors.Is(serr, driver.ErrLeaseLost) {
+		return // settled by the handler's transaction (or, had it rolled back, claimed again)
 	}
 	s.settled(c, op, serr)
 }
@@ -546,7 +572,7 @@ func (s *Service) settled(c driver.Claim, op string, err error) {
 // MaxRenewal (there it lapses, and the message is delivered again). A
 // claim found lost cancels the handler through lost: another member has
 // the message.
-func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, lost context.CancelFunc) {
+func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, lost context.CancelFunc, inTx *settle.InTx) {
 	limit := c.VisibleUntil.Add(s.cfg.MaxRenewal - s.cfg.Visibility)
 	tick := time.NewTicker(s.cfg.Visibility / 4)
 	defer tick.Stop()
@@ -573,6 +599,8 @@ func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, los
 		err := s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, until, c.LastError, now) })
 		cancel()
 		switch {
+		case errors.Is(err, driver.ErrLeaseLost) && inTx.Used():
+			return // the handler's transaction settled it (done), or it was claimed again: the handler's own ack says which
 		case errors.Is(err, driver.ErrLeaseLost):
 			s.log.Warn("shardq: ungrouped claim lost while its handler ran; cancelling the handler",
 				"tenant", c.Message.Tenant, "offset", c.Message.Offset)
