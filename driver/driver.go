@@ -97,6 +97,10 @@ type Driver interface {
 	// SchemaVersion reports the highest applied and the highest embedded
 	// migration versions.
 	SchemaVersion(ctx context.Context) (current, latest int, err error)
+	// SchemaCompatible returns an error wrapping ErrSchemaNewer when the
+	// database was migrated past what the driver embeds by a migration
+	// that is not additive (a contract migration); nil otherwise.
+	SchemaCompatible(ctx context.Context) error
 
 	// BeginWrite starts a transaction suited to InsertMessages (SQLite:
 	// BEGIN IMMEDIATE; MySQL: READ COMMITTED).

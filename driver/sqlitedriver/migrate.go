@@ -31,7 +31,11 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+migrate.Table).Scan(&current); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	applied, err := migrate.Apply(ctx, tx, d.migrations, current, nowMicros(), driver.ErrSchemaNewer)
+	beyond, err := migrate.Beyond(tx.QueryContext(ctx, migrate.BeyondQuery, migrate.Latest(d.migrations)))
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	applied, err := migrate.Apply(ctx, tx, d.migrations, current, beyond, nowMicros(), driver.ErrSchemaNewer)
 	if err != nil {
 		return nil, err // rolled back: nothing was applied
 	}
@@ -39,6 +43,20 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 		return nil, fmt.Errorf("migrate: commit: %w", err)
 	}
 	return applied, nil
+}
+
+// SchemaCompatible refuses a file migrated past this driver by a contract
+// migration.
+func (d *Driver) SchemaCompatible(ctx context.Context) error {
+	current, latest, err := d.SchemaVersion(ctx)
+	if err != nil || current <= latest {
+		return err
+	}
+	beyond, err := migrate.Beyond(d.read.QueryContext(ctx, migrate.BeyondQuery, latest))
+	if err != nil {
+		return fmt.Errorf("schema version: %w", err)
+	}
+	return migrate.Compatible(current, latest, beyond, driver.ErrSchemaNewer)
 }
 
 // SchemaVersion reports the applied and the embedded versions; a file

@@ -93,14 +93,50 @@ func split(body string) []string {
 	return stmts
 }
 
-// NotNewer refuses a database whose applied version is above latest (the
-// highest this binary embeds): it was migrated by a newer shardq. newer is
-// the error to wrap (driver.ErrSchemaNewer).
-func NotNewer(current, latest int, newer error) error {
-	if current > latest {
-		return fmt.Errorf("%w: the database is at schema version %d, this shardq knows versions up to %d: upgrade shardq", newer, current, latest)
+// ContractSuffix ends the name of a migration that removes or changes
+// what an older binary reads. Every other migration only adds (tables,
+// columns, indexes), so that a binary runs on a database migrated past
+// what it knows (expand, then contract: docs/operations.md).
+const ContractSuffix = "_contract"
+
+// Compatible refuses a database whose applied version is above latest
+// (the highest this binary embeds) when one of the migrations past latest,
+// named in beyond, is a contract migration: it was migrated by a newer
+// shardq whose schema this binary cannot use. newer is the error to wrap
+// (driver.ErrSchemaNewer).
+func Compatible(current, latest int, beyond []string, newer error) error {
+	if current <= latest {
+		return nil
+	}
+	for _, name := range beyond {
+		if strings.HasSuffix(name, ContractSuffix) {
+			return fmt.Errorf("%w: the database is at schema version %d, this shardq knows versions up to %d, and migration %s removes or changes what it reads: upgrade shardq",
+				newer, current, latest, name)
+		}
 	}
 	return nil
+}
+
+// BeyondQuery lists the applied migrations above a version (?), oldest
+// first, by "version_name".
+const BeyondQuery = "SELECT version, name FROM " + Table + " WHERE version > ? ORDER BY version"
+
+// Beyond reads BeyondQuery's answer as names.
+func Beyond(rows *sql.Rows, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v int
+		var name string
+		if err := rows.Scan(&v, &name); err != nil {
+			return nil, err
+		}
+		out = append(out, fmt.Sprintf("%04d_%s", v, name))
+	}
+	return out, rows.Err()
 }
 
 // Latest is the highest version in ms (0 when empty).
@@ -118,10 +154,11 @@ type Execer interface {
 
 // Apply runs, in order, the migrations of ms above current and records
 // each in Table as applied at appliedAt (in the column's type). It refuses
-// a database newer than ms (NotNewer, wrapping newer), and returns the
-// versions applied before any failure.
-func Apply(ctx context.Context, db Execer, ms []Migration, current int, appliedAt any, newer error) ([]int, error) {
-	if err := NotNewer(current, Latest(ms), newer); err != nil {
+// a database newer than ms unless it is Compatible (beyond: the applied
+// migrations above ms, wrapping newer), and returns the versions applied
+// before any failure.
+func Apply(ctx context.Context, db Execer, ms []Migration, current int, beyond []string, appliedAt any, newer error) ([]int, error) {
+	if err := Compatible(current, Latest(ms), beyond, newer); err != nil {
 		return nil, err
 	}
 	var applied []int

@@ -3,6 +3,7 @@
 package migrate
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +40,28 @@ func TestLoadRejectsBadNames(t *testing.T) {
 	} {
 		if _, err := Load(fsys, "m"); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// A binary runs on a database migrated past it while every migration past
+// it only adds; a contract migration past it refuses it.
+func TestCompatible(t *testing.T) {
+	errNewer := errors.New("newer")
+	for _, tc := range []struct {
+		current, latest int
+		beyond          []string
+		ok              bool
+	}{
+		{10, 10, nil, true},
+		{9, 10, nil, true},
+		{12, 10, []string{"0011_tenants", "0012_limits"}, true},
+		{12, 10, []string{"0011_tenants", "0012_drop_old_contract"}, false},
+		{11, 10, []string{"0011_x_contract"}, false},
+	} {
+		err := Compatible(tc.current, tc.latest, tc.beyond, errNewer)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, errNewer)) {
+			t.Errorf("Compatible(%d, %d, %v) = %v, want ok=%t", tc.current, tc.latest, tc.beyond, err, tc.ok)
 		}
 	}
 }

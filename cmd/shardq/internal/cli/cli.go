@@ -31,7 +31,6 @@ import (
 	"github.com/shardq/shardq/driver/sqlitedriver"
 	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/ident"
-	"github.com/shardq/shardq/internal/migrate"
 	"github.com/shardq/shardq/internal/receiptkey"
 )
 
@@ -303,16 +302,13 @@ func versionLine(bi *debug.BuildInfo) string {
 	return "shardq " + version + " " + bi.GoVersion
 }
 
-// checkSchema refuses a database migrated by a newer shardq: its tables
-// may mean something this binary does not know.
+// checkSchema refuses a database migrated by a newer shardq past a
+// contract migration: its tables mean something this binary does not
+// know. Additive migrations past it are fine.
 func checkSchema(drv driver.Driver) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	current, latest, err := drv.SchemaVersion(ctx)
-	if err != nil {
-		return err
-	}
-	return migrate.NotNewer(current, latest, driver.ErrSchemaNewer)
+	return drv.SchemaCompatible(ctx)
 }
 
 // display is s for a terminal: as it is when every character is
@@ -403,8 +399,10 @@ func (a *app) migrateCmd() *cobra.Command {
 			}
 			state := "up to date"
 			switch {
+			case st.current > st.latest && st.compatible != nil:
+				state = "the database is past a contract migration newer than this binary: upgrade shardq before using it"
 			case st.current > st.latest:
-				state = "the database is newer than this binary: upgrade shardq before using it"
+				state = "the database is newer than this binary, by additive migrations only: this binary runs on it"
 			case len(st.pending) > 0:
 				names := make([]string, len(st.pending))
 				for i, m := range st.pending {
@@ -425,6 +423,7 @@ type schemaState struct {
 	driver          string
 	current, latest int
 	pending         []driver.Migration
+	compatible      error // when current > latest: nil if this binary runs on it (SchemaCompatible)
 }
 
 // schemaStatus reads the database's schema version, changing nothing (a
@@ -448,6 +447,9 @@ func (a *app) schemaStatus(ctx context.Context) (schemaState, error) {
 		return schemaState{}, err
 	}
 	st := schemaState{driver: drv.Name(), current: current, latest: latest}
+	if current > latest {
+		st.compatible = drv.SchemaCompatible(ctx)
+	}
 	for _, m := range ms {
 		if m.Version > current {
 			st.pending = append(st.pending, m)

@@ -125,8 +125,9 @@ func TestDriverLogSilenced(t *testing.T) {
 // Hostile and mistaken input against a migrated database, on both
 // drivers: identifiers with control bytes are escaped in every human
 // output, an offset past the head is refused, a database migrated by a
-// newer shardq is refused by every command, and none of it stores
-// anything.
+// newer shardq is refused by every command when that went past a
+// contract migration (and served when only past additive ones), and none
+// of it stores anything.
 func TestHostileInputMigrated(t *testing.T) {
 	for _, db := range databases {
 		t.Run(db.name, func(t *testing.T) {
@@ -179,11 +180,22 @@ func TestHostileInputMigrated(t *testing.T) {
 			if drv.Name() == "mysql" {
 				appliedAt = "2030-01-01 00:00:00"
 			}
+			// An additive migration past this binary: it goes on working
+			// (expand, then contract).
 			if _, err := drv.DB().ExecContext(ctx, "INSERT INTO shardq_schema_migrations (version, name, applied_at) VALUES (?, 'future', ?)", latest+1, appliedAt); err != nil {
 				t.Fatal(err)
 			}
+			for _, args := range [][]string{{"migrate"}, {"publish", "--tenant", "t", "--topic", "x", "p"}, {"migrate", "status"}} {
+				if r := runCLI(t, env, "", args...); r.code != 0 {
+					t.Errorf("shardq %q past an additive migration: %+v", args, r)
+				}
+			}
+			// A contract migration: refused.
+			if _, err := drv.DB().ExecContext(ctx, "INSERT INTO shardq_schema_migrations (version, name, applied_at) VALUES (?, 'drop_things_contract', ?)", latest+2, appliedAt); err != nil {
+				t.Fatal(err)
+			}
 			before := countMessages(t, drv)
-			want := fmt.Sprintf("schema version %d, this shardq knows versions up to %d", latest+1, latest)
+			want := fmt.Sprintf("schema version %d, this shardq knows versions up to %d, and migration %04d_drop_things_contract removes or changes what it reads", latest+2, latest, latest+2)
 			for _, args := range [][]string{{"migrate"}, {"publish", "--tenant", "t", "--topic", "x", "p"}, {"admin", "topics", "--tenant", "t"},
 				{"consume", "--tenant", "t", "--topic", "x", "--group", "g", "--max", "1"}} {
 				r := runCLI(t, env, "", args...)
