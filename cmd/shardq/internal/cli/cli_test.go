@@ -577,3 +577,28 @@ func TestPublishTTL(t *testing.T) {
 		t.Fatalf("expiry header %q (%v), want an hour from the publish", msgs[0].Headers["shardq-expires-at"], err)
 	}
 }
+
+// consume --dead-letter-expired dead-letters what expired instead of
+// passing over it.
+func TestConsumeDeadLetterExpired(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	for _, args := range [][]string{{"--id", "gone", "--ttl", "50ms", "p1"}, {"--id", "kept", "p2"}} {
+		if r := runCLI(t, env, "", append([]string{"publish", "--tenant", "acme", "--topic", "orders", "--key", "k"}, args...)...); r.code != 0 {
+			t.Fatalf("publish: %+v", r)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the first expires: no clock to inject into a command
+	r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1", "--dead-letter-expired")
+	if r.code != 0 || !strings.Contains(r.stdout, "p2") || strings.Contains(r.stdout, "p1") {
+		t.Fatalf("consume: %+v", r)
+	}
+	drv := openURL(t, dsn)
+	dlq, err := drv.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "acme", Topic: "orders.dlq", PartitionKey: "k"}, 0, 10)
+	if err != nil || len(dlq) != 1 || dlq[0].ID != "gone" {
+		t.Fatalf("dead letters %+v, %v; want gone", dlq, err)
+	}
+}

@@ -30,6 +30,7 @@ type consumeFlags struct {
 	wait               time.Duration // --wait: for --key and --next-group
 	nextGroup          bool          // --next-group: accept the next free group with a ready message
 	requireReady       bool          // --require-ready: with --key, accept only while a message is ready
+	deadLetterExpired  bool          // --dead-letter-expired
 	groupIdle          time.Duration // --group-idle: with --next-group, move on after this long without a message
 	assemble           bool          // --assemble: large messages whole, payloads raw on stdout
 	outputDir          string        // --output-dir: each payload to a file, its JSON line to stdout
@@ -67,6 +68,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	durationFlag(fl, &f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
 	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
 	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
+	fl.BoolVar(&f.deadLetterExpired, "dead-letter-expired", false, "dead-letter a message found expired (publish --ttl) instead of passing over it")
 	fl.BoolVar(&f.requireReady, "require-ready", false, "with --key: accept the group only when a message of it is ready (waiting up to --wait), as --next-group does")
 	durationFlag(fl, &f.wait, "wait", 0, "with --key or --next-group: how long to wait for the group (0: fail at once)")
 	fl.BoolVar(&f.nextGroup, "next-group", false, "serve free message groups one after another, each while it has messages (until --idle-exit, --max or a signal)")
@@ -213,7 +215,7 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	}
 	sub, err := c.Subscribe(cmd.Context(), shardq.SubscriberConfig{
 		ConsumerGroup: f.group, Topic: f.topic, Tenants: tenants, Name: f.name, Handler: handler, Take: take,
-		StartPosition: shardq.StartPosition(f.start),
+		StartPosition: shardq.StartPosition(f.start), DeadLetterExpired: f.deadLetterExpired,
 	})
 	if err != nil {
 		return err
@@ -266,7 +268,8 @@ wait:
 // --key names, or with --next-group one free group after another. Each
 // message is printed, then acked.
 func (a *app) receive(ctx context.Context, c *shardq.Client, f consumeFlags, tenants []string) error {
-	opts := shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start), RequireReady: f.requireReady}
+	opts := shardq.ReceiverOptions{Name: f.name, Wait: f.wait, StartPosition: shardq.StartPosition(f.start), RequireReady: f.requireReady,
+		DeadLetterExpired: f.deadLetterExpired}
 	out := bufio.NewWriter(a.env.Stdout)
 	s := &groupServer{a: a, f: f, enc: json.NewEncoder(out), out: out, last: time.Now()}
 	if f.key != "" {
