@@ -52,25 +52,20 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 		return nil, fmt.Errorf("migrate: read the server version: %w", err)
 	}
 	exec := migrationExec{conn: conn, vitess: strings.Contains(strings.ToLower(version), "vitess")}
-	beyond, err := migrate.Beyond(conn.QueryContext(ctx, migrate.BeyondQuery, migrate.Latest(d.migrations)))
-	if err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
+	if err := migrate.Check(ctx, conn, current, migrate.Latest(d.migrations), driver.ErrSchemaNewer); err != nil {
+		return nil, err
 	}
-	return migrate.Apply(ctx, exec, d.migrations, current, beyond, dialect.EncodeTime(time.Now()), driver.ErrSchemaNewer)
+	return migrate.Apply(ctx, exec, d.migrations, current, dialect.EncodeTime(time.Now()))
 }
 
 // SchemaCompatible refuses a database migrated past this driver by a
 // contract migration.
 func (d *Driver) SchemaCompatible(ctx context.Context) error {
 	current, latest, err := d.SchemaVersion(ctx)
-	if err != nil || current <= latest {
+	if err != nil {
 		return err
 	}
-	beyond, err := migrate.Beyond(d.db.QueryContext(ctx, migrate.BeyondQuery, latest))
-	if err != nil {
-		return fmt.Errorf("schema version: %w", err)
-	}
-	return migrate.Compatible(current, latest, beyond, driver.ErrSchemaNewer)
+	return migrate.Check(ctx, d.db, current, latest, driver.ErrSchemaNewer)
 }
 
 // migrationExec runs migration statements. A CREATE INDEX whose index

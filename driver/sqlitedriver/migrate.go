@@ -31,11 +31,10 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+migrate.Table).Scan(&current); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	beyond, err := migrate.Beyond(tx.QueryContext(ctx, migrate.BeyondQuery, migrate.Latest(d.migrations)))
-	if err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
+	if err := migrate.Check(ctx, tx, current, migrate.Latest(d.migrations), driver.ErrSchemaNewer); err != nil {
+		return nil, err
 	}
-	applied, err := migrate.Apply(ctx, tx, d.migrations, current, beyond, nowMicros(), driver.ErrSchemaNewer)
+	applied, err := migrate.Apply(ctx, tx, d.migrations, current, nowMicros())
 	if err != nil {
 		return nil, err // rolled back: nothing was applied
 	}
@@ -49,14 +48,10 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 // migration.
 func (d *Driver) SchemaCompatible(ctx context.Context) error {
 	current, latest, err := d.SchemaVersion(ctx)
-	if err != nil || current <= latest {
+	if err != nil {
 		return err
 	}
-	beyond, err := migrate.Beyond(d.read.QueryContext(ctx, migrate.BeyondQuery, latest))
-	if err != nil {
-		return fmt.Errorf("schema version: %w", err)
-	}
-	return migrate.Compatible(current, latest, beyond, driver.ErrSchemaNewer)
+	return migrate.Check(ctx, d.read, current, latest, driver.ErrSchemaNewer)
 }
 
 // SchemaVersion reports the applied and the embedded versions; a file

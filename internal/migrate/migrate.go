@@ -117,12 +117,15 @@ func Compatible(current, latest int, beyond []string, newer error) error {
 	return nil
 }
 
-// BeyondQuery lists the applied migrations above a version (?), oldest
-// first, by "version_name".
-const BeyondQuery = "SELECT version, name FROM " + Table + " WHERE version > ? ORDER BY version"
+// Querier reads: a pool, a connection or a transaction.
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
 
-// Beyond reads BeyondQuery's answer as names.
-func Beyond(rows *sql.Rows, err error) ([]string, error) {
+// beyond lists the applied migrations above version, oldest first, by
+// "version_name".
+func beyond(ctx context.Context, q Querier, version int) ([]string, error) {
+	rows, err := q.QueryContext(ctx, "SELECT version, name FROM "+Table+" WHERE version > ? ORDER BY version", version)
 	if err != nil {
 		return nil, err
 	}
@@ -147,20 +150,29 @@ func Latest(ms []Migration) int {
 	return ms[len(ms)-1].Version
 }
 
+// Check is Compatible for a database at current, its migrations past
+// latest read through q.
+func Check(ctx context.Context, q Querier, current, latest int, newer error) error {
+	if current <= latest {
+		return nil
+	}
+	names, err := beyond(ctx, q, latest)
+	if err != nil {
+		return fmt.Errorf("schema version: %w", err)
+	}
+	return Compatible(current, latest, names, newer)
+}
+
 // Execer runs a statement: a connection or a transaction.
 type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // Apply runs, in order, the migrations of ms above current and records
-// each in Table as applied at appliedAt (in the column's type). It refuses
-// a database newer than ms unless it is Compatible (beyond: the applied
-// migrations above ms, wrapping newer), and returns the versions applied
-// before any failure.
-func Apply(ctx context.Context, db Execer, ms []Migration, current int, beyond []string, appliedAt any, newer error) ([]int, error) {
-	if err := Compatible(current, Latest(ms), beyond, newer); err != nil {
-		return nil, err
-	}
+// each in Table as applied at appliedAt (in the column's type), and
+// returns the versions applied before any failure. The caller has Checked
+// a database newer than ms.
+func Apply(ctx context.Context, db Execer, ms []Migration, current int, appliedAt any) ([]int, error) {
 	var applied []int
 	for _, m := range ms {
 		if m.Version <= current {

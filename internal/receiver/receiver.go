@@ -474,6 +474,21 @@ func (r *Receiver) Ack(ctx context.Context, offset int64) error {
 	return nil
 }
 
+// settledInTx reports whether the cursor is past held (with end, the
+// large message it starts), read under l's fence: an AckTx whose
+// transaction committed. upTo is the offset that settles it.
+func (r *Receiver) settledInTx(ctx context.Context, l driver.Lease, held driver.Message, end *driver.Message) (upTo int64, done bool, err error) {
+	upTo = held.Offset
+	if end != nil {
+		upTo = end.Offset
+	}
+	cur, err := r.drv.ResumeLease(ctx, l, r.now(), r.cfg.LeaseTTL)
+	if err != nil {
+		return upTo, false, err
+	}
+	return upTo, cur.Committed >= upTo, nil
+}
+
 // AckTx commits the cursor past the message in hand at offset inside
 // the application's transaction tx, under the lease's fence; the
 // receiver counts it settled only at the Ack that follows the commit.
@@ -530,15 +545,11 @@ func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause erro
 	if inTx {
 		// Settled in the application's transaction: if that committed,
 		// the message is acked, whatever failed after.
-		upTo := held.Offset
-		if end != nil {
-			upTo = end.Offset
-		}
-		cur, err := r.drv.ResumeLease(ctx, l, r.now(), r.cfg.LeaseTTL)
+		upTo, done, err := r.settledInTx(ctx, l, held, end)
 		if err != nil {
 			return r.fail(op, err)
 		}
-		if cur.Committed >= upTo {
+		if done {
 			r.settled(upTo)
 			return nil
 		}
@@ -663,16 +674,11 @@ func (r *Receiver) expireHeld(offset int64, attempt int) {
 	cause := fmt.Errorf("%w after %s", settle.ErrHandlerTimeout, r.cfg.HandlerTimeout)
 	var v settle.Verdict
 	var err error
-	upTo := held.Offset
-	if end != nil {
-		upTo = end.Offset
-	}
-	settledInTx := false
+	done := false
 	if inTx { // settled in the application's transaction, if that committed
-		cur, cerr := r.drv.ResumeLease(ctx, l, r.now(), r.cfg.LeaseTTL)
-		settledInTx = cerr == nil && cur.Committed >= upTo
+		_, done, _ = r.settledInTx(ctx, l, held, end) // unknown: the attempt failed
 	}
-	if !settledInTx {
+	if !done {
 		v, err = r.cfg.Settler.Leased(ctx, l, held, end, attempt, cause)
 	}
 	switch {

@@ -400,12 +400,18 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, tenant string, n
 		s.fail(w, r, err)
 		return
 	}
-	settled := len(in.Receipts) - len(stale)
+	writeReceiptsDone(w, "settled", len(in.Receipts), stale, " (their lease or claim moved on: the messages are delivered again)")
+}
+
+// writeReceiptsDone answers a call on n receipts: {field: done}, or 409
+// naming the stale ones (why: what that means) when there are any.
+func writeReceiptsDone(w http.ResponseWriter, field string, n int, stale []int, why string) {
+	done := n - len(stale)
 	if len(stale) > 0 {
 		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt",
-			Detail:  fmt.Sprintf("%d of %d receipts are stale (their lease or claim moved on: the messages are delivered again); the others were settled", len(stale), len(in.Receipts)),
-			Settled: &settled, Stale: stale})
+			Detail:  fmt.Sprintf("%d of %d receipts are stale%s; the others were %s", len(stale), n, why, field),
+			Settled: &done, Stale: stale})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"settled": settled})
+	writeJSON(w, http.StatusOK, map[string]int{field: done})
 }

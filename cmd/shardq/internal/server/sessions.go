@@ -50,14 +50,7 @@ func (s *Server) changeVisibility(w http.ResponseWriter, r *http.Request, tenant
 		s.fail(w, r, err)
 		return
 	}
-	changed := len(in.Receipts) - len(stale)
-	if len(stale) > 0 {
-		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt",
-			Detail:  fmt.Sprintf("%d of %d receipts are stale (their lease or claim moved on); the others were changed", len(stale), len(in.Receipts)),
-			Settled: &changed, Stale: stale})
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]int{"changed": changed})
+	writeReceiptsDone(w, "changed", len(in.Receipts), stale, " (their lease or claim moved on)")
 }
 
 // closeSession gives a session's group back at once.
