@@ -114,7 +114,7 @@ func (a *Admin) Offsets(ctx context.Context, s Scope, group string) ([]GroupOffs
 		return mapSlice(rows, func(o driver.OffsetRow) GroupOffset {
 			return GroupOffset{Tenant: o.Tenant, Topic: o.Topic, PartitionKey: o.PartitionKey, ConsumerGroup: o.ConsumerGroup,
 				HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset, Lag: o.Lag, LagCapped: o.LagCapped, Scheduled: o.Scheduled, OldestUnconsumed: o.OldestUnconsumed,
-				NoCursor: o.NoCursor}
+				NoCursor: o.NoCursor, Deferred: o.Deferred}
 		}), err
 	})
 }

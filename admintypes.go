@@ -78,6 +78,9 @@ type GroupOffset struct {
 	// NoCursor: the group has not committed in this partition yet;
 	// CommittedOffset is where it starts (its start position).
 	NoCursor bool
+	// Deferred counts the group's deferred messages in the partition
+	// (Delivery.Defer): below the cursor, so outside Lag.
+	Deferred int64
 }
 
 // LagCountLimit bounds the messages an offset report counts per cursor.

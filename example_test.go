@@ -214,6 +214,53 @@ func ExampleDelivery_AckTx() {
 	// Output: shipped 42
 }
 
+// A receiver sets aside an order whose stock has not arrived and goes on
+// with the next; later, any member of the group fetches it by its offset
+// and settles it.
+func ExampleDelivery_Defer() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+	for _, p := range []string{"needs-stock", "ready"} {
+		if _, err := client.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "order-7", Payload: []byte(p)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	g := shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "packing"}
+	r, err := client.AcceptGroup(ctx, g, "order-7", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	d, err := r.Receive(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Defer(ctx, d); err != nil { // the cursor passes it; it is recorded as deferred
+		log.Fatal(err)
+	}
+	next, err := r.Receive(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("packed", string(next.Payload))
+	if err := r.Ack(ctx, next); err != nil {
+		log.Fatal(err)
+	}
+
+	ds, err := client.ReceiveDeferred(ctx, shardq.DeferredRequest{Tenant: g.Tenant, Topic: g.Topic, ConsumerGroup: g.ConsumerGroup, Offsets: []int64{d.Offset}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("deferred", string(ds[0].Payload))
+	if err := client.AckDeferred(ctx, ds...); err != nil { // no longer deferred
+		log.Fatal(err)
+	}
+	// Output:
+	// packed ready
+	// deferred needs-stock
+}
+
 // A group made with StartLatest reads only what is published after it;
 // Admin.Groups shows what each group has read, and retention removes the
 // partitions every group has drained.

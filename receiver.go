@@ -282,7 +282,8 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 	if w.Body != nil {
 		d.Size, d.Chunks, d.body, d.SHA256 = w.Size, w.Chunks, w.Body, w.Message.Headers[large.HeaderSHA256]
 	}
-	d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error { return r.rt.AckTx(ctx, tx, d.Offset) }}
+	d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error { return r.rt.AckTx(ctx, tx, d.Offset) },
+		Deferrer: &settle.Deferrer{Driver: r.c.drv, Group: r.ConsumerGroup(), Clock: r.o.Clock}}
 	return d, nil
 }
 
@@ -297,6 +298,18 @@ func heldOffset(d *Delivery) int64 {
 // Ack settles d: the group's cursor passes it, under the lease's fence.
 func (r *GroupReceiver) Ack(ctx context.Context, d *Delivery) error {
 	return r.rt.Ack(ctx, heldOffset(d))
+}
+
+// Defer sets d aside (Delivery.Defer) and settles it: the group goes on
+// with the message after d.
+func (r *GroupReceiver) Defer(ctx context.Context, d *Delivery) error {
+	if d == nil {
+		return &ident.Error{Field: "delivery", Rule: "must not be nil"}
+	}
+	if err := d.Defer(ctx); err != nil {
+		return err
+	}
+	return r.Ack(ctx, d)
 }
 
 // Nack settles d as failed: it is delivered again after a backoff

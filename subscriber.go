@@ -52,6 +52,8 @@ type Delivery struct {
 	// (AckTx), up to upTo; nil where that is not offered.
 	inTx *settle.InTx
 	upTo int64
+	// deferred is the claim of a delivery of ReceiveDeferred (nil: none).
+	deferred *deferredHold
 }
 
 // ErrNoTxSettle is returned by Delivery.AckTx for a delivery that cannot
@@ -89,6 +91,46 @@ func (d *Delivery) AckTx(ctx context.Context, tx *sql.Tx) error {
 			err = fmt.Errorf("%w: %w", ErrNoTxSettle, err)
 		}
 		return fmt.Errorf("shardq: ack offset %d of tenant %q topic %q partition %q in a transaction: %w", d.Offset, d.Tenant, d.Topic, d.PartitionKey, err)
+	}
+	return nil
+}
+
+// ErrNoDefer is returned by Delivery.Defer for a delivery that cannot be
+// deferred: one that cannot be settled in a transaction (ErrNoTxSettle
+// says which), a large message, or one received as deferred already.
+var ErrNoDefer = errors.New("shardq: this delivery cannot be deferred")
+
+// Defer sets d aside for its consumer group, as Service Bus defers a
+// message: the group's cursor passes d (for an ungrouped message, its
+// claim is settled) and d is recorded as deferred, in one transaction
+// fenced by the lease or claim that delivered it. The partition goes on
+// with the messages after d; d is delivered again only when it is asked
+// for by its offset (Client.ReceiveDeferred), by any member of the group,
+// and is listed meanwhile by Admin.Deferred and counted in the lag
+// report. Retention keeps it while it is deferred, up to MaxRetention.
+//
+// Then settle d as after AckTx: a subscriber's handler returns nil (or
+// the error of a failed Defer, so that d is retried), a GroupReceiver's
+// caller calls Ack (GroupReceiver.Defer does both). In a batch, Defer
+// passes the cursor over the deliveries before d too, as AckTx does:
+// defer each that should be. See docs/consumers.md, "Deferral".
+func (d *Delivery) Defer(ctx context.Context) error {
+	op := fmt.Sprintf("shardq: defer offset %d of tenant %q topic %q partition %q", d.Offset, d.Tenant, d.Topic, d.PartitionKey)
+	switch {
+	case d.inTx == nil:
+		return fmt.Errorf("%s: %w: %w", op, ErrNoDefer, ErrNoTxSettle)
+	case d.IsLarge():
+		return fmt.Errorf("%s: %w: a large message is not deferred (settle it whole)", op, ErrNoDefer)
+	}
+	m := driver.Message{Tenant: d.Tenant, Topic: d.Topic, PartitionKey: d.PartitionKey, ID: d.ID, Offset: d.Offset}
+	if err := d.inTx.Defer(ctx, m, d.upTo); err != nil {
+		switch {
+		case errors.Is(err, settle.ErrNoDefer):
+			err = ErrNoDefer
+		case errors.Is(err, settle.ErrClosed):
+			err = fmt.Errorf("%w: %w", ErrNoTxSettle, err)
+		}
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
 }

@@ -156,6 +156,7 @@ type Driver interface {
 	Leases
 	Deliveries
 	Groups
+	Deferrals
 	Lifecycle
 	HalfMessages
 	Admin
@@ -483,6 +484,9 @@ type OffsetRow struct {
 	// NoCursor: the group has not committed in this partition yet, and
 	// CommittedOffset is where it starts (its registry row's start).
 	NoCursor bool
+	// Deferred counts the group's deferred messages in the partition
+	// (below the cursor, outside Lag).
+	Deferred int64
 }
 
 // PartitionLag is a partition's backlog after a cursor.
@@ -724,6 +728,66 @@ type Groups interface {
 	// past every message that is done, and drops their claims. It returns
 	// the cursor.
 	AdvanceUngrouped(ctx context.Context, g GroupRef, now time.Time) (int64, error)
+}
+
+// Deferred is a message a consumer group set aside (deferred), as listed.
+type Deferred struct {
+	ConsumerGroup string
+	// Message is the deferred message without its payload and headers.
+	Message    Message
+	DeferredAt time.Time
+	// Attempts counts the message's deliveries since it was deferred.
+	Attempts int
+	// Owner holds the message until VisibleUntil ("" or past: nobody).
+	Owner        string
+	VisibleUntil time.Time
+}
+
+// Deferrals is the part of a driver that keeps deferred messages:
+// messages a consumer group's cursor or claim has passed that a member
+// set aside to fetch later by offset. A deferred message is delivered
+// under a Claim of its own (Token > 0, changed at every claim), as an
+// ungrouped message is.
+type Deferrals interface {
+	// DeferTx records m as deferred for group inside tx, which also
+	// settles m under its lease or claim (CommitOffsetTx, AckClaimsTx);
+	// a message deferred already stays as it is.
+	DeferTx(ctx context.Context, tx *sql.Tx, group string, m Message, now time.Time) error
+	// ClaimDeferred claims those of offsets that g deferred, whose
+	// message is stored and that no claim holds unexpired by now, for
+	// owner until now+visibility, and returns them with their messages
+	// in offset order.
+	ClaimDeferred(ctx context.Context, g GroupRef, offsets []int64, owner string, now time.Time, visibility time.Duration) ([]Claim, error)
+	// AckDeferred settles the deferred messages of cs (one tenant, topic
+	// and group) in one transaction: they are no longer deferred. When any
+	// claim is no longer current it returns ErrLeaseLost and changes
+	// nothing.
+	AckDeferred(ctx context.Context, cs []Claim, now time.Time) error
+	// AckDeferredTx is AckDeferred inside the caller's transaction tx on
+	// the same database.
+	AckDeferredTx(ctx context.Context, tx *sql.Tx, cs []Claim, now time.Time) error
+	// ReleaseDeferred gives c's message back, deferred still and
+	// claimable from visibleAt, or returns ErrLeaseLost.
+	ReleaseDeferred(ctx context.Context, c Claim, visibleAt, now time.Time) error
+	// ExtendDeferred keeps c's claim until visibleAt instead, or returns
+	// ErrLeaseLost.
+	ExtendDeferred(ctx context.Context, c Claim, visibleAt, now time.Time) error
+	// DeadLetterDeferred appends dlq and settles c's message in one
+	// transaction, or returns ErrLeaseLost and changes nothing.
+	DeadLetterDeferred(ctx context.Context, c Claim, dlq *InsertMessage, now time.Time) error
+	// ListDeferred lists up to limit of g's deferred messages with
+	// offsets above after whose message is stored, in offset order.
+	ListDeferred(ctx context.Context, g GroupRef, after int64, limit int) ([]Deferred, error)
+	// DeferredCounts counts g's deferred messages per partition key.
+	DeferredCounts(ctx context.Context, g GroupRef) (map[string]int64, error)
+	// DeferredFloors reads, for each partition of a tenant's topic with a
+	// deferred message, the lowest deferred offset of any group:
+	// retention keeps the messages from there. A schema without deferral
+	// (a release ahead of its migration) has none.
+	DeferredFloors(ctx context.Context, tenant, topic string) (map[string]int64, error)
+	// DropDeferredGone deletes the deferred rows of a tenant's topic whose
+	// message is no longer stored, and returns how many.
+	DropDeferredGone(ctx context.Context, tenant, topic string) (int64, error)
 }
 
 // RetentionGroup is the reserved consumer group whose lease on partition

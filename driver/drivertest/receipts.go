@@ -28,6 +28,8 @@ var receiptTests = []struct {
 	{"AckTxSubscriber", testAckTxSubscriber},
 	{"AckTxReceiver", testAckTxReceiver},
 	{"MessagesExpire", testMessagesExpire},
+	{"Deferral", testDeferral},
+	{"DeferralReceipts", testDeferralReceipts},
 	{"TokensStoredPerTenant", testTokens},
 }
 

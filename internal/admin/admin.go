@@ -39,7 +39,29 @@ func Offsets(ctx context.Context, drv driver.Driver, s driver.Scope, group strin
 		unread, err = unreadRows(ctx, drv, s, group)
 		rows = append(rows, unread...)
 	}
-	return rows, err
+	if err != nil {
+		return rows, err
+	}
+	return rows, countDeferred(ctx, drv, rows)
+}
+
+// countDeferred fills each row's Deferred: one read per group and topic
+// of the page.
+func countDeferred(ctx context.Context, drv driver.Driver, rows []driver.OffsetRow) error {
+	counts := map[driver.GroupRef]map[string]int64{}
+	for i := range rows {
+		g := driver.GroupRef{Tenant: rows[i].Tenant, Topic: rows[i].Topic, ConsumerGroup: rows[i].ConsumerGroup}
+		n, ok := counts[g]
+		if !ok {
+			var err error
+			if n, err = drv.DeferredCounts(ctx, g); err != nil {
+				return err
+			}
+			counts[g] = n
+		}
+		rows[i].Deferred = n[rows[i].PartitionKey]
+	}
+	return nil
 }
 
 // unreadRows lists, for every topic of s that group reads, the partitions

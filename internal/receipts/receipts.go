@@ -148,8 +148,12 @@ type Receipt struct {
 	// Session marks a session id: the lease of a group held across
 	// receives (Offset 0). It settles no message.
 	Session bool `json:"s,omitempty"`
-	// Attempts counts an ungrouped message's claims, this one included
-	// (a message group's failures are stored under its lease instead).
+	// Deferred marks a deferred message's claim (ReceiveDeferred): Key
+	// is its partition key, and its ack settles the deferral.
+	Deferred bool `json:"d,omitempty"`
+	// Attempts counts an ungrouped or a deferred message's claims, this
+	// one included (a message group's failures are stored under its
+	// lease instead).
 	Attempts int `json:"a,omitempty"`
 }
 
@@ -238,12 +242,17 @@ func parse(b []byte, field, tenant, topic, group string) (Receipt, error) {
 	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
 		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
 	}
-	if r.Session {
-		if r.Claim || r.Held || r.Key == "" || r.Owner == "" || r.Token <= 0 || r.Offset != 0 || r.Last != 0 || r.End != 0 || r.Attempts != 0 {
+	switch {
+	case r.Session:
+		if r.Claim || r.Held || r.Deferred || r.Key == "" || r.Owner == "" || r.Token <= 0 || r.Offset != 0 || r.Last != 0 || r.End != 0 || r.Attempts != 0 {
 			return r, bad("inconsistent")
 		}
-	} else if r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
-		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim {
+	case r.Deferred:
+		if r.Claim || r.Held || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || r.Last != 0 || r.End != 0 || r.Attempts < 0 {
+			return r, bad("inconsistent")
+		}
+	case r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
+		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim:
 		return r, bad("inconsistent")
 	}
 	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
@@ -625,6 +634,9 @@ func (r *Receipts) Ack(ctx context.Context, tenant, topic, group, rcpt string) e
 		return fmt.Errorf("shardq: ack: %w", err)
 	}
 	now := r.now()
+	if rc.Deferred {
+		return settled("ack", rc, r.drv.AckDeferred(ctx, []driver.Claim{rc.deferredClaim()}, now))
+	}
 	if rc.Claim {
 		err := r.drv.AckClaims(ctx, []driver.Claim{rc.ClaimOf(driver.Message{})}, now)
 		if err == nil {
@@ -661,9 +673,13 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 		return nil, fmt.Errorf("shardq: ack: %w", err)
 	}
 	now := r.now()
-	var claims []int
+	var claims, deferred []int
 	receives := map[Receipt][]int{} // a receive -> its receipts
 	for i, rc := range rcs {
+		if rc.Deferred {
+			deferred = append(deferred, i)
+			continue
+		}
 		if rc.Claim {
 			claims = append(claims, i)
 			continue
@@ -689,6 +705,13 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 			return nil, settled("ack", rcs[claims[0]], err)
 		}
 		r.advance(ctx, rcs[claims[0]], now)
+	}
+	if len(deferred) > 0 {
+		s, err := r.ackDeferred(ctx, rcs, deferred, now)
+		if err != nil {
+			return nil, err
+		}
+		stale = append(stale, s...)
 	}
 	for _, idx := range receives {
 		top := rcs[idx[0]]
@@ -720,7 +743,7 @@ func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcp
 	first := map[Receipt]int{} // a receive -> its lowest receipt
 	var order []int
 	for i, rc := range rcs {
-		if rc.Claim {
+		if rc.Claim || rc.Deferred {
 			order = append(order, i)
 			continue
 		}
@@ -742,7 +765,7 @@ func (r *Receipts) NackAll(ctx context.Context, tenant, topic, group string, rcp
 		}
 	}
 	for i, rc := range rcs {
-		if failed[i] || (!rc.Claim && failed[first[rc.receive()]]) {
+		if failed[i] || (!rc.Claim && !rc.Deferred && failed[first[rc.receive()]]) {
 			stale = append(stale, i)
 		}
 	}
@@ -797,6 +820,12 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	}
 	if reason == "" {
 		reason = "nacked"
+	}
+	if rc.Deferred {
+		// Given back, deferred still: a deferred message leaves only by
+		// an ack or a dead letter.
+		now := r.now()
+		return settled("nack", rc, r.drv.ReleaseDeferred(ctx, rc.deferredClaim(), now.Add(retryAfter), now))
 	}
 	cause := &settle.NackError{After: retryAfter, Err: errors.New(reason)}
 	msgs, err := r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: tenant, Topic: topic, PartitionKey: rc.Key}, rc.Offset-1, 1)

@@ -130,12 +130,16 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, tenant, topic, group st
 	}
 	leases := map[leaseID][]int{} // a group's lease -> its receipts
 	for i, rc := range rcs {
-		if !rc.Claim {
+		if !rc.Claim && !rc.Deferred {
 			k := leaseID{rc.Key, rc.Owner, rc.Token}
 			leases[k] = append(leases[k], i)
 			continue
 		}
-		switch err := r.drv.ExtendClaim(ctx, rc.ClaimOf(driver.Message{}), now.Add(vis), now); {
+		c, extend := rc.ClaimOf(driver.Message{}), r.drv.ExtendClaim
+		if rc.Deferred {
+			c, extend = rc.deferredClaim(), r.drv.ExtendDeferred
+		}
+		switch err := extend(ctx, c, now.Add(vis), now); {
 		case errors.Is(err, driver.ErrLeaseLost):
 			stale = append(stale, i)
 		case err != nil:

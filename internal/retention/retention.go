@@ -217,6 +217,13 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 	for _, c := range cursors {
 		cursor[[2]string{c.ConsumerGroup, c.PartitionKey}] = c.Committed
 	}
+	// Read after the cursors: a message deferred later had its cursor
+	// passed later too (one transaction), so a cursor read that passed
+	// it is followed by a read that finds it deferred.
+	floors, err := drv.DeferredFloors(ctx, tenant, topic)
+	if err != nil {
+		return rep, false, err
+	}
 	now := clock()
 	remove := cfg.PartitionIdle > 0
 	idleBefore := now.Add(-cfg.PartitionIdle)
@@ -310,6 +317,9 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 						passed = min(passed, cursor[[2]string{g, h.PartitionKey}])
 					}
 				}
+				if f, ok := floors[h.PartitionKey]; ok { // a deferred message is not passed
+					passed = min(passed, f-1)
+				}
 				if passed >= h.FirstOffset && h.FirstCreatedAt.Before(minCut) {
 					c, err := wholeCut(ctx, drv, tenant, topic, driver.Cut{PartitionKey: h.PartitionKey, UpTo: passed, Before: minCut})
 					if err != nil {
@@ -344,6 +354,13 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 			break
 		}
 		after = []string{page[len(page)-1].PartitionKey}
+	}
+	// Deferred rows whose message the cuts took (MaxRetention) or an
+	// operator deleted go with it.
+	if len(floors) > 0 {
+		if _, err := drv.DropDeferredGone(ctx, tenant, topic); err != nil {
+			return rep, false, err
+		}
 	}
 	for k := range leftover {
 		drained = append(drained, k)

@@ -7,6 +7,9 @@ import (
 	"database/sql"
 	"errors"
 	"sync/atomic"
+	"time"
+
+	"github.com/shardq/shardq/driver"
 )
 
 // InTx settles a delivery inside the application's own transaction
@@ -16,9 +19,54 @@ import (
 // runtime that made it hands it to the handler through the context and
 // reads Used afterwards.
 type InTx struct {
-	Ack    func(ctx context.Context, tx *sql.Tx, upTo int64) error
-	used   atomic.Bool
-	closed atomic.Bool
+	Ack func(ctx context.Context, tx *sql.Tx, upTo int64) error
+	// Deferrer, when set, lets the delivery be deferred (Defer).
+	Deferrer *Deferrer
+	used     atomic.Bool
+	closed   atomic.Bool
+}
+
+// Deferrer records deliveries of one consumer group as deferred.
+type Deferrer struct {
+	Driver interface {
+		BeginWrite(ctx context.Context) (*sql.Tx, error)
+		DeferTx(ctx context.Context, tx *sql.Tx, group string, m driver.Message, now time.Time) error
+	}
+	Group string
+	Clock func() time.Time
+}
+
+// ErrNoDefer is Defer's error where deferral is not offered.
+var ErrNoDefer = errors.New("this delivery cannot be deferred")
+
+// Defer sets m aside for its group: in one transaction of its own, it
+// settles m as Ack does (up to upTo) and records m as deferred, so that
+// the partition goes on and m is fetched later by its offset.
+func (t *InTx) Defer(ctx context.Context, m driver.Message, upTo int64) error {
+	if t.Deferrer == nil {
+		return ErrNoDefer
+	}
+	if t.closed.Load() {
+		return ErrClosed
+	}
+	tx, err := t.Deferrer.Driver.BeginWrite(ctx)
+	if err != nil {
+		return err
+	}
+	if err := t.Run(ctx, tx, upTo); err != nil {
+		return errors.Join(err, rollback(tx))
+	}
+	if err := t.Deferrer.Driver.DeferTx(ctx, tx, t.Deferrer.Group, m, t.Deferrer.Clock()); err != nil {
+		return errors.Join(err, rollback(tx))
+	}
+	return tx.Commit()
+}
+
+func rollback(tx *sql.Tx) error {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
 }
 
 // ErrClosed is Run's error once the handler has returned.

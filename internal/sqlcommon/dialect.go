@@ -36,6 +36,7 @@ type Dialect struct {
 type statements struct {
 	lease     leaseSQL
 	group     groupSQL
+	deferred  deferredSQL
 	publish   publishSQL
 	admin     adminSQL
 	lifecycle lifecycleSQL
@@ -44,7 +45,7 @@ type statements struct {
 }
 
 func newStatements(s Syntax) *statements {
-	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL(s), tenant: newTenantSQL(s)}
+	return &statements{lease: newLeaseSQL(s), group: newGroupSQL(s), deferred: newDeferredSQL(s), publish: newPublishSQL(s), admin: newAdminSQL(s), lifecycle: newLifecycleSQL(s), token: newTokenSQL(s), tenant: newTenantSQL(s)}
 }
 
 // FetchAfter reads up to limit messages of one partition after offset

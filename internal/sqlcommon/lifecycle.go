@@ -341,7 +341,7 @@ func (d *Store) DeleteGroup(ctx context.Context, g driver.GroupRef, liveSince, n
 		if !force && (live.Leases > 0 || len(live.Members) > 0) {
 			return struct{}{}, live
 		}
-		for _, s := range []string{st.groupLeas, st.groupCurs, st.groupStat, st.groupGS, st.groupClm, st.groupBeats, st.deleteReg} {
+		for _, s := range []string{st.groupLeas, st.groupCurs, st.groupStat, st.groupGS, st.groupClm, st.groupDef, st.groupBeats, st.deleteReg} {
 			if _, err := d.exec(ctx, tx, s, key); err != nil {
 				return struct{}{}, d.Wrap(op, err)
 			}

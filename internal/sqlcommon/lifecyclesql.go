@@ -32,6 +32,7 @@ type lifecycleSQL struct {
 	groupStat  string   // delete a group's retry bookkeeping in a topic
 	groupGS    string   // delete a group's message-group state in a topic
 	groupClm   string   // delete a group's ungrouped claims in a topic
+	groupDef   string   // delete a group's deferred messages in a topic
 	groupBeats string   // delete a group's heartbeat rows in a topic
 	fenceGroup string   // lock a group's lease rows in a topic (a delete fences every holder)
 }
@@ -99,6 +100,7 @@ func newLifecycleSQL(s Syntax) lifecycleSQL {
 		groupStat:  "DELETE FROM queue_delivery_state WHERE " + ofGroup,
 		groupGS:    "DELETE FROM queue_group_state WHERE " + ofGroup,
 		groupClm:   "DELETE FROM queue_message_claims WHERE " + ofGroup,
+		groupDef:   "DELETE FROM queue_deferred WHERE " + ofGroup,
 		groupBeats: "DELETE FROM queue_subscriber_heartbeats WHERE " + ofGroup,
 		fenceGroup: "SELECT partition_key, owner, expires_at FROM queue_partition_leases WHERE " + ofGroup + s.forUpdate(),
 	}

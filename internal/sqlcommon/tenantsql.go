@@ -13,8 +13,8 @@ import (
 // the messages, their head rows, and the tenant's settings last (a
 // suspended tenant stays suspended until nothing of it is left).
 var TenantTables = []string{
-	"queue_partition_leases", "queue_subscriber_heartbeats", "queue_message_claims", "queue_group_state",
-	"queue_delivery_state", "queue_offsets", "queue_consumer_groups", "queue_half_messages",
+	"queue_partition_leases", "queue_subscriber_heartbeats", "queue_message_claims", "queue_deferred",
+	"queue_group_state", "queue_delivery_state", "queue_offsets", "queue_consumer_groups", "queue_half_messages",
 	"queue_half_messages_dead", "queue_api_tokens", "queue_messages", "queue_partitions", "queue_tenants",
 }
 
@@ -79,6 +79,7 @@ var primaryKeys = map[string]string{
 	"queue_partition_leases":      "tenant, consumer_group, topic, partition_key",
 	"queue_subscriber_heartbeats": "tenant, consumer_group, topic, subscriber_name",
 	"queue_message_claims":        "tenant, consumer_group, topic, message_offset",
+	"queue_deferred":              "tenant, consumer_group, topic, message_offset",
 	"queue_group_state":           "tenant, consumer_group, topic, partition_key",
 	"queue_delivery_state":        "tenant, consumer_group, topic, partition_key, message_offset",
 	"queue_offsets":               "tenant, topic, partition_key, consumer_group",

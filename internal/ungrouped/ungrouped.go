@@ -453,7 +453,7 @@ func (s *Service) handleClaim(c driver.Claim) {
 	handled, renewing := make(chan struct{}), make(chan struct{})
 	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error {
 		return s.drv.AckClaimsTx(ctx, tx, []driver.Claim{c}, s.cfg.Clock())
-	}}
+	}, Deferrer: &settle.Deferrer{Driver: s.drv, Group: s.cfg.ConsumerGroup, Clock: s.cfg.Clock}}
 	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost, inTx) }) {
 		close(renewing)
 	}

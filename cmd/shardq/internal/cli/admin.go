@@ -134,7 +134,7 @@ func ts(t time.Time) string {
 func (a *app) adminCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Operator commands: listings, messages by identity, offsets (all scoped by tenant)"}
 	cmd.AddCommand(a.adminTopics(), a.adminOffsets(), a.adminGroups(), a.adminLeases(false), a.adminLeases(true), a.adminSubscribers(),
-		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false), a.adminMessages(), a.adminTenants(), a.adminTenant())
+		a.adminInspect(), a.adminDelete(), a.adminDLQ(), a.adminReset(), a.adminRetention(), a.adminPause(true), a.adminPause(false), a.adminMessages(), a.adminTenants(), a.adminTenant(), a.adminDeferred())
 	return cmd
 }
 
@@ -252,16 +252,16 @@ func (a *app) adminOffsets() *cobra.Command {
 					committed = "(none, starts after " + committed + ")"
 				}
 				rows = append(rows, []string{o.Tenant, o.Topic, fmt.Sprintf("%q", o.PartitionKey), o.ConsumerGroup,
-					fmt.Sprint(o.HeadOffset), committed, lag, fmt.Sprint(o.Scheduled), age})
+					fmt.Sprint(o.HeadOffset), committed, lag, fmt.Sprint(o.Scheduled), fmt.Sprint(o.Deferred), age})
 				objs = append(objs, map[string]any{"tenant": o.Tenant, "topic": o.Topic, "partition_key": o.PartitionKey, "group": o.ConsumerGroup,
 					"head_offset": o.HeadOffset, "committed_offset": o.CommittedOffset, "no_cursor": o.NoCursor, "lag": o.Lag, "lag_capped": o.LagCapped,
-					"scheduled": o.Scheduled, "oldest_unconsumed_age_seconds": ageSec})
+					"scheduled": o.Scheduled, "deferred": o.Deferred, "oldest_unconsumed_age_seconds": ageSec})
 			}
 			if n := len(offsets); n > 0 && !offsets[n-1].NoCursor { // rows without a cursor end the last page
 				o := offsets[n-1]
 				a.nextPage(s, n, o.Tenant, o.Topic, o.ConsumerGroup, o.PartitionKey)
 			}
-			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "GROUP", "HEAD", "COMMITTED", "LAG", "SCHEDULED", "OLDEST UNCONSUMED"}, rows, objs)
+			return a.table(asJSON, []string{"TENANT", "TOPIC", "KEY", "GROUP", "HEAD", "COMMITTED", "LAG", "SCHEDULED", "DEFERRED", "OLDEST UNCONSUMED"}, rows, objs)
 		})
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	dsnpkg "github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/testdb"
@@ -600,5 +601,65 @@ func TestConsumeDeadLetterExpired(t *testing.T) {
 	dlq, err := drv.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "acme", Topic: "orders.dlq", PartitionKey: "k"}, 0, 10)
 	if err != nil || len(dlq) != 1 || dlq[0].ID != "gone" {
 		t.Fatalf("dead letters %+v, %v; want gone", dlq, err)
+	}
+}
+
+// admin deferred lists a group's deferred messages and receives them by
+// offset: printed and given back (deferred still), acked, or
+// dead-lettered.
+func TestAdminDeferred(t *testing.T) {
+	ctx := context.Background()
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	drv := openURL(t, dsn)
+	c, err := shardq.NewClient(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res, err := c.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "a", Payload: []byte("pa")},
+		shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: "b", Payload: []byte("pb")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		d, err := rv.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rv.Defer(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	group := []string{"--tenant", "acme", "--topic", "orders", "--group", "g"}
+	r := runCLI(t, env, "", append([]string{"admin", "deferred", "list", "--json"}, group...)...)
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stdout, `"id":"a"`) {
+		t.Fatalf("list: %+v", r)
+	}
+	a, b := fmt.Sprint(res[0].Offset), fmt.Sprint(res[1].Offset)
+	r = runCLI(t, env, "", append([]string{"admin", "deferred", "receive", "--offset", a}, group...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, `"payload":"pa"`) {
+		t.Fatalf("receive (given back): %+v", r)
+	}
+	r = runCLI(t, env, "", append([]string{"admin", "deferred", "receive", "--offset", a + "," + b, "--ack"}, group...)...)
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 2 {
+		t.Fatalf("receive --ack: %+v", r)
+	}
+	if list, err := c.Admin().Deferred(ctx, shardq.GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, 0, 10); err != nil || len(list) != 0 {
+		t.Fatalf("after --ack: %+v, %v", list, err)
+	}
+	r = runCLI(t, env, "", append([]string{"admin", "deferred", "receive", "--offset", "0"}, group...)...)
+	if r.code == 0 || !strings.Contains(r.stderr, "offsets[0]") {
+		t.Fatalf("a bad offset: %+v", r)
 	}
 }

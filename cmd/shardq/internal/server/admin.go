@@ -69,11 +69,12 @@ type offsetOut struct {
 	Scheduled        int64      `json:"scheduled,omitempty"`
 	OldestUnconsumed *time.Time `json:"oldest_unconsumed,omitempty"`
 	NoCursor         bool       `json:"no_cursor,omitempty"`
+	Deferred         int64      `json:"deferred,omitempty"`
 }
 
 func offsetView(o shardq.GroupOffset) offsetOut {
 	v := offsetOut{Key: o.PartitionKey, Group: o.ConsumerGroup, HeadOffset: o.HeadOffset, CommittedOffset: o.CommittedOffset,
-		Lag: o.Lag, LagCapped: o.LagCapped, Scheduled: o.Scheduled, NoCursor: o.NoCursor}
+		Lag: o.Lag, LagCapped: o.LagCapped, Scheduled: o.Scheduled, NoCursor: o.NoCursor, Deferred: o.Deferred}
 	if !o.OldestUnconsumed.IsZero() {
 		t := o.OldestUnconsumed
 		v.OldestUnconsumed = &t

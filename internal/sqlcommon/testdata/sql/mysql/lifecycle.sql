@@ -149,6 +149,11 @@ DELETE
 FROM queue_message_claims
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic;
 
+-- groupDef: delete a group's deferred messages in a topic
+DELETE
+FROM queue_deferred
+WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic;
+
 -- groupBeats: delete a group's heartbeat rows in a topic
 DELETE
 FROM queue_subscriber_heartbeats

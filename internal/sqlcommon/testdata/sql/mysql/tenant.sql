@@ -17,50 +17,55 @@ WHERE tenant = :tenant;
 
 -- count[3]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_group_state
+FROM queue_deferred
 WHERE tenant = :tenant;
 
 -- count[4]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_delivery_state
+FROM queue_group_state
 WHERE tenant = :tenant;
 
 -- count[5]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_offsets
+FROM queue_delivery_state
 WHERE tenant = :tenant;
 
 -- count[6]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_consumer_groups
+FROM queue_offsets
 WHERE tenant = :tenant;
 
 -- count[7]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_half_messages
+FROM queue_consumer_groups
 WHERE tenant = :tenant;
 
 -- count[8]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_half_messages_dead
+FROM queue_half_messages
 WHERE tenant = :tenant;
 
 -- count[9]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_api_tokens
+FROM queue_half_messages_dead
 WHERE tenant = :tenant;
 
 -- count[10]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_messages
+FROM queue_api_tokens
 WHERE tenant = :tenant;
 
 -- count[11]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
-FROM queue_partitions
+FROM queue_messages
 WHERE tenant = :tenant;
 
 -- count[12]: the tenant's rows in each of TenantTables
+SELECT COUNT(*)
+FROM queue_partitions
+WHERE tenant = :tenant;
+
+-- count[13]: the tenant's rows in each of TenantTables
 SELECT COUNT(*)
 FROM queue_tenants
 WHERE tenant = :tenant;
@@ -85,59 +90,65 @@ LIMIT :limit;
 
 -- drop[3]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_group_state
+FROM queue_deferred
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[4]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_delivery_state
+FROM queue_group_state
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[5]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_offsets
+FROM queue_delivery_state
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[6]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_consumer_groups
+FROM queue_offsets
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[7]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_half_messages
+FROM queue_consumer_groups
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[8]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_half_messages_dead
+FROM queue_half_messages
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[9]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_api_tokens
+FROM queue_half_messages_dead
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[10]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_messages
+FROM queue_api_tokens
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[11]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
-FROM queue_partitions
+FROM queue_messages
 WHERE tenant = :tenant
 LIMIT :limit;
 
 -- drop[12]: delete up to :limit of the tenant's rows of each of TenantTables
+DELETE
+FROM queue_partitions
+WHERE tenant = :tenant
+LIMIT :limit;
+
+-- drop[13]: delete up to :limit of the tenant's rows of each of TenantTables
 DELETE
 FROM queue_tenants
 WHERE tenant = :tenant
