@@ -33,6 +33,9 @@ type DeferredRequest struct {
 	// DLQSuffix makes the dead-letter topic of DeadLetterDeferred
 	// [DefaultDLQSuffix].
 	DLQSuffix string
+	// DeadLetterExpired dead-letters an expired message (Message.TTL)
+	// instead of ending its deferral; neither hands it out.
+	DeadLetterExpired bool
 }
 
 func (r *DeferredRequest) check() error {
@@ -75,8 +78,9 @@ type deferredHold struct {
 // (or Delivery.AckTx, in the application's transaction), give it back
 // with NackDeferred, or move it to the dead-letter topic with
 // DeadLetterDeferred. It stays deferred until it is acked or
-// dead-lettered. An expired message (Message.TTL) is not delivered: it is
-// settled and left out. See docs/consumers.md, "Deferral".
+// dead-lettered. An expired message (Message.TTL) is not delivered: its
+// deferral ends, or with r.DeadLetterExpired it is dead-lettered. See
+// docs/consumers.md, "Deferral".
 func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Delivery, error) {
 	if err := r.check(); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
@@ -106,7 +110,8 @@ func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Del
 		out = append(out, d)
 	}
 	if len(expired) > 0 {
-		if err := c.drv.AckDeferred(ctx, expired, now); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		s := settle.Settler{Driver: c.drv, Policy: settle.Policy{DeadLetterExpired: r.DeadLetterExpired}, DLQSuffix: r.DLQSuffix, Clock: c.cfg.Clock}
+		if err := s.ExpiredDeferred(ctx, expired); err != nil {
 			return out, fmt.Errorf("shardq: receive deferred: settle expired messages: %w", err)
 		}
 	}

@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv(txKillHelperEnv); dsn != "" {
 		os.Exit(runTxKillHelper(dsn))
 	}
+	if dsn := os.Getenv(staticHelperEnv); dsn != "" {
+		os.Exit(runStaticHelper(dsn))
+	}
 	if dsn := os.Getenv(ackTxHelperEnv); dsn != "" {
 		os.Exit(runAckTxHelper(dsn))
 	}

@@ -96,8 +96,10 @@ func (d *Delivery) AckTx(ctx context.Context, tx *sql.Tx) error {
 }
 
 // ErrNoDefer is returned by Delivery.Defer for a delivery that cannot be
-// deferred: one that cannot be settled in a transaction (ErrNoTxSettle
-// says which), a large message, or one received as deferred already.
+// deferred: a large message, one received as deferred already, or one
+// not handed out by a handler or a GroupReceiver (with ErrNoTxSettle).
+// A subscriber's delivery kept past its handler fails with ErrNoTxSettle
+// alone, as AckTx does.
 var ErrNoDefer = errors.New("shardq: this delivery cannot be deferred")
 
 // Defer sets d aside for its consumer group, as Service Bus defers a
@@ -170,6 +172,16 @@ func RetryAfter(d time.Duration, err error) error { return &settle.RetryAfterErr
 // topic now, without further attempts.
 func DeadLetter(err error) error { return &settle.DeadLetterError{Err: err} }
 
+// ErrSettled is returned by Delivery.Defer when the message was settled
+// otherwise meanwhile (the cursor passed it: a later delivery's AckTx, a
+// receiver's handler timeout): it is not deferred.
+var ErrSettled = driver.ErrSettled
+
+// ErrInstanceFenced is what Stop returns for a static member
+// (SubscriberConfig.InstanceID) that stopped by itself because a later
+// process with its InstanceID took it over.
+var ErrInstanceFenced = consumer.ErrInstanceFenced
+
 // ErrLeaseLost is returned (and logged) when a subscriber's partition lease
 // was taken over; the write that found it changed nothing.
 var ErrLeaseLost = driver.ErrLeaseLost
@@ -197,6 +209,17 @@ type SubscriberConfig struct {
 	// every Subscribe: two running instances given one name are two
 	// members, never one (see ID).
 	Name string
+	// InstanceID, when set, makes this a static member, as Kafka's
+	// group.instance.id: a process that starts with the InstanceID of
+	// one that stopped without Stop (a crash, a rolling restart's kill)
+	// within StaleAfter and LeaseTTL takes over its leases and its place
+	// in the group, so no partition moves. Its identity is InstanceID +
+	// "@" + 8 random hex digits, and every write of the earlier process
+	// is fenced (its leases get new tokens). Run one process per
+	// InstanceID: the later one stops an earlier one that still runs
+	// (Stop and Done report ErrInstanceFenced). ASCII, at most 246 bytes.
+	// See docs/consumers.md, "Static membership".
+	InstanceID string
 
 	Handler      Handler      // one of Handler and BatchHandler
 	BatchHandler BatchHandler //
@@ -363,6 +386,14 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 		dlqTopic(cfg.Topic, cfg.DLQSuffix)); err != nil {
 		return cfg, err
 	}
+	if cfg.InstanceID != "" {
+		if err := ident.MemberName("instance id", cfg.InstanceID); err != nil {
+			return cfg, err
+		}
+		if cfg.Take == TakeUngrouped {
+			return cfg, &ident.Error{Field: "instance id", Rule: "a member that takes only ungrouped messages holds no lease to keep"}
+		}
+	}
 	if (cfg.Handler == nil) == (cfg.BatchHandler == nil) {
 		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
 	}
@@ -413,8 +444,11 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		return nil, fmt.Errorf("shardq: subscribe: %w", err)
 	}
 	s := &Subscriber{cfg: cfg, id: ident.MemberID(cfg.Name)}
+	if cfg.InstanceID != "" {
+		s.id = ident.InstanceMemberID(cfg.InstanceID)
+	}
 	s.rt, err = consumer.Subscribe(ctx, c.drv, consumer.Config{
-		ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants, ID: s.id,
+		ConsumerGroup: cfg.ConsumerGroup, Topic: cfg.Topic, Tenants: cfg.Tenants, ID: s.id, Instance: cfg.InstanceID,
 		Handle: consumer.Process(c.tel, cfg.Topic, cfg.ConsumerGroup, cfg.HandlerTimeout, s.deliver),
 		Batch:  cfg.BatchHandler != nil, BatchSize: cfg.BatchSize,
 		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StaleAfter: cfg.StaleAfter,

@@ -175,6 +175,9 @@ var (
 	// head: it would skip every message published up to it. Nothing
 	// changed.
 	ErrPastHead = errors.New("offset past the partition's head")
+	// ErrSettled means the message a write named was settled already
+	// (the cursor passed it): nothing changed.
+	ErrSettled = errors.New("message settled already")
 )
 
 // HeadKey names a partition of a topic known from context.
@@ -341,6 +344,10 @@ type Leases interface {
 	// on the same database: the fence locks l's row until tx ends, and
 	// nothing is committed unless tx is.
 	CommitOffsetTx(ctx context.Context, tx *sql.Tx, l Lease, offset int64, now time.Time) error
+	// DeferOffsetTx is CommitOffsetTx for the message at offset that is
+	// being deferred: it fails with ErrPastHead past the partition's head
+	// and with ErrSettled when the cursor is at or past offset already.
+	DeferOffsetTx(ctx context.Context, tx *sql.Tx, l Lease, offset int64, now time.Time) error
 	// CommitOffsets commits several leases' cursors in one transaction,
 	// each as CommitOffset does; when any lease is lost it changes nothing
 	// and returns ErrLeaseLost (the caller then commits them one by one).
@@ -359,9 +366,18 @@ type Leases interface {
 	// SweepLeases frees every lease held by one of owners (dead
 	// subscribers), advancing each token so their writes fail.
 	SweepLeases(ctx context.Context, g GroupScope, owners []string, now time.Time) (int64, error)
+	// TakeOverMember gives member, in one transaction per tenant, the
+	// leases that one of previous (earlier incarnations of a static
+	// member, SubscriberConfig.InstanceID) holds, each with the next
+	// token (so their writes fail) until now+ttl, and replaces their
+	// heartbeat rows with member's. It returns the leases it moved.
+	TakeOverMember(ctx context.Context, g GroupScope, previous []string, member string, now time.Time, ttl time.Duration) (int64, error)
 
 	// Heartbeat records that subscriber is alive, once per tenant.
 	Heartbeat(ctx context.Context, g GroupScope, subscriber string, now time.Time) error
+	// RefreshHeartbeat is Heartbeat of the rows subscriber has, adding
+	// none; it returns how many it refreshed.
+	RefreshHeartbeat(ctx context.Context, g GroupScope, subscriber string, now time.Time) (int64, error)
 	// RemoveHeartbeat deletes subscriber's rows.
 	RemoveHeartbeat(ctx context.Context, g GroupScope, subscriber string) error
 	// Subscribers lists the heartbeat rows of group on topic in tenants.
@@ -778,15 +794,17 @@ type Deferrals interface {
 	// ListDeferred lists up to limit of g's deferred messages with
 	// offsets above after whose message is stored, in offset order.
 	ListDeferred(ctx context.Context, g GroupRef, after int64, limit int) ([]Deferred, error)
-	// DeferredCounts counts g's deferred messages per partition key.
-	DeferredCounts(ctx context.Context, g GroupRef) (map[string]int64, error)
+	// DeferredCounts counts g's deferred messages in the partitions named
+	// by keys, per key (a schema without deferral has none).
+	DeferredCounts(ctx context.Context, g GroupRef, keys []string) (map[string]int64, error)
 	// DeferredFloors reads, for each partition of a tenant's topic with a
 	// deferred message, the lowest deferred offset of any group:
 	// retention keeps the messages from there. A schema without deferral
 	// (a release ahead of its migration) has none.
 	DeferredFloors(ctx context.Context, tenant, topic string) (map[string]int64, error)
 	// DropDeferredGone deletes the deferred rows of a tenant's topic whose
-	// message is no longer stored, and returns how many.
+	// message is no longer stored, a bounded number of batches a call,
+	// and returns how many.
 	DropDeferredGone(ctx context.Context, tenant, topic string) (int64, error)
 }
 

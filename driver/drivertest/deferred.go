@@ -4,9 +4,14 @@ package drivertest
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -248,7 +253,7 @@ func testDeferralReceipts(t *testing.T, open Open) {
 	_, c := setup(t, open, &shardq.Config{Clock: clock.Now})
 	ctx := context.Background()
 	publishGroup(t, c, "k", "m1", "m2", "m3")
-	publishGroup(t, c, "s", "n1", "n2")
+	publishGroup(t, c, "s", "n1", "n2", "n3")
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
 	r := receipts(t, c, clock, 0)
 
@@ -266,12 +271,15 @@ func testDeferralReceipts(t *testing.T, open Open) {
 	}
 	mustReceive(t, r, shardq.ReceiveRequest{Ungrouped: true})
 	// A message that an ack of a later one settled is not deferred.
-	s := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "s", Max: 2}, "n1", "n2")
-	if err := r.Ack(ctx, gref, s[1].Receipt); err != nil {
+	s := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "s", Max: 3}, "n1", "n2", "n3")
+	if err := r.Ack(ctx, gref, s[1].Receipt); err != nil { // the receive still holds the group
 		t.Fatal(err)
 	}
 	if stale, err := r.Defer(ctx, gref, []string{s[0].Receipt}); err != nil || !slices.Equal(stale, []int{0}) {
 		t.Fatalf("defer of a message a later ack settled: stale %v, %v; want [0]", stale, err)
+	}
+	if err := r.Ack(ctx, gref, s[2].Receipt); err != nil {
+		t.Fatal(err)
 	}
 	list, err := c.Admin().Deferred(ctx, gref, 0, 10)
 	if err != nil || len(list) != 2 || list[0].ID != "m2" || list[1].ID != "u1" {
@@ -308,5 +316,88 @@ func testDeferralReceipts(t *testing.T, open Open) {
 	}
 	if list, err := c.Admin().Deferred(ctx, gref, 0, 10); err != nil || len(list) != 0 {
 		t.Fatalf("after the acks, deferred %+v, %v", list, err)
+	}
+}
+
+// resign edits a receipt's fields and signs it again with the database's
+// key: a receipt that is signed but wrong (a bug, a leaked key).
+func resign(t *testing.T, d driver.Driver, rcpt string, edit func(map[string]any)) string {
+	t.Helper()
+	parts := strings.Split(strings.TrimPrefix(rcpt, "r2."), ".")
+	body, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	nb, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var secret []byte
+	if err := d.DB().QueryRow("SELECT secret FROM shardq_receipt_keys WHERE key_id = ?", parts[0]).Scan(&secret); err != nil {
+		t.Fatal(err)
+	}
+	signed := "r2." + parts[0] + "." + base64.RawURLEncoding.EncodeToString(nb)
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(signed))
+	return signed + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// A receipt's deferral keeps the receive's lease as long as its
+// visibility (another receive does not get the group meanwhile); a
+// receipt signed with an offset past the partition's head defers nothing
+// and moves no cursor; an expired deferred message is dead-lettered when
+// the receipts' options ask for it.
+func testDeferralReceiptsFence(t *testing.T, open Open) {
+	clock := newFakeClock(time.Now())
+	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
+	ctx := context.Background()
+	publishGroup(t, c, "k", "m1", "m2", "m3")
+	a, b := receipts(t, c, clock, 0), receipts(t, c, clock, 0)
+	got := mustReceive(t, a, shardq.ReceiveRequest{PartitionKey: "k", Max: 3, Visibility: 10 * time.Minute}, "m1", "m2", "m3")
+	if stale, err := a.Defer(ctx, gref, []string{got[0].Receipt}); err != nil || len(stale) != 0 {
+		t.Fatalf("defer m1: %v, %v", stale, err)
+	}
+	clock.Advance(time.Minute)
+	mustReceive(t, b, shardq.ReceiveRequest{PartitionKey: "k", Max: 3}) // held for 10 minutes: nothing
+	if err := a.Ack(ctx, gref, got[2].Receipt); err != nil {
+		t.Fatalf("the holder's ack of m3 a minute into its 10: %v", err)
+	}
+
+	publishGroup(t, c, "h", "h1")
+	h := mustReceive(t, a, shardq.ReceiveRequest{PartitionKey: "h"}, "h1")
+	past := resign(t, d, h[0].Receipt, func(m map[string]any) { m["o"], m["l"] = 1_000_000, 1_000_000 })
+	if _, err := a.Defer(ctx, gref, []string{past}); !errors.Is(err, shardq.ErrInvalid) {
+		t.Fatalf("defer of a receipt past the head = %v, want ErrInvalid", err)
+	}
+	publishGroup(t, c, "h", "h2")
+	if err := a.Ack(ctx, gref, h[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	mustReceive(t, b, shardq.ReceiveRequest{PartitionKey: "h"}, "h2") // not skipped
+
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "e", ID: "e1", TTL: time.Minute})
+	o := &shardq.ReceiptOptions{Name: "api", Clock: clock.Now, DeadLetterExpired: true}
+	dle, err := c.Receipts(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := mustReceive(t, dle, shardq.ReceiveRequest{PartitionKey: "e"}, "e1")
+	if _, err := dle.Defer(ctx, gref, []string{e[0].Receipt}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+	if ds, err := dle.ReceiveDeferred(ctx, shardq.DeferredRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Offsets: []int64{e[0].Offset}}); err != nil || len(ds) != 0 {
+		t.Fatalf("an expired deferred message was handed out: %d, %v", len(ds), err)
+	}
+	if dl := fetchAll(t, d, "t", "x.dlq", "e"); len(dl) != 1 || dl[0].ID != "e1" {
+		t.Fatalf("dead letters %v, want the expired deferred e1", idsOf(dl))
+	}
+	if list, _ := c.Admin().Deferred(ctx, gref, 0, 10); len(list) != 1 || list[0].ID != "m1" {
+		t.Fatalf("deferred %+v, want m1 only", list)
 	}
 }

@@ -30,6 +30,7 @@ var receiptTests = []struct {
 	{"MessagesExpire", testMessagesExpire},
 	{"Deferral", testDeferral},
 	{"DeferralReceipts", testDeferralReceipts},
+	{"DeferralReceiptsFence", testDeferralReceiptsFence},
 	{"TokensStoredPerTenant", testTokens},
 }
 

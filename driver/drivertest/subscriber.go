@@ -34,6 +34,7 @@ var subscriberTests = []struct {
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
 	{"OneNameTwoInstances", testOneNameTwoInstances},
+	{"StaticMembership", testStaticMembership},
 	{"NoDeliveryAfterLeaseExpiry", testNoDeliveryAfterLeaseExpiry},
 	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 	{"LocalPublishWakesIdleWorker", testLocalPublishWakesIdleWorker},

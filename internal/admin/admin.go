@@ -46,20 +46,23 @@ func Offsets(ctx context.Context, drv driver.Driver, s driver.Scope, group strin
 }
 
 // countDeferred fills each row's Deferred: one read per group and topic
-// of the page.
+// of the page, for its partitions.
 func countDeferred(ctx context.Context, drv driver.Driver, rows []driver.OffsetRow) error {
-	counts := map[driver.GroupRef]map[string]int64{}
-	for i := range rows {
-		g := driver.GroupRef{Tenant: rows[i].Tenant, Topic: rows[i].Topic, ConsumerGroup: rows[i].ConsumerGroup}
-		n, ok := counts[g]
-		if !ok {
-			var err error
-			if n, err = drv.DeferredCounts(ctx, g); err != nil {
-				return err
-			}
-			counts[g] = n
+	keys := map[driver.GroupRef][]string{}
+	for _, r := range rows {
+		g := driver.GroupRef{Tenant: r.Tenant, Topic: r.Topic, ConsumerGroup: r.ConsumerGroup}
+		keys[g] = append(keys[g], r.PartitionKey)
+	}
+	counts := make(map[driver.GroupRef]map[string]int64, len(keys))
+	for g, ks := range keys {
+		n, err := drv.DeferredCounts(ctx, g, ks)
+		if err != nil {
+			return err
 		}
-		rows[i].Deferred = n[rows[i].PartitionKey]
+		counts[g] = n
+	}
+	for i, r := range rows {
+		rows[i].Deferred = counts[driver.GroupRef{Tenant: r.Tenant, Topic: r.Topic, ConsumerGroup: r.ConsumerGroup}][r.PartitionKey]
 	}
 	return nil
 }

@@ -74,7 +74,13 @@ func (s *Member) tick() (contended bool) {
 	live := map[string][]string{}
 	alive := map[string]bool{}
 	member := map[string]bool{}
+	s.mu.Lock()
+	previous := s.previous
+	s.mu.Unlock()
 	for _, sub := range subs {
+		if previous[sub.Name] {
+			continue // an earlier incarnation of this static member: gone
+		}
 		member[sub.Name] = true
 		if now.Sub(sub.HeartbeatAt) < s.cfg.StaleAfter || sub.Name == s.cfg.ID {
 			live[sub.Tenant] = append(live[sub.Tenant], sub.Name)

@@ -17,11 +17,30 @@ func (s *Member) beat() {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		defer cancel()
 		now := s.cfg.Clock()
-		if err := s.heartbeat(ctx, now); err != nil && s.life.Context().Err() == nil {
-			s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
+		if fenced := s.beatOnce(ctx, now); fenced {
+			return // the subscription stops the member
 		}
 		s.renew(ctx, now)
 	})
+}
+
+// beatOnce writes the member's heartbeat rows. A static member refreshes
+// its rows and adds one back only once takenOver found no later
+// incarnation (which deleted it): it reports whether one did.
+func (s *Member) beatOnce(ctx context.Context, now time.Time) (fenced bool) {
+	if s.cfg.Instance != "" {
+		n, err := s.drv.RefreshHeartbeat(ctx, s.scope(), s.cfg.ID, now)
+		if err == nil && n == int64(len(s.cfg.Tenants)) {
+			return false
+		}
+		if err == nil && s.takenOver(ctx) {
+			return true
+		}
+	}
+	if err := s.heartbeat(ctx, now); err != nil && s.life.Context().Err() == nil {
+		s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
+	}
+	return false
 }
 
 // renew extends, in one transaction, the leases that have used a third of

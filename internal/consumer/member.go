@@ -43,6 +43,11 @@ type Config struct {
 	ConsumerGroup, Topic string
 	Tenants              []string
 	ID                   string // the member's identity: lease owner and heartbeat row
+	// Instance, when set, makes the member static (Kafka's
+	// group.instance.id): ID is an incarnation of it
+	// (ident.InstanceMemberID), and a new incarnation takes over the
+	// leases and heartbeat rows of earlier ones (static.go).
+	Instance string
 
 	// Handle delivers msgs (one, or with Batch a run of consecutive
 	// messages of one partition) as their attempt-th delivery; whole is
@@ -133,6 +138,12 @@ type Member struct {
 	ungrouped  *ungrouped.Service
 	stopOnce   sync.Once
 	stopResult error
+	// previous is the earlier incarnations of a static member that this
+	// one took over (guarded by mu); fenced closes when a later one took
+	// this one over (static.go).
+	previous  map[string]bool
+	fenced    chan struct{}
+	fenceOnce sync.Once
 }
 
 // Start starts a member: it heartbeats once (or, taking only ungrouped
@@ -148,6 +159,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		kick:    make(chan struct{}, 1),
 		unseen:  map[[2]string]time.Time{},
 		settler: settle.Settler{Driver: drv, Policy: cfg.Policy, DLQSuffix: cfg.DLQSuffix, Clock: cfg.Clock},
+		fenced:  make(chan struct{}),
 	}
 	// A member that takes grouped messages heartbeats (its first beat also
 	// proves the database reachable and migrated); one that takes only
@@ -162,7 +174,10 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 			return err
 		})
 	} else {
-		err = s.heartbeat(ctx, cfg.Clock())
+		err = s.takeOver(ctx)
+		if err == nil {
+			err = s.heartbeat(ctx, cfg.Clock())
+		}
 	}
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -43,7 +44,26 @@ func Subscribe(ctx context.Context, drv driver.Driver, cfg Config, tel *telemetr
 		tel.AddLag(s.lag)
 	}
 	local.Add(cfg.Topic, cfg.Tenants, s, m)
+	if cfg.Instance != "" {
+		go s.stopWhenFenced() // ends at the stop, whichever comes first
+	}
 	return s, nil
+}
+
+// fencedStopTimeout is what the handlers in flight of a fenced static
+// member get: another process holds its partitions already.
+const fencedStopTimeout = 10 * time.Second
+
+// stopWhenFenced stops a static member that a later incarnation took
+// over; its Stop then reports ErrInstanceFenced.
+func (s *Subscription) stopWhenFenced() {
+	select {
+	case <-s.Fenced():
+		ctx, cancel := context.WithTimeout(context.Background(), fencedStopTimeout)
+		defer cancel()
+		s.stopWith(ctx, ErrInstanceFenced)
+	case <-s.done:
+	}
 }
 
 // Watch stops s when ctx ends, giving the handlers in flight
@@ -80,7 +100,11 @@ func (s *Subscription) Stop(ctx context.Context) error {
 // Done is closed once the subscription has stopped.
 func (s *Subscription) Done() <-chan struct{} { return s.done }
 
-func (s *Subscription) stop(ctx context.Context) error {
+func (s *Subscription) stop(ctx context.Context) error { return s.stopWith(ctx, nil) }
+
+// stopWith stops s once; cause, when not nil, is why it stopped by
+// itself, and joins the stop's result.
+func (s *Subscription) stopWith(ctx context.Context, cause error) error {
 	s.once.Do(func() {
 		defer close(s.done)
 		defer s.stopped()
@@ -88,7 +112,7 @@ func (s *Subscription) stop(ctx context.Context) error {
 		if s.lag != nil {
 			s.tel.RemoveLag(s.lag)
 		}
-		s.err = s.Member.Stop(ctx)
+		s.err = errors.Join(cause, s.Member.Stop(ctx))
 	})
 	return s.err
 }

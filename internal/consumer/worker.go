@@ -494,7 +494,10 @@ func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) (
 	// the cursor commit under this lease's fence joins it.
 	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, upTo int64) error {
 		return w.s.drv.CommitOffsetTx(ctx, tx, w.leaseNow(), upTo, w.s.cfg.Clock())
-	}, Deferrer: &settle.Deferrer{Driver: w.s.drv, Group: w.s.cfg.ConsumerGroup, Clock: w.s.cfg.Clock}}
+	}, Deferrer: &settle.Deferrer{Driver: w.s.drv, Group: w.s.cfg.ConsumerGroup, Clock: w.s.cfg.Clock,
+		Pass: func(ctx context.Context, tx *sql.Tx, upTo int64) error {
+			return w.s.drv.DeferOffsetTx(ctx, tx, w.leaseNow(), upTo, w.s.cfg.Clock())
+		}}}
 	err := w.s.cfg.Handle(settle.WithInTx(w.ctx, inTx), msgs, whole, attempt)
 	inTx.Close() // a delivery kept past its handler settles nothing
 	return inTx, err

@@ -120,6 +120,30 @@ func MemberID(name string) string {
 	return name + "#" + hex.EncodeToString(b[:])
 }
 
+// InstanceMemberID is the identity of one incarnation of the static
+// member instance (SubscriberConfig.InstanceID): instance, "@" and 8
+// random hex digits. A member's identity without an instance ends in "#"
+// and 8 hex digits, so the two never match (IsIncarnation).
+func InstanceMemberID(instance string) string {
+	var b [4]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return instance + "@" + hex.EncodeToString(b[:])
+}
+
+// IsIncarnation reports whether identity is one of InstanceMemberID(instance).
+func IsIncarnation(instance, identity string) bool {
+	suffix, ok := strings.CutPrefix(identity, instance+"@")
+	if !ok || len(suffix) != 8 {
+		return false
+	}
+	for _, c := range []byte(suffix) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // utf8Text checks valid UTF-8 of at most maxChars code points with no NUL.
 func utf8Text(field, v string, maxChars int) error {
 	if !utf8.ValidString(v) {

@@ -47,7 +47,7 @@ func (r *Receipts) ReceiveDeferred(ctx context.Context, tenant, topic, group str
 		res.Messages = append(res.Messages, Received{Message: c.Message, Attempt: c.Attempts, Receipt: signed})
 	}
 	if len(expired) > 0 {
-		if err := r.drv.AckDeferred(ctx, expired, now); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		if err := r.cfg.Settler.ExpiredDeferred(ctx, expired); err != nil {
 			return Result{}, r.releaseDeferred(ctx, claims, fmt.Errorf("shardq: receive deferred: settle expired messages: %w", err))
 		}
 		r.expired(tenant, topic, group, len(expired))
@@ -138,18 +138,6 @@ func (r *Receipts) deferOne(ctx context.Context, rc Receipt) error {
 	now := r.now()
 	m := driver.Message{Tenant: rc.Tenant, Topic: rc.Topic, PartitionKey: rc.Key, Offset: rc.Offset}
 	l := rc.lease()
-	if !rc.Claim {
-		// An ack of a later message of the receive may have settled this
-		// one already: then it is not deferred, and the receipt is stale.
-		cur, err := r.drv.ResumeLease(ctx, l, now, nackHold)
-		if err == nil && cur.Committed >= rc.Offset {
-			err = ErrStale
-		}
-		if err != nil {
-			return settled("defer", rc, err)
-		}
-		l = cur
-	}
 	tx, err := r.drv.BeginWrite(ctx)
 	if err != nil {
 		return settled("defer", rc, err)
@@ -157,13 +145,24 @@ func (r *Receipts) deferOne(ctx context.Context, rc Receipt) error {
 	if rc.Claim {
 		err = r.drv.AckClaimsTx(ctx, tx, []driver.Claim{rc.ClaimOf(driver.Message{})}, now)
 	} else {
-		err = r.drv.CommitOffsetTx(ctx, tx, l, rc.Offset, now)
+		// Under the lease's fence, and not past the head; an ack of a
+		// later message of the receive may have settled this one
+		// already (ErrSettled): then it is not deferred, and the receipt
+		// is stale.
+		err = r.drv.DeferOffsetTx(ctx, tx, l, rc.Offset, now)
 	}
 	if err == nil {
 		err = r.drv.DeferTx(ctx, tx, rc.Group, m, now)
 	}
 	if err != nil {
-		return settled("defer", rc, errors.Join(err, rollback(tx)))
+		err = errors.Join(err, rollback(tx))
+		switch {
+		case errors.Is(err, driver.ErrSettled):
+			err = ErrStale
+		case errors.Is(err, driver.ErrPastHead):
+			err = &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)}
+		}
+		return settled("defer", rc, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return settled("defer", rc, err)

@@ -510,6 +510,23 @@ func (r *Receiver) AckTx(ctx context.Context, tx *sql.Tx, offset int64) error {
 	return nil
 }
 
+// DeferTx passes the cursor over the message in hand at offset inside
+// tx for its deferral (driver.DeferOffsetTx: not past a cursor that
+// settled it already), as AckTx does.
+func (r *Receiver) DeferTx(ctx context.Context, tx *sql.Tx, offset int64) error {
+	l, err := r.settling(offset)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.heldInTx = true
+	r.mu.Unlock()
+	if err := r.drv.DeferOffsetTx(ctx, tx, l, offset, r.now()); err != nil {
+		return r.fail("pass in the caller's transaction to defer", err)
+	}
+	return nil
+}
+
 // Nack settles the message in hand at offset as failed by cause: the
 // settler records the attempt or dead-letters it.
 func (r *Receiver) Nack(ctx context.Context, offset int64, cause error) error {

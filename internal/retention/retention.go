@@ -355,9 +355,9 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		}
 		after = []string{page[len(page)-1].PartitionKey}
 	}
-	// Deferred rows whose message the cuts took (MaxRetention) or an
-	// operator deleted go with it.
-	if len(floors) > 0 {
+	// Deferred rows whose message this pass deleted (MaxRetention) go
+	// with it; an operator's deletes, at the next pass that deletes.
+	if len(floors) > 0 && rep.Deleted > 0 {
 		if _, err := drv.DropDeferredGone(ctx, tenant, topic); err != nil {
 			return rep, false, err
 		}

@@ -32,6 +32,10 @@ type Deferrer struct {
 		BeginWrite(ctx context.Context) (*sql.Tx, error)
 		DeferTx(ctx context.Context, tx *sql.Tx, group string, m driver.Message, now time.Time) error
 	}
+	// Pass settles the delivery in tx for its deferral, up to upTo, under
+	// its lease or claim; it fails (driver.ErrSettled, ErrLeaseLost) when
+	// the delivery was settled otherwise meanwhile.
+	Pass  func(ctx context.Context, tx *sql.Tx, upTo int64) error
 	Group string
 	Clock func() time.Time
 }
@@ -49,11 +53,12 @@ func (t *InTx) Defer(ctx context.Context, m driver.Message, upTo int64) error {
 	if t.closed.Load() {
 		return ErrClosed
 	}
+	t.used.Store(true)
 	tx, err := t.Deferrer.Driver.BeginWrite(ctx)
 	if err != nil {
 		return err
 	}
-	if err := t.Run(ctx, tx, upTo); err != nil {
+	if err := t.Deferrer.Pass(ctx, tx, upTo); err != nil {
 		return errors.Join(err, rollback(tx))
 	}
 	if err := t.Deferrer.Driver.DeferTx(ctx, tx, t.Deferrer.Group, m, t.Deferrer.Clock()); err != nil {

@@ -152,6 +152,8 @@ type Driver interface {
 	DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error
 	RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Time, lastError string, now time.Time) error
 	DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error
+	AckDeferred(ctx context.Context, cs []driver.Claim, now time.Time) error
+	DeadLetterDeferred(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error
 }
 
 // Settler decides a failed attempt's verdict by Policy and applies it,
@@ -271,6 +273,26 @@ func (s Settler) insert(ctx context.Context, rows []*driver.InsertMessage) error
 		return errors.Join(err, tx.Rollback())
 	}
 	return tx.Commit()
+}
+
+// ExpiredDeferred settles expired deferred messages, claimed by cs,
+// without handing them out: each is dead-lettered with Policy's
+// DeadLetterExpired, else their deferral ends. A claim taken over
+// meanwhile is left to its new holder.
+func (s Settler) ExpiredDeferred(ctx context.Context, cs []driver.Claim) error {
+	if !s.Policy.DeadLetterExpired {
+		if err := s.Driver.AckDeferred(ctx, cs, s.Clock()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+			return err
+		}
+		return nil
+	}
+	for _, c := range cs {
+		dlq := DeadLetterCopy(c.Message, s.DLQSuffix, c.Attempts, expiry.Cause(&c.Message))
+		if err := s.Driver.DeadLetterDeferred(ctx, c, dlq, s.Clock()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+			return err
+		}
+	}
+	return nil
 }
 
 // Claim settles err, the failure of c's delivery (its c.Attempts-th),

@@ -99,6 +99,14 @@ func (r *recorder) DeadLetterClaim(_ context.Context, _ driver.Claim, dlq *drive
 	return nil
 }
 
+func (r *recorder) AckDeferred(context.Context, []driver.Claim, time.Time) error {
+	return errors.New("recorder: no deferred messages")
+}
+
+func (r *recorder) DeadLetterDeferred(context.Context, driver.Claim, *driver.InsertMessage, time.Time) error {
+	return errors.New("recorder: no deferred messages")
+}
+
 // A Settler writes what Decide chose: the attempt at the delivery's
 // offset, or the dead-letter copy with the cursor passing it (a large
 // message's end marker, past its chunks); an ack writes nothing.

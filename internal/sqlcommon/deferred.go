@@ -7,7 +7,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -180,12 +182,29 @@ func (d *Store) ListDeferred(ctx context.Context, g driver.GroupRef, after int64
 	return out, rows.Err()
 }
 
-// DeferredCounts counts the group's deferred rows per partition key (a
-// range of the primary key).
-func (d *Store) DeferredCounts(ctx context.Context, g driver.GroupRef) (map[string]int64, error) {
+// DeferredCounts counts the group's deferred rows of keys, per key
+// (ranges of idx_deferred_partition).
+func (d *Store) DeferredCounts(ctx context.Context, g driver.GroupRef, keys []string) (map[string]int64, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
 	op := fmt.Sprintf("count deferred messages of tenant %q topic %q group %q", g.Tenant, g.Topic, g.ConsumerGroup)
-	return d.keyedInts(ctx, d.sql().deferred.counts, claimArgsOf(g.Tenant, g.Topic, g.ConsumerGroup), op)
+	out := map[string]int64{}
+	for chunk := range slices.Chunk(keys, countKeys) {
+		m, err := d.keyedInts(ctx, d.sql().deferred.counts, claimArgsOf(g.Tenant, g.Topic, g.ConsumerGroup).with(Args{"keys": textList(chunk)}), op)
+		if errors.Is(err, driver.ErrNotMigrated) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, m)
+	}
+	return out, nil
 }
+
+// countKeys bounds the keys of one count statement.
+const countKeys = 500
 
 // DeferredFloors reads each partition's lowest deferred offset (a range of
 // idx_deferred_partition). A schema without the table has none.
@@ -216,8 +235,12 @@ func (d *Store) keyedInts(ctx context.Context, stmt string, args Args, op string
 	return out, rows.Err()
 }
 
-// goneBatch bounds one read and delete of dangling deferred rows.
-const goneBatch = 500
+// goneBatch bounds one read and delete of dangling deferred rows, and
+// goneBatches the batches of one call (the next pass goes on).
+const (
+	goneBatch   = 500
+	goneBatches = 20
+)
 
 // DropDeferredGone deletes the deferred rows of a topic whose message
 // retention (or an operator) deleted, a batch at a time: a row is read
@@ -227,7 +250,7 @@ func (d *Store) DropDeferredGone(ctx context.Context, tenant, topic string) (int
 	op := fmt.Sprintf("drop the deferred rows of tenant %q topic %q whose message is gone", tenant, topic)
 	st := &d.sql().deferred
 	var total int64
-	for {
+	for range goneBatches {
 		rows, err := d.query(ctx, d.Read, st.gone, Args{"tenant": tenant, "topic": topic, "limit": goneBatch})
 		if err != nil {
 			return total, d.Wrap(op, err)
@@ -260,7 +283,8 @@ func (d *Store) DropDeferredGone(ctx context.Context, tenant, topic string) (int
 			total += k
 		}
 		if n < goneBatch {
-			return total, nil
+			break
 		}
 	}
+	return total, nil
 }

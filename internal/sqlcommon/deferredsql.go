@@ -14,7 +14,7 @@ type deferredSQL struct {
 	extend   string // keep a claimed row until :visible_at, under its claim
 	settle   string // delete a row under its claim
 	list     string // up to :limit rows after :after with their messages' metadata
-	counts   string // the group's rows per partition key
+	counts   string // the group's rows per partition key, of :keys
 	floors   string // the lowest deferred offset per partition of a topic, of any group
 	gone     string // up to :limit rows of a topic whose message is not stored
 	dropGone string // delete the rows of a topic at :offsets (checked gone) of one group
@@ -41,11 +41,12 @@ func newDeferredSQL(s Syntax) deferredSQL {
 		settle:  "DELETE FROM queue_deferred WHERE " + deferredFence,
 		list: "SELECT d.message_offset, d.partition_key, d.attempts, d.owner, d.visible_at, d.deferred_at, m.id, m.created_at, m.not_before FROM queue_deferred d" + ofMessage +
 			" WHERE d.tenant = :tenant AND d.consumer_group = :group AND d.topic = :topic AND d.message_offset > :after ORDER BY d.message_offset LIMIT :limit",
-		counts: "SELECT partition_key, COUNT(*) FROM queue_deferred WHERE " + claimKey + " GROUP BY partition_key",
+		counts: "SELECT partition_key, COUNT(*) FROM queue_deferred WHERE tenant = :tenant AND topic = :topic AND partition_key IN (:keys) " +
+			"AND consumer_group = :group GROUP BY partition_key",
 		floors: "SELECT partition_key, MIN(message_offset) FROM queue_deferred WHERE tenant = :tenant AND topic = :topic GROUP BY partition_key",
 		gone: "SELECT d.consumer_group, d.message_offset FROM queue_deferred d LEFT JOIN queue_messages m ON m.tenant = d.tenant AND m.topic = d.topic " +
 			"AND m.partition_key = d.partition_key AND m." + o + " = d.message_offset WHERE d.tenant = :tenant AND d.topic = :topic AND m." + o + " IS NULL " +
-			"ORDER BY d.consumer_group, d.message_offset LIMIT :limit",
+			"ORDER BY d.partition_key, d.consumer_group, d.message_offset LIMIT :limit",
 		dropGone: "DELETE FROM queue_deferred WHERE " + claimKey + " AND message_offset IN (:offsets)",
 	}
 }

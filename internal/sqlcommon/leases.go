@@ -315,25 +315,57 @@ func (d *Store) CommitOffsets(ctx context.Context, cs []driver.OffsetCommit, now
 func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64, release bool, now time.Time) error {
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("commit received offset %d on %s", offset, l.PartitionRef)
-		var head sql.NullInt64
-		err := d.queryRow(ctx, tx, d.leases().fenceHead, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&head)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return struct{}{}, fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
-		case err != nil:
-			return struct{}{}, d.Wrap(op, err)
-		case !head.Valid: // the partition was removed: so was what the lease held
-			return struct{}{}, fmt.Errorf("%s: %w (no partition)", op, driver.ErrLeaseLost)
-		case offset > head.Int64:
-			return struct{}{}, fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
+		if err := d.fenceHead(ctx, tx, l, offset, op); err != nil {
+			return struct{}{}, err
 		}
 		if err := d.commitOffset(ctx, tx, l, offset, now, op); err != nil || !release {
 			return struct{}{}, err
 		}
-		_, err = d.exec(ctx, tx, d.leases().release, refNamed(l.PartitionRef).with(Args{"now": d.EncodeTime(now), "token": l.Token}))
+		_, err := d.exec(ctx, tx, d.leases().release, refNamed(l.PartitionRef).with(Args{"now": d.EncodeTime(now), "token": l.Token}))
 		return struct{}{}, d.wrapNil(op+" and release the lease", err)
 	})
 	return err
+}
+
+// fenceHead fences l and refuses an offset past the partition's head,
+// read in the fencing statement.
+func (d *Store) fenceHead(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, op string) error {
+	var head sql.NullInt64
+	err := d.queryRow(ctx, tx, d.leases().fenceHead, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&head)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
+	case err != nil:
+		return d.Wrap(op, err)
+	case !head.Valid: // the partition was removed: so was what the lease held
+		return fmt.Errorf("%s: %w (no partition)", op, driver.ErrLeaseLost)
+	case offset > head.Int64:
+		return fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
+	}
+	return nil
+}
+
+// DeferOffsetTx fences l with the head's bound, then reads the cursor:
+// every writer of the cursor under a lease locks its row first, and an
+// operator's reset fences it too, so the cursor read is the one the
+// commit moves. A cursor at or past offset settled the message already.
+func (d *Store) DeferOffsetTx(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time) error {
+	op := fmt.Sprintf("pass offset %d on %s to defer it", offset, l.PartitionRef)
+	if err := d.fenceHead(ctx, tx, l, offset, op); err != nil {
+		return err
+	}
+	var cur int64
+	err := d.queryRow(ctx, tx, d.leases().committed, refNamed(l.PartitionRef)).Scan(&cur)
+	if errors.Is(err, sql.ErrNoRows) {
+		cur, err = d.groupStart(ctx, l.Tenant, l.Topic, l.ConsumerGroup)
+	}
+	if err != nil {
+		return d.Wrap(op, err)
+	}
+	if cur >= offset {
+		return fmt.Errorf("%s: %w (the cursor is at %d)", op, driver.ErrSettled, cur)
+	}
+	return d.commitOffset(ctx, tx, l, offset, now, op)
 }
 
 func (d *Store) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
@@ -481,6 +513,42 @@ func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []s
 	return res.RowsAffected()
 }
 
+// TakeOverMember moves previous' leases to member and replaces their
+// heartbeat rows, tenant by tenant (each transaction on one shard).
+func (d *Store) TakeOverMember(ctx context.Context, g driver.GroupScope, previous []string, member string, now time.Time, ttl time.Duration) (int64, error) {
+	if len(previous) == 0 {
+		return 0, nil
+	}
+	var moved int64
+	for _, tenant := range g.Tenants {
+		op := fmt.Sprintf("take over the leases of %q for %q in tenant %q group %q topic %q", previous, member, tenant, g.ConsumerGroup, g.Topic)
+		n, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
+			scope := memberNamed([]string{tenant}, g.ConsumerGroup, g.Topic).with(Args{"owners": textList(previous)})
+			res, err := d.exec(ctx, tx, d.leases().takeOver, scope.with(Args{"member": member, "expires_at": d.EncodeTime(now.Add(ttl))}))
+			if err != nil {
+				return 0, d.Wrap(op, err)
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return 0, fmt.Errorf("%s: %w", op, err)
+			}
+			if _, err := d.exec(ctx, tx, d.leases().removeMembers, scope); err != nil {
+				return 0, d.Wrap(op, err)
+			}
+			row := Rows{{tenant, g.ConsumerGroup, g.Topic, member, d.EncodeTime(now), d.EncodeTime(now)}}
+			if _, err := d.exec(ctx, tx, d.leases().heartbeat, Args{"rows": row}); err != nil {
+				return 0, d.Wrap(op, err)
+			}
+			return n, nil
+		})
+		if err != nil {
+			return moved, err
+		}
+		moved += n
+	}
+	return moved, nil
+}
+
 // Heartbeat upserts subscriber's row in each tenant.
 func (d *Store) Heartbeat(ctx context.Context, g driver.GroupScope, subscriber string, now time.Time) error {
 	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
@@ -495,6 +563,18 @@ func (d *Store) Heartbeat(ctx context.Context, g driver.GroupScope, subscriber s
 		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
+}
+
+// RefreshHeartbeat updates subscriber's rows.
+func (d *Store) RefreshHeartbeat(ctx context.Context, g driver.GroupScope, subscriber string, now time.Time) (int64, error) {
+	if len(g.Tenants) == 0 {
+		return 0, nil
+	}
+	res, err := d.exec(ctx, d.Write, d.leases().refreshBeats, memberNamed(g.Tenants, g.ConsumerGroup, g.Topic).with(Args{"member": subscriber, "now": d.EncodeTime(now)}))
+	if err != nil {
+		return 0, d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, g.ConsumerGroup, g.Topic), err)
+	}
+	return res.RowsAffected()
 }
 
 // RemoveHeartbeat deletes subscriber's rows.

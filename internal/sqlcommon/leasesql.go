@@ -9,30 +9,33 @@ import (
 // leaseSQL holds the statements of the lease protocol, membership and
 // message-group state, whole, with named parameters (Bind).
 type leaseSQL struct {
-	ensure      string // make sure a lease row exists (a no-op upsert that locks it); a new row's token is the time in µs
-	lock        string // read and lock a lease row
-	committed   string // the group's cursor of the partition
-	start       string // where the group starts in a partition it has no cursor for
-	take        string // give the row to an owner with a new token
-	fence       string // lock the row only while the token and owner are current
-	fenceHead   string // fence, returning the partition's head (a scalar subquery: a plain read, it locks nothing)
-	renew       string // extend a lease under its token
-	renewMany   string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
-	ownedTokens string // an owner's rows and their tokens
-	release     string // free a lease under its token
-	commit      string // move a cursor forward, never back
-	dropStates  string // drop the retry bookkeeping the cursor passed
-	record      string // upsert a message's retry bookkeeping
-	states      string // read the retry bookkeeping of a range of offsets
-	list        string // a group's lease rows in a topic
-	held        string // list, of the rows an owner holds (idx_leases_owner)
-	sweep       string // free the leases of departed owners with the next token
-	heartbeat   string // upsert a member's heartbeat rows (:rows)
-	removeBeats string // delete a member's heartbeat rows
-	members     string // a group's heartbeat rows in a topic
-	revoke      string // free a lease with the next token (an operator's reset fences its holder)
-	readState   string // a message group's state
-	writeState  string // upsert a message group's state
+	ensure        string // make sure a lease row exists (a no-op upsert that locks it); a new row's token is the time in µs
+	lock          string // read and lock a lease row
+	committed     string // the group's cursor of the partition
+	start         string // where the group starts in a partition it has no cursor for
+	take          string // give the row to an owner with a new token
+	fence         string // lock the row only while the token and owner are current
+	fenceHead     string // fence, returning the partition's head (a scalar subquery: a plain read, it locks nothing)
+	renew         string // extend a lease under its token
+	renewMany     string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
+	ownedTokens   string // an owner's rows and their tokens
+	release       string // free a lease under its token
+	commit        string // move a cursor forward, never back
+	dropStates    string // drop the retry bookkeeping the cursor passed
+	record        string // upsert a message's retry bookkeeping
+	states        string // read the retry bookkeeping of a range of offsets
+	list          string // a group's lease rows in a topic
+	held          string // list, of the rows an owner holds (idx_leases_owner)
+	sweep         string // free the leases of departed owners with the next token
+	takeOver      string // give the leases of :owners (earlier incarnations) to :member with the next token
+	removeMembers string // delete the heartbeat rows of :owners
+	refreshBeats  string // refresh a member's heartbeat rows, adding none
+	heartbeat     string // upsert a member's heartbeat rows (:rows)
+	removeBeats   string // delete a member's heartbeat rows
+	members       string // a group's heartbeat rows in a topic
+	revoke        string // free a lease with the next token (an operator's reset fences its holder)
+	readState     string // a message group's state
+	writeState    string // upsert a message group's state
 }
 
 // leaseKeyNamed selects one lease row (:tenant, :group, :topic, :key).
@@ -80,6 +83,10 @@ func newLeaseSQL(s Syntax) leaseSQL {
 			" WHERE " + memberScope + " AND owner > ''",
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
 			" AND owner IN (:owners)",
+		takeOver: "UPDATE queue_partition_leases SET owner = :member, token = token + 1, expires_at = :expires_at WHERE " + memberScope +
+			" AND owner IN (:owners)",
+		refreshBeats:  "UPDATE queue_subscriber_heartbeats SET heartbeat_at = :now WHERE " + memberScope + " AND subscriber_name = :member",
+		removeMembers: "DELETE FROM queue_subscriber_heartbeats WHERE " + memberScope + " AND subscriber_name IN (:owners)",
 		heartbeat: "INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at) VALUES :rows" +
 			s.upsert("tenant, consumer_group, topic, subscriber_name", "heartbeat_at = "+s.excluded("heartbeat_at")),
 		removeBeats: "DELETE FROM queue_subscriber_heartbeats WHERE " + memberScope + " AND subscriber_name = :member",

@@ -451,9 +451,10 @@ func (s *Service) handleClaim(c driver.Claim) {
 	hctx, lost := context.WithCancel(s.life.HardContext())
 	defer lost()
 	handled, renewing := make(chan struct{}), make(chan struct{})
-	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error {
+	ack := func(ctx context.Context, tx *sql.Tx, _ int64) error {
 		return s.drv.AckClaimsTx(ctx, tx, []driver.Claim{c}, s.cfg.Clock())
-	}, Deferrer: &settle.Deferrer{Driver: s.drv, Group: s.cfg.ConsumerGroup, Clock: s.cfg.Clock}}
+	}
+	inTx := &settle.InTx{Ack: ack, Deferrer: &settle.Deferrer{Driver: s.drv, Group: s.cfg.ConsumerGroup, Clock: s.cfg.Clock, Pass: ack}}
 	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost, inTx) }) {
 		close(renewing)
 	}

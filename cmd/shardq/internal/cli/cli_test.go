@@ -663,3 +663,29 @@ func TestAdminDeferred(t *testing.T) {
 		t.Fatalf("a bad offset: %+v", r)
 	}
 }
+
+// consume --instance-id runs a static member (its identity InstanceID@…)
+// and applies to subscribers only.
+func TestConsumeInstanceID(t *testing.T) {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	env := map[string]string{"SHARDQ_DSN": dsn}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "k", "p1"); r.code != 0 {
+		t.Fatal(r)
+	}
+	r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1", "--instance-id", "billing-0")
+	if r.code != 0 || !strings.Contains(r.stdout, "p1") {
+		t.Fatalf("consume --instance-id: %+v", r)
+	}
+	for _, args := range [][]string{{"--key", "k"}, {"--ungrouped"}} {
+		r := runCLI(t, env, "", append([]string{"consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1", "--instance-id", "billing-0"}, args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, "--instance-id") {
+			t.Fatalf("consume --instance-id %v: %+v, want a usage error", args, r)
+		}
+	}
+	if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1", "--instance-id", strings.Repeat("x", 300)); r.code == 0 || !strings.Contains(r.stderr, "instance-id") {
+		t.Fatalf("a bad --instance-id: %+v", r)
+	}
+}

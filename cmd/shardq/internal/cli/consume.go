@@ -23,6 +23,7 @@ import (
 
 type consumeFlags struct {
 	topic, group, name string
+	instanceID         string
 	tenants            []string
 	max                int
 	idleExit           time.Duration
@@ -67,6 +68,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	countFlag(fl, &f.max, "max", 0, "exit after this many messages (0: no limit)")
 	durationFlag(fl, &f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
 	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
+	fl.StringVar(&f.instanceID, "instance-id", "", "static member id (Kafka's group.instance.id): a run that restarts with the id of one that died keeps its partitions without a rebalance, and stops one that still runs")
 	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
 	fl.BoolVar(&f.deadLetterExpired, "dead-letter-expired", false, "dead-letter a message found expired (publish --ttl) instead of passing over it")
 	fl.BoolVar(&f.requireReady, "require-ready", false, "with --key: accept the group only when a message of it is ready (waiting up to --wait), as --next-group does")
@@ -141,10 +143,15 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		return usagef("--assemble reads one message group at a time: give --key or --next-group")
 	case f.assemble && f.outputDir != "":
 		return usagef("--assemble writes payloads to stdout, --output-dir to files: give one")
+	case f.instanceID != "" && (f.key != "" || f.nextGroup || f.ungrouped):
+		return usagef("--instance-id applies to a subscriber (no --key, --next-group or --ungrouped)")
 	}
 	nameErr := error(nil)
 	if f.name != "" {
 		nameErr = ident.SubscriberName(f.name)
+	}
+	if f.instanceID != "" {
+		nameErr = firstErr(nameErr, ident.MemberName("--instance-id", f.instanceID))
 	}
 	if err := firstErr(ident.Topic(f.topic), ident.ConsumerGroup(f.group), ident.Tenants("--tenant", tenants), ident.PartitionKey(f.key), nameErr); err != nil {
 		return err
@@ -214,7 +221,7 @@ func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 		take = shardq.TakeUngrouped
 	}
 	sub, err := c.Subscribe(cmd.Context(), shardq.SubscriberConfig{
-		ConsumerGroup: f.group, Topic: f.topic, Tenants: tenants, Name: f.name, Handler: handler, Take: take,
+		ConsumerGroup: f.group, Topic: f.topic, Tenants: tenants, Name: f.name, InstanceID: f.instanceID, Handler: handler, Take: take,
 		StartPosition: shardq.StartPosition(f.start), DeadLetterExpired: f.deadLetterExpired,
 	})
 	if err != nil {

@@ -43,10 +43,10 @@ WHERE d.tenant = :tenant AND d.consumer_group = :group AND d.topic = :topic AND 
 ORDER BY d.message_offset
 LIMIT :limit;
 
--- counts: the group's rows per partition key
+-- counts: the group's rows per partition key, of :keys
 SELECT partition_key, COUNT(*)
 FROM queue_deferred
-WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic
+WHERE tenant = :tenant AND topic = :topic AND partition_key IN (:keys) AND consumer_group = :group
 GROUP BY partition_key;
 
 -- floors: the lowest deferred offset per partition of a topic, of any group
@@ -59,7 +59,7 @@ GROUP BY partition_key;
 SELECT d.consumer_group, d.message_offset
 FROM queue_deferred d LEFT JOIN queue_messages m ON m.tenant = d.tenant AND m.topic = d.topic AND m.partition_key = d.partition_key AND m.`offset` = d.message_offset
 WHERE d.tenant = :tenant AND d.topic = :topic AND m.`offset` IS NULL
-ORDER BY d.consumer_group, d.message_offset
+ORDER BY d.partition_key, d.consumer_group, d.message_offset
 LIMIT :limit;
 
 -- dropGone: delete the rows of a topic at :offsets (checked gone) of one group

@@ -93,6 +93,21 @@ UPDATE queue_partition_leases
 SET owner = '', token = token + 1, expires_at = :now
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
 
+-- takeOver: give the leases of :owners (earlier incarnations) to :member with the next token
+UPDATE queue_partition_leases
+SET owner = :member, token = token + 1, expires_at = :expires_at
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
+
+-- removeMembers: delete the heartbeat rows of :owners
+DELETE
+FROM queue_subscriber_heartbeats
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name IN (:owners);
+
+-- refreshBeats: refresh a member's heartbeat rows, adding none
+UPDATE queue_subscriber_heartbeats
+SET heartbeat_at = :now
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name = :member;
+
 -- heartbeat: upsert a member's heartbeat rows (:rows)
 INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at)
 VALUES :rows
