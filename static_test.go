@@ -3,11 +3,14 @@
 package shardq_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,12 +22,11 @@ import (
 // acks every message, until killed.
 const staticHelperEnv = "SHARDQ_STATIC_HELPER_DSN"
 
-// staticConfig gives a member long liveness limits: a member killed
-// without static membership keeps its partitions from everybody for
-// StaleAfter and LeaseTTL.
+// staticConfig counts a silent member live for 5 minutes (StaleAfter
+// covers a restart), with short leases.
 func staticConfig(instance string, h shardq.Handler) shardq.SubscriberConfig {
 	return shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, InstanceID: instance, Handler: h,
-		LeaseTTL: 5 * time.Minute, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 5 * time.Minute, IdleRelease: 10 * time.Minute,
+		LeaseTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 5 * time.Minute, IdleRelease: 10 * time.Minute,
 		DiscoveryInterval: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond, CommitInterval: 20 * time.Millisecond}
 }
 
@@ -34,7 +36,13 @@ func runStaticHelper(url string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if _, err := c.Subscribe(context.Background(), staticConfig("a", func(context.Context, *shardq.Delivery) error { return nil })); err != nil {
+	var mu sync.Mutex
+	if _, err := c.Subscribe(context.Background(), staticConfig("a", func(_ context.Context, d *shardq.Delivery) error {
+		mu.Lock()
+		fmt.Fprintf(os.Stdout, "%s %s\n", d.PartitionKey, d.ID) // unbuffered: written before the ack
+		mu.Unlock()
+		return nil
+	})); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -42,10 +50,11 @@ func runStaticHelper(url string) int {
 }
 
 // TestStaticMemberRestartsAfterKill: a static member's process is
-// SIGKILLed and started again with its InstanceID. With StaleAfter and
-// LeaseTTL of 5 minutes, a new member would get none of the dead one's
-// partitions until they lapse; the static member takes them over at its
-// start (new tokens), and the other member keeps its own, with their
+// SIGKILLed and started again with its InstanceID. With StaleAfter of 5
+// minutes the other member counts the dead one live, and a new member
+// would get a third of the partitions, some of them the other member's;
+// the static member takes the dead one's over at its start (new tokens)
+// and delivers them, and the other member keeps its own, with their
 // tokens: no partition moves.
 func TestStaticMemberRestartsAfterKill(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, c *shardq.Client) {
@@ -98,7 +107,7 @@ func TestStaticMemberRestartsAfterKill(t *testing.T) {
 		before := byOwner()
 		deadID, aKeys := other(before)
 
-		second, _ := startHelper(t, staticHelperEnv, url)
+		second, out := startHelper(t, staticHelperEnv, url)
 		defer func() { second.Process.Kill(); second.Wait() }()
 		waitFor(t, "the restarted static member holding its partitions", func() bool {
 			id, ks := other(byOwner())
@@ -117,6 +126,25 @@ func TestStaticMemberRestartsAfterKill(t *testing.T) {
 		members, err := drv.Subscribers(ctx, scope)
 		if err != nil || len(members) != 2 {
 			t.Fatalf("heartbeat rows %+v (%v): want b and the restarted member, not the dead one", members, err)
+		}
+		var msgs []shardq.Message
+		for k := range aKeys {
+			msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: k, ID: "after-" + k})
+		}
+		if _, err := c.Publish(ctx, msgs...); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		lines := bufio.NewScanner(out)
+		stop := time.AfterFunc(30*time.Second, func() { second.Process.Kill() }) // ends the read below
+		defer stop.Stop()
+		for len(seen) < len(aKeys) && lines.Scan() {
+			if key, id, ok := strings.Cut(lines.Text(), " "); ok && id == "after-"+key {
+				seen[key] = true
+			}
+		}
+		if len(seen) < len(aKeys) {
+			t.Fatalf("the restarted member delivered %v of its partitions' new messages, want all of %v", seen, slices.Sorted(maps.Keys(aKeys)))
 		}
 	})
 }

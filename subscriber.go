@@ -210,15 +210,17 @@ type SubscriberConfig struct {
 	// members, never one (see ID).
 	Name string
 	// InstanceID, when set, makes this a static member, as Kafka's
-	// group.instance.id: a process that starts with the InstanceID of
-	// one that stopped without Stop (a crash, a rolling restart's kill)
-	// within StaleAfter and LeaseTTL takes over its leases and its place
-	// in the group, so no partition moves. Its identity is InstanceID +
-	// "@" + 8 random hex digits, and every write of the earlier process
-	// is fenced (its leases get new tokens). Run one process per
+	// group.instance.id: Stop keeps its place in the group (its
+	// heartbeat rows stay, its leases end in its name), and a process
+	// that starts with the InstanceID of one that stopped or died within
+	// StaleAfter takes over its leases and its place, so no other
+	// member's partition moves. Its identity is InstanceID + "@" + 8
+	// random hex digits, and every write of the earlier process is
+	// fenced (its leases get new tokens). Run one process per
 	// InstanceID: the later one stops an earlier one that still runs
-	// (Stop and Done report ErrInstanceFenced). ASCII, at most 246 bytes.
-	// See docs/consumers.md, "Static membership".
+	// (its Stop reports ErrInstanceFenced; Done closes). To leave the
+	// group for good, stop it and let StaleAfter pass. ASCII, at most
+	// 246 bytes. See docs/consumers.md, "Static membership".
 	InstanceID string
 
 	Handler      Handler      // one of Handler and BatchHandler
@@ -521,7 +523,8 @@ func (s *Subscriber) stopForClose(ctx context.Context) error { return s.Stop(ctx
 // Name is the subscriber's name, as configured.
 func (s *Subscriber) Name() string { return s.cfg.Name }
 
-// ID is this running instance's identity in its group (Name#suffix): the
+// ID is this running instance's identity in its group (Name#suffix, or
+// InstanceID@suffix for a static member): the
 // owner its leases and heartbeat rows show.
 func (s *Subscriber) ID() string { return s.id }
 

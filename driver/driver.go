@@ -334,6 +334,10 @@ type Leases interface {
 	// another takes it, as its acks do), and reads the group's cursor into
 	// the Lease it returns; otherwise ErrLeaseLost.
 	ResumeLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
+	// ExpireLeases ends now the leases owner holds in g, leaving them in
+	// its name (a static member stopping, for its next process to take
+	// over), and returns how many.
+	ExpireLeases(ctx context.Context, g GroupScope, owner string, now time.Time) (int64, error)
 	// ReleaseLease frees l, or returns ErrLeaseLost.
 	ReleaseLease(ctx context.Context, l Lease, now time.Time) error
 	// CommitOffset moves l's group cursor forward to offset (never back)
@@ -370,8 +374,10 @@ type Leases interface {
 	// leases that one of previous (earlier incarnations of a static
 	// member, SubscriberConfig.InstanceID) holds, each with the next
 	// token (so their writes fail) until now+ttl, and replaces their
-	// heartbeat rows with member's. It returns the leases it moved.
-	TakeOverMember(ctx context.Context, g GroupScope, previous []string, member string, now time.Time, ttl time.Duration) (int64, error)
+	// heartbeat rows with member's. It returns the leases it moved, each
+	// with the expiry its earlier holder knew (until which that holder
+	// may still hand out messages).
+	TakeOverMember(ctx context.Context, g GroupScope, previous []string, member string, now time.Time, ttl time.Duration) ([]Lease, error)
 
 	// Heartbeat records that subscriber is alive, once per tenant.
 	Heartbeat(ctx context.Context, g GroupScope, subscriber string, now time.Time) error

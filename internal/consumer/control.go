@@ -77,6 +77,9 @@ func (s *Member) tick() (contended bool) {
 	s.mu.Lock()
 	previous := s.previous
 	s.mu.Unlock()
+	if s.cfg.Instance != "" && s.rivals(ctx, subs, previous) {
+		return false // fenced: the subscription stops the member
+	}
 	for _, sub := range subs {
 		if previous[sub.Name] {
 			continue // an earlier incarnation of this static member: gone
@@ -129,7 +132,7 @@ func (s *Member) tick() (contended bool) {
 	}
 	// Partitions are handed back to make room only for acquisitions that
 	// succeed: a lost race for a lease costs the other tenant nothing.
-	victims, acquire := s.fairShare(plan.Acquire)
+	victims, acquire := s.fairShare(s.takenFirst(plan.Acquire))
 	for i, p := range acquire {
 		s.mu.Lock()
 		_, running := s.workers[p]

@@ -17,10 +17,8 @@ func (s *Member) beat() {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		defer cancel()
 		now := s.cfg.Clock()
-		if fenced := s.beatOnce(ctx, now); fenced {
-			return // the subscription stops the member
-		}
-		s.renew(ctx, now)
+		s.beatOnce(ctx, now) // fenced, the subscription stops the member
+		s.renew(ctx, now)    // and this finds its leases lost at once, cancelling their handlers
 	})
 }
 
@@ -30,11 +28,17 @@ func (s *Member) beat() {
 func (s *Member) beatOnce(ctx context.Context, now time.Time) (fenced bool) {
 	if s.cfg.Instance != "" {
 		n, err := s.drv.RefreshHeartbeat(ctx, s.scope(), s.cfg.ID, now)
-		if err == nil && n == int64(len(s.cfg.Tenants)) {
+		if err != nil {
+			if s.life.Context().Err() == nil {
+				s.log.Warn("shardq: heartbeat failed; retrying", "tenants", s.cfg.Tenants, "err", err)
+			}
+			return false // never written back unchecked
+		}
+		if n == int64(len(s.cfg.Tenants)) {
 			return false
 		}
-		if err == nil && s.takenOver(ctx) {
-			return true
+		if fenced, known := s.takenOver(ctx); fenced || !known {
+			return fenced
 		}
 	}
 	if err := s.heartbeat(ctx, now); err != nil && s.life.Context().Err() == nil {

@@ -141,7 +141,10 @@ type Member struct {
 	// previous is the earlier incarnations of a static member that this
 	// one took over (guarded by mu); fenced closes when a later one took
 	// this one over (static.go).
-	previous  map[string]bool
+	previous map[string]bool
+	// taken is the partitions taken over at the start and not yet worked,
+	// with the expiry their earlier holder knew (guarded by mu).
+	taken     map[driver.PartitionRef]time.Time
 	fenced    chan struct{}
 	fenceOnce sync.Once
 }
@@ -215,6 +218,17 @@ func (s *Member) Stop(ctx context.Context) error {
 		wg.Wait()
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		if s.cfg.Instance != "" && !s.isFenced() {
+			// A static member keeps its place for its next process: its
+			// heartbeat rows stay (it counts as live for StaleAfter) and
+			// its leases end now in its name, those taken over and never
+			// worked included, so that the next process takes them over
+			// and hands out at once.
+			if _, err := s.drv.ExpireLeases(cleanup, s.scope(), s.cfg.ID, s.cfg.Clock()); err != nil {
+				s.stopResult = fmt.Errorf("stop: %w", err)
+			}
+			return
+		}
 		if err := s.drv.RemoveHeartbeat(cleanup, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID); err != nil {
 			s.stopResult = fmt.Errorf("stop: %w", err)
 		}

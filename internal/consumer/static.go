@@ -5,6 +5,9 @@ package consumer
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
@@ -22,12 +25,22 @@ var ErrInstanceFenced = errors.New("another process took over this static member
 //	          and their heartbeat rows are replaced by its own, in one
 //	          transaction per tenant; the peers see the same number of
 //	          members, so their quotas, and their partitions, stay.
+//	tick  ──► the taken-over partitions are acquired first; each worker
+//	          hands out nothing before the expiry its earlier holder
+//	          knew: a holder that still runs hands out nothing past it
+//	          by its own clock (it cannot renew), so no two deliver one
+//	          partition at once (invariant 3).
 //	beat  ──► RefreshHeartbeat: a static member refreshes its rows and
-//	          never adds one back unchecked. One missing, and a row of an
-//	          incarnation it did not take over (takenOver): a later
+//	          never adds one back unchecked. One missing, and a row of
+//	          an incarnation it did not take over (takenOver): a later
 //	          process took this one over (in the transaction that deleted
 //	          the row), and it stops (ErrInstanceFenced) without beating
-//	          again. A row of one it took over is deleted again.
+//	          again. A row of one it took over is deleted again. A
+//	          failed read skips the beat.
+//	tick  ──► two incarnations that started together (neither took the
+//	          other over): the one that started later stays (rivals).
+//	stop  ──► the leases still in its name that it never worked are
+//	          freed with the rest.
 //
 // The tick leaves the incarnations it took over out of the live members.
 
@@ -60,44 +73,66 @@ func (s *Member) takeOver(ctx context.Context) error {
 	if err != nil || len(others) == 0 {
 		return err
 	}
-	previous := map[string]bool{}
-	var names []string
-	for name := range others {
-		previous[name] = true
-		names = append(names, name)
-	}
-	s.mu.Lock()
-	s.previous = previous
-	s.mu.Unlock()
-	n, err := s.drv.TakeOverMember(ctx, s.scope(), names, s.cfg.ID, s.cfg.Clock(), s.cfg.LeaseTTL)
+	return s.adopt(ctx, slices.Collect(maps.Keys(others)))
+}
+
+// adopt takes over the incarnations names: their leases and heartbeat
+// rows.
+func (s *Member) adopt(ctx context.Context, names []string) error {
+	var taken []driver.Lease
+	var err error
+	err = s.retrying(ctx, func() (err error) {
+		taken, err = s.drv.TakeOverMember(ctx, s.scope(), names, s.cfg.ID, s.cfg.Clock(), s.cfg.LeaseTTL)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	s.log.Info("shardq: static member took over its earlier incarnations", "instance", s.cfg.Instance, "previous", names, "leases", n)
+	s.mu.Lock()
+	// A new map: readers use the one they read under mu without it.
+	previous := maps.Clone(s.previous)
+	if previous == nil {
+		previous = map[string]bool{}
+	}
+	for _, name := range names {
+		previous[name] = true
+	}
+	s.previous = previous
+	if s.taken == nil {
+		s.taken = make(map[driver.PartitionRef]time.Time, len(taken))
+	}
+	for _, l := range taken {
+		s.taken[l.PartitionRef] = l.ExpiresAt
+	}
+	s.mu.Unlock()
+	s.log.Info("shardq: static member took over its earlier incarnations", "instance", s.cfg.Instance, "previous", names, "leases", len(taken))
 	return nil
 }
 
+// fence stops a static member that a later incarnation took over.
+func (s *Member) fence(by string) {
+	s.fenceOnce.Do(func() {
+		s.log.Error("shardq: another process took over this static member; stopping", "instance", s.cfg.Instance, "by", by)
+		close(s.fenced)
+	})
+}
+
 // takenOver reports whether a later incarnation took this static member
-// over (and then fences it); it deletes the rows of earlier ones that
-// beat again.
-func (s *Member) takenOver(ctx context.Context) bool {
-	if s.cfg.Instance == "" {
-		return false
-	}
+// over (and then fences it), and whether it could tell (the membership
+// read succeeded); it deletes the rows of earlier ones that beat again.
+func (s *Member) takenOver(ctx context.Context) (fenced, known bool) {
 	others, err := s.incarnations(ctx)
 	if err != nil {
-		return false // the heartbeat reports the database's trouble
+		s.log.Warn("shardq: reading a static member's incarnations failed; not beating until it succeeds", "err", err)
+		return false, false
 	}
 	s.mu.Lock()
 	previous := s.previous
 	s.mu.Unlock()
 	for name, tenants := range others {
 		if !previous[name] {
-			s.fenceOnce.Do(func() {
-				s.log.Error("shardq: another process took over this static member; stopping", "instance", s.cfg.Instance, "by", name)
-				close(s.fenced)
-			})
-			return true
+			s.fence(name)
+			return true, true
 		}
 		g := s.scope()
 		g.Tenants = tenants
@@ -105,7 +140,80 @@ func (s *Member) takenOver(ctx context.Context) bool {
 			s.log.Warn("shardq: removing an earlier incarnation's heartbeat failed; retrying", "previous", name, "err", err)
 		}
 	}
+	return false, true
+}
+
+// rivals settles two incarnations that neither took the other over (two
+// processes started together): the one that started later stays and
+// takes the other over; the other is fenced. It reports whether this
+// one is.
+func (s *Member) rivals(ctx context.Context, subs []driver.Subscriber, previous map[string]bool) bool {
+	var mine time.Time
+	for _, sub := range subs {
+		if sub.Name == s.cfg.ID && (mine.IsZero() || sub.StartedAt.Before(mine)) {
+			mine = sub.StartedAt
+		}
+	}
+	var older []string
+	for _, sub := range subs {
+		if sub.Name == s.cfg.ID || previous[sub.Name] || !ident.IsIncarnation(s.cfg.Instance, sub.Name) {
+			continue
+		}
+		if sub.StartedAt.After(mine) || sub.StartedAt.Equal(mine) && sub.Name > s.cfg.ID {
+			s.fence(sub.Name)
+			return true
+		}
+		if !slices.Contains(older, sub.Name) {
+			older = append(older, sub.Name)
+		}
+	}
+	if len(older) > 0 {
+		if err := s.adopt(ctx, older); err != nil {
+			s.log.Warn("shardq: taking over an earlier incarnation failed; retrying next tick", "previous", older, "err", err)
+		}
+	}
 	return false
+}
+
+func (s *Member) isFenced() bool {
+	select {
+	case <-s.fenced:
+		return true
+	default:
+		return false
+	}
+}
+
+// takenFirst moves the partitions taken over at the start to the front
+// of acquire, so that the quota takes them before any other.
+func (s *Member) takenFirst(acquire []driver.PartitionRef) []driver.PartitionRef {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.taken) == 0 {
+		return acquire
+	}
+	slices.SortStableFunc(acquire, func(a, b driver.PartitionRef) int {
+		_, ta := s.taken[a]
+		_, tb := s.taken[b]
+		switch {
+		case ta && !tb:
+			return -1
+		case tb && !ta:
+			return 1
+		}
+		return 0
+	})
+	return acquire
+}
+
+// takenUntil returns, and forgets, the expiry the earlier holder of p
+// knew when this member took it over (zero: not taken over).
+func (s *Member) takenUntil(p driver.PartitionRef) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until := s.taken[p]
+	delete(s.taken, p)
+	return until
 }
 
 // Fenced is closed when a later incarnation of this static member took

@@ -50,17 +50,15 @@ func Subscribe(ctx context.Context, drv driver.Driver, cfg Config, tel *telemetr
 	return s, nil
 }
 
-// fencedStopTimeout is what the handlers in flight of a fenced static
-// member get: another process holds its partitions already.
-const fencedStopTimeout = 10 * time.Second
-
 // stopWhenFenced stops a static member that a later incarnation took
-// over; its Stop then reports ErrInstanceFenced.
+// over, at once: its handlers are cancelled, as when a lease is lost
+// (another process holds its partitions now). Its Stop then reports
+// ErrInstanceFenced.
 func (s *Subscription) stopWhenFenced() {
 	select {
 	case <-s.Fenced():
-		ctx, cancel := context.WithTimeout(context.Background(), fencedStopTimeout)
-		defer cancel()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // a hard stop
 		s.stopWith(ctx, ErrInstanceFenced)
 	case <-s.done:
 	}

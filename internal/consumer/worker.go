@@ -24,6 +24,7 @@ type worker struct {
 	settled      atomic.Int64                   // cursor as the member's committer reads it
 	commit       atomic.Int64                   // last committed offset
 	states       map[int64]driver.DeliveryState // earlier owners' bookkeeping beyond the cursor, read once
+	notBefore    time.Time                      // a taken-over lease: hand out nothing before its earlier holder's expiry
 	ctx          context.Context
 	cancel       context.CancelFunc // cancels the handler: lease lost or hard stop
 	handback     chan struct{}      // closed to ask for a graceful hand-back
@@ -70,7 +71,7 @@ func (w *worker) lose() {
 
 func (s *Member) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
-	w := &worker{s: s, lease: l, cursor: l.Committed, ctx: ctx, cancel: cancel,
+	w := &worker{s: s, lease: l, cursor: l.Committed, ctx: ctx, cancel: cancel, notBefore: s.takenUntil(l.PartitionRef),
 		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1),
 		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout}}
 	w.settled.Store(l.Committed)
@@ -143,6 +144,14 @@ func (w *worker) logArgs(args ...any) []any {
 func (w *worker) run() {
 	s := w.s
 	defer w.finish()
+	if d := w.notBefore.Sub(s.cfg.Clock()); d > 0 {
+		// Taken over from an earlier incarnation that may still hand
+		// out messages until the expiry it knew: wait it out.
+		s.log.Info("shardq: waiting for the lease an earlier incarnation held to lapse", w.logArgs("for", d)...)
+		if !w.wait(d) {
+			return
+		}
+	}
 	idleSince := s.cfg.Clock()
 	rereads := 0
 	drained := false // the last fetch read to the head, and the feed streams
@@ -275,6 +284,9 @@ func (w *worker) finish() {
 	lost = false
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
+	if s.cfg.Instance != "" && s.life.Context().Err() != nil {
+		return // a static member stopping keeps its partitions for its next process (Member.Stop)
+	}
 	if err := s.drv.ReleaseLease(ctx, w.leaseNow(), s.cfg.Clock()); err != nil && !errorsIsLost(err) {
 		s.log.Warn("shardq: releasing a lease failed; it expires on its own", w.logArgs("err", err)...)
 	}

@@ -258,6 +258,18 @@ func (d *Store) ReleaseLease(ctx context.Context, l driver.Lease, now time.Time)
 	return err
 }
 
+// ExpireLeases ends owner's leases at now, its name kept.
+func (d *Store) ExpireLeases(ctx context.Context, g driver.GroupScope, owner string, now time.Time) (int64, error) {
+	if len(g.Tenants) == 0 {
+		return 0, nil
+	}
+	res, err := d.exec(ctx, d.Write, d.leases().expire, memberNamed(g.Tenants, g.ConsumerGroup, g.Topic).with(Args{"owner": owner, "now": d.EncodeTime(now)}))
+	if err != nil {
+		return 0, d.Wrap(fmt.Sprintf("end the leases of %q in group %q topic %q", owner, g.ConsumerGroup, g.Topic), err)
+	}
+	return res.RowsAffected()
+}
+
 // CommitOffset moves the group's cursor forward under l and drops the
 // bookkeeping of the messages it passed.
 func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, now time.Time) error {
@@ -515,36 +527,53 @@ func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []s
 
 // TakeOverMember moves previous' leases to member and replaces their
 // heartbeat rows, tenant by tenant (each transaction on one shard).
-func (d *Store) TakeOverMember(ctx context.Context, g driver.GroupScope, previous []string, member string, now time.Time, ttl time.Duration) (int64, error) {
+func (d *Store) TakeOverMember(ctx context.Context, g driver.GroupScope, previous []string, member string, now time.Time, ttl time.Duration) ([]driver.Lease, error) {
 	if len(previous) == 0 {
-		return 0, nil
+		return nil, nil
 	}
-	var moved int64
+	var moved []driver.Lease
 	for _, tenant := range g.Tenants {
 		op := fmt.Sprintf("take over the leases of %q for %q in tenant %q group %q topic %q", previous, member, tenant, g.ConsumerGroup, g.Topic)
-		n, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
+		ls, err := inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Lease, error) {
 			scope := memberNamed([]string{tenant}, g.ConsumerGroup, g.Topic).with(Args{"owners": textList(previous)})
-			res, err := d.exec(ctx, tx, d.leases().takeOver, scope.with(Args{"member": member, "expires_at": d.EncodeTime(now.Add(ttl))}))
+			rows, err := d.query(ctx, tx, d.leases().takenLeases, scope)
 			if err != nil {
-				return 0, d.Wrap(op, err)
+				return nil, d.Wrap(op, err)
 			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return 0, fmt.Errorf("%s: %w", op, err)
+			var ls []driver.Lease
+			for rows.Next() {
+				l := driver.Lease{PartitionRef: driver.PartitionRef{Tenant: tenant, ConsumerGroup: g.ConsumerGroup, Topic: g.Topic}, Owner: member}
+				var exp any
+				if err := rows.Scan(&l.PartitionKey, &exp); err != nil {
+					rows.Close()
+					return nil, fmt.Errorf("%s: %w", op, err)
+				}
+				if l.ExpiresAt, err = d.DecodeTime(exp); err != nil {
+					rows.Close()
+					return nil, fmt.Errorf("%s: %w", op, err)
+				}
+				ls = append(ls, l)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+			if _, err := d.exec(ctx, tx, d.leases().takeOver, scope.with(Args{"member": member, "expires_at": d.EncodeTime(now.Add(ttl))})); err != nil {
+				return nil, d.Wrap(op, err)
 			}
 			if _, err := d.exec(ctx, tx, d.leases().removeMembers, scope); err != nil {
-				return 0, d.Wrap(op, err)
+				return nil, d.Wrap(op, err)
 			}
 			row := Rows{{tenant, g.ConsumerGroup, g.Topic, member, d.EncodeTime(now), d.EncodeTime(now)}}
 			if _, err := d.exec(ctx, tx, d.leases().heartbeat, Args{"rows": row}); err != nil {
-				return 0, d.Wrap(op, err)
+				return nil, d.Wrap(op, err)
 			}
-			return n, nil
+			return ls, nil
 		})
 		if err != nil {
 			return moved, err
 		}
-		moved += n
+		moved = append(moved, ls...)
 	}
 	return moved, nil
 }

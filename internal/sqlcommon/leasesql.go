@@ -19,6 +19,7 @@ type leaseSQL struct {
 	renew         string // extend a lease under its token
 	renewMany     string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
 	ownedTokens   string // an owner's rows and their tokens
+	expire        string // end an owner's leases now, in its name
 	release       string // free a lease under its token
 	commit        string // move a cursor forward, never back
 	dropStates    string // drop the retry bookkeeping the cursor passed
@@ -27,6 +28,7 @@ type leaseSQL struct {
 	list          string // a group's lease rows in a topic
 	held          string // list, of the rows an owner holds (idx_leases_owner)
 	sweep         string // free the leases of departed owners with the next token
+	takenLeases   string // the leases of :owners, locked, with their expiry
 	takeOver      string // give the leases of :owners (earlier incarnations) to :member with the next token
 	removeMembers string // delete the heartbeat rows of :owners
 	refreshBeats  string // refresh a member's heartbeat rows, adding none
@@ -60,6 +62,7 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		renewMany: "UPDATE queue_partition_leases SET expires_at = :expires_at WHERE " + memberScope + " AND owner = :owner AND " +
 			s.inRows("tenant, partition_key, token", "leases"),
 		ownedTokens: "SELECT tenant, partition_key, token FROM queue_partition_leases WHERE " + memberScope + " AND owner = :owner",
+		expire:      "UPDATE queue_partition_leases SET expires_at = :now WHERE " + memberScope + " AND owner = :owner AND expires_at > :now",
 		release:     "UPDATE queue_partition_leases SET owner = '', expires_at = :now WHERE " + leaseKeyNamed + " AND token = :token",
 		commit: "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
 			"VALUES (:tenant, :topic, :key, :group, :offset, :now)" + s.upsert("tenant, topic, partition_key, consumer_group",
@@ -83,6 +86,7 @@ func newLeaseSQL(s Syntax) leaseSQL {
 			" WHERE " + memberScope + " AND owner > ''",
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
 			" AND owner IN (:owners)",
+		takenLeases: "SELECT partition_key, expires_at FROM queue_partition_leases WHERE " + memberScope + " AND owner IN (:owners)" + s.forUpdate(),
 		takeOver: "UPDATE queue_partition_leases SET owner = :member, token = token + 1, expires_at = :expires_at WHERE " + memberScope +
 			" AND owner IN (:owners)",
 		refreshBeats:  "UPDATE queue_subscriber_heartbeats SET heartbeat_at = :now WHERE " + memberScope + " AND subscriber_name = :member",

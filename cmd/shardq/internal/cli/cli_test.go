@@ -675,7 +675,7 @@ func TestConsumeInstanceID(t *testing.T) {
 	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", "k", "p1"); r.code != 0 {
 		t.Fatal(r)
 	}
-	r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1", "--instance-id", "billing-0")
+	r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "1", "--instance-id", "billing-0", "--stale-after", "1m")
 	if r.code != 0 || !strings.Contains(r.stdout, "p1") {
 		t.Fatalf("consume --instance-id: %+v", r)
 	}

@@ -31,6 +31,9 @@ func TestFlagGivenTwice(t *testing.T) {
 			v := f.DefValue // valid for the flag, whatever its type
 			if slice {
 				v = "a"
+				if strings.HasPrefix(f.Value.Type(), "int") { // --offset
+					v = "1"
+				}
 			}
 			args := append(append([]string(nil), path...), "--"+f.Name+"="+v, "--"+f.Name+"="+v, "--help")
 			r := runCLI(t, nil, "", args...)

@@ -53,6 +53,11 @@ SELECT tenant, partition_key, token
 FROM queue_partition_leases
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner = :owner;
 
+-- expire: end an owner's leases now, in its name
+UPDATE queue_partition_leases
+SET expires_at = :now
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner = :owner AND expires_at > :now;
+
 -- release: free a lease under its token
 UPDATE queue_partition_leases
 SET owner = '', expires_at = :now
@@ -93,6 +98,12 @@ WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND ow
 UPDATE queue_partition_leases
 SET owner = '', token = token + 1, expires_at = :now
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
+
+-- takenLeases: the leases of :owners, locked, with their expiry
+SELECT partition_key, expires_at
+FROM queue_partition_leases
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners)
+FOR UPDATE;
 
 -- takeOver: give the leases of :owners (earlier incarnations) to :member with the next token
 UPDATE queue_partition_leases

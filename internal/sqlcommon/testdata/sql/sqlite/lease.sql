@@ -50,6 +50,11 @@ SELECT tenant, partition_key, token
 FROM queue_partition_leases
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner = :owner;
 
+-- expire: end an owner's leases now, in its name
+UPDATE queue_partition_leases
+SET expires_at = :now
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner = :owner AND expires_at > :now;
+
 -- release: free a lease under its token
 UPDATE queue_partition_leases
 SET owner = '', expires_at = :now
@@ -91,6 +96,11 @@ WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND ow
 -- sweep: free the leases of departed owners with the next token
 UPDATE queue_partition_leases
 SET owner = '', token = token + 1, expires_at = :now
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
+
+-- takenLeases: the leases of :owners, locked, with their expiry
+SELECT partition_key, expires_at
+FROM queue_partition_leases
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
 
 -- takeOver: give the leases of :owners (earlier incarnations) to :member with the next token
