@@ -213,8 +213,9 @@ type SubscriberConfig struct {
 	// group.instance.id: Stop keeps its place in the group (its
 	// heartbeat rows stay, its leases end in its name), and a process
 	// that starts with the InstanceID of one that stopped or died within
-	// StaleAfter takes over its leases and its place, so no other
-	// member's partition moves. Its identity is InstanceID + "@" + 8
+	// the other members' StaleAfter (set it to cover a restart on every
+	// member) takes over its leases and its place, so no other member's
+	// partition moves. Its identity is InstanceID + "@" + 8
 	// random hex digits, and every write of the earlier process is
 	// fenced (its leases get new tokens). Run one process per
 	// InstanceID: the later one stops an earlier one that still runs
@@ -529,8 +530,11 @@ func (s *Subscriber) Name() string { return s.cfg.Name }
 func (s *Subscriber) ID() string { return s.id }
 
 // Stop stops fetching, lets in-flight handlers finish until ctx ends (then
-// cancels them), commits what was acked, releases the leases and deletes
-// the heartbeat. No goroutine of the subscriber outlives it.
+// cancels them; their leases stay renewed meanwhile), commits what was
+// acked, releases the leases and deletes the heartbeat. A static member
+// (InstanceID) keeps its place instead: its heartbeat rows stay and its
+// leases end in its name, for its next process. No goroutine of the
+// subscriber outlives it.
 func (s *Subscriber) Stop(ctx context.Context) error {
 	if err := s.rt.Stop(ctx); err != nil {
 		return fmt.Errorf("shardq: %w", err)

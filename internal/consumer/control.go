@@ -77,8 +77,13 @@ func (s *Member) tick() (contended bool) {
 	s.mu.Lock()
 	previous := s.previous
 	s.mu.Unlock()
-	if s.cfg.Instance != "" && s.rivals(ctx, subs, previous) {
-		return false // fenced: the subscription stops the member
+	if s.cfg.Instance != "" {
+		if s.rivals(ctx, subs, previous) {
+			return false // fenced: the subscription stops the member
+		}
+		s.mu.Lock()
+		previous = s.previous // with any it adopted
+		s.mu.Unlock()
 	}
 	for _, sub := range subs {
 		if previous[sub.Name] {
@@ -109,7 +114,7 @@ func (s *Member) tick() (contended bool) {
 		contended = true // a key a wake-up named is not visible yet: tick again soon
 	}
 	for i, l := range leases {
-		if l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil {
+		if _, taken := s.taken[l.PartitionRef]; l.Owner == s.cfg.ID && s.workers[l.PartitionRef] == nil && !taken {
 			leases[i].Owner = ""
 		}
 	}
@@ -132,7 +137,7 @@ func (s *Member) tick() (contended bool) {
 	}
 	// Partitions are handed back to make room only for acquisitions that
 	// succeed: a lost race for a lease costs the other tenant nothing.
-	victims, acquire := s.fairShare(s.takenFirst(plan.Acquire))
+	victims, acquire := s.fairShare(s.takenFirst(plan.Acquire, plan.Release))
 	for i, p := range acquire {
 		s.mu.Lock()
 		_, running := s.workers[p]

@@ -97,3 +97,20 @@ func (s *Member) renew(ctx context.Context, now time.Time) {
 		}
 	}
 }
+
+// renewUntil renews the member's leases every HeartbeatInterval until
+// done closes: while a stopping member's handlers drain.
+func (s *Member) renewUntil(done <-chan struct{}) {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+			s.renew(ctx, s.cfg.Clock())
+			cancel()
+		}
+	}
+}

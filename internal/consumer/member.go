@@ -181,6 +181,9 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 		if err == nil {
 			err = s.heartbeat(ctx, cfg.Clock())
 		}
+		if err != nil && cfg.Instance != "" {
+			s.abandon() // what a failed takeover moved does not wait for StaleAfter
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -205,27 +208,35 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 }
 
 // Stop stops fetching, lets in-flight handlers finish until ctx ends (then
-// cancels them), commits what was acked, releases the leases and deletes
-// the heartbeat. No goroutine of the member outlives it.
+// cancels them), renewing their leases meanwhile, commits what was acked,
+// releases the leases and deletes the heartbeat; a static member keeps
+// its place instead (static.go). No goroutine of the member outlives it.
 func (s *Member) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		// Grouped and ungrouped handlers share ctx's time: stop both at once.
 		var wg sync.WaitGroup
-		wg.Go(func() { s.life.Stop(ctx) })
+		drained := make(chan struct{})
+		wg.Go(func() { defer close(drained); s.life.Stop(ctx) })
 		if s.ungrouped != nil {
 			wg.Go(func() { s.ungrouped.Stop(ctx) })
 		}
+		// The leases stay renewed while the handlers drain: a lease that
+		// lapsed meanwhile would let another member deliver beside them.
+		wg.Go(func() { s.renewUntil(drained) })
 		wg.Wait()
 		cleanup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if s.cfg.Instance != "" && !s.isFenced() {
 			// A static member keeps its place for its next process: its
 			// heartbeat rows stay (it counts as live for StaleAfter) and
-			// its leases end now in its name, those taken over and never
-			// worked included, so that the next process takes them over
-			// and hands out at once.
-			if _, err := s.drv.ExpireLeases(cleanup, s.scope(), s.cfg.ID, s.cfg.Clock()); err != nil {
-				s.stopResult = fmt.Errorf("stop: %w", err)
+			// its leases end now in its name, so that the next process
+			// takes them over and hands out at once; unless a partition it
+			// took over is not yet due (its earlier holder may still hand
+			// out): then they lapse by themselves (static.go).
+			if !s.pendingTakeover(s.cfg.Clock()) {
+				if _, err := s.drv.ExpireLeases(cleanup, s.scope(), s.cfg.ID, s.cfg.Clock()); err != nil {
+					s.stopResult = fmt.Errorf("stop: %w", err)
+				}
 			}
 			return
 		}

@@ -39,8 +39,11 @@ var ErrInstanceFenced = errors.New("another process took over this static member
 //	          failed read skips the beat.
 //	tick  ──► two incarnations that started together (neither took the
 //	          other over): the one that started later stays (rivals).
-//	stop  ──► the leases still in its name that it never worked are
-//	          freed with the rest.
+//	stop  ──► a graceful stop keeps its place: its heartbeat rows stay,
+//	          its leases end now in its name (not while a taken-over one
+//	          is not yet due: they lapse by themselves), for its next
+//	          process to take over; it renews its leases while its
+//	          handlers drain. A fenced one frees what it still holds.
 //
 // The tick leaves the incarnations it took over out of the live members.
 
@@ -80,14 +83,14 @@ func (s *Member) takeOver(ctx context.Context) error {
 // rows.
 func (s *Member) adopt(ctx context.Context, names []string) error {
 	var taken []driver.Lease
-	var err error
-	err = s.retrying(ctx, func() (err error) {
-		taken, err = s.drv.TakeOverMember(ctx, s.scope(), names, s.cfg.ID, s.cfg.Clock(), s.cfg.LeaseTTL)
+	// Each attempt moves what is left (tenant by tenant): keep every
+	// attempt's leases, and record them even when the last one fails.
+	err := s.retrying(ctx, func() error {
+		ls, err := s.drv.TakeOverMember(ctx, s.scope(), names, s.cfg.ID, s.cfg.Clock(), s.cfg.LeaseTTL)
+		taken = append(taken, ls...)
 		return err
 	})
-	if err != nil {
-		return err
-	}
+	defer s.log.Info("shardq: static member took over its earlier incarnations", "instance", s.cfg.Instance, "previous", names, "leases", len(taken), "err", err)
 	s.mu.Lock()
 	// A new map: readers use the one they read under mu without it.
 	previous := maps.Clone(s.previous)
@@ -105,8 +108,7 @@ func (s *Member) adopt(ctx context.Context, names []string) error {
 		s.taken[l.PartitionRef] = l.ExpiresAt
 	}
 	s.mu.Unlock()
-	s.log.Info("shardq: static member took over its earlier incarnations", "instance", s.cfg.Instance, "previous", names, "leases", len(taken))
-	return nil
+	return err
 }
 
 // fence stops a static member that a later incarnation took over.
@@ -154,18 +156,22 @@ func (s *Member) rivals(ctx context.Context, subs []driver.Subscriber, previous 
 			mine = sub.StartedAt
 		}
 	}
-	var older []string
+	others := map[string]time.Time{} // each rival's earliest start
 	for _, sub := range subs {
 		if sub.Name == s.cfg.ID || previous[sub.Name] || !ident.IsIncarnation(s.cfg.Instance, sub.Name) {
 			continue
 		}
-		if sub.StartedAt.After(mine) || sub.StartedAt.Equal(mine) && sub.Name > s.cfg.ID {
-			s.fence(sub.Name)
+		if at, ok := others[sub.Name]; !ok || sub.StartedAt.Before(at) {
+			others[sub.Name] = sub.StartedAt
+		}
+	}
+	var older []string
+	for name, at := range others {
+		if at.After(mine) || at.Equal(mine) && name > s.cfg.ID {
+			s.fence(name)
 			return true
 		}
-		if !slices.Contains(older, sub.Name) {
-			older = append(older, sub.Name)
-		}
+		older = append(older, name)
 	}
 	if len(older) > 0 {
 		if err := s.adopt(ctx, older); err != nil {
@@ -184,38 +190,68 @@ func (s *Member) isFenced() bool {
 	}
 }
 
-// takenFirst moves the partitions taken over at the start to the front
-// of acquire, so that the quota takes them before any other.
-func (s *Member) takenFirst(acquire []driver.PartitionRef) []driver.PartitionRef {
+// takenFirst puts the partitions taken over and not yet worked (which
+// the plan counts as held: mine) before acquire, except those the plan
+// hands back, so that they get workers before any other partition.
+func (s *Member) takenFirst(acquire, release []driver.PartitionRef) []driver.PartitionRef {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.taken) == 0 {
 		return acquire
 	}
-	slices.SortStableFunc(acquire, func(a, b driver.PartitionRef) int {
-		_, ta := s.taken[a]
-		_, tb := s.taken[b]
-		switch {
-		case ta && !tb:
-			return -1
-		case tb && !ta:
-			return 1
+	var first []driver.PartitionRef
+	for p := range s.taken {
+		if s.workers[p] == nil && !slices.Contains(release, p) && !slices.Contains(acquire, p) {
+			first = append(first, p)
 		}
-		return 0
-	})
-	return acquire
+	}
+	slices.SortFunc(first, driver.PartitionRef.Compare)
+	return append(first, acquire...)
 }
 
-// takenUntil returns, and forgets, the expiry the earlier holder of p
-// knew when this member took it over (zero: not taken over).
+// takenUntil returns the expiry the earlier holder of p knew when this
+// member took it over (zero: not taken over); doneWaiting forgets it
+// once a worker waited it out, so that a worker ended before that waits
+// again.
 func (s *Member) takenUntil(p driver.PartitionRef) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	until := s.taken[p]
+	return s.taken[p]
+}
+
+func (s *Member) doneWaiting(p driver.PartitionRef) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	delete(s.taken, p)
-	return until
+}
+
+// pendingTakeover reports whether a partition taken over is not yet due.
+func (s *Member) pendingTakeover(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, until := range s.taken {
+		if now.Before(until) {
+			return true
+		}
+	}
+	return false
 }
 
 // Fenced is closed when a later incarnation of this static member took
 // it over.
 func (s *Member) Fenced() <-chan struct{} { return s.fenced }
+
+// abandon undoes, as far as it can, the place of a static member whose
+// start failed: its leases end and its heartbeat rows go.
+func (s *Member) abandon() {
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	if !s.pendingTakeover(s.cfg.Clock()) {
+		if _, err := s.drv.ExpireLeases(ctx, s.scope(), s.cfg.ID, s.cfg.Clock()); err != nil {
+			s.log.Warn("shardq: ending the leases of a static member that failed to start failed; they lapse by themselves", "err", err)
+		}
+	}
+	if err := s.drv.RemoveHeartbeat(ctx, s.scope(), s.cfg.ID); err != nil {
+		s.log.Warn("shardq: removing the heartbeat of a static member that failed to start failed", "err", err)
+	}
+}

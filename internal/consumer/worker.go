@@ -152,6 +152,7 @@ func (w *worker) run() {
 			return
 		}
 	}
+	s.doneWaiting(w.lease.PartitionRef)
 	idleSince := s.cfg.Clock()
 	rereads := 0
 	drained := false // the last fetch read to the head, and the feed streams
@@ -284,8 +285,11 @@ func (w *worker) finish() {
 	lost = false
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
-	if s.cfg.Instance != "" && s.life.Context().Err() != nil {
+	if s.cfg.Instance != "" && s.life.Context().Err() != nil && !s.isFenced() {
 		return // a static member stopping keeps its partitions for its next process (Member.Stop)
+	}
+	if w.s.cfg.Clock().Before(w.notBefore) {
+		return // taken over and not yet due: it lapses by itself (static.go)
 	}
 	if err := s.drv.ReleaseLease(ctx, w.leaseNow(), s.cfg.Clock()); err != nil && !errorsIsLost(err) {
 		s.log.Warn("shardq: releasing a lease failed; it expires on its own", w.logArgs("err", err)...)

@@ -558,8 +558,17 @@ func (d *Store) TakeOverMember(ctx context.Context, g driver.GroupScope, previou
 			if err := rows.Err(); err != nil {
 				return nil, fmt.Errorf("%s: %w", op, err)
 			}
-			if _, err := d.exec(ctx, tx, d.leases().takeOver, scope.with(Args{"member": member, "expires_at": d.EncodeTime(now.Add(ttl))})); err != nil {
-				return nil, d.Wrap(op, err)
+			// Only the rows read: under READ COMMITTED a lease the earlier
+			// incarnation took since is not locked by the read, and its
+			// expiry is not known.
+			if len(ls) > 0 {
+				keys := make([]string, len(ls))
+				for i, l := range ls {
+					keys[i] = l.PartitionKey
+				}
+				if _, err := d.exec(ctx, tx, d.leases().takeOver, scope.with(Args{"member": member, "expires_at": d.EncodeTime(now.Add(ttl)), "keys": textList(keys)})); err != nil {
+					return nil, d.Wrap(op, err)
+				}
 			}
 			if _, err := d.exec(ctx, tx, d.leases().removeMembers, scope); err != nil {
 				return nil, d.Wrap(op, err)

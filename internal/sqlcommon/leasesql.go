@@ -29,7 +29,7 @@ type leaseSQL struct {
 	held          string // list, of the rows an owner holds (idx_leases_owner)
 	sweep         string // free the leases of departed owners with the next token
 	takenLeases   string // the leases of :owners, locked, with their expiry
-	takeOver      string // give the leases of :owners (earlier incarnations) to :member with the next token
+	takeOver      string // give the leases of :owners (earlier incarnations) at :keys to :member with the next token, never shortened
 	removeMembers string // delete the heartbeat rows of :owners
 	refreshBeats  string // refresh a member's heartbeat rows, adding none
 	heartbeat     string // upsert a member's heartbeat rows (:rows)
@@ -87,8 +87,8 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
 			" AND owner IN (:owners)",
 		takenLeases: "SELECT partition_key, expires_at FROM queue_partition_leases WHERE " + memberScope + " AND owner IN (:owners)" + s.forUpdate(),
-		takeOver: "UPDATE queue_partition_leases SET owner = :member, token = token + 1, expires_at = :expires_at WHERE " + memberScope +
-			" AND owner IN (:owners)",
+		takeOver: "UPDATE queue_partition_leases SET owner = :member, token = token + 1, expires_at = " + s.greatest() + "(expires_at, :expires_at) WHERE " + memberScope +
+			" AND owner IN (:owners) AND partition_key IN (:keys)",
 		refreshBeats:  "UPDATE queue_subscriber_heartbeats SET heartbeat_at = :now WHERE " + memberScope + " AND subscriber_name = :member",
 		removeMembers: "DELETE FROM queue_subscriber_heartbeats WHERE " + memberScope + " AND subscriber_name IN (:owners)",
 		heartbeat: "INSERT INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at) VALUES :rows" +

@@ -70,7 +70,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	durationFlag(fl, &f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
 	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
 	fl.StringVar(&f.instanceID, "instance-id", "", "static member id (Kafka's group.instance.id): a run stopped or killed keeps its place for --stale-after, and the next run with the id takes its partitions over without a rebalance (and stops one that still runs)")
-	durationFlag(fl, &f.staleAfter, "stale-after", 0, "a member silent this long counts as gone and its partitions move (default three heartbeats, 9s); a static member sets it to cover a restart")
+	durationFlag(fl, &f.staleAfter, "stale-after", 0, "a member silent this long counts as gone and its partitions move (default three heartbeats, 9s); with static members, every member sets it to cover a restart")
 	fl.StringVar(&f.key, "key", "", "accept this message group (partition key) exclusively")
 	fl.BoolVar(&f.deadLetterExpired, "dead-letter-expired", false, "dead-letter a message found expired (publish --ttl) instead of passing over it")
 	fl.BoolVar(&f.requireReady, "require-ready", false, "with --key: accept the group only when a message of it is ready (waiting up to --wait), as --next-group does")

@@ -103,10 +103,10 @@ SELECT partition_key, expires_at
 FROM queue_partition_leases
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
 
--- takeOver: give the leases of :owners (earlier incarnations) to :member with the next token
+-- takeOver: give the leases of :owners (earlier incarnations) at :keys to :member with the next token, never shortened
 UPDATE queue_partition_leases
-SET owner = :member, token = token + 1, expires_at = :expires_at
-WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
+SET owner = :member, token = token + 1, expires_at = max(expires_at, :expires_at)
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners) AND partition_key IN (:keys);
 
 -- removeMembers: delete the heartbeat rows of :owners
 DELETE
