@@ -493,6 +493,24 @@ func (r *Receiver) settledInTx(ctx context.Context, l driver.Lease, held driver.
 // the application's transaction tx, under the lease's fence; the
 // receiver counts it settled only at the Ack that follows the commit.
 func (r *Receiver) AckTx(ctx context.Context, tx *sql.Tx, offset int64) error {
+	return r.inTx(offset, "ack in the caller's transaction", func(l driver.Lease, upTo int64) error {
+		return r.drv.CommitOffsetTx(ctx, tx, l, upTo, r.now())
+	})
+}
+
+// DeferTx passes the cursor over the message in hand at offset inside
+// tx for its deferral (driver.DeferOffsetTx: not past a cursor that
+// settled it already), as AckTx does.
+func (r *Receiver) DeferTx(ctx context.Context, tx *sql.Tx, offset int64) error {
+	return r.inTx(offset, "pass in the caller's transaction to defer", func(l driver.Lease, upTo int64) error {
+		return r.drv.DeferOffsetTx(ctx, tx, l, upTo, r.now())
+	})
+}
+
+// inTx runs pass, a move of the cursor past the message in hand at
+// offset (up to its end marker for a large one) in the application's
+// transaction, and marks the message settled there.
+func (r *Receiver) inTx(offset int64, op string, pass func(l driver.Lease, upTo int64) error) error {
 	l, err := r.settling(offset)
 	if err != nil {
 		return err
@@ -504,25 +522,8 @@ func (r *Receiver) AckTx(ctx context.Context, tx *sql.Tx, offset int64) error {
 	r.mu.Lock()
 	r.heldInTx = true
 	r.mu.Unlock()
-	if err := r.drv.CommitOffsetTx(ctx, tx, l, upTo, r.now()); err != nil {
-		return r.fail("ack in the caller's transaction", err)
-	}
-	return nil
-}
-
-// DeferTx passes the cursor over the message in hand at offset inside
-// tx for its deferral (driver.DeferOffsetTx: not past a cursor that
-// settled it already), as AckTx does.
-func (r *Receiver) DeferTx(ctx context.Context, tx *sql.Tx, offset int64) error {
-	l, err := r.settling(offset)
-	if err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.heldInTx = true
-	r.mu.Unlock()
-	if err := r.drv.DeferOffsetTx(ctx, tx, l, offset, r.now()); err != nil {
-		return r.fail("pass in the caller's transaction to defer", err)
+	if err := pass(l, upTo); err != nil {
+		return r.fail(op, err)
 	}
 	return nil
 }
