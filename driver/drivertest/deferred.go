@@ -87,7 +87,7 @@ func testDeferral(t *testing.T, open Open) {
 	if err := sub.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	clock.Advance(time.Second) // past the subscriber's clock
+	clock.Advance(time.Since(clock.Now()) + time.Second) // past the subscriber's clock (time.Now), which stamped the deferrals
 	slices.Sort(seen)
 	if fmt.Sprint(seen) != "[m1 m2 m3 u1 u2]" {
 		t.Fatalf("handled %v, want each message once: the partition goes on past a deferred one", seen)
@@ -126,7 +126,7 @@ func testDeferral(t *testing.T, open Open) {
 	// Received by offset; an offset not deferred gives nothing.
 	ds, got := receiveDeferred(t, c, "g", offset["u1"], offset["m1"], offset["m2"], offset["m3"])
 	if fmt.Sprint(got) != "[m2 u1]" || ds[0].Attempt != 1 || ds[0].PartitionKey != "k" || string(ds[0].Payload) != "" {
-		t.Fatalf("receive deferred = %v (attempt %d), want m2 and u1", got, ds[0].Attempt)
+		t.Fatalf("receive deferred = %v, want m2 and u1 at attempt 1", got)
 	}
 	if _, again := receiveDeferred(t, c, "g", offset["m2"], offset["u1"]); len(again) != 0 {
 		t.Fatalf("held deliveries received again: %v", again)

@@ -175,7 +175,8 @@ func (s *Member) rivals(ctx context.Context, subs []driver.Subscriber, previous 
 	}
 	if len(older) > 0 {
 		if err := s.adopt(ctx, older); err != nil {
-			s.log.Warn("shardq: taking over an earlier incarnation failed; retrying next tick", "previous", older, "err", err)
+			// It fences itself once it sees this one, and frees what it holds.
+			s.log.Warn("shardq: taking over an earlier incarnation failed; it stops when it sees this one", "previous", older, "err", err)
 		}
 	}
 	return false

@@ -3,6 +3,7 @@
 package receipts
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -117,7 +118,7 @@ func (r *Receipts) Defer(ctx context.Context, tenant, topic, group string, rcpts
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return int(rcs[a].Offset - rcs[b].Offset) })
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(rcs[a].Offset, rcs[b].Offset) })
 	advanced := false
 	for _, i := range order {
 		switch err := r.deferOne(ctx, rcs[i]); {
