@@ -630,7 +630,8 @@ func slowUngrouped(t *testing.T, c *shardq.Client, fake *fakeClock, visibility, 
 			if dl.Attempt == 1 { // outlive the claim
 				select {
 				case <-release:
-				case <-ctx.Done():
+				case <-ctx.Done(): // the claim lapsed
+					return ctx.Err()
 				}
 			}
 			return nil

@@ -31,6 +31,8 @@ var subscriberTests = []struct {
 	{"FullMemberMakesRoomForWaitingWork", testFullMemberMakesRoomForWaitingWork},
 	{"TenantBacklogLeavesRoomForAnother", testTenantBacklogLeavesRoom},
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
+	{"ExpiryCancelsHandler", testExpiryCancelsHandler},
+	{"StaleHeartbeatCancelsHandler", testStaleHeartbeatCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
 	{"OneNameTwoInstances", testOneNameTwoInstances},
@@ -545,6 +547,162 @@ func testLostLeaseCancelsHandler(t *testing.T, open Open) {
 	if len(ls) != 1 || ls[0].Owner != "thief" || ls[0].Token != thief.Token {
 		t.Fatalf("leases after the loss: %d, first owned by %q with token %d; want thief's with token %d",
 			len(ls), ls[0].Owner, ls[0].Token, thief.Token)
+	}
+}
+
+// renewalsFail is the real database with its renewals of leases and
+// claims failing, as when a member's connection to it is cut. It keeps
+// the expiry of the last lease acquired or message claimed.
+type renewalsFail struct {
+	driver.Driver
+	expiry *atomic.Int64 // Unix nanoseconds
+}
+
+func (r renewalsFail) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	l, err := r.Driver.AcquireLease(ctx, p, owner, now, ttl)
+	if err == nil {
+		r.expiry.Store(l.ExpiresAt.UnixNano())
+	}
+	return l, err
+}
+
+func (r renewalsFail) ClaimMessages(ctx context.Context, g driver.GroupRef, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
+	cs, truncated, err := r.Driver.ClaimMessages(ctx, g, owner, now, visibility, limit)
+	for _, c := range cs {
+		r.expiry.Store(c.VisibleUntil.UnixNano())
+	}
+	return cs, truncated, err
+}
+
+var errInjectedUnreachable = errors.New("injected: the database is unreachable")
+
+func (renewalsFail) RenewLeases(context.Context, []driver.Lease, time.Time, time.Duration) ([]driver.Lease, []driver.Lease, error) {
+	return nil, nil, errInjectedUnreachable
+}
+
+func (renewalsFail) RetryClaim(context.Context, driver.Claim, time.Time, string, time.Time) error {
+	return errInjectedUnreachable
+}
+
+// testExpiryCancelsHandler: a handler ends before its lease (a key) or
+// claim (an ungrouped message) expires unrenewed by the member's clock,
+// even before the member hears of a loss: from the expiry on another
+// member may hold the key or message, and the handler going on would be
+// a second holder at once.
+func testExpiryCancelsHandler(t *testing.T, open Open) {
+	for name, take := range map[string]shardq.Take{"grouped": shardq.TakeGrouped, "ungrouped": shardq.TakeUngrouped} {
+		t.Run(name, func(t *testing.T) {
+			d, publisher := setup(t, open, nil)
+			drv := renewalsFail{d, new(atomic.Int64)}
+			c, err := shardq.NewClient(drv, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			key := "k"
+			if take == shardq.TakeUngrouped {
+				key = ""
+			}
+			mustPublish(t, publisher, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, ID: "slow"})
+			type ending struct {
+				err error
+				at  time.Time
+			}
+			cancelled := make(chan ending, 1)
+			cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+				<-ctx.Done()
+				select {
+				case cancelled <- ending{ctx.Err(), time.Now()}: // the client's clock
+				default:
+				}
+				return ctx.Err()
+			})
+			cfg.Take, cfg.HandlerTimeout = take, 10*time.Minute
+			cfg.LeaseTTL, cfg.HeartbeatInterval = 3*time.Second, time.Second
+			cfg.VisibilityTimeout, cfg.MaxVisibilityRenewal = 3*time.Second, time.Minute
+			s, err := c.Subscribe(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stopAll(t, s)
+			select {
+			case e := <-cancelled:
+				if !errors.Is(e.err, context.Canceled) {
+					t.Fatalf("handler context ended with %v", e.err)
+				}
+				// Another member may take the key or message at the expiry.
+				if expiry := time.Unix(0, drv.expiry.Load()); !e.at.Before(expiry) {
+					t.Fatalf("the handler was cancelled at %v, not before its lease or claim expired at %v", e.at, expiry)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the handler ran on 30 s after its 3 s lease or claim expired unrenewed")
+			}
+		})
+	}
+}
+
+// heartbeatsFail is the real database with the member's heartbeats
+// failing once failing is set; last is the stamp of the last one written.
+type heartbeatsFail struct {
+	driver.Driver
+	failing *atomic.Bool
+	last    *atomic.Int64 // Unix nanoseconds
+}
+
+func (h heartbeatsFail) Heartbeat(ctx context.Context, g driver.GroupScope, subscriber string, now time.Time) error {
+	if h.failing.Load() {
+		return errInjectedUnreachable
+	}
+	err := h.Driver.Heartbeat(ctx, g, subscriber, now)
+	if err == nil {
+		h.last.Store(now.UnixNano())
+	}
+	return err
+}
+
+// testStaleHeartbeatCancelsHandler: a member whose heartbeats fail (while
+// its lease renewals still succeed) stops its handlers before its
+// heartbeat goes stale: from then on the others count it dead and sweep
+// its leases, unexpired as they are, and take its keys.
+func testStaleHeartbeatCancelsHandler(t *testing.T, open Open) {
+	d, publisher := setup(t, open, nil)
+	drv := heartbeatsFail{d, new(atomic.Bool), new(atomic.Int64)}
+	c, err := shardq.NewClient(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mustPublish(t, publisher, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "slow"})
+	type ending struct {
+		err error
+		at  time.Time
+	}
+	cancelled := make(chan ending, 1)
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		drv.failing.Store(true)
+		<-ctx.Done()
+		select {
+		case cancelled <- ending{ctx.Err(), time.Now()}: // the client's clock
+		default:
+		}
+		return ctx.Err()
+	})
+	cfg.HandlerTimeout, cfg.StaleAfter = 10*time.Minute, time.Second
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	select {
+	case e := <-cancelled:
+		if !errors.Is(e.err, context.Canceled) {
+			t.Fatalf("handler context ended with %v", e.err)
+		}
+		if stale := time.Unix(0, drv.last.Load()).Add(cfg.StaleAfter); !e.at.Before(stale) {
+			t.Fatalf("the handler was cancelled at %v, not before the member's heartbeat went stale at %v", e.at, stale)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler ran on 20 s after its member's heartbeat went stale (1 s), its 30 s lease renewed")
 	}
 }
 

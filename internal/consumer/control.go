@@ -138,6 +138,11 @@ func (s *Member) tick() (contended bool) {
 	// Partitions are handed back to make room only for acquisitions that
 	// succeed: a lost race for a lease costs the other tenant nothing.
 	victims, acquire := s.fairShare(s.takenFirst(plan.Acquire, plan.Release))
+	if len(acquire) > 0 && s.beatStale(now) {
+		// The beat loop's writes failed (or the clock moved on): write the
+		// heartbeat before acquiring, or what is taken would be swept.
+		s.beatOnce(ctx, now)
+	}
 	for i, p := range acquire {
 		s.mu.Lock()
 		_, running := s.workers[p]
@@ -155,6 +160,9 @@ func (s *Member) tick() (contended bool) {
 		}
 		if s.isPaused(p.Tenant) {
 			continue // no new work while the group is paused there
+		}
+		if s.beatStale(now, p.Tenant) {
+			continue // our heartbeat there is about to go stale: what we took would be swept
 		}
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
 		if errors.Is(err, driver.ErrLeaseHeld) {

@@ -35,6 +35,7 @@ func (s *Member) beatOnce(ctx context.Context, now time.Time) (fenced bool) {
 			return false // never written back unchecked
 		}
 		if n == int64(len(s.cfg.Tenants)) {
+			s.beaten(s.cfg.Tenants, now)
 			return false
 		}
 		if fenced, known := s.takenOver(ctx); fenced || !known {

@@ -147,6 +147,10 @@ type Member struct {
 	taken     map[driver.PartitionRef]time.Time
 	fenced    chan struct{}
 	fenceOnce sync.Once
+	// beatAt is, per tenant, the time stamped on the member's last
+	// heartbeat row written (guarded by mu): from StaleAfter after it the
+	// other members count this one dead and sweep its leases (liveUntil).
+	beatAt map[string]time.Time
 }
 
 // Start starts a member: it heartbeats once (or, taking only ungrouped
@@ -252,6 +256,9 @@ func (s *Member) Stop(ctx context.Context) error {
 // database answers. It fails only when no tenant's row was written.
 func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
 	err := s.drv.Heartbeat(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID, now)
+	if err == nil {
+		s.beaten(s.cfg.Tenants, now)
+	}
 	if err == nil || len(s.cfg.Tenants) == 1 {
 		return err
 	}
@@ -259,6 +266,8 @@ func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
 	for _, t := range s.cfg.Tenants {
 		if terr := s.drv.Heartbeat(ctx, driver.GroupScope{Tenants: []string{t}, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID, now); terr != nil {
 			errs = append(errs, fmt.Errorf("tenant %q: %w", t, terr))
+		} else {
+			s.beaten([]string{t}, now)
 		}
 	}
 	if len(errs) == len(s.cfg.Tenants) {
@@ -268,6 +277,50 @@ func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
 		s.log.Warn("shardq: heartbeat failed for some tenants; retrying", "err", errors.Join(errs...))
 	}
 	return nil
+}
+
+// beaten records heartbeat rows written in tenants, stamped at.
+func (s *Member) beaten(tenants []string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.beatAt == nil {
+		s.beatAt = map[string]time.Time{}
+	}
+	for _, t := range tenants {
+		if at.After(s.beatAt[t]) {
+			s.beatAt[t] = at
+		}
+	}
+}
+
+// liveUntil is when the other members may count this one dead in tenant
+// and sweep its leases there, even unexpired ones: StaleAfter after its
+// last heartbeat. Its workers give their leases up before then, as before
+// an expiry (worker.giveUpAt). Called with s.mu held.
+func (s *Member) liveUntil(tenant string) time.Time {
+	return s.beatAt[tenant].Add(s.cfg.StaleAfter)
+}
+
+// beatStale reports whether the member's heartbeat in any of tenants (by
+// default its own) is within the holder's margin of going stale at now.
+func (s *Member) beatStale(now time.Time, tenants ...string) bool {
+	if len(tenants) == 0 {
+		tenants = s.cfg.Tenants
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range tenants {
+		if !now.Before(s.liveUntil(t).Add(-s.holderMargin())) {
+			return true
+		}
+	}
+	return false
+}
+
+// holderMargin is how long before a lease's expiry, or before the
+// member may count as dead, a worker gives its lease up.
+func (s *Member) holderMargin() time.Duration {
+	return lifecycle.HolderMargin(min(s.cfg.LeaseTTL, s.cfg.StaleAfter))
 }
 
 // retrying runs a settling write again while it fails with a retryable

@@ -13,6 +13,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/large"
+	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/settle"
 )
 
@@ -47,6 +48,9 @@ type worker struct {
 	sawLarge bool
 	// prefetched is the batch being delivered.
 	prefetched []driver.Message
+	// expiry fires at the lease's expiry by the member's clock
+	// (checkExpiry).
+	expiry *time.Timer
 }
 
 func (w *worker) handBack() { w.handbackOnce.Do(func() { close(w.handback) }) }
@@ -122,17 +126,33 @@ func (w *worker) leaseNow() driver.Lease {
 	return w.lease
 }
 
-// leaseLive reports whether the lease is unexpired by this member's clock;
-// when it is not, the worker stops: a message is never handed out after
-// the lease may have expired (a frozen process, a renewal that kept
-// failing), even if nobody has taken it yet. The partition is acquired
-// again, with a new token, by the next tick that plans it.
+// giveUpAt is when the worker gives its lease up unless renewed (and the
+// member's heartbeat written again): a margin before the lease expires,
+// or before the other members may count this one dead and sweep its
+// leases. From either moment another member may hold the partition.
+func (w *worker) giveUpAt() time.Time {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	until := w.lease.ExpiresAt
+	if live := w.s.liveUntil(w.lease.Tenant); live.Before(until) {
+		until = live
+	}
+	return until.Add(-w.s.holderMargin())
+}
+
+// leaseLive reports whether the lease is still the worker's to use by
+// this member's clock (giveUpAt); when it is not, the worker stops: a
+// message is never handed out once another member may hold the partition
+// (a frozen process, renewals or heartbeats that kept failing), even if
+// nobody has taken it yet. The partition is acquired again, with a new
+// token, by the next tick that plans it.
 func (w *worker) leaseLive() bool {
-	l := w.leaseNow()
-	if w.s.cfg.Clock().Before(l.ExpiresAt) {
+	if w.s.cfg.Clock().Before(w.giveUpAt()) {
 		return true
 	}
-	w.s.log.Warn("shardq: lease expired before delivery; stopping the partition", w.logArgs("token", l.Token, "expired_at", l.ExpiresAt)...)
+	l := w.leaseNow()
+	w.s.log.Warn("shardq: lease about to expire, or the member's heartbeat about to go stale, before delivery; stopping the partition",
+		w.logArgs("token", l.Token, "expires_at", l.ExpiresAt)...)
 	w.lose()
 	return false
 }
@@ -141,8 +161,31 @@ func (w *worker) logArgs(args ...any) []any {
 	return append([]any{"tenant", w.lease.Tenant, "partition_key", w.lease.PartitionKey}, args...)
 }
 
+// checkExpiry stops the worker, cancelling its handler, at giveUpAt by
+// the member's clock, unless a renewal (or heartbeat) moved it: from then
+// on another member may hold the partition, and a handler still running
+// would be a second holder of its key. When the timer finds time left, it
+// waits for the rest.
+func (w *worker) checkExpiry() {
+	if w.ctx.Err() != nil {
+		return
+	}
+	if left := w.giveUpAt().Sub(w.s.cfg.Clock()); left > 0 {
+		w.expiry.Reset(max(left, lifecycle.ExpiryRecheck)) // an injected clock may stand still
+		return
+	}
+	l := w.leaseNow()
+	w.s.log.Warn("shardq: lease about to expire unrenewed, or the member's heartbeat about to go stale; stopping the partition and cancelling its handler",
+		w.logArgs("token", l.Token, "expires_at", l.ExpiresAt)...)
+	w.lose()
+}
+
 func (w *worker) run() {
 	s := w.s
+	// Armed once w.expiry is set: the callback resets it.
+	w.expiry = time.AfterFunc(time.Hour, w.checkExpiry)
+	w.expiry.Reset(w.giveUpAt().Sub(s.cfg.Clock()))
+	defer w.expiry.Stop()
 	defer w.finish()
 	if d := w.notBefore.Sub(s.cfg.Clock()); d > 0 {
 		// Taken over from an earlier incarnation that may still hand

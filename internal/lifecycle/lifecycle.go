@@ -101,6 +101,17 @@ func (g *Group) Stop(ctx context.Context) error {
 // hung connection fails a round instead of stalling the loop.
 const CallTimeout = 15 * time.Second
 
+// HolderMargin is how long before its lease's (or claim's) expiry a
+// holder gives it up: hands nothing more out and cancels its handler.
+// Another member may take it at the expiry by its own clock, and a
+// cancelled handler needs a moment to return.
+func HolderMargin(ttl time.Duration) time.Duration { return min(ttl/10, time.Second) }
+
+// ExpiryRecheck is the shortest wait before a timer set for an expiry by
+// an injected clock looks again: such a clock may stand still, and the
+// timer must not spin meanwhile.
+const ExpiryRecheck = time.Millisecond
+
 // Every runs fn every interval until ctx ends (a loop of a service's
 // group: pass its Context); with now, it runs fn once at once too.
 func Every(ctx context.Context, interval time.Duration, now bool, fn func()) {

@@ -366,7 +366,7 @@ func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled 
 		}
 		// A claim that lapsed while it waited here (a frozen process, a
 		// long queue) may be another member's by now: never hand it out.
-		if !s.cfg.Clock().Before(c.VisibleUntil) {
+		if !s.cfg.Clock().Before(c.VisibleUntil.Add(-lifecycle.HolderMargin(s.cfg.Visibility))) {
 			s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
 				"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
 			continue
@@ -450,12 +450,35 @@ func (s *Service) handleClaim(c driver.Claim) {
 	}
 	hctx, lost := context.WithCancel(s.life.HardContext())
 	defer lost()
+	// The handler ends when its claim is about to lapse by this member's
+	// clock unrenewed (the holder's margin before): the message is then
+	// claimable by another member, and a handler still running would be
+	// its second holder.
+	margin := lifecycle.HolderMargin(s.cfg.Visibility)
+	visible := new(atomic.Int64)
+	visible.Store(c.VisibleUntil.UnixNano())
+	var lapsed atomic.Bool
+	var lapse *time.Timer
+	lapse = time.AfterFunc(time.Hour, func() {
+		if left := time.Unix(0, visible.Load()).Add(-margin).Sub(s.cfg.Clock()); left > 0 {
+			lapse.Reset(max(left, lifecycle.ExpiryRecheck)) // an injected clock may stand still
+			return
+		}
+		if hctx.Err() == nil {
+			s.log.Warn("shardq: ungrouped claim lapsed unrenewed while its handler ran; cancelling the handler",
+				"tenant", m.Tenant, "offset", m.Offset)
+		}
+		lapsed.Store(true)
+		lost()
+	})
+	lapse.Reset(c.VisibleUntil.Add(-margin).Sub(s.cfg.Clock()))
+	defer lapse.Stop()
 	handled, renewing := make(chan struct{}), make(chan struct{})
 	ack := func(ctx context.Context, tx *sql.Tx, _ int64) error {
 		return s.drv.AckClaimsTx(ctx, tx, []driver.Claim{c}, s.cfg.Clock())
 	}
 	inTx := &settle.InTx{Ack: ack, Deferrer: &settle.Deferrer{Driver: s.drv, Group: s.cfg.ConsumerGroup, Clock: s.cfg.Clock, Pass: ack}}
-	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost, inTx) }) {
+	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost, inTx, visible) }) {
 		close(renewing)
 	}
 	err := s.cfg.Handle(settle.WithInTx(hctx, inTx), []driver.Message{m}, nil, c.Attempts) // never a chunk: a large message has a key
@@ -464,6 +487,12 @@ func (s *Service) handleClaim(c driver.Claim) {
 	<-renewing // no renewal runs beside the settlement
 	if inTx.Used() {
 		s.settledInTx(c, err)
+		return
+	}
+	if err != nil && lapsed.Load() {
+		// The claim lapsed and the handler was cancelled: the message is
+		// visible again, and its next claim counts the attempt. A retry
+		// recorded now would delay it for a failure it did not have.
 		return
 	}
 	if err != nil && s.life.HardContext().Err() != nil {
@@ -572,8 +601,8 @@ func (s *Service) settled(c driver.Claim, op string, err error) {
 // handled closes, to now + Visibility but never past the claim's time +
 // MaxRenewal (there it lapses, and the message is delivered again). A
 // claim found lost cancels the handler through lost: another member has
-// the message.
-func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, lost context.CancelFunc, inTx *settle.InTx) {
+// the message. Each renewal is stored in visible, the handler's deadline.
+func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, lost context.CancelFunc, inTx *settle.InTx, visible *atomic.Int64) {
 	limit := c.VisibleUntil.Add(s.cfg.MaxRenewal - s.cfg.Visibility)
 	tick := time.NewTicker(s.cfg.Visibility / 4)
 	defer tick.Stop()
@@ -612,6 +641,7 @@ func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, los
 				"visible_until", c.VisibleUntil, "err", err)
 		default:
 			c.VisibleUntil = until
+			visible.Store(until.UnixNano())
 		}
 	}
 }

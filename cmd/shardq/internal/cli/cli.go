@@ -155,7 +155,7 @@ func newRoot(env Env) *cobra.Command {
 	root.PersistentFlags().Var(&a.logFormat, "log-format", "log lines on stderr as text (key=value) or json")
 	root.PersistentFlags().Var(&a.logLevel, "log-level", "the least severe log lines written: debug, info (serve's access log), warn or error")
 	root.SetFlagErrorFunc(flagError)
-	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.receiptKeyCmd(), a.backupCmd(), a.healthcheckCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.publishCmd(), a.consumeCmd(), a.txCmd(), a.adminCmd(), a.benchCmd(), a.serveCmd(), a.tokenCmd(), a.receiptKeyCmd(), a.backupCmd(), a.healthcheckCmd(), a.chaosCmd(), a.versionCmd())
 	singleValued(root)
 	envFlags(root)
 	return root

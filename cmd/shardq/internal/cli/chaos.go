@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardq/shardq/cmd/shardq/internal/chaos"
+	"github.com/shardq/shardq/cmd/shardq/internal/chaoscheck"
+)
+
+func (a *app) chaosCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "chaos", Short: "Run clients of every kind under injected faults and judge what they saw (docs/chaos.md)"}
+	cmd.AddCommand(a.chaosRunCmd(), a.chaosCheckCmd(), a.chaosClientCmd())
+	return cmd
+}
+
+func (a *app) chaosRunCmd() *cobra.Command {
+	cfg := chaos.RunConfig{}
+	var seed uint64
+	var faults []string
+	cmd := &cobra.Command{
+		Use:   "run --dir DIR [--duration D] [--seed N]",
+		Short: "Start publishers and consumers as processes, inject faults on a seeded schedule, drain, and check",
+		Long: "Runs publishers (single, batched, large, transactional with check-back), fair-share subscribers, ungrouped competing consumers and\n" +
+			"group receivers as processes of this binary against --dsn, each appending what it did to a history in\n" +
+			"DIR; kills, stops and resumes them, and on MySQL cuts, holds and delays their connections through a\n" +
+			"loopback proxy and (with --db-restart) restarts the server. Then the publishers stop, the consumers\n" +
+			"drain, the tenant's messages are dumped, and the independent checker reads it all. Exit 1 on any\n" +
+			"violation; DIR/summary.txt lists them. Only the tenant \"chaos\" is written.",
+		Args: cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if cfg.Dir == "" {
+				return usagef("--dir: required")
+			}
+			if entries, err := os.ReadDir(cfg.Dir); err == nil && len(entries) > 0 {
+				return usagef("--dir: %s is not empty; a run writes a new directory", cfg.Dir)
+			}
+			if !cmd.Flags().Changed("seed") {
+				seed = rand.Uint64N(1 << 31)
+			}
+			for _, f := range faults {
+				switch f {
+				case chaoscheck.FaultKill, chaoscheck.FaultStop, chaoscheck.FaultCut, chaoscheck.FaultBlackhole, chaoscheck.FaultDelay,
+					chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull:
+				default:
+					return usagef("--faults: %q: want kill, stop, cut, blackhole, delay, db-restart or disk-full", f)
+				}
+			}
+			cfg.Seed, cfg.Faults, cfg.DSN, cfg.Log, cfg.Out = seed, faults, a.dsn(), a.logger(), a.env.Stdout
+			fmt.Fprintf(a.env.Stderr, "chaos: seed %d\n", seed)
+			c, _, done, err := a.open(true)
+			if err != nil {
+				return err
+			}
+			defer done()
+			_, err = chaos.Run(cmd.Context(), c, cfg)
+			return err
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Dir, "dir", "", "a new directory for the histories, logs and summary (required)")
+	positiveDurationFlag(fl, &cfg.Duration, "duration", 2*time.Minute, "how long faults are injected")
+	positiveDurationFlag(fl, &cfg.Drain, "drain", 2*time.Minute, "the drain's bound (it ends once nothing moved for 8s)")
+	fl.Uint64Var(&seed, "seed", 0, "the fault schedule's seed [random, printed]")
+	fl.StringVar(&cfg.DBRestart, "db-restart", "", "a shell command that kills the database server and starts it again (a server of the run's own)")
+	fl.StringVar(&cfg.FullDisk, "full-disk", "", "a directory on the database's own small file system, which the disk-full fault fills")
+	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full")
+	return cmd
+}
+
+func (a *app) chaosCheckCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check DIR",
+		Short: "Judge a chaos run's histories again (the checker alone)",
+		Args:  cobra.ExactArgs(1),
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			evs, err := chaoscheck.ReadDir(args[0])
+			if err != nil {
+				return err
+			}
+			rep := chaoscheck.Check(evs)
+			fmt.Fprintf(a.env.Stdout, "%d sent, %d acknowledged, %d stored; violations: %d\n", rep.Sent, rep.Published, rep.Stored, len(rep.Violations))
+			for _, v := range rep.Violations {
+				fmt.Fprintf(a.env.Stdout, "  %s\n", v)
+			}
+			if len(rep.Violations) > 0 {
+				return fmt.Errorf("chaos check: %d violations in %s", len(rep.Violations), filepath.Clean(args[0]))
+			}
+			return nil
+		}),
+	}
+}
+
+func (a *app) chaosClientCmd() *cobra.Command {
+	var cfg chaos.ClientConfig
+	cmd := &cobra.Command{
+		Use:    "client",
+		Short:  "One client process of `shardq chaos run` (internal)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if cfg.Name == "" || cfg.History == "" {
+				return usagef("--name and --history: required")
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			stop := make(chan struct{})
+			go func() {
+				buf := make([]byte, 1)
+				for {
+					if _, err := a.env.Stdin.Read(buf); err != nil {
+						close(stop) // the runner closed stdin, or died
+						return
+					}
+				}
+			}()
+			return chaos.RunClient(cmd.Context(), c, cfg, stop, a.logger())
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Role, "role", "", "publish, large, tx, subscribe, ungrouped or receive")
+	fl.StringVar(&cfg.Name, "name", "", "the process's name")
+	fl.StringVar(&cfg.History, "history", "", "the history file")
+	fl.IntVar(&cfg.Batch, "batch", 1, "messages per publish call")
+	durationFlag(fl, &cfg.Interval, "interval", 100*time.Millisecond, "between publish calls")
+	fl.Uint64Var(&cfg.Seed, "seed", 0, "the run's seed")
+	fl.TimeVar(&cfg.SendUntil, "send-until", time.Time{}, []string{time.RFC3339Nano}, "tx: when sending ends (the check-back runs on)")
+	return cmd
+}
