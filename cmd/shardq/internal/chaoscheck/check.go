@@ -121,8 +121,8 @@ func (v Violation) String() string {
 // Report is the checker's verdict and the run's counts.
 type Report struct {
 	Sent, Published, Stored int
-	Halves                  int // transactional messages sent (Sent counts them too)
-	CheckedBack             int // check-backs answered
+	Halves                  int            // transactional messages sent (Sent counts them too)
+	CheckedBack             int            // check-backs answered
 	Handled                 map[string]int // per group: handler calls that succeeded
 	DeadLettered            map[string]int // per group
 	Duplicates              map[string]int // per group: deliveries after a success, each explained by a fault
@@ -185,7 +185,7 @@ type message struct {
 	sent, acked    bool
 	intent         string // transactional: commit or rollback
 	large          bool   // sent as a large message (Size on its send)
-	start, end     int64 // the acknowledged publish's call
+	start, end     int64  // the acknowledged publish's call
 	stored         bool
 	size           int64
 	sha256         string
