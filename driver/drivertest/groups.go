@@ -36,6 +36,7 @@ var groupTests = []struct {
 	{"UngroupedRedeliveredOnlyAfterVisibilityTimeout", testUngroupedVisibility},
 	{"UngroupedClaimRenewedWhileHandled", testUngroupedRenewal},
 	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
+	{"UngroupedOutlivingItsClaimDeadLetters", testUngroupedOutlivingDeadLetters},
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
 	{"UngroupedGapIsRepaired", testUngroupedGapIsRepaired},
 	{"UngroupedGapAboveAnOpenClaimIsRepaired", testUngroupedGapAboveOpenClaim},
@@ -682,6 +683,35 @@ func testUngroupedDeadLetters(t *testing.T, open Open) {
 	})
 	if n := attempts.Load(); n != 3 {
 		t.Fatalf("%d attempts, want 3", n)
+	}
+}
+
+// testUngroupedOutlivingDeadLetters: a handler that always outlives its
+// claim is cancelled before the claim lapses each time, records no retry
+// for it, and is dead-lettered at its last attempt, not delivered for
+// ever.
+func testUngroupedOutlivingDeadLetters(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "endless"})
+	var attempts atomic.Int32
+	cfg := ungroupedConfig("u", func(ctx context.Context, dl *shardq.Delivery) error {
+		attempts.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	cfg.MaxAttempts, cfg.HandlerTimeout = 2, time.Minute
+	cfg.VisibilityTimeout, cfg.MaxVisibilityRenewal = 300*time.Millisecond, 300*time.Millisecond // never renewed
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "the message that outlives its claim dead-lettered", 20*time.Second, func() bool {
+		dlq, err := d.FetchAfter(context.Background(), driver.TopicPartition{Tenant: "t", Topic: "x.dlq", PartitionKey: ""}, 0, 10)
+		return err == nil && len(dlq) == 1 && dlq[0].ID == "endless" && dlq[0].Headers[shardq.HeaderDLQAttempts] == "2"
+	})
+	if n := attempts.Load(); n != 2 {
+		t.Fatalf("%d attempts, want 2", n)
 	}
 }
 

@@ -141,7 +141,7 @@ func (s *Member) tick() (contended bool) {
 	if len(acquire) > 0 && s.beatStale(now) {
 		// The beat loop's writes failed (or the clock moved on): write the
 		// heartbeat before acquiring, or what is taken would be swept.
-		s.beatOnce(ctx, now)
+		s.beatOnce(ctx)
 	}
 	for i, p := range acquire {
 		s.mu.Lock()

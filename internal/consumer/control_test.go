@@ -53,8 +53,9 @@ func TestAcquisitionsPastTheDeadlineLogOnce(t *testing.T) {
 	}
 	var warnings atomic.Int64
 	s := &Member{drv: deadlineDriver{d}, workers: map[driver.PartitionRef]*worker{}, life: lifecycle.New(context.Background()),
-		log: slog.New(countingHandler{slog.DiscardHandler, "acquir", &warnings}),
-		cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench"}, ID: "m0", LeaseTTL: time.Minute,
+		log:    slog.New(countingHandler{slog.DiscardHandler, "acquir", &warnings}),
+		beatAt: map[string]time.Time{"bench": time.Now()},
+		cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench"}, ID: "m0", LeaseTTL: time.Minute, StaleAfter: time.Minute,
 			MaxPartitions: 100, DiscoveryWindow: time.Minute, FullDiscoveryInterval: time.Hour, Clock: time.Now}}
 	defer s.life.Stop(context.Background())
 	s.tick()

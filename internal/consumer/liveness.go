@@ -16,16 +16,20 @@ func (s *Member) beat() {
 	lifecycle.Every(s.life.Context(), s.cfg.HeartbeatInterval, false, func() {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		defer cancel()
-		now := s.cfg.Clock()
-		s.beatOnce(ctx, now) // fenced, the subscription stops the member
-		s.renew(ctx, now)    // and this finds its leases lost at once, cancelling their handlers
+		s.beatOnce(ctx)            // fenced, the subscription stops the member
+		s.renew(ctx, s.cfg.Clock()) // and this finds its leases lost at once, cancelling their handlers
 	})
 }
 
 // beatOnce writes the member's heartbeat rows. A static member refreshes
 // its rows and adds one back only once takenOver found no later
-// incarnation (which deleted it): it reports whether one did.
-func (s *Member) beatOnce(ctx context.Context, now time.Time) (fenced bool) {
+// incarnation (which deleted it): it reports whether one did. One write
+// at a time, stamped when it starts, so that the rows' time never goes
+// back (the beat loop, a tick and a stop may each write).
+func (s *Member) beatOnce(ctx context.Context) (fenced bool) {
+	s.beatMu.Lock()
+	defer s.beatMu.Unlock()
+	now := s.cfg.Clock()
 	if s.cfg.Instance != "" {
 		n, err := s.drv.RefreshHeartbeat(ctx, s.scope(), s.cfg.ID, now)
 		if err != nil {
@@ -99,8 +103,10 @@ func (s *Member) renew(ctx context.Context, now time.Time) {
 	}
 }
 
-// renewUntil renews the member's leases every HeartbeatInterval until
-// done closes: while a stopping member's handlers drain.
+// renewUntil writes the member's heartbeat and renews its leases every
+// HeartbeatInterval until done closes: while a stopping member's
+// handlers drain (a stale heartbeat would let the others sweep its
+// leases, and stop its workers: worker.giveUpAt).
 func (s *Member) renewUntil(done <-chan struct{}) {
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -110,6 +116,7 @@ func (s *Member) renewUntil(done <-chan struct{}) {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+			s.beatOnce(ctx)
 			s.renew(ctx, s.cfg.Clock())
 			cancel()
 		}

@@ -151,6 +151,7 @@ type Member struct {
 	// heartbeat row written (guarded by mu): from StaleAfter after it the
 	// other members count this one dead and sweep its leases (liveUntil).
 	beatAt map[string]time.Time
+	beatMu sync.Mutex // one heartbeat write at a time (beatOnce)
 }
 
 // Start starts a member: it heartbeats once (or, taking only ungrouped

@@ -457,9 +457,12 @@ func (s *Service) handleClaim(c driver.Claim) {
 	margin := lifecycle.HolderMargin(s.cfg.Visibility)
 	visible := new(atomic.Int64)
 	visible.Store(c.VisibleUntil.UnixNano())
-	var lapsed atomic.Bool
+	var lapsed, returned atomic.Bool
 	var lapse *time.Timer
 	lapse = time.AfterFunc(time.Hour, func() {
+		if returned.Load() {
+			return
+		}
 		if left := time.Unix(0, visible.Load()).Add(-margin).Sub(s.cfg.Clock()); left > 0 {
 			lapse.Reset(max(left, lifecycle.ExpiryRecheck)) // an injected clock may stand still
 			return
@@ -482,6 +485,7 @@ func (s *Service) handleClaim(c driver.Claim) {
 		close(renewing)
 	}
 	err := s.cfg.Handle(settle.WithInTx(hctx, inTx), []driver.Message{m}, nil, c.Attempts) // never a chunk: a large message has a key
+	returned.Store(true)
 	inTx.Close()
 	close(handled)
 	<-renewing // no renewal runs beside the settlement
@@ -489,10 +493,13 @@ func (s *Service) handleClaim(c driver.Claim) {
 		s.settledInTx(c, err)
 		return
 	}
-	if err != nil && lapsed.Load() {
+	if err != nil && lapsed.Load() && !s.settler.Policy.Decide(err, c.Attempts).DeadLetter {
 		// The claim lapsed and the handler was cancelled: the message is
 		// visible again, and its next claim counts the attempt. A retry
-		// recorded now would delay it for a failure it did not have.
+		// recorded now would delay it for a failure it did not have. Its
+		// last attempt is dead-lettered as any (fenced by the claim's
+		// token), or a handler that always outlives its claim would be
+		// delivered for ever.
 		return
 	}
 	if err != nil && s.life.HardContext().Err() != nil {

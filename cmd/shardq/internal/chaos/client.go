@@ -464,7 +464,7 @@ func (cl *client) drainGroup(ctx context.Context, r *shardq.GroupReceiver) {
 			return
 		}
 		hctx, hcancel := context.WithTimeout(ctx, handlerTimeout)
-		e, herr := cl.run(hctx, GroupRecv, d)
+		e, herr := cl.run(hctx, GroupRecv, d) // its End is the handler's, before the (fenced) settlement
 		hcancel()
 		if herr == nil {
 			err = r.Ack(ctx, d)
@@ -477,7 +477,6 @@ func (cl *client) drainGroup(ctx context.Context, r *shardq.GroupReceiver) {
 		if err != nil && herr == nil {
 			e.Result = "unknown"
 		}
-		e.End = now()
 		cl.record(e)
 		if err != nil {
 			cl.log.Warn("chaos: settle", "key", r.PartitionKey(), "err", err)

@@ -92,6 +92,11 @@ func Run(ctx context.Context, c *shardq.Client, cfg RunConfig) (chaoscheck.Repor
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return rep, err
 	}
+	if cfg.FullDisk != "" {
+		if err := checkFullDisk(cfg.FullDisk); err != nil {
+			return rep, err
+		}
+	}
 	r := &runner{cfg: cfg, self: self, clientDSN: cfg.DSN, rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
 	if r.hist, err = OpenHistory(filepath.Join(cfg.Dir, "runner.jsonl")); err != nil {
 		return rep, err
@@ -203,11 +208,13 @@ func (r *runner) spawn(ctx context.Context, p *proc) error {
 	}
 	args := []string{"--log-level", "info", "chaos", "client", "--role", p.cfg.Role, "--name", p.cfg.Name, "--history", p.cfg.History,
 		"--batch", fmt.Sprint(p.cfg.Batch), "--interval", p.cfg.Interval.String(), "--seed", fmt.Sprint(p.cfg.Seed),
-		"--send-until", p.cfg.SendUntil.Format(time.RFC3339Nano)}
+		"--send-until", fmt.Sprint(p.cfg.SendUntil.UnixNano())}
 	cmd := exec.Command(r.self, args...)
 	// The DSN goes through the environment, never the command line.
 	cmd.Env = append(os.Environ(), "SHARDQ_DSN="+r.clientDSN)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// A client (stopped or not) dies with the runner, whatever ends it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		logf.Close()
@@ -346,6 +353,22 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		if err != nil {
 			return fmt.Errorf("restart the database (%s): %w: %s", r.cfg.DBRestart, err, out)
 		}
+	}
+	return nil
+}
+
+// tmpfsMagic is the f_type of a tmpfs (linux/magic.h).
+const tmpfsMagic = 0x01021994
+
+// checkFullDisk refuses a --full-disk directory that is not on a tmpfs:
+// the fault fills the whole file system.
+func checkFullDisk(dir string) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("--full-disk: %w", err)
+	}
+	if st.Type != tmpfsMagic {
+		return fmt.Errorf("--full-disk: %s is not on a tmpfs (file system type %#x): the fault fills its whole file system, so it takes only a small tmpfs of the run's own", dir, st.Type)
 	}
 	return nil
 }

@@ -412,7 +412,7 @@ func checkOrder(g, topic string, hs []handle, add func(Violation)) {
 }
 
 // checkOverlap: two handler calls of one unit (a key in an ordered group,
-// a message otherwise) by different processes never run at once, unless
+// a message otherwise), by one process or two, never run at once, unless
 // the earlier one's process was stopped (SIGSTOP) meanwhile: nothing
 // stops a frozen process's handler from going on when it wakes, which is
 // why its settlement is fenced.
@@ -421,7 +421,7 @@ func checkOverlap(g string, hs []handle, unit func(handle) string, faults []Even
 	for _, h := range hs {      // sorted by start
 		u := unit(h)
 		prev, ok := open[u]
-		if ok && prev.proc != h.proc && prev.End > h.Start && !stoppedDuring(prev.proc, prev.Start, prev.End, faults) {
+		if ok && prev.End > h.Start && !stoppedDuring(prev.proc, prev.Start, prev.End, faults) {
 			add(Violation{Kind: "overlap", Group: g, Topic: h.Topic, Key: h.Key, ID: h.ID,
 				Detail: fmt.Sprintf("%s handled %s from %d to %d while %s handled %s from %d to %d", h.proc, h.ID, h.Start, h.End, prev.proc, prev.ID, prev.Start, prev.End)})
 		}

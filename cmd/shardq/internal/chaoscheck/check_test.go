@@ -115,6 +115,8 @@ func TestEachViolationIsFound(t *testing.T) {
 		{"two holders of a key", "overlap", "a2", without(func(e Event) bool { return e.Op == OpHandle && e.ID == "a2" },
 			hdl("sub-0.1", "sub", "a1", "ordered", "k1", 1, 100, 101, "ok"),
 			hdl("sub-1.1", "sub", "a2", "ordered", "k1", 3, 100, 102, "ok"))},
+		{"a key twice at once in one process", "overlap", "a2", without(func(e Event) bool { return e.Op == OpHandle && e.ID == "a2" },
+			hdl("sub-0.1", "sub", "a2", "ordered", "k1", 3, 100, 102, "ok"))},
 		{"two holders of a message", "overlap", "w1", append(healthy(), hdl("ung-1.1", "ung", "w1", "work", "", 4, 121, 123, "error"))},
 		{"redelivered without a fault", "duplicate", "a2", without(func(e Event) bool { return e.Op == OpFault })},
 		{"large message cut short", "partial", "L1", append(healthy(),

@@ -100,6 +100,7 @@ func (a *app) chaosCheckCmd() *cobra.Command {
 
 func (a *app) chaosClientCmd() *cobra.Command {
 	var cfg chaos.ClientConfig
+	var sendUntil int64
 	cmd := &cobra.Command{
 		Use:    "client",
 		Short:  "One client process of `shardq chaos run` (internal)",
@@ -109,6 +110,7 @@ func (a *app) chaosClientCmd() *cobra.Command {
 			if cfg.Name == "" || cfg.History == "" {
 				return usagef("--name and --history: required")
 			}
+			cfg.SendUntil = time.Unix(0, sendUntil)
 			c, done, err := a.client()
 			if err != nil {
 				return err
@@ -134,6 +136,6 @@ func (a *app) chaosClientCmd() *cobra.Command {
 	fl.IntVar(&cfg.Batch, "batch", 1, "messages per publish call")
 	durationFlag(fl, &cfg.Interval, "interval", 100*time.Millisecond, "between publish calls")
 	fl.Uint64Var(&cfg.Seed, "seed", 0, "the run's seed")
-	fl.TimeVar(&cfg.SendUntil, "send-until", time.Time{}, []string{time.RFC3339Nano}, "tx: when sending ends (the check-back runs on)")
+	fl.Int64Var(&sendUntil, "send-until", 0, "tx: when sending ends, Unix nanoseconds (the check-back runs on)")
 	return cmd
 }
