@@ -16,7 +16,7 @@ func (s *Member) beat() {
 	lifecycle.Every(s.life.Context(), s.cfg.HeartbeatInterval, false, func() {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		defer cancel()
-		s.beatOnce(ctx)            // fenced, the subscription stops the member
+		s.beatOnce(ctx)             // fenced, the subscription stops the member
 		s.renew(ctx, s.cfg.Clock()) // and this finds its leases lost at once, cancelling their handlers
 	})
 }
