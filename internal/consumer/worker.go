@@ -48,8 +48,7 @@ type worker struct {
 	sawLarge bool
 	// prefetched is the batch being delivered.
 	prefetched []driver.Message
-	// expiry fires at the lease's expiry by the member's clock
-	// (checkExpiry).
+	// expiry fires at giveUpAt by the member's clock (checkExpiry).
 	expiry *time.Timer
 }
 

@@ -468,7 +468,7 @@ func (s *Service) handleClaim(c driver.Claim) {
 			return
 		}
 		if hctx.Err() == nil {
-			s.log.Warn("shardq: ungrouped claim lapsed unrenewed while its handler ran; cancelling the handler",
+			s.log.Warn("shardq: ungrouped claim about to lapse unrenewed while its handler runs; cancelling the handler",
 				"tenant", m.Tenant, "offset", m.Offset)
 		}
 		lapsed.Store(true)
