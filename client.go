@@ -184,6 +184,9 @@ type Client struct {
 	registered sync.Map
 	// tenants caches the tenants' settings rows (tenants.go).
 	tenants *tenantStates
+	// stalls is since when this client's readers have seen each stalled
+	// large message's write make no progress (large.Stalls).
+	stalls large.Stalls
 }
 
 // registerGroup registers group in the tenants' topic (driver.RegisterGroup)

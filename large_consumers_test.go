@@ -300,6 +300,51 @@ func TestLargeDeadLetterWhole(t *testing.T) {
 // stores an aborted end marker and passes over the chunks; the writer,
 // when it goes on, fails with ErrLargeAbandoned, and so does a resume
 // under the same id.
+// TestLargeWriteAbandonedAcrossReaders: a stalled write is given up after
+// LargeWriteTimeout of the process's readers waiting on it, even when no
+// one reader waits that long (each receiver here gives its group back
+// after 100 ms, as a fault or an idle release ends a worker).
+func TestLargeWriteAbandonedAcrossReaders(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, base *shardq.Client) {
+		ctx := context.Background()
+		c, err := shardq.NewClient(drv, &shardq.Config{LargeWriteTimeout: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		release, done := stalledWrite(t, base, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "r", ID: "stuck"}, 10)
+		defer release()
+		for start := time.Now(); ; {
+			r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "r", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			_, err = r.Receive(short)
+			cancel()
+			if err := r.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Receive with nothing complete: %v", err)
+			}
+			if m, _, _ := drv.GetMessage(ctx, driver.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "r", ID: "stuck"}); m != nil {
+				if m.Headers[shardq.HeaderLargeAborted] != "true" {
+					t.Fatalf("the end marker the readers stored: %v", m.Headers)
+				}
+				break
+			}
+			if time.Since(start) > 15*time.Second {
+				t.Fatal("15 s of receivers, each waiting 100 ms, never gave up a write stalled for 500 ms")
+			}
+		}
+		release()
+		if err := <-done; !errors.Is(err, shardq.ErrLargeAbandoned) {
+			t.Fatalf("the writer going on after it was given up: %v, want ErrLargeAbandoned", err)
+		}
+	})
+}
+
 func TestLargeWriteAbandoned(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, base *shardq.Client) {
 		ctx := context.Background()

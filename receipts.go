@@ -91,7 +91,7 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, DeadLetterExpired: o.DeadLetterExpired},
 			DLQSuffix: o.DLQSuffix, Clock: o.Clock}, Tel: c.tel,
 		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, MaxVisibility: MaxVisibility,
-		MaxMessageBytes: c.MaxMessageBytes(), LargeWriteTimeout: c.cfg.LargeWriteTimeout, Local: &c.local, Log: c.cfg.Logger})}, nil
+		MaxMessageBytes: c.MaxMessageBytes(), LargeWriteTimeout: c.cfg.LargeWriteTimeout, LargeStalls: &c.stalls, Local: &c.local, Log: c.cfg.Logger})}, nil
 }
 
 // ReceiveRequest is one receive. PartitionKey takes that message group;

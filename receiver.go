@@ -136,7 +136,7 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 func (c *Client) receiverConfig(o ReceiverOptions) receiver.Config {
 	return receiver.Config{Name: o.Name, Wait: o.Wait, RequireReady: o.RequireReady, LeaseTTL: o.LeaseTTL, IdleTimeout: o.IdleTimeout,
 		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, HandlerTimeout: o.HandlerTimeout,
-		LargeWriteTimeout: c.cfg.LargeWriteTimeout,
+		LargeWriteTimeout: c.cfg.LargeWriteTimeout, LargeStalls: &c.stalls,
 		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, BackoffMin: o.BackoffMin, BackoffMax: o.BackoffMax,
 			DeadLetterExpired: o.DeadLetterExpired},
 			DLQSuffix: o.DLQSuffix, Clock: o.Clock},

@@ -459,7 +459,7 @@ func (c *Client) Subscribe(ctx context.Context, cfg SubscriberConfig) (*Subscrib
 		FeedUp: c.local.Up, FeedNames: c.local.Names, FeedPollInterval: cfg.FeedPollInterval,
 		DiscoveryWindow: cfg.DiscoveryWindow, FullDiscoveryInterval: cfg.FullDiscoveryInterval,
 		IdleRelease: cfg.IdleRelease, CommitInterval: cfg.CommitInterval, MaxPartitions: cfg.MaxPartitions,
-		LargeWriteTimeout: c.cfg.LargeWriteTimeout,
+		LargeWriteTimeout: c.cfg.LargeWriteTimeout, LargeStalls: &c.stalls,
 		Take:              consumer.Take(cfg.Take), UngroupedConcurrency: cfg.UngroupedConcurrency, VisibilityTimeout: cfg.VisibilityTimeout,
 		MaxVisibilityRenewal: cfg.MaxVisibilityRenewal,
 		Policy:               settle.Policy{MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax, DeadLetterExpired: cfg.DeadLetterExpired},

@@ -368,8 +368,10 @@ type Leases interface {
 	// its cost follows the leases held).
 	HeldLeases(ctx context.Context, g GroupScope) ([]Lease, error)
 	// SweepLeases frees every lease held by one of owners (dead
-	// subscribers), advancing each token so their writes fail.
-	SweepLeases(ctx context.Context, g GroupScope, owners []string, now time.Time) (int64, error)
+	// subscribers) whose heartbeat row in the lease's tenant is older
+	// than staleBefore or gone, checked under a lock on those rows in the
+	// sweep's own transaction; each token advances so their writes fail.
+	SweepLeases(ctx context.Context, g GroupScope, owners []string, staleBefore, now time.Time) (int64, error)
 	// TakeOverMember gives member, in one transaction per tenant, the
 	// leases that one of previous (earlier incarnations of a static
 	// member, SubscriberConfig.InstanceID) holds, each with the next

@@ -244,9 +244,24 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := d.SweepLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, []string{"dead"}, t0.Add(time.Second))
+	// revived's heartbeat was stale when the sweeper read it, and was
+	// written again before the sweep: the sweep checks it again.
+	revived, err := d.AcquireLease(ctx, ref("k3"), "revived", t0, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scope := driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}
+	for name, at := range map[string]time.Time{"dead": t0.Add(-time.Minute), "alive": t0, "revived": t0} {
+		if err := d.Heartbeat(ctx, scope, name, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := d.SweepLeases(ctx, scope, []string{"dead", "revived"}, t0.Add(-30*time.Second), t0.Add(time.Second))
 	if err != nil || n != 1 {
 		t.Fatalf("sweep = %d, %v; want 1", n, err)
+	}
+	if _, err := d.RenewLease(ctx, revived, t0.Add(time.Second), ttl); err != nil {
+		t.Fatalf("sweep took the lease of an owner whose heartbeat was written again: %v", err)
 	}
 	if err := d.CommitOffset(ctx, dead, 1, t0.Add(time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("swept owner's commit = %v, want ErrLeaseLost", err)

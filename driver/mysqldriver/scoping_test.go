@@ -191,7 +191,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.ListHalves(ctx, driver.Scope{Tenants: []string{"a"}}); err != nil { // --all-tenants is an operator's explicit fleet-wide read
 		t.Fatal(err)
 	}
-	if _, err := d.SweepLeases(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, []string{"dead"}, now); err != nil {
+	if _, err := d.SweepLeases(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, []string{"dead"}, now, now); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, "s", now); err != nil {

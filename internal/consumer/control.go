@@ -326,7 +326,7 @@ func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive
 	for o := range deadSet {
 		dead = append(dead, o)
 	}
-	n, err := s.drv.SweepLeases(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, dead, now)
+	n, err := s.drv.SweepLeases(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, dead, now.Add(-s.cfg.StaleAfter), now)
 	if err != nil {
 		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
 		return

@@ -66,6 +66,7 @@ type Config struct {
 	// LargeWriteTimeout is how long a large message's write may make no
 	// progress before a worker waiting for it gives it up (large.Waiter).
 	LargeWriteTimeout time.Duration
+	LargeStalls       *large.Stalls // the process's (large.Waiter)
 
 	// FeedUp reports whether the client's change feed streams (nil: there
 	// is none); while it does, idle partitions are polled every

@@ -76,7 +76,7 @@ func (s *Member) startWorker(l driver.Lease) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
 	w := &worker{s: s, lease: l, cursor: l.Committed, ctx: ctx, cancel: cancel, notBefore: s.takenUntil(l.PartitionRef),
 		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1),
-		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout}}
+		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout, Stalls: s.cfg.LargeStalls}}
 	w.settled.Store(l.Committed)
 	w.commit.Store(l.Committed)
 	s.mu.Lock()

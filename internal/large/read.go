@@ -191,12 +191,59 @@ type Store interface {
 type Waiter struct {
 	Store   Store
 	Timeout time.Duration
-	mu      sync.Mutex // receives of one group may overlap after a lease expired
-	stall   struct {
-		id    string
-		head  int64
-		since time.Time
+	// Stalls is where the stall's start is kept: the process's, shared by
+	// its readers [the Waiter's own].
+	Stalls *Stalls
+	mu     sync.Mutex // receives of one group may overlap after a lease expired
+	own    Stalls
+}
+
+// Stalls remembers, per partition, since when a reader of this process
+// has seen a large message's write make no progress. Readers come and go
+// (a worker per lease, a receiver per accepted group, each ended by a
+// fault or an idle release): a clock that restarted with each of them
+// would never reach the timeout, and the partition would wait for ever.
+// It holds at most maxStalls partitions; past that it forgets them all,
+// and their clocks start again.
+type Stalls struct {
+	mu sync.Mutex
+	m  map[stallKey]stall
+}
+
+type stallKey struct{ tenant, topic, key string }
+
+type stall struct {
+	id    string
+	head  int64
+	since time.Time
+}
+
+const maxStalls = 10_000
+
+// since records that the partition's head is head while the write of id
+// waits, at now, and returns since when it has been so.
+func (s *Stalls) since(k stallKey, id string, head int64, now time.Time) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.m[k]
+	if ok && st.id == id && st.head == head {
+		return st.since
 	}
+	if s.m == nil {
+		s.m = map[stallKey]stall{}
+	}
+	if !ok && len(s.m) >= maxStalls {
+		clear(s.m)
+	}
+	s.m[k] = stall{id, head, now}
+	return now
+}
+
+// forget drops the partition's stall: its write ended.
+func (s *Stalls) forget(k stallKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, k)
 }
 
 // End returns the end marker of the large message whose chunk 0 is first,
@@ -208,7 +255,14 @@ func (w *Waiter) End(ctx context.Context, first *driver.Message, now time.Time) 
 	defer w.mu.Unlock()
 	id := first.Headers[HeaderID]
 	ref := driver.MessageRef{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey, ID: id}
+	stalls, key := w.Stalls, stallKey{first.Tenant, first.Topic, first.PartitionKey}
+	if stalls == nil {
+		stalls = &w.own
+	}
 	end, _, err := w.Store.GetMessage(ctx, ref)
+	if err == nil && endOf(first, end) {
+		stalls.forget(key)
+	}
 	if err != nil || endOf(first, end) {
 		return end, err
 	}
@@ -217,11 +271,7 @@ func (w *Waiter) End(ctx context.Context, first *driver.Message, now time.Time) 
 		return nil, err
 	}
 	head := heads[driver.HeadKey{Tenant: first.Tenant, PartitionKey: first.PartitionKey}]
-	if s := &w.stall; s.id != id || s.head != head {
-		s.id, s.head, s.since = id, head, now
-		return nil, nil
-	}
-	if now.Sub(w.stall.since) < w.Timeout {
+	if now.Sub(stalls.since(key, id, head, now)) < w.Timeout {
 		return nil, nil
 	}
 	marker := &driver.InsertMessage{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey, ID: id,

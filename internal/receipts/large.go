@@ -116,7 +116,7 @@ func (r *Receipts) waiter(ref driver.PartitionRef) *large.Waiter {
 		if len(r.waiters) >= maxWaiters {
 			clear(r.waiters)
 		}
-		w = &large.Waiter{Store: r.drv, Timeout: r.cfg.LargeWriteTimeout}
+		w = &large.Waiter{Store: r.drv, Timeout: r.cfg.LargeWriteTimeout, Stalls: r.cfg.LargeStalls}
 		r.waiters[ref] = w
 	}
 	return w

@@ -52,6 +52,7 @@ type Config struct {
 	// LargeWriteTimeout is how long a large message's write may make no
 	// progress before a reader waiting for it gives it up (large.Waiter).
 	LargeWriteTimeout time.Duration
+	LargeStalls       *large.Stalls // the process's (large.Waiter)
 	Settler           settle.Settler
 	Log               *slog.Logger
 	Tel               *telemetry.T
@@ -148,7 +149,7 @@ func tryAccept(ctx context.Context, drv driver.Driver, cfg Config, ref driver.Pa
 		"partition_key", ref.PartitionKey, "member", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
 		metrics: cfg.Tel.Group(ref.Topic, ref.ConsumerGroup),
 		closing: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
-		waiter: large.Waiter{Store: drv, Timeout: cfg.LargeWriteTimeout}}
+		waiter: large.Waiter{Store: drv, Timeout: cfg.LargeWriteTimeout, Stalls: cfg.LargeStalls}}
 	if nextOffset >= 0 || cfg.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {

@@ -512,17 +512,65 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 	return out, nil
 }
 
-// SweepLeases frees the leases of owners and advances their tokens.
-func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []string, now time.Time) (int64, error) {
-	tenants, group, topic := g.Tenants, g.ConsumerGroup, g.Topic
-	if len(tenants) == 0 || len(owners) == 0 {
+// SweepLeases frees the leases of those of owners whose heartbeat row is
+// older than staleBefore (or gone) and advances their tokens, tenant by
+// tenant: each transaction locks the owners' heartbeat rows, so that a
+// heartbeat written since the caller read them either saves its owner
+// here or waits until the sweep is done.
+func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []string, staleBefore, now time.Time) (int64, error) {
+	group, topic := g.ConsumerGroup, g.Topic
+	if len(owners) == 0 {
 		return 0, nil
 	}
-	res, err := d.exec(ctx, d.Write, d.leases().sweep, memberNamed(tenants, group, topic).with(Args{"owners": textList(owners), "now": d.EncodeTime(now)}))
-	if err != nil {
-		return 0, d.Wrap(fmt.Sprintf("sweep leases of group %q topic %q", group, topic), err)
+	var swept int64
+	var errs []error
+	for _, tenant := range g.Tenants {
+		op := fmt.Sprintf("sweep leases of tenant %q group %q topic %q", tenant, group, topic)
+		n, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
+			scope := memberNamed([]string{tenant}, group, topic).with(Args{"owners": textList(owners)})
+			rows, err := d.query(ctx, tx, d.leases().lockBeats, scope)
+			if err != nil {
+				return 0, err
+			}
+			alive := map[string]bool{}
+			for rows.Next() {
+				var name string
+				var beat any
+				if err := rows.Scan(&name, &beat); err != nil {
+					rows.Close()
+					return 0, err
+				}
+				at, err := d.DecodeTime(beat)
+				if err != nil {
+					rows.Close()
+					return 0, err
+				}
+				alive[name] = !at.Before(staleBefore)
+			}
+			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+				return 0, err
+			}
+			var dead []string
+			for _, o := range owners {
+				if !alive[o] {
+					dead = append(dead, o)
+				}
+			}
+			if len(dead) == 0 {
+				return 0, nil
+			}
+			res, err := d.exec(ctx, tx, d.leases().sweep, scope.with(Args{"owners": textList(dead), "now": d.EncodeTime(now)}))
+			if err != nil {
+				return 0, err
+			}
+			return res.RowsAffected()
+		})
+		if err != nil {
+			errs = append(errs, d.Wrap(op, err))
+		}
+		swept += n
 	}
-	return res.RowsAffected()
+	return swept, errors.Join(errs...)
 }
 
 // TakeOverMember moves previous' leases to member and replaces their

@@ -27,6 +27,7 @@ type leaseSQL struct {
 	states        string // read the retry bookkeeping of a range of offsets
 	list          string // a group's lease rows in a topic
 	held          string // list, of the rows an owner holds (idx_leases_owner)
+	lockBeats     string // read and lock the heartbeat rows of :owners
 	sweep         string // free the leases of departed owners with the next token
 	takenLeases   string // the leases of :owners, locked, with their expiry
 	takeOver      string // give the leases of :owners (earlier incarnations) at :keys to :member with the next token, never shortened
@@ -84,6 +85,8 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		// statement costs).
 		held: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases" + s.useIndex("idx_leases_owner") +
 			" WHERE " + memberScope + " AND owner > ''",
+		lockBeats: "SELECT subscriber_name, heartbeat_at FROM queue_subscriber_heartbeats WHERE " + memberScope +
+			" AND subscriber_name IN (:owners)" + s.forUpdate(),
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
 			" AND owner IN (:owners)",
 		takenLeases: "SELECT partition_key, expires_at FROM queue_partition_leases WHERE " + memberScope + " AND owner IN (:owners)" + s.forUpdate(),

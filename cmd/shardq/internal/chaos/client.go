@@ -26,21 +26,23 @@ import (
 
 // The run's topics and groups.
 const (
-	Tenant       = "chaos"
-	TopicOrdered = "ordered" // keyed messages: per-key order
-	TopicWork    = "work"    // ungrouped messages: competing consumers
-	GroupSub     = "sub"     // fair-share subscribers of TopicOrdered
-	GroupRecv    = "recv"    // group receivers (next free group) of TopicOrdered
-	GroupUng     = "ung"     // competing consumers of TopicWork
-	// Keys of TopicOrdered; large messages go to keys of their own.
-	orderedKeys = 16
-	largeKeys   = 2
+	Tenant        = "chaos"
+	TopicOrdered  = "ordered"  // keyed messages: per-key order
+	TopicSessions = "sessions" // keyed messages for group receivers, who take one message per round trip
+	TopicWork     = "work"     // ungrouped messages: competing consumers
+	GroupSub      = "sub"      // fair-share subscribers of TopicOrdered
+	GroupRecv     = "recv"     // group receivers (next free group) of TopicSessions
+	GroupUng      = "ung"      // competing consumers of TopicWork
+	// Keys of TopicOrdered and TopicSessions; large messages go to keys
+	// of their own (L0 in TopicOrdered, L1 in TopicSessions).
+	orderedKeys  = 16
+	sessionsKeys = 8
 )
 
 // groupTopics, orderedGroups and dlqTopics are the run's configuration,
 // written to the history first.
 var (
-	groupTopics   = map[string]string{GroupSub: TopicOrdered, GroupRecv: TopicOrdered, GroupUng: TopicWork}
+	groupTopics   = map[string]string{GroupSub: TopicOrdered, GroupRecv: TopicSessions, GroupUng: TopicWork}
 	orderedGroups = []string{GroupSub, GroupRecv}
 )
 
@@ -133,9 +135,12 @@ const (
 // The clients' timings: short, so that faults cost leases and claims
 // within a short run.
 const (
-	leaseTTL       = 4 * time.Second
-	handlerTimeout = time.Second
-	maxAttempts    = 3
+	// LargeWriteTimeout is the clients' (shardq.Config): a large write
+	// that a kill cut off is given up within the run.
+	LargeWriteTimeout = 10 * time.Second
+	leaseTTL          = 4 * time.Second
+	handlerTimeout    = time.Second
+	maxAttempts       = 3
 )
 
 // poisoned messages always fail (dead-lettered after maxAttempts); slow
@@ -198,6 +203,15 @@ func (cl *client) record(e Event) {
 	}
 }
 
+// keyed picks a keyed message's topic and key: one in four goes to the
+// receivers' sessions.
+func (cl *client) keyed() (topic, key string) {
+	if cl.rng.IntN(4) == 0 {
+		return TopicSessions, fmt.Sprintf("s%02d", cl.rng.IntN(sessionsKeys))
+	}
+	return TopicOrdered, fmt.Sprintf("k%02d", cl.rng.IntN(orderedKeys))
+}
+
 // every runs f every interval until stop.
 func every(ctx context.Context, stop <-chan struct{}, interval time.Duration, f func()) error {
 	t := time.NewTicker(max(interval, time.Millisecond))
@@ -222,11 +236,11 @@ func (cl *client) publish(ctx context.Context, stop <-chan struct{}) error {
 			n++
 			m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
 				Payload: fmt.Appendf(nil, "payload of %s-%d", cl.cfg.Name, n)}
-			// One message in five is ungrouped work.
-			if cl.rng.IntN(5) == 0 {
-				m.Topic = TopicWork
-			} else {
-				m.PartitionKey = fmt.Sprintf("k%02d", cl.rng.IntN(orderedKeys))
+			// Of twenty messages, four are ungrouped work, three go to the
+			// receivers' sessions, the rest to the subscribers.
+			m.Topic, m.PartitionKey = cl.keyed()
+			if n := cl.rng.IntN(20); n < 4 {
+				m.Topic, m.PartitionKey = TopicWork, ""
 			}
 			msgs[i] = m
 			cl.record(Event{Op: "send", Topic: m.Topic, Key: m.PartitionKey, ID: m.ID})
@@ -250,8 +264,10 @@ func (cl *client) publishLarge(ctx context.Context, stop <-chan struct{}) error 
 	n := 0
 	return every(ctx, stop, cl.cfg.Interval, func() {
 		n++
-		m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
-			PartitionKey: fmt.Sprintf("L%d", cl.rng.IntN(largeKeys))}
+		m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n), PartitionKey: "L0"}
+		if n%2 == 0 {
+			m.Topic, m.PartitionKey = TopicSessions, "L1"
+		}
 		size := 64<<10 + cl.rng.IntN(1<<20)
 		body := make([]byte, size)
 		for i := range body {
@@ -330,7 +346,8 @@ func (cl *client) publishTx(ctx context.Context, stop <-chan struct{}) error {
 		intent, direct := txIntent(m.ID)
 		pause := time.Duration(cl.rng.IntN(20)) * time.Millisecond
 		sel := shardq.SelectorFunc(func(_ *shardq.Message, arg any) (string, error) { return arg.(string), nil })
-		key := fmt.Sprintf("k%02d", cl.rng.IntN(orderedKeys))
+		topic, key := cl.keyed()
+		m.Topic = topic
 		cl.record(Event{Op: "send", Topic: m.Topic, Key: key, ID: m.ID, Intent: intent})
 		start := now()
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -434,7 +451,7 @@ func (cl *client) receive(ctx context.Context, stop <-chan struct{}) error {
 	opts := &shardq.ReceiverOptions{Name: cl.cfg.Name, Wait: time.Second, LeaseTTL: leaseTTL,
 		MaxAttempts: maxAttempts, BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, DLQSuffix: dlqSuffix(GroupRecv)}
 	for ctx.Err() == nil {
-		r, err := cl.c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{Tenant}, Topic: TopicOrdered, ConsumerGroup: GroupRecv}, opts)
+		r, err := cl.c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{Tenant}, Topic: TopicSessions, ConsumerGroup: GroupRecv}, opts)
 		if err != nil {
 			if !errors.Is(err, shardq.ErrAcceptTimeout) && !errors.Is(err, shardq.ErrNoReadyGroup) && ctx.Err() == nil {
 				cl.log.Warn("chaos: accept failed", "err", err)
@@ -464,20 +481,18 @@ func (cl *client) drainGroup(ctx context.Context, r *shardq.GroupReceiver) {
 			return
 		}
 		hctx, hcancel := context.WithTimeout(ctx, handlerTimeout)
-		e, herr := cl.run(hctx, GroupRecv, d) // its End is the handler's, before the (fenced) settlement
+		e, herr := cl.run(hctx, GroupRecv, d)
 		hcancel()
+		// Written before the settlement, as a subscriber's handler's is: a
+		// kill between a committed ack and its line would hide a delivery.
+		// An ack that then fails leaves the message to be delivered again,
+		// which the checker explains by the fault that failed it.
+		cl.record(e)
 		if herr == nil {
 			err = r.Ack(ctx, d)
 		} else {
 			err = r.Nack(ctx, d, herr)
 		}
-		// An ack that failed may have committed (its connection was lost
-		// with the commit in flight): its outcome is unknown. A failed
-		// nack leaves the message unsettled either way.
-		if err != nil && herr == nil {
-			e.Result = "unknown"
-		}
-		cl.record(e)
 		if err != nil {
 			cl.log.Warn("chaos: settle", "key", r.PartitionKey(), "err", err)
 			return

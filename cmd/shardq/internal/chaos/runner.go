@@ -170,9 +170,9 @@ func (r *runner) start(ctx context.Context) error {
 		slot string
 		cfg  ClientConfig
 	}{
-		{"pub-0", ClientConfig{Role: RolePublish, Batch: 1, Interval: 25 * time.Millisecond}},
-		{"pub-1", ClientConfig{Role: RolePublish, Batch: 1, Interval: 25 * time.Millisecond}},
-		{"pub-2", ClientConfig{Role: RolePublish, Batch: 10, Interval: 200 * time.Millisecond}},
+		{"pub-0", ClientConfig{Role: RolePublish, Batch: 1, Interval: 50 * time.Millisecond}},
+		{"pub-1", ClientConfig{Role: RolePublish, Batch: 1, Interval: 50 * time.Millisecond}},
+		{"pub-2", ClientConfig{Role: RolePublish, Batch: 10, Interval: 400 * time.Millisecond}},
 		{"large-0", ClientConfig{Role: RoleLarge, Interval: 2 * time.Second}},
 		{"sub-0", ClientConfig{Role: RoleSubscribe}},
 		{"sub-1", ClientConfig{Role: RoleSubscribe}},
@@ -183,8 +183,8 @@ func (r *runner) start(ctx context.Context) error {
 		{"recv-1", ClientConfig{Role: RoleReceive}},
 		// Transactional senders stop sending with the faults but stop
 		// with the consumers: their check-back resolves what is pending.
-		{"tx-0", ClientConfig{Role: RoleTx, Interval: 100 * time.Millisecond, SendUntil: r.faultsEnd}},
-		{"tx-1", ClientConfig{Role: RoleTx, Interval: 100 * time.Millisecond, SendUntil: r.faultsEnd}},
+		{"tx-0", ClientConfig{Role: RoleTx, Interval: 200 * time.Millisecond, SendUntil: r.faultsEnd}},
+		{"tx-1", ClientConfig{Role: RoleTx, Interval: 200 * time.Millisecond, SendUntil: r.faultsEnd}},
 	}
 	for _, s := range slots {
 		p := &proc{slot: s.slot, cfg: s.cfg, consumer: s.cfg.Role != RolePublish && s.cfg.Role != RoleLarge}

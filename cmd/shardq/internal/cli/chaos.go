@@ -111,6 +111,7 @@ func (a *app) chaosClientCmd() *cobra.Command {
 				return usagef("--name and --history: required")
 			}
 			cfg.SendUntil = time.Unix(0, sendUntil)
+			a.largeWriteTimeout = chaos.LargeWriteTimeout
 			c, done, err := a.client()
 			if err != nil {
 				return err

@@ -93,9 +93,13 @@ func Main(ctx context.Context, args []string, env Env) int {
 }
 
 type app struct {
-	env      Env
-	dsnFlag  string // --dsn as given; see dsn()
-	feedFlag string // --feed: auto or off
+	// largeWriteTimeout is the client's LargeWriteTimeout [the library's
+	// default]: a chaos client's is short, so that the writes its kills
+	// cut off are given up within the run.
+	largeWriteTimeout time.Duration
+	env               Env
+	dsnFlag           string // --dsn as given; see dsn()
+	feedFlag          string // --feed: auto or off
 	// --feed-dsn as given; see feedDSN (feeddsn.go)
 	feedDSNFlag string
 	// feedMaxEvent is --feed-max-event: the change feed passes over binary
@@ -215,7 +219,7 @@ func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 		drv.Close()
 		return nil, nil, nil, err
 	}
-	cfg := &shardq.Config{Logger: a.logger()}
+	cfg := &shardq.Config{Logger: a.logger(), LargeWriteTimeout: a.largeWriteTimeout}
 	switch a.feedFlag {
 	case "auto":
 	case "off":

@@ -93,6 +93,11 @@ SELECT tenant, partition_key, owner, token, expires_at
 FROM queue_partition_leases INDEXED BY idx_leases_owner
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner > '';
 
+-- lockBeats: read and lock the heartbeat rows of :owners
+SELECT subscriber_name, heartbeat_at
+FROM queue_subscriber_heartbeats
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name IN (:owners);
+
 -- sweep: free the leases of departed owners with the next token
 UPDATE queue_partition_leases
 SET owner = '', token = token + 1, expires_at = :now
