@@ -55,7 +55,7 @@ type Config struct {
 	// LargeWriteTimeout is how long a large message's write may make no
 	// progress before a receive waiting for it gives it up (large.Waiter).
 	LargeWriteTimeout time.Duration
-	LargeStalls       *large.Stalls // the process's (large.Waiter)
+	LargeStalls       *large.Stalls    // the process's (large.Waiter)
 	Local             *wakeup.Registry // the client's wake-ups
 	Log               *slog.Logger
 	Tel               *telemetry.T // counts expired messages (nil: not counted)
