@@ -295,15 +295,12 @@ func TestLargeDeadLetterWhole(t *testing.T) {
 	})
 }
 
-// A large write that makes no progress for LargeWriteTimeout is given up
-// by a reader waiting for it (a group receiver, and a subscriber): it
-// stores an aborted end marker and passes over the chunks; the writer,
-// when it goes on, fails with ErrLargeAbandoned, and so does a resume
-// under the same id.
 // TestLargeWriteAbandonedAcrossReaders: a stalled write is given up after
 // LargeWriteTimeout of the process's readers waiting on it, even when no
 // one reader waits that long (each receiver here gives its group back
-// after 100 ms, as a fault or an idle release ends a worker).
+// after 100 ms, as a fault or an idle release ends a worker), and while
+// other messages move its partition's head (its own chunks are its
+// progress).
 func TestLargeWriteAbandonedAcrossReaders(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, base *shardq.Client) {
 		ctx := context.Background()
@@ -314,7 +311,10 @@ func TestLargeWriteAbandonedAcrossReaders(t *testing.T) {
 		defer c.Close()
 		release, done := stalledWrite(t, base, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "r", ID: "stuck"}, 10)
 		defer release()
-		for start := time.Now(); ; {
+		for start, i := time.Now(), 0; ; i++ {
+			if _, err := base.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "r", ID: fmt.Sprintf("behind-%d", i), Payload: []byte("b")}); err != nil {
+				t.Fatal(err)
+			}
 			r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "r", nil)
 			if err != nil {
 				t.Fatal(err)
@@ -345,6 +345,11 @@ func TestLargeWriteAbandonedAcrossReaders(t *testing.T) {
 	})
 }
 
+// A large write that makes no progress for LargeWriteTimeout is given up
+// by a reader waiting for it (a group receiver, and a subscriber): it
+// stores an aborted end marker and passes over the chunks; the writer,
+// when it goes on, fails with ErrLargeAbandoned, and so does a resume
+// under the same id.
 func TestLargeWriteAbandoned(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, base *shardq.Client) {
 		ctx := context.Background()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -138,7 +139,7 @@ func (s *Member) tick() (contended bool) {
 	// Partitions are handed back to make room only for acquisitions that
 	// succeed: a lost race for a lease costs the other tenant nothing.
 	victims, acquire := s.fairShare(s.takenFirst(plan.Acquire, plan.Release))
-	if len(acquire) > 0 && s.beatStale(now) {
+	if len(acquire) > 0 && s.beatStale(s.cfg.Clock()) {
 		// The beat loop's writes failed (or the clock moved on): write the
 		// heartbeat before acquiring, or what is taken would be swept.
 		s.beatOnce(ctx)
@@ -161,7 +162,7 @@ func (s *Member) tick() (contended bool) {
 		if s.isPaused(p.Tenant) {
 			continue // no new work while the group is paused there
 		}
-		if s.beatStale(now, p.Tenant) {
+		if s.beatStale(s.cfg.Clock(), p.Tenant) {
 			continue // our heartbeat there is about to go stale: what we took would be swept
 		}
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
@@ -310,26 +311,24 @@ func (s *Member) tickFailed(what string, err error) {
 
 // sweep frees the leases of subscribers whose heartbeat went stale.
 func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, now time.Time) {
-	deadSet := map[string]bool{}
+	deadSet, tenantSet := map[string]bool{}, map[string]bool{}
 	for _, l := range leases {
 		// Only members whose heartbeat went stale are known dead. An owner
 		// without heartbeat rows is a group receiver (AcceptGroup), which
 		// renews its lease instead: its lease expires by itself.
 		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] {
-			deadSet[l.Owner] = true
+			deadSet[l.Owner], tenantSet[l.Tenant] = true, true
 		}
 	}
 	if len(deadSet) == 0 {
 		return
 	}
-	var dead []string
-	for o := range deadSet {
-		dead = append(dead, o)
+	dead, tenants := slices.Sorted(maps.Keys(deadSet)), slices.Sorted(maps.Keys(tenantSet))
+	n, err := s.drv.SweepLeases(ctx, driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, dead, now.Add(-s.cfg.StaleAfter), now)
+	if n > 0 {
+		s.log.Info("shardq: swept leases of dead subscribers", "dead", dead, "leases", n)
 	}
-	n, err := s.drv.SweepLeases(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, dead, now.Add(-s.cfg.StaleAfter), now)
 	if err != nil {
-		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
-		return
+		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", tenants, "err", err)
 	}
-	s.log.Info("shardq: swept leases of dead subscribers", "dead", dead, "leases", n)
 }

@@ -110,12 +110,23 @@ func (s *Member) renew(ctx context.Context, now time.Time) {
 func (s *Member) renewUntil(done <-chan struct{}) {
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
+	// A write in flight when done closes ends with it: Stop is bounded by
+	// its caller's context, not by a beat's.
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	go func() {
+		select {
+		case <-done:
+			cancelBase()
+		case <-base.Done():
+		}
+	}()
 	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+			ctx, cancel := context.WithTimeout(base, dbTimeout)
 			s.beatOnce(ctx)
 			s.renew(ctx, s.cfg.Clock())
 			cancel()

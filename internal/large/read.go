@@ -174,14 +174,14 @@ func FetchNext(ctx context.Context, drv interface {
 // driver.Driver is one).
 type Store interface {
 	GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error)
-	HeadsOf(ctx context.Context, topic string, tenants, keys []string) (map[driver.HeadKey]int64, error)
 	BeginWrite(ctx context.Context) (*sql.Tx, error)
 	InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 }
 
 // Waiter is a reader's wait for the end marker of the large message whose
-// chunk 0 it holds. Once the partition's head has not moved for Timeout
-// (the reader's LargeWriteTimeout) since it first saw it, the write is
+// chunk 0 it holds. Once no new chunk of it has been stored for Timeout
+// (the reader's LargeWriteTimeout) since a reader of the process first
+// saw it so (Stalls), the write is
 // abandoned: the reader stores an aborted end marker under the message's
 // id. The database's unique id decides a race with a writer that is only
 // slow: whichever end marker is stored first is the message's, and the
@@ -198,35 +198,41 @@ type Waiter struct {
 	own    Stalls
 }
 
-// Stalls remembers, per partition, since when a reader of this process
-// has seen a large message's write make no progress. Readers come and go
-// (a worker per lease, a receiver per accepted group, each ended by a
-// fault or an idle release): a clock that restarted with each of them
-// would never reach the timeout, and the partition would wait for ever.
-// It holds at most maxStalls partitions; past that it forgets them all,
+// Stalls remembers, per large message being written, the highest chunk
+// a reader of this process has seen stored and since when: readers come
+// and go (a worker per lease, a receiver per accepted group, each ended
+// by a fault or an idle release), and a clock that restarted with each of
+// them would never reach the timeout, so the partition would wait for
+// ever. It holds at most maxStalls writes; past that it forgets them all,
 // and their clocks start again.
 type Stalls struct {
 	mu sync.Mutex
 	m  map[stallKey]stall
 }
 
-type stallKey struct{ tenant, topic, key string }
+type stallKey struct{ tenant, topic, key, id string }
 
 type stall struct {
-	id    string
-	head  int64
+	chunk int // the highest chunk seen stored
 	since time.Time
 }
 
 const maxStalls = 10_000
 
-// since records that the partition's head is head while the write of id
-// waits, at now, and returns since when it has been so.
-func (s *Stalls) since(k stallKey, id string, head int64, now time.Time) time.Time {
+// seen returns the highest chunk of k's write seen so far (0: chunk 0).
+func (s *Stalls) seen(k stallKey) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[k].chunk
+}
+
+// progress records that chunk is the highest of k's write stored at now,
+// and returns since when it has been.
+func (s *Stalls) progress(k stallKey, chunk int, now time.Time) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, ok := s.m[k]
-	if ok && st.id == id && st.head == head {
+	if ok && chunk <= st.chunk {
 		return st.since
 	}
 	if s.m == nil {
@@ -235,16 +241,19 @@ func (s *Stalls) since(k stallKey, id string, head int64, now time.Time) time.Ti
 	if !ok && len(s.m) >= maxStalls {
 		clear(s.m)
 	}
-	s.m[k] = stall{id, head, now}
+	s.m[k] = stall{chunk, now}
 	return now
 }
 
-// forget drops the partition's stall: its write ended.
+// forget drops k's write: it ended.
 func (s *Stalls) forget(k stallKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, k)
 }
+
+// maxProbes bounds the chunks one End call looks for.
+const maxProbes = 64
 
 // End returns the end marker of the large message whose chunk 0 is first,
 // or nil while it is still being written. At now, a write stalled for
@@ -255,25 +264,37 @@ func (w *Waiter) End(ctx context.Context, first *driver.Message, now time.Time) 
 	defer w.mu.Unlock()
 	id := first.Headers[HeaderID]
 	ref := driver.MessageRef{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey, ID: id}
-	stalls, key := w.Stalls, stallKey{first.Tenant, first.Topic, first.PartitionKey}
+	stalls, key := w.Stalls, stallKey{first.Tenant, first.Topic, first.PartitionKey, id}
 	if stalls == nil {
 		stalls = &w.own
 	}
 	end, _, err := w.Store.GetMessage(ctx, ref)
-	if err == nil && endOf(first, end) {
-		stalls.forget(key)
-	}
-	if err != nil || endOf(first, end) {
-		return end, err
-	}
-	heads, err := w.Store.HeadsOf(ctx, first.Topic, []string{first.Tenant}, []string{first.PartitionKey})
 	if err != nil {
 		return nil, err
 	}
-	head := heads[driver.HeadKey{Tenant: first.Tenant, PartitionKey: first.PartitionKey}]
-	if now.Sub(stalls.since(key, id, head, now)) < w.Timeout {
+	if endOf(first, end) {
+		stalls.forget(key)
+		return end, nil
+	}
+	// Progress is the write's own chunks (the partition's head moves with
+	// anyone's messages): the highest stored, looked for from the last
+	// one seen.
+	chunk := stalls.seen(key)
+	for range maxProbes {
+		next := driver.MessageRef{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey, ID: ChunkID(id, chunk+1)}
+		m, _, err := w.Store.GetMessage(ctx, next)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			break
+		}
+		chunk++
+	}
+	if now.Sub(stalls.progress(key, chunk, now)) < w.Timeout {
 		return nil, nil
 	}
+	stalls.forget(key)
 	marker := &driver.InsertMessage{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey, ID: id,
 		CreatedAt: now.UTC().Truncate(time.Microsecond),
 		Headers:   map[string]string{HeaderAborted: "true", HeaderAbandoned: "no progress for " + w.Timeout.String()}}

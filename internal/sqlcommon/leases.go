@@ -514,9 +514,9 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 
 // SweepLeases frees the leases of those of owners whose heartbeat row is
 // older than staleBefore (or gone) and advances their tokens, tenant by
-// tenant: each transaction locks the owners' heartbeat rows, so that a
-// heartbeat written since the caller read them either saves its owner
-// here or waits until the sweep is done.
+// tenant: each transaction locks the owners' leases and heartbeat rows,
+// so that a heartbeat written since the caller read them either saves its
+// owner here or waits until the sweep is done.
 func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []string, staleBefore, now time.Time) (int64, error) {
 	group, topic := g.ConsumerGroup, g.Topic
 	if len(owners) == 0 {
@@ -528,6 +528,15 @@ func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []s
 		op := fmt.Sprintf("sweep leases of tenant %q group %q topic %q", tenant, group, topic)
 		n, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
 			scope := memberNamed([]string{tenant}, group, topic).with(Args{"owners": textList(owners)})
+			// The lease rows first, then the heartbeat rows, as
+			// TakeOverMember takes them: the opposite order could deadlock.
+			held, err := d.query(ctx, tx, d.leases().takenLeases, scope)
+			if err != nil {
+				return 0, err
+			}
+			if err := held.Close(); err != nil {
+				return 0, err
+			}
 			rows, err := d.query(ctx, tx, d.leases().lockBeats, scope)
 			if err != nil {
 				return 0, err

@@ -236,10 +236,10 @@ func (cl *client) publish(ctx context.Context, stop <-chan struct{}) error {
 			n++
 			m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
 				Payload: fmt.Appendf(nil, "payload of %s-%d", cl.cfg.Name, n)}
-			// Of twenty messages, four are ungrouped work, three go to the
+			// Of twenty messages, four are ungrouped work, four go to the
 			// receivers' sessions, the rest to the subscribers.
 			m.Topic, m.PartitionKey = cl.keyed()
-			if n := cl.rng.IntN(20); n < 4 {
+			if cl.rng.IntN(5) == 0 {
 				m.Topic, m.PartitionKey = TopicWork, ""
 			}
 			msgs[i] = m

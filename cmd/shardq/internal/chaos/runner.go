@@ -50,8 +50,10 @@ type RunConfig struct {
 	Out    io.Writer // the summary
 }
 
-// DrainQuiet ends the drain once no history grew for this long.
-const DrainQuiet = 8 * time.Second
+// DrainQuiet ends the drain once no history grew for this long: longer
+// than the clients' LargeWriteTimeout, which a write cut off by a kill
+// waits for.
+const DrainQuiet = LargeWriteTimeout + 5*time.Second
 
 // proc is one client's slot: its process restarts under the next
 // incarnation's name after a kill.

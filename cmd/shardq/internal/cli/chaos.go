@@ -67,7 +67,7 @@ func (a *app) chaosRunCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&cfg.Dir, "dir", "", "a new directory for the histories, logs and summary (required)")
 	positiveDurationFlag(fl, &cfg.Duration, "duration", 2*time.Minute, "how long faults are injected")
-	positiveDurationFlag(fl, &cfg.Drain, "drain", 2*time.Minute, "the drain's bound (it ends once nothing moved for 8s)")
+	positiveDurationFlag(fl, &cfg.Drain, "drain", 2*time.Minute, "the drain's bound (it ends once nothing moved for 15s)")
 	fl.Uint64Var(&seed, "seed", 0, "the fault schedule's seed [random, printed]")
 	fl.StringVar(&cfg.DBRestart, "db-restart", "", "a shell command that kills the database server and starts it again (a server of the run's own)")
 	fl.StringVar(&cfg.FullDisk, "full-disk", "", "a directory on the database's own small file system, which the disk-full fault fills")
