@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/cmd/shardq/internal/chaoscheck"
 )
 
 // The run's topics and groups.
@@ -56,27 +57,9 @@ func dlqTopics() map[string]string {
 	return m
 }
 
-// Event is a history line (docs/chaos.md has the format).
-type Event struct {
-	Op      string            `json:"op"`
-	Proc    string            `json:"proc"`
-	Group   string            `json:"group,omitempty"`
-	Topic   string            `json:"topic,omitempty"`
-	Key     string            `json:"key,omitempty"`
-	ID      string            `json:"id,omitempty"`
-	Offset  int64             `json:"offset,omitempty"`
-	Start   int64             `json:"start,omitempty"`
-	End     int64             `json:"end,omitempty"`
-	Result  string            `json:"result,omitempty"`
-	Fault   string            `json:"fault,omitempty"`
-	Groups  map[string]string `json:"groups,omitempty"`
-	Ordered []string          `json:"ordered,omitempty"`
-	DLQ     map[string]string `json:"dlq,omitempty"`
-	Grace   int64             `json:"grace,omitempty"`
-	Size    int64             `json:"size,omitempty"`
-	SHA256  string            `json:"sha256,omitempty"`
-	Intent  string            `json:"intent,omitempty"`
-}
+// Event is a history line (docs/chaos.md has the format): the checker's
+// type, which the runner writes and the checker reads.
+type Event = chaoscheck.Event
 
 // History appends events to a file, one line per write: a process killed
 // mid-line leaves at most its last line torn, which the checker leaves out.
