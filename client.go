@@ -47,6 +47,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/dbtime"
 	"github.com/shardq/shardq/internal/groupreg"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/large"
@@ -131,8 +132,18 @@ type Config struct {
 	// FeedOff polls only.
 	ChangeFeed FeedMode
 
-	// Clock stamps CreatedAt on messages without one. Default time.Now.
+	// Clock is this process's clock. Default time.Now.
 	Clock func() time.Time
+
+	// ClockSync is how often the client reads the database's clock
+	// (driver.Clock). Its members keep to that clock, advanced between
+	// reads by Clock's elapsed time, so that members on hosts whose
+	// clocks disagree still agree on when a lease, heartbeat or claim
+	// expires (docs/leases.md, "Clocks"). The first read is made when the
+	// first member starts. Default DefaultClockSync when Clock is unset;
+	// when Clock is set, Clock is taken as it is unless ClockSync is
+	// positive. Negative: never read.
+	ClockSync time.Duration
 
 	// Logger receives what the client does not return to a caller.
 	// Default slog.Default().
@@ -187,11 +198,26 @@ type Client struct {
 	// stalls is since when this client's readers have seen each stalled
 	// large message's write make no progress (large.Stalls).
 	stalls large.Stalls
+	// clock is the database's clock that cfg.Clock reads; nil when the
+	// client keeps to Clock as it is.
+	clock *dbtime.Clock
+}
+
+// syncClock reads the database's clock unless it has been read: members
+// call it before they take a lease or claim.
+func (c *Client) syncClock(ctx context.Context) error {
+	if c.clock == nil {
+		return nil
+	}
+	return c.clock.Ensure(ctx)
 }
 
 // registerGroup registers group in the tenants' topic (driver.RegisterGroup)
 // where this client has not done so yet.
 func (c *Client) registerGroup(ctx context.Context, tenants []string, topic, group string, start StartPosition, now time.Time) error {
+	if err := c.syncClock(ctx); err != nil {
+		return err
+	}
 	return groupreg.Register(ctx, c.drv, &c.registered, tenants, topic, group, start == StartLatest, now)
 }
 
@@ -206,6 +232,10 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
+	if dc, ok := drv.(driver.Clock); ok && (c.ClockSync > 0 || c.ClockSync == 0 && c.Clock == nil) {
+		cl.clock = dbtime.New(cl.cfg.Clock, dc.DatabaseTime, cmp.Or(c.ClockSync, DefaultClockSync), cl.cfg.Logger)
+		cl.cfg.Clock = cl.clock.Now
+	}
 	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
 	cl.tenants = newTenantStates(drv, cl.cfg, cl.tel)
 	cl.tel.SetQuotas(cl.tenants.quotaUses)
@@ -273,6 +303,9 @@ func (c *Client) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
 	defer cancel()
 	err := c.handles.Close(ctx)
+	if c.clock != nil {
+		err = errors.Join(err, c.clock.Stop(ctx))
+	}
 	c.local.Close()
 	c.pub.Close()
 	c.tenants.close()

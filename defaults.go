@@ -22,6 +22,7 @@ const (
 	DefaultPublishTimeout     = 30 * time.Second
 	DefaultPublishRetries     = 5
 	DefaultTenantSettingsTTL  = time.Second
+	DefaultClockSync          = 10 * time.Second
 
 	DefaultLeaseTTL          = 30 * time.Second
 	DefaultHeartbeatInterval = 3 * time.Second

@@ -85,7 +85,7 @@ func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Del
 	if err := r.check(); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
-	if err := c.tenants.check(ctx, r.Tenant); err != nil {
+	if err := cmp.Or(c.tenants.check(ctx, r.Tenant), c.syncClock(ctx)); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
 	g := driver.GroupRef{Tenant: r.Tenant, Topic: r.Topic, ConsumerGroup: r.ConsumerGroup}

@@ -94,6 +94,9 @@ func (c *Client) PublishLarge(ctx context.Context, msg Message, body io.Reader, 
 	if _, ok := msg.Headers[expiry.Header]; ok || msg.TTL != 0 || !msg.ExpiresAt.IsZero() {
 		return LargeResult{}, fmt.Errorf("shardq: publish large: %w", &ident.Error{Field: "ttl", Rule: "a large message does not expire (set no TTL, ExpiresAt or " + expiry.Header + ")"})
 	}
+	if err := c.syncClock(ctx); err != nil {
+		return LargeResult{}, fmt.Errorf("shardq: publish large: %w", err)
+	}
 	res, err := large.Write(ctx, c.pub, toPublish([]Message{msg})[0], body, o.ChunkSize, o.ChunksPerTx)
 	return LargeResult(res), err
 }

@@ -5,6 +5,7 @@ package shardq
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -85,6 +86,9 @@ type PublishResult struct {
 // the messages may or may not be stored; publishing them again with the same
 // ids is safe.
 func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult, error) {
+	if err := c.syncClock(ctx); err != nil {
+		return nil, fmt.Errorf("shardq: publish: %w", err)
+	}
 	return results(c.pub.Publish(ctx, toPublish(msgs), false))
 }
 
@@ -94,6 +98,9 @@ func (c *Client) Publish(ctx context.Context, msgs ...Message) ([]PublishResult,
 // transactions short. On SQLite, begin tx on the driver's DB() (its write
 // connection).
 func (c *Client) PublishTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]PublishResult, error) {
+	if err := c.syncClock(ctx); err != nil {
+		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
+	}
 	return results(c.pub.PublishTx(ctx, tx, toPublish(msgs)))
 }
 

@@ -175,6 +175,10 @@ func (r *Receipts) sign(ctx context.Context, rc receipt) (string, error) {
 }
 
 func (r *Receipts) decode(ctx context.Context, s, tenant, topic, group string) (receipt, error) {
+	// A receipt may be settled by a process that received nothing.
+	if err := r.c.syncClock(ctx); err != nil {
+		return receipt{}, err
+	}
 	rc, err := r.rt.Decode(ctx, s, tenant, topic, group)
 	return receipt(rc), err
 }

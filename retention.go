@@ -164,6 +164,9 @@ func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval ti
 	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
 		return nil, fmt.Errorf("shardq: cleaner: %w", err)
 	}
+	if err := c.syncClock(ctx); err != nil {
+		return nil, fmt.Errorf("shardq: cleaner: %w", err)
+	}
 	scope := driver.Scope{Tenants: tenants}
 	cl := &Cleaner{c: c, svc: retention.Start(ctx, interval, c.cfg.Logger.With("cleaner", cfg.Name), tenants,
 		func(ctx context.Context) (retention.Report, error) {

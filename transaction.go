@@ -144,6 +144,9 @@ func (c *Client) StartTransactionProducer(ctx context.Context, cfg TransactionPr
 	if err == nil {
 		cfg.Tenants, err = consumerTenants("tenants", cfg.Tenants)
 	}
+	if err == nil {
+		err = c.syncClock(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("shardq: transaction producer: %w", err)
 	}

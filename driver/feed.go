@@ -5,6 +5,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // HeadFeed is implemented by a driver whose database can push the changes
@@ -55,4 +56,13 @@ type FeedSink interface {
 type HeadChange struct {
 	Tenant, Topic, PartitionKey string
 	Head                        int64
+}
+
+// Clock is implemented by a driver that reads the database's clock. A
+// client's members then keep to it rather than to their hosts' clocks,
+// so that they agree on when a lease, heartbeat or claim expires
+// (docs/leases.md, "Clocks").
+type Clock interface {
+	// DatabaseTime returns the database's current time.
+	DatabaseTime(ctx context.Context) (time.Time, error)
 }

@@ -48,6 +48,7 @@ func run(t *testing.T, open Open, parallel bool) {
 		fn   func(*testing.T, Open)
 	}{
 		{"MigrateIsIdempotent", testMigrateIsIdempotent},
+		{"DatabaseClock", testDatabaseClock},
 		{"NotMigratedSaysSo", testNotMigratedSaysSo},
 		{"PublishRoundTrip", testPublishRoundTrip},
 		{"PublishLargestLegalBatch", testPublishLargestLegalBatch},

@@ -158,6 +158,11 @@ func createPrivate(path string) error {
 
 func (d *Driver) Name() string { return "sqlite" }
 
+// DatabaseTime is this host's clock: SQLite runs in its callers'
+// processes, all on the host that has the file, and its own 'now' is
+// that clock.
+func (d *Driver) DatabaseTime(context.Context) (time.Time, error) { return time.Now().UTC(), nil }
+
 // DB is the write pool (one connection, BEGIN IMMEDIATE). Begin PublishTx
 // transactions on it. While such a transaction is open, other writers of
 // this process wait for it, so do not call Client.Publish inside one.

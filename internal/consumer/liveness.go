@@ -25,10 +25,16 @@ func (s *Member) beat() {
 // its rows and adds one back only once takenOver found no later
 // incarnation (which deleted it): it reports whether one did. One write
 // at a time, stamped when it starts, so that the rows' time never goes
-// back (the beat loop, a tick and a stop may each write).
+// back (the beat loop, a tick and a stop may each write). A write runs to
+// its end, bounded by HeartbeatInterval, whether or not the member stops
+// meanwhile: a write cancelled on the client may still land in the
+// database after Stop has deleted the rows, and leave the stopped member
+// counted as live until it goes stale.
 func (s *Member) beatOnce(ctx context.Context) (fenced bool) {
 	s.beatMu.Lock()
 	defer s.beatMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.cfg.HeartbeatInterval, dbTimeout))
+	defer cancel()
 	now := s.cfg.Clock()
 	if s.cfg.Instance != "" {
 		n, err := s.drv.RefreshHeartbeat(ctx, s.scope(), s.cfg.ID, now)
@@ -110,8 +116,8 @@ func (s *Member) renew(ctx context.Context, now time.Time) {
 func (s *Member) renewUntil(done <-chan struct{}) {
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
-	// A write in flight when done closes ends with it: Stop is bounded by
-	// its caller's context, not by a beat's.
+	// A renewal in flight when done closes ends with it: Stop is bounded
+	// by its caller's context (a beat by its interval, beatOnce).
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
 	go func() {

@@ -103,6 +103,22 @@ type ClientConfig struct {
 	// stop (through the drain), resolving what its incarnations left.
 	SendUntil time.Time
 	Seed      uint64
+	// ClockOffset is how far the process's clock is off (the clock
+	// fault); ClockSync is its client's Config.ClockSync.
+	ClockOffset, ClockSync time.Duration
+}
+
+// ClockSync is the clients' Config.ClockSync: a client whose Clock is
+// set (the clock fault's) keeps to it unless ClockSync is positive.
+const ClockSync = 2 * time.Second
+
+// Tune sets a client's configuration: its large writes given up soon,
+// its clock off by ClockOffset.
+func (cfg ClientConfig) Tune(c *shardq.Config) {
+	c.LargeWriteTimeout = LargeWriteTimeout
+	off := cfg.ClockOffset
+	c.Clock = func() time.Time { return time.Now().Add(off) }
+	c.ClockSync = cfg.ClockSync
 }
 
 // Roles.

@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,8 +47,11 @@ type RunConfig struct {
 	FullDisk string
 	// Faults are the kinds to inject [all that apply to the database].
 	Faults []string
-	Log    *slog.Logger
-	Out    io.Writer // the summary
+	// ClockSync is the clients' Config.ClockSync [ClockSync]; negative
+	// leaves the clock fault's clients on their own clocks.
+	ClockSync time.Duration
+	Log       *slog.Logger
+	Out       io.Writer // the summary
 }
 
 // DrainQuiet ends the drain once no history grew for this long: longer
@@ -210,7 +214,8 @@ func (r *runner) spawn(ctx context.Context, p *proc) error {
 	}
 	args := []string{"--log-level", "info", "chaos", "client", "--role", p.cfg.Role, "--name", p.cfg.Name, "--history", p.cfg.History,
 		"--batch", fmt.Sprint(p.cfg.Batch), "--interval", p.cfg.Interval.String(), "--seed", fmt.Sprint(p.cfg.Seed),
-		"--send-until", fmt.Sprint(p.cfg.SendUntil.UnixNano())}
+		"--send-until", fmt.Sprint(p.cfg.SendUntil.UnixNano()), "--clock-offset", p.cfg.ClockOffset.String(),
+		"--clock-sync", cmp.Or(r.cfg.ClockSync, ClockSync).String()}
 	cmd := exec.Command(r.self, args...)
 	// The DSN goes through the environment, never the command line.
 	cmd.Env = append(os.Environ(), "SHARDQ_DSN="+r.clientDSN)
@@ -268,7 +273,7 @@ func (r *runner) faults(ctx context.Context) error {
 		kind string
 		w    int
 	}{{chaoscheck.FaultKill, 4}, {chaoscheck.FaultStop, 3}, {chaoscheck.FaultCut, 2}, {chaoscheck.FaultBlackhole, 1},
-		{chaoscheck.FaultDelay, 1}, {chaoscheck.FaultDBRestart, 1}, {chaoscheck.FaultDiskFull, 1}}
+		{chaoscheck.FaultDelay, 1}, {chaoscheck.FaultDBRestart, 1}, {chaoscheck.FaultDiskFull, 1}, {chaoscheck.FaultClock, 1}}
 	var kinds, first []string
 	for _, k := range weights {
 		if r.allowed(k.kind) {
@@ -307,17 +312,30 @@ func (r *runner) faults(ctx context.Context) error {
 func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup) error {
 	now := time.Now().UnixNano()
 	switch kind {
-	case chaoscheck.FaultKill:
+	case chaoscheck.FaultKill, chaoscheck.FaultClock:
 		p := r.procs[r.rng.IntN(len(r.procs))]
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if p.stopped {
 			return nil
 		}
-		r.fault(Event{Fault: kind, Proc: p.name(), Start: now})
+		r.fault(Event{Fault: chaoscheck.FaultKill, Proc: p.name(), Start: now})
 		p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.exited
-		return r.spawn(ctx, p)
+		if kind == chaoscheck.FaultClock {
+			// The slot's host clock is off from now on, behind or ahead,
+			// by more than a lease's TTL and the heartbeats' staleness.
+			p.cfg.ClockOffset = time.Duration(5+r.rng.IntN(56)) * time.Second
+			if r.rng.IntN(2) == 0 {
+				p.cfg.ClockOffset = -p.cfg.ClockOffset
+			}
+		}
+		if err := r.spawn(ctx, p); err != nil {
+			return err
+		}
+		if kind == chaoscheck.FaultClock {
+			r.fault(Event{Fault: kind, Proc: p.name(), Start: time.Now().UnixNano(), Skew: p.cfg.ClockOffset.Nanoseconds()})
+		}
 	case chaoscheck.FaultStop:
 		p := r.procs[r.rng.IntN(len(r.procs))]
 		d := time.Duration(500+r.rng.IntN(int(leaseTTL/time.Millisecond)+2000)) * time.Millisecond

@@ -35,6 +35,9 @@ type Event struct {
 	End    int64  `json:"end,omitempty"`
 	Result string `json:"result,omitempty"`
 	Fault  string `json:"fault,omitempty"`
+	// Skew (op fault, kind clock; nanoseconds): how far the process's
+	// clock is off from now on.
+	Skew int64 `json:"skew,omitempty"`
 	// Groups (op config): each consumer group and the topic it reads;
 	// Ordered: the groups that promise per-key order and one holder per
 	// key; DLQ: each group's dead-letter topic.
@@ -92,6 +95,10 @@ const (
 	FaultDelay     = "delay"
 	FaultDBRestart = "db-restart"
 	FaultDiskFull  = "disk-full"
+	// FaultClock restarts a killed process (its kill is a fault of its
+	// own) with its clock off; it explains nothing: members keep to the
+	// database's clock.
+	FaultClock = "clock"
 )
 
 // Violation is one broken promise.

@@ -119,6 +119,8 @@ func TestEachViolationIsFound(t *testing.T) {
 			hdl("sub-0.1", "sub", "a2", "ordered", "k1", 3, 100, 102, "ok"))},
 		{"two holders of a message", "overlap", "w1", append(healthy(), hdl("ung-1.1", "ung", "w1", "work", "", 4, 121, 123, "error"))},
 		{"redelivered without a fault", "duplicate", "a2", without(func(e Event) bool { return e.Op == OpFault })},
+		{"redelivered after a clock fault only", "duplicate", "a2", without(func(e Event) bool { return e.Op == OpFault },
+			Event{Op: OpFault, Proc: "sub-0.1", Fault: FaultClock, Start: 104, Skew: 30e9})},
 		{"large message cut short", "partial", "L1", append(healthy(),
 			send("L1", "ordered", "k9"),
 			Event{Op: OpPublish, Proc: "pub-0.1", Topic: "ordered", Key: "k9", ID: "L1", Offset: 11, Start: 1, End: 2, Size: 100, SHA256: "aa"},

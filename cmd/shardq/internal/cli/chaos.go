@@ -30,7 +30,7 @@ func (a *app) chaosRunCmd() *cobra.Command {
 		Short: "Start publishers and consumers as processes, inject faults on a seeded schedule, drain, and check",
 		Long: "Runs publishers (single, batched, large, transactional with check-back), fair-share subscribers, ungrouped competing consumers and\n" +
 			"group receivers as processes of this binary against --dsn, each appending what it did to a history in\n" +
-			"DIR; kills, stops and resumes them, and on MySQL cuts, holds and delays their connections through a\n" +
+			"DIR; kills, stops and resumes them, restarts them with their clocks off, and on MySQL cuts, holds and delays their connections through a\n" +
 			"loopback proxy and (with --db-restart) restarts the server. Then the publishers stop, the consumers\n" +
 			"drain, the tenant's messages are dumped, and the independent checker reads it all. Exit 1 on any\n" +
 			"violation; DIR/summary.txt lists them. Only the tenant \"chaos\" is written.",
@@ -48,9 +48,9 @@ func (a *app) chaosRunCmd() *cobra.Command {
 			for _, f := range faults {
 				switch f {
 				case chaoscheck.FaultKill, chaoscheck.FaultStop, chaoscheck.FaultCut, chaoscheck.FaultBlackhole, chaoscheck.FaultDelay,
-					chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull:
+					chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull, chaoscheck.FaultClock:
 				default:
-					return usagef("--faults: %q: want kill, stop, cut, blackhole, delay, db-restart or disk-full", f)
+					return usagef("--faults: %q: want kill, stop, cut, blackhole, delay, db-restart, disk-full or clock", f)
 				}
 			}
 			cfg.Seed, cfg.Faults, cfg.DSN, cfg.Log, cfg.Out = seed, faults, a.dsn(), a.logger(), a.env.Stdout
@@ -71,7 +71,8 @@ func (a *app) chaosRunCmd() *cobra.Command {
 	fl.Uint64Var(&seed, "seed", 0, "the fault schedule's seed [random, printed]")
 	fl.StringVar(&cfg.DBRestart, "db-restart", "", "a shell command that kills the database server and starts it again (a server of the run's own)")
 	fl.StringVar(&cfg.FullDisk, "full-disk", "", "a directory on the database's own small file system, which the disk-full fault fills")
-	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full")
+	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full, clock")
+	fl.DurationVar(&cfg.ClockSync, "clock-sync", chaos.ClockSync, "the clients' ClockSync; negative leaves the clock fault's clients on their own clocks (to see what it does without the database's clock)")
 	return cmd
 }
 
@@ -111,7 +112,7 @@ func (a *app) chaosClientCmd() *cobra.Command {
 				return usagef("--name and --history: required")
 			}
 			cfg.SendUntil = time.Unix(0, sendUntil)
-			a.largeWriteTimeout = chaos.LargeWriteTimeout
+			a.tune = cfg.Tune
 			c, done, err := a.client()
 			if err != nil {
 				return err
@@ -138,5 +139,8 @@ func (a *app) chaosClientCmd() *cobra.Command {
 	durationFlag(fl, &cfg.Interval, "interval", 100*time.Millisecond, "between publish calls")
 	fl.Uint64Var(&cfg.Seed, "seed", 0, "the run's seed")
 	fl.Int64Var(&sendUntil, "send-until", 0, "tx: when sending ends, Unix nanoseconds (the check-back runs on)")
+	// Either sign: a clock behind or ahead; ClockSync off.
+	fl.DurationVar(&cfg.ClockOffset, "clock-offset", 0, "how far this process's clock is off (the clock fault)")
+	fl.DurationVar(&cfg.ClockSync, "clock-sync", chaos.ClockSync, "the client's ClockSync (negative: keep to the process's clock)")
 	return cmd
 }

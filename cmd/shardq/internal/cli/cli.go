@@ -93,13 +93,12 @@ func Main(ctx context.Context, args []string, env Env) int {
 }
 
 type app struct {
-	// largeWriteTimeout is the client's LargeWriteTimeout [the library's
-	// default]: a chaos client's is short, so that the writes its kills
-	// cut off are given up within the run.
-	largeWriteTimeout time.Duration
-	env               Env
-	dsnFlag           string // --dsn as given; see dsn()
-	feedFlag          string // --feed: auto or off
+	// tune, when set, adjusts the client's configuration: a chaos
+	// client's (chaos.ClientConfig.Tune).
+	tune     func(*shardq.Config)
+	env      Env
+	dsnFlag  string // --dsn as given; see dsn()
+	feedFlag string // --feed: auto or off
 	// --feed-dsn as given; see feedDSN (feeddsn.go)
 	feedDSNFlag string
 	// feedMaxEvent is --feed-max-event: the change feed passes over binary
@@ -219,7 +218,10 @@ func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 		drv.Close()
 		return nil, nil, nil, err
 	}
-	cfg := &shardq.Config{Logger: a.logger(), LargeWriteTimeout: a.largeWriteTimeout}
+	cfg := &shardq.Config{Logger: a.logger()}
+	if a.tune != nil {
+		a.tune(cfg)
+	}
 	switch a.feedFlag {
 	case "auto":
 	case "off":
