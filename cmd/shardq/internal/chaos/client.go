@@ -43,11 +43,16 @@ const (
 // groupTopics, orderedGroups and dlqTopics are the run's configuration,
 // written to the history first.
 var (
-	groupTopics   = map[string]string{GroupSub: TopicOrdered, GroupRecv: TopicSessions, GroupUng: TopicWork}
-	orderedGroups = []string{GroupSub, GroupRecv}
+	groupTopics   = map[string]string{GroupSub: TopicOrdered, GroupRecv: TopicSessions, GroupUng: TopicWork, GroupHTTP: TopicHTTP}
+	orderedGroups = []string{GroupSub, GroupRecv, GroupHTTP}
 )
 
-func dlqSuffix(group string) string { return ".dlq-" + group }
+func dlqSuffix(group string) string {
+	if group == GroupHTTP {
+		return httpDLQSuffix
+	}
+	return ".dlq-" + group
+}
 
 func dlqTopics() map[string]string {
 	m := map[string]string{}
@@ -106,6 +111,10 @@ type ClientConfig struct {
 	// ClockOffset is how far the process's clock is off (the clock
 	// fault); ClockSync is its client's Config.ClockSync.
 	ClockOffset, ClockSync time.Duration
+	// Servers are the base URLs of the run's `shardq serve` processes
+	// and Token a token of theirs (HTTP roles).
+	Servers []string
+	Token   string
 }
 
 // ClockSync is the clients' Config.ClockSync: a client whose Clock is
@@ -129,6 +138,9 @@ const (
 	RoleUngrouped = "ungrouped"
 	RoleReceive   = "receive"
 	RoleTx        = "tx"
+	// Through the run's `shardq serve` processes.
+	RoleHTTPPublish = "http-publish"
+	RoleHTTPReceive = "http-receive"
 )
 
 // The clients' timings: short, so that faults cost leases and claims
@@ -173,8 +185,16 @@ func RunClient(ctx context.Context, c *shardq.Client, cfg ClientConfig, stop <-c
 		return cl.receive(ctx, stop)
 	case RoleTx:
 		return cl.publishTx(ctx, stop)
+	case RoleHTTPPublish, RoleHTTPReceive:
+		if len(cfg.Servers) == 0 || cfg.Token == "" {
+			return fmt.Errorf("chaos client: --role %s: --servers and %s: required", cfg.Role, TokenEnv)
+		}
+		if cfg.Role == RoleHTTPPublish {
+			return cl.httpPublish(ctx, stop)
+		}
+		return cl.httpReceive(ctx, stop)
 	}
-	return fmt.Errorf("chaos client: --role %q: want publish, large, tx, subscribe, ungrouped or receive", cfg.Role)
+	return fmt.Errorf("chaos client: --role %q: want publish, large, tx, subscribe, ungrouped, receive, http-publish or http-receive", cfg.Role)
 }
 
 func hashID64(s string) uint64 {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/cmd/shardq/internal/chaoscheck"
+	"github.com/shardq/shardq/driver"
 )
 
 // RunConfig shapes a chaos run.
@@ -50,8 +51,10 @@ type RunConfig struct {
 	// ClockSync is the clients' Config.ClockSync [ClockSync]; negative
 	// leaves the clock fault's clients on their own clocks.
 	ClockSync time.Duration
-	Log       *slog.Logger
-	Out       io.Writer // the summary
+	// Tokens stores the token of the run's `shardq serve` processes.
+	Tokens driver.Tokens
+	Log    *slog.Logger
+	Out    io.Writer // the summary
 }
 
 // DrainQuiet ends the drain once no history grew for this long: longer
@@ -65,6 +68,8 @@ type proc struct {
 	slot        string
 	cfg         ClientConfig
 	consumer    bool
+	server      bool   // a `shardq serve` process, which the HTTP clients go through
+	addr        string // a server's HOST:PORT, the same in every incarnation
 	incarnation int
 	cmd         *exec.Cmd
 	stdin       io.WriteCloser
@@ -82,6 +87,8 @@ type runner struct {
 	hist      *History
 	rng       *rand.Rand
 	procs     []*proc
+	servers   []string // the serve processes' base URLs
+	token     string   // their token, for the HTTP clients
 	faultsEnd time.Time
 	mu        sync.Mutex
 }
@@ -172,6 +179,9 @@ func Run(ctx context.Context, c *shardq.Client, cfg RunConfig) (chaoscheck.Repor
 }
 
 func (r *runner) start(ctx context.Context) error {
+	if err := r.startServers(ctx); err != nil {
+		return err
+	}
 	slots := []struct {
 		slot string
 		cfg  ClientConfig
@@ -191,9 +201,12 @@ func (r *runner) start(ctx context.Context) error {
 		// with the consumers: their check-back resolves what is pending.
 		{"tx-0", ClientConfig{Role: RoleTx, Interval: 200 * time.Millisecond, SendUntil: r.faultsEnd}},
 		{"tx-1", ClientConfig{Role: RoleTx, Interval: 200 * time.Millisecond, SendUntil: r.faultsEnd}},
+		{"http-pub-0", ClientConfig{Role: RoleHTTPPublish, Interval: 100 * time.Millisecond}},
+		{"http-recv-0", ClientConfig{Role: RoleHTTPReceive}},
+		{"http-recv-1", ClientConfig{Role: RoleHTTPReceive}},
 	}
 	for _, s := range slots {
-		p := &proc{slot: s.slot, cfg: s.cfg, consumer: s.cfg.Role != RolePublish && s.cfg.Role != RoleLarge}
+		p := &proc{slot: s.slot, cfg: s.cfg, consumer: !slices.Contains([]string{RolePublish, RoleLarge, RoleHTTPPublish}, s.cfg.Role)}
 		r.procs = append(r.procs, p)
 		if err := r.spawn(ctx, p); err != nil {
 			return err
@@ -205,7 +218,11 @@ func (r *runner) start(ctx context.Context) error {
 // spawn starts p's next incarnation.
 func (r *runner) spawn(ctx context.Context, p *proc) error {
 	p.incarnation++
+	if p.server {
+		return r.spawnServer(ctx, p)
+	}
 	p.cfg.Name = p.name()
+	p.cfg.Servers = r.servers
 	p.cfg.History = filepath.Join(r.cfg.Dir, p.name()+".jsonl")
 	p.cfg.Seed = r.cfg.Seed
 	logf, err := os.OpenFile(filepath.Join(r.cfg.Dir, p.name()+".log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -215,10 +232,15 @@ func (r *runner) spawn(ctx context.Context, p *proc) error {
 	args := []string{"--log-level", "info", "chaos", "client", "--role", p.cfg.Role, "--name", p.cfg.Name, "--history", p.cfg.History,
 		"--batch", fmt.Sprint(p.cfg.Batch), "--interval", p.cfg.Interval.String(), "--seed", fmt.Sprint(p.cfg.Seed),
 		"--send-until", fmt.Sprint(p.cfg.SendUntil.UnixNano()), "--clock-offset", p.cfg.ClockOffset.String(),
-		"--clock-sync", cmp.Or(r.cfg.ClockSync, ClockSync).String()}
+		"--clock-sync", cmp.Or(r.cfg.ClockSync, ClockSync).String(), "--servers", strings.Join(p.cfg.Servers, ",")}
+	return r.exec(p, logf, args, TokenEnv+"="+r.token)
+}
+
+// exec runs the binary with args as p's process, its output to logf; the
+// DSN and env go through the environment, never the command line.
+func (r *runner) exec(p *proc, logf *os.File, args []string, env ...string) error {
 	cmd := exec.Command(r.self, args...)
-	// The DSN goes through the environment, never the command line.
-	cmd.Env = append(os.Environ(), "SHARDQ_DSN="+r.clientDSN)
+	cmd.Env = append(append(os.Environ(), "SHARDQ_DSN="+r.clientDSN), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A client (stopped or not) dies with the runner, whatever ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -319,10 +341,10 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		if p.stopped {
 			return nil
 		}
-		r.fault(Event{Fault: chaoscheck.FaultKill, Proc: p.name(), Start: now})
+		r.fault(Event{Fault: chaoscheck.FaultKill, Proc: p.name(), Start: now, Shared: p.server})
 		p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.exited
-		if kind == chaoscheck.FaultClock {
+		if kind == chaoscheck.FaultClock && !p.server { // a server's clock is its own: no flag sets it
 			// The slot's host clock is off from now on, behind or ahead,
 			// by more than a lease's TTL and the heartbeats' staleness.
 			p.cfg.ClockOffset = time.Duration(5+r.rng.IntN(56)) * time.Second
@@ -333,7 +355,7 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		if err := r.spawn(ctx, p); err != nil {
 			return err
 		}
-		if kind == chaoscheck.FaultClock {
+		if kind == chaoscheck.FaultClock && !p.server {
 			r.fault(Event{Fault: kind, Proc: p.name(), Start: time.Now().UnixNano(), Skew: p.cfg.ClockOffset.Nanoseconds()})
 		}
 	case chaoscheck.FaultStop:
@@ -344,7 +366,7 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		if p.stopped {
 			return nil
 		}
-		r.fault(Event{Fault: kind, Proc: p.name(), Start: now, End: now + d.Nanoseconds()})
+		r.fault(Event{Fault: kind, Proc: p.name(), Start: now, End: now + d.Nanoseconds(), Shared: p.server})
 		p.cmd.Process.Signal(syscall.SIGSTOP)
 		p.stopped = true
 		timers.Add(1)
@@ -432,7 +454,7 @@ func (r *runner) recover(ctx context.Context) {
 		r.cont(p)
 		select {
 		case <-p.exited:
-			if p.consumer {
+			if p.consumer || p.server {
 				r.cfg.Log.Warn("chaos: a consumer exited on its own; restarting it", "proc", p.name())
 				r.mu.Lock()
 				if err := r.spawn(ctx, p); err != nil {
@@ -445,11 +467,15 @@ func (r *runner) recover(ctx context.Context) {
 	}
 }
 
-// stopGracefully closes the processes' stdin and waits for them to exit.
+// stopGracefully closes the processes' stdin (a server: SIGTERM) and
+// waits for them to exit.
 func (r *runner) stopGracefully(ps []*proc, timeout time.Duration) error {
 	for _, p := range ps {
 		r.cont(p)
 		p.stdin.Close()
+		if p.server {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+		}
 	}
 	var errs []error
 	deadline := time.After(timeout)
@@ -471,7 +497,7 @@ func (r *runner) stopGracefully(ps []*proc, timeout time.Duration) error {
 func (r *runner) stopPublishers(ctx context.Context) error {
 	var ps []*proc
 	for _, p := range r.procs {
-		if !p.consumer {
+		if !p.consumer && !p.server {
 			ps = append(ps, p)
 		}
 	}
@@ -485,7 +511,14 @@ func (r *runner) stopConsumers(ctx context.Context) error {
 			ps = append(ps, p)
 		}
 	}
-	return r.stopGracefully(ps, 60*time.Second)
+	err := r.stopGracefully(ps, 60*time.Second)
+	ps = nil
+	for _, p := range r.procs {
+		if p.server {
+			ps = append(ps, p)
+		}
+	}
+	return errors.Join(err, r.stopGracefully(ps, 60*time.Second))
 }
 
 func (r *runner) killAll() {

@@ -38,6 +38,9 @@ type Event struct {
 	// Skew (op fault, kind clock; nanoseconds): how far the process's
 	// clock is off from now on.
 	Skew int64 `json:"skew,omitempty"`
+	// Shared (op fault, kinds kill and stop): the process is one that
+	// others go through (a server): the fault touches every process.
+	Shared bool `json:"shared,omitempty"`
 	// Groups (op config): each consumer group and the topic it reads;
 	// Ordered: the groups that promise per-key order and one holder per
 	// key; DLQ: each group's dead-letter topic.
@@ -369,7 +372,9 @@ func checkPrecedence(msgs map[msgKey]*message, add func(Violation)) {
 	for _, p := range sortedKeys(parts) {
 		ms := parts[p]
 		topic, key, _ := strings.Cut(p, "\x00")
-		slices.SortFunc(ms, func(a, b *message) int { return cmp.Compare(a.offset, b.offset) })
+		// Ties (one offset twice) in id order, so that a report names the
+		// same message each time.
+		slices.SortFunc(ms, func(a, b *message) int { return cmp.Or(cmp.Compare(a.offset, b.offset), cmp.Compare(a.id, b.id)) })
 		// From the highest offset down: the earliest acknowledgement among
 		// higher offsets must not precede this publish's start.
 		var earliest *message
@@ -484,7 +489,7 @@ func touched(proc string, from, to int64, faults []Event) bool {
 		}
 		switch f.Fault {
 		case FaultKill, FaultStop:
-			if f.Proc == proc {
+			if f.Proc == proc || f.Shared {
 				return true
 			}
 		case FaultCut, FaultBlackhole, FaultDelay, FaultDBRestart, FaultDiskFull:

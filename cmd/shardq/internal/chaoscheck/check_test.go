@@ -177,6 +177,27 @@ func TestExplainedByAnEarlierFault(t *testing.T) {
 	}
 }
 
+// TestSharedFaultExplainsEveryProcess: a kill of a process that others
+// go through (a server, marked shared) explains their redeliveries; the
+// same kill unmarked explains only its own.
+func TestSharedFaultExplainsEveryProcess(t *testing.T) {
+	evs := func(shared bool) []Event {
+		var out []Event
+		for _, e := range healthy() {
+			if e.Op != OpFault {
+				out = append(out, e)
+			}
+		}
+		return append(out, Event{Op: OpFault, Proc: "serve-0.1", Fault: FaultKill, Start: 104, Shared: shared})
+	}
+	if r := Check(evs(false)); countKind(r, "duplicate") != 1 {
+		t.Fatalf("a server's unshared kill explained another process's duplicate: %v", r.Violations)
+	}
+	if r := Check(evs(true)); len(r.Violations) != 0 {
+		t.Fatalf("a shared kill did not explain the duplicate: %v", r.Violations)
+	}
+}
+
 // TestStoppedHolderOverlapIsExplained: a frozen process's handler goes on
 // when it wakes; that overlap is what fencing exists for.
 func TestStoppedHolderOverlapIsExplained(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardq/shardq/cmd/shardq/internal/chaos"
 	"github.com/shardq/shardq/cmd/shardq/internal/chaoscheck"
+	"github.com/shardq/shardq/driver"
 )
 
 func (a *app) chaosCmd() *cobra.Command {
@@ -55,11 +56,16 @@ func (a *app) chaosRunCmd() *cobra.Command {
 			}
 			cfg.Seed, cfg.Faults, cfg.DSN, cfg.Log, cfg.Out = seed, faults, a.dsn(), a.logger(), a.env.Stdout
 			fmt.Fprintf(a.env.Stderr, "chaos: seed %d\n", seed)
-			c, _, done, err := a.open(true)
+			c, drv, done, err := a.open(true)
 			if err != nil {
 				return err
 			}
 			defer done()
+			tokens, ok := drv.(driver.Tokens)
+			if !ok {
+				return fmt.Errorf("chaos: the %s driver stores no tokens, which the run's servers need", drv.Name())
+			}
+			cfg.Tokens = tokens
 			_, err = chaos.Run(cmd.Context(), c, cfg)
 			return err
 		}),
@@ -112,6 +118,7 @@ func (a *app) chaosClientCmd() *cobra.Command {
 				return usagef("--name and --history: required")
 			}
 			cfg.SendUntil = time.Unix(0, sendUntil)
+			cfg.Token = a.env.Getenv(chaos.TokenEnv)
 			a.tune = cfg.Tune
 			c, done, err := a.client()
 			if err != nil {
@@ -139,6 +146,7 @@ func (a *app) chaosClientCmd() *cobra.Command {
 	durationFlag(fl, &cfg.Interval, "interval", 100*time.Millisecond, "between publish calls")
 	fl.Uint64Var(&cfg.Seed, "seed", 0, "the run's seed")
 	fl.Int64Var(&sendUntil, "send-until", 0, "tx: when sending ends, Unix nanoseconds (the check-back runs on)")
+	fl.StringSliceVar(&cfg.Servers, "servers", nil, "HTTP roles: the base URLs of the run's serve processes (the token in "+chaos.TokenEnv+")")
 	// Either sign: a clock behind or ahead; ClockSync off.
 	fl.DurationVar(&cfg.ClockOffset, "clock-offset", 0, "how far this process's clock is off (the clock fault)")
 	fl.DurationVar(&cfg.ClockSync, "clock-sync", chaos.ClockSync, "the client's ClockSync (negative: keep to the process's clock)")

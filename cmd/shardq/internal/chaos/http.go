@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// HTTP clients publish to TopicHTTP and receive it as GroupHTTP through
+// the run's `shardq serve` processes, taking them in turn: a receipt is
+// settled through another server than the one that handed it out.
+const (
+	TopicHTTP = "http"
+	GroupHTTP = "http"
+	// httpDLQSuffix is serve's (shardq.DefaultDLQSuffix): it has no
+	// per-group suffix.
+	httpDLQSuffix = ".dlq"
+	httpKeys      = 8
+	// httpVisibility is a receive's visibility timeout: a lease's TTL.
+	httpVisibility = leaseTTL
+	// httpMargin: a receive whose answer comes later than the visibility
+	// timeout less this, after the request was sent, is dropped: another
+	// client may hold its group by the time its messages are handled.
+	httpMargin = time.Second
+	// httpTimeout bounds one request; a receive's wait is on top.
+	httpTimeout = 10 * time.Second
+	httpWait    = time.Second
+)
+
+// TokenEnv carries the serve token to the HTTP clients (never the
+// command line).
+const TokenEnv = "SHARDQ_CHAOS_TOKEN"
+
+type httpClient struct {
+	*client
+	http    *http.Client
+	token   string
+	servers []string
+	next    int
+}
+
+// base is the next server's URL of TopicHTTP, in turn.
+func (h *httpClient) base() string {
+	s := h.servers[h.next%len(h.servers)]
+	h.next++
+	return s + "/v1/tenants/" + Tenant + "/topics/" + TopicHTTP
+}
+
+// call posts in as JSON to url and decodes a 2xx answer into out.
+func (h *httpClient) call(ctx context.Context, url string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s: %s: %s", url, resp.Status, bytes.TrimSpace(b))
+	}
+	return json.Unmarshal(b, out)
+}
+
+func (cl *client) httpClient() *httpClient {
+	return &httpClient{client: cl, http: &http.Client{Timeout: httpTimeout + httpWait}, token: cl.cfg.Token, servers: cl.cfg.Servers,
+		next: cl.rng.IntN(len(cl.cfg.Servers))}
+}
+
+// httpPublish publishes one to three keyed messages a call.
+func (cl *client) httpPublish(ctx context.Context, stop <-chan struct{}) error {
+	h := cl.httpClient()
+	type msg struct {
+		Key     string `json:"key"`
+		ID      string `json:"id"`
+		Payload string `json:"payload"`
+	}
+	var out struct {
+		Results []struct {
+			Key    string `json:"key"`
+			ID     string `json:"id"`
+			Offset int64  `json:"offset"`
+		} `json:"results"`
+	}
+	n := 0
+	return every(ctx, stop, cl.cfg.Interval, func() {
+		msgs := make([]msg, 1+cl.rng.IntN(3))
+		for i := range msgs {
+			n++
+			msgs[i] = msg{Key: fmt.Sprintf("h%d", cl.rng.IntN(httpKeys)), ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
+				Payload: fmt.Sprintf("payload of %s-%d", cl.cfg.Name, n)}
+			cl.record(Event{Op: "send", Topic: TopicHTTP, Key: msgs[i].Key, ID: msgs[i].ID})
+		}
+		start := now()
+		err := h.call(ctx, h.base()+"/messages", map[string]any{"messages": msgs}, &out)
+		end := now()
+		if err != nil {
+			cl.log.Warn("chaos: publish over HTTP failed (outcome unknown)", "err", err)
+			return
+		}
+		for _, r := range out.Results {
+			cl.record(Event{Op: "publish", Topic: TopicHTTP, Key: r.Key, ID: r.ID, Offset: r.Offset, Start: start, End: end})
+		}
+	})
+}
+
+// httpReceive receives the next free message group, handles its
+// messages (a poisoned one fails: it is nacked) and settles them through
+// the next server.
+func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	h := cl.httpClient()
+	type message struct {
+		Key     string `json:"key"`
+		ID      string `json:"id"`
+		Offset  int64  `json:"offset"`
+		Receipt string `json:"receipt"`
+	}
+	for ctx.Err() == nil {
+		var got struct {
+			Messages []message `json:"messages"`
+		}
+		sent := time.Now()
+		err := h.call(ctx, h.base()+"/groups/"+GroupHTTP+"/receive", map[string]any{"next_group": true, "max": 10,
+			"wait": httpWait.Seconds(), "visibility": httpVisibility.Seconds()}, &got)
+		if err != nil {
+			if ctx.Err() == nil {
+				cl.log.Warn("chaos: receive over HTTP failed", "err", err)
+				sleep(ctx, 200*time.Millisecond)
+			}
+			continue
+		}
+		if late := time.Since(sent); late > httpVisibility-httpMargin && len(got.Messages) > 0 {
+			cl.log.Warn("chaos: a receive answered too late to handle; its messages are left to their visibility timeout", "after", late)
+			continue
+		}
+		// In offset order, up to the first poisoned message: the acks
+		// before it (an ack is cumulative, so one after it would pass
+		// it over), then its nack, which gives the group back; the rest
+		// come again.
+		var acks []string
+		poison := ""
+		for _, m := range got.Messages {
+			e := Event{Op: "handle", Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset, Start: now(), Result: "ok"}
+			if poisoned(m.ID) {
+				e.Result, poison = "error", m.Receipt
+			} else {
+				acks = append(acks, m.Receipt)
+			}
+			// Handled one after another; written before the settlement
+			// (see drainGroup).
+			e.End = now()
+			cl.record(e)
+			if poison != "" {
+				break
+			}
+		}
+		var settled struct{}
+		if len(acks) > 0 {
+			if err := h.call(ctx, h.base()+"/groups/"+GroupHTTP+"/ack", map[string]any{"receipts": acks}, &settled); err != nil {
+				cl.log.Warn("chaos: ack over HTTP failed", "err", err)
+				continue
+			}
+		}
+		if poison != "" {
+			if err := h.call(ctx, h.base()+"/groups/"+GroupHTTP+"/nack", map[string]any{"receipts": []string{poison}, "retry_after": 0.1,
+				"reason": "poisoned"}, &settled); err != nil {
+				cl.log.Warn("chaos: nack over HTTP failed", "err", err)
+			}
+		}
+	}
+	return nil
+}
