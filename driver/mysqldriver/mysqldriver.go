@@ -121,7 +121,7 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 		return nil, err
 	}
 	d := &Driver{db: db, migrations: ms, server: limits, logs: &logSink{}, heads: &knownHeads{}}
-	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages}
+	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages, Sharded: limits.sharded.Load}
 	return d, nil
 }
 

@@ -244,6 +244,7 @@ func checkPool(db *sql.DB, limits *serverLimits) error {
 type serverLimits struct {
 	step, packet atomic.Int64
 	insertSelect atomic.Bool
+	sharded      atomic.Bool // vtgate: tenants on shards of their own
 }
 
 // noteServer records, from a connection's @@version (lower case) and
@@ -253,6 +254,7 @@ type serverLimits struct {
 // own AUTO_INCREMENT values for it.
 func (l *serverLimits) noteServer(version, binlogFormat string) {
 	l.insertSelect.Store(!strings.Contains(version, "vitess") && !strings.EqualFold(binlogFormat, "STATEMENT"))
+	l.sharded.Store(strings.Contains(version, "vitess"))
 }
 
 func (l *serverLimits) store(step, packet int64) error {

@@ -530,3 +530,93 @@ func TestVitessTenantLifecycle(t *testing.T) {
 		t.Fatalf("the neighbour on the same shard: %v", err)
 	}
 }
+
+// A transaction that locks rows of two shards takes them tenant after
+// tenant. A renewal of one member's leases on both shards, racing a
+// commit that holds the first tenant's lease and then needs the second's,
+// waits on the first and lets the commit finish. In one statement over
+// both shards the renewal held the second shard's row while it waited on
+// the first, the commit waited on it, and neither shard's database saw
+// the cycle: both waited out the lock wait timeout (found by the chaos
+// runner, docs/chaos.md).
+func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
+	d := testdb.Vitess(t)
+	ctx := context.Background()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	placed := tenantsByShard(t, c, 8)
+	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
+		t.Fatalf("placement %v: want a tenant on each shard", placed)
+	}
+	first, second, firstShard := placed["-80"][0], placed["80-"][0], "-80"
+	if second < first {
+		first, second, firstShard = second, first, "80-"
+	}
+	now := time.Now()
+	lease := func(tenant string) driver.Lease {
+		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", now, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	l1, l2 := lease(first), lease(second)
+
+	tx, err := d.BeginWrite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := d.CommitOffsetTx(ctx, tx, l1, 1, now); err != nil {
+		t.Fatal(err)
+	}
+	type renewal struct {
+		renewed, lost []driver.Lease
+		err           error
+	}
+	done := make(chan renewal, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		r, l, err := d.RenewLeases(rctx, []driver.Lease{l1, l2}, now, time.Minute)
+		done <- renewal{r, l, err}
+	}()
+	// The renewal waits on the first tenant's row before the commit goes on.
+	shard := onShard(t, firstShard)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var waiting int
+		if err := shard.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE 'update queue_partition_leases set expires_at%'").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the renewal did not wait for the commit's lock: renewed %v, lost %v, err %v", r.renewed, r.lost, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the renewal never waited on the first tenant's lease")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := d.CommitOffsetTx(cctx, tx, l2, 1, now); err != nil {
+		t.Fatalf("the commit could not lock the second tenant's lease (the renewal holds it while it waits on the first): %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || len(r.renewed) != 2 || len(r.lost) != 0 {
+		t.Fatalf("renewal after the commit: renewed %v, lost %v, err %v", r.renewed, r.lost, r.err)
+	}
+}

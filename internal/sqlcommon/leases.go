@@ -29,6 +29,10 @@ type Store struct {
 	// Insert appends messages inside a transaction (the driver's
 	// InsertMessages), for dead-lettering.
 	Insert func(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
+	// Sharded, when set, reports whether tenants live on shards of their
+	// own (Vitess). A write that spans tenants then takes each tenant's
+	// locks in a statement of its own, tenant after tenant (tenantRuns).
+	Sharded func() bool
 
 	once   sync.Once
 	stmts  *statements
@@ -48,6 +52,27 @@ func (d *Store) sql() *statements {
 
 // leases is the lease protocol's statements.
 func (d *Store) leases() *leaseSQL { return &d.sql().lease }
+
+// tenantRuns splits tenants, sorted, into the lists that one statement
+// may span: all of them on one database; one each when sharded. Through
+// vtgate a statement over two shards locks on both at once, and two
+// transactions that each hold a row on one shard and wait for the other's
+// on the next wait on each other unseen: each shard's database sees only
+// its half of the cycle, so neither detects the deadlock, and both wait
+// out the lock wait timeout. Taking the tenants' locks one statement
+// after another, in tenant order, as CommitOffsets does, keeps every
+// transaction to one order, and no cycle forms.
+func (d *Store) tenantRuns(tenants []string) [][]string {
+	tenants = slices.Sorted(slices.Values(tenants))
+	if d.Sharded == nil || !d.Sharded() {
+		return [][]string{tenants}
+	}
+	runs := make([][]string, len(tenants))
+	for i, t := range tenants {
+		runs[i] = []string{t}
+	}
+	return runs
+}
 
 // inTx runs fn in a write transaction and commits it.
 func inTx[T any](ctx context.Context, begin func(context.Context) (*sql.Tx, error), fn func(tx *sql.Tx) (T, error)) (T, error) {
@@ -204,14 +229,23 @@ func (d *Store) RenewLeases(ctx context.Context, ls []driver.Lease, now time.Tim
 		op := fmt.Sprintf("renew %d leases of %q in group %q topic %q", len(ls), owner, group, topic)
 		expires := now.Add(ttl)
 		members := memberNamed(tenants, group, topic).with(Args{"owner": owner})
-		for start := 0; start < len(ls); start += 500 {
-			part := ls[start:min(start+500, len(ls))]
-			named := make(Rows, len(part))
-			for i, l := range part {
-				named[i] = []any{l.Tenant, l.PartitionKey, l.Token}
+		for _, run := range d.tenantRuns(tenants) {
+			var mine []driver.Lease
+			for _, l := range ls {
+				if slices.Contains(run, l.Tenant) {
+					mine = append(mine, l)
+				}
 			}
-			if _, err := d.exec(ctx, tx, d.leases().renewMany, members.with(Args{"expires_at": d.EncodeTime(expires), "leases": named})); err != nil {
-				return result{}, d.Wrap(op, err)
+			for start := 0; start < len(mine); start += 500 {
+				part := mine[start:min(start+500, len(mine))]
+				named := make(Rows, len(part))
+				for i, l := range part {
+					named[i] = []any{l.Tenant, l.PartitionKey, l.Token}
+				}
+				if _, err := d.exec(ctx, tx, d.leases().renewMany, memberNamed(run, group, topic).with(Args{"owner": owner,
+					"expires_at": d.EncodeTime(expires), "leases": named})); err != nil {
+					return result{}, d.Wrap(op, err)
+				}
 			}
 		}
 		rows, err := d.query(ctx, tx, d.leases().ownedTokens, members)
@@ -263,11 +297,19 @@ func (d *Store) ExpireLeases(ctx context.Context, g driver.GroupScope, owner str
 	if len(g.Tenants) == 0 {
 		return 0, nil
 	}
-	res, err := d.exec(ctx, d.Write, d.leases().expire, memberNamed(g.Tenants, g.ConsumerGroup, g.Topic).with(Args{"owner": owner, "now": d.EncodeTime(now)}))
-	if err != nil {
-		return 0, d.Wrap(fmt.Sprintf("end the leases of %q in group %q topic %q", owner, g.ConsumerGroup, g.Topic), err)
+	var n int64
+	for _, run := range d.tenantRuns(g.Tenants) {
+		res, err := d.exec(ctx, d.Write, d.leases().expire, memberNamed(run, g.ConsumerGroup, g.Topic).with(Args{"owner": owner, "now": d.EncodeTime(now)}))
+		if err != nil {
+			return n, d.Wrap(fmt.Sprintf("end the leases of %q in group %q topic %q", owner, g.ConsumerGroup, g.Topic), err)
+		}
+		k, err := res.RowsAffected()
+		if err != nil {
+			return n, err
+		}
+		n += k
 	}
-	return res.RowsAffected()
+	return n, nil
 }
 
 // CommitOffset moves the group's cursor forward under l and drops the
@@ -650,12 +692,14 @@ func (d *Store) Heartbeat(ctx context.Context, g driver.GroupScope, subscriber s
 	if len(tenants) == 0 {
 		return nil
 	}
-	rows := make(Rows, len(tenants))
-	for i, t := range tenants {
-		rows[i] = []any{t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now)}
-	}
-	if _, err := d.exec(ctx, d.Write, d.leases().heartbeat, Args{"rows": rows}); err != nil {
-		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
+	for _, run := range d.tenantRuns(tenants) {
+		rows := make(Rows, len(run))
+		for i, t := range run {
+			rows[i] = []any{t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now)}
+		}
+		if _, err := d.exec(ctx, d.Write, d.leases().heartbeat, Args{"rows": rows}); err != nil {
+			return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
+		}
 	}
 	return nil
 }
@@ -665,11 +709,19 @@ func (d *Store) RefreshHeartbeat(ctx context.Context, g driver.GroupScope, subsc
 	if len(g.Tenants) == 0 {
 		return 0, nil
 	}
-	res, err := d.exec(ctx, d.Write, d.leases().refreshBeats, memberNamed(g.Tenants, g.ConsumerGroup, g.Topic).with(Args{"member": subscriber, "now": d.EncodeTime(now)}))
-	if err != nil {
-		return 0, d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, g.ConsumerGroup, g.Topic), err)
+	var n int64
+	for _, run := range d.tenantRuns(g.Tenants) {
+		res, err := d.exec(ctx, d.Write, d.leases().refreshBeats, memberNamed(run, g.ConsumerGroup, g.Topic).with(Args{"member": subscriber, "now": d.EncodeTime(now)}))
+		if err != nil {
+			return n, d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, g.ConsumerGroup, g.Topic), err)
+		}
+		k, err := res.RowsAffected()
+		if err != nil {
+			return n, err
+		}
+		n += k
 	}
-	return res.RowsAffected()
+	return n, nil
 }
 
 // RemoveHeartbeat deletes subscriber's rows.
@@ -678,8 +730,10 @@ func (d *Store) RemoveHeartbeat(ctx context.Context, g driver.GroupScope, subscr
 	if len(tenants) == 0 {
 		return nil
 	}
-	if _, err := d.exec(ctx, d.Write, d.leases().removeBeats, memberNamed(tenants, group, topic).with(Args{"member": subscriber})); err != nil {
-		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
+	for _, run := range d.tenantRuns(tenants) {
+		if _, err := d.exec(ctx, d.Write, d.leases().removeBeats, memberNamed(run, group, topic).with(Args{"member": subscriber})); err != nil {
+			return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
+		}
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ import (
 
 // The run's topics and groups.
 const (
-	Tenant        = "chaos"
+	Tenant        = "chaos"    // the run's tenant unless --tenants names others
 	TopicOrdered  = "ordered"  // keyed messages: per-key order
 	TopicSessions = "sessions" // keyed messages for group receivers, who take one message per round trip
 	TopicWork     = "work"     // ungrouped messages: competing consumers
@@ -115,6 +115,9 @@ type ClientConfig struct {
 	// and Token a token of theirs (HTTP roles).
 	Servers []string
 	Token   string
+	// Tenants are the run's: each publish call picks one, consumers
+	// serve them all.
+	Tenants []string
 }
 
 // ClockSync is the clients' Config.ClockSync: a client whose Clock is
@@ -222,6 +225,9 @@ func (cl *client) record(e Event) {
 	}
 }
 
+// tenant picks the tenant of a publish call.
+func (cl *client) tenant() string { return cl.cfg.Tenants[cl.rng.IntN(len(cl.cfg.Tenants))] }
+
 // keyed picks a keyed message's topic and key: one in four goes to the
 // receivers' sessions.
 func (cl *client) keyed() (topic, key string) {
@@ -251,9 +257,10 @@ func (cl *client) publish(ctx context.Context, stop <-chan struct{}) error {
 	n := 0
 	return every(ctx, stop, cl.cfg.Interval, func() {
 		msgs := make([]shardq.Message, max(cl.cfg.Batch, 1))
+		tenant := cl.tenant() // one call, one tenant
 		for i := range msgs {
 			n++
-			m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
+			m := shardq.Message{Tenant: tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
 				Payload: fmt.Appendf(nil, "payload of %s-%d", cl.cfg.Name, n)}
 			// Of twenty messages, four are ungrouped work, four go to the
 			// receivers' sessions, the rest to the subscribers.
@@ -262,7 +269,7 @@ func (cl *client) publish(ctx context.Context, stop <-chan struct{}) error {
 				m.Topic, m.PartitionKey = TopicWork, ""
 			}
 			msgs[i] = m
-			cl.record(Event{Op: "send", Topic: m.Topic, Key: m.PartitionKey, ID: m.ID})
+			cl.record(Event{Op: "send", Tenant: tenant, Topic: m.Topic, Key: m.PartitionKey, ID: m.ID})
 		}
 		start := now()
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -274,7 +281,7 @@ func (cl *client) publish(ctx context.Context, stop <-chan struct{}) error {
 			return
 		}
 		for i, r := range res {
-			cl.record(Event{Op: "publish", Topic: msgs[i].Topic, Key: msgs[i].PartitionKey, ID: msgs[i].ID, Offset: r.Offset, Start: start, End: end})
+			cl.record(Event{Op: "publish", Tenant: tenant, Topic: msgs[i].Topic, Key: msgs[i].PartitionKey, ID: msgs[i].ID, Offset: r.Offset, Start: start, End: end})
 		}
 	})
 }
@@ -283,7 +290,7 @@ func (cl *client) publishLarge(ctx context.Context, stop <-chan struct{}) error 
 	n := 0
 	return every(ctx, stop, cl.cfg.Interval, func() {
 		n++
-		m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n), PartitionKey: "L0"}
+		m := shardq.Message{Tenant: cl.tenant(), Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n), PartitionKey: "L0"}
 		if n%2 == 0 {
 			m.Topic, m.PartitionKey = TopicSessions, "L1"
 		}
@@ -292,7 +299,7 @@ func (cl *client) publishLarge(ctx context.Context, stop <-chan struct{}) error 
 		for i := range body {
 			body[i] = byte(cl.rng.Uint32())
 		}
-		cl.record(Event{Op: "send", Topic: m.Topic, Key: m.PartitionKey, ID: m.ID, Size: int64(size)})
+		cl.record(Event{Op: "send", Tenant: m.Tenant, Topic: m.Topic, Key: m.PartitionKey, ID: m.ID, Size: int64(size)})
 		start := now()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		res, err := cl.c.PublishLarge(cctx, m, bytes.NewReader(body), &shardq.LargeOptions{ChunkSize: 64 << 10, ChunksPerTx: 4})
@@ -302,7 +309,7 @@ func (cl *client) publishLarge(ctx context.Context, stop <-chan struct{}) error 
 			cl.log.Warn("chaos: large publish failed (outcome unknown)", "err", err)
 			return
 		}
-		cl.record(Event{Op: "publish", Topic: m.Topic, Key: m.PartitionKey, ID: m.ID, Offset: res.EndOffset, Start: start, End: end,
+		cl.record(Event{Op: "publish", Tenant: m.Tenant, Topic: m.Topic, Key: m.PartitionKey, ID: m.ID, Offset: res.EndOffset, Start: start, End: end,
 			Size: res.Bytes, SHA256: res.SHA256})
 	})
 }
@@ -343,11 +350,11 @@ func intentState(intent string) shardq.TxState {
 // answers check-backs from the intent until stop.
 func (cl *client) publishTx(ctx context.Context, stop <-chan struct{}) error {
 	p, err := cl.c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{
-		ProducerGroup: producerGroup, Tenants: []string{Tenant}, Name: cl.cfg.Name,
+		ProducerGroup: producerGroup, Tenants: cl.cfg.Tenants, Name: cl.cfg.Name,
 		TransactionTimeout: txTimeout, CheckInterval: checkInterval, PollInterval: 250 * time.Millisecond, ClaimTTL: leaseTTL,
 		Checker: func(_ context.Context, h *shardq.HalfMessage) (shardq.TxState, error) {
 			intent, _ := txIntent(h.ID)
-			cl.record(Event{Op: "check", Topic: h.Topic, Key: h.PartitionKey, ID: h.ID, Intent: intent})
+			cl.record(Event{Op: "check", Tenant: h.Tenant, Topic: h.Topic, Key: h.PartitionKey, ID: h.ID, Intent: intent})
 			return intentState(intent), nil
 		},
 	})
@@ -360,14 +367,14 @@ func (cl *client) publishTx(ctx context.Context, stop <-chan struct{}) error {
 			return
 		}
 		n++
-		m := shardq.Message{Tenant: Tenant, Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
+		m := shardq.Message{Tenant: cl.tenant(), Topic: TopicOrdered, ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
 			Payload: fmt.Appendf(nil, "transactional payload of %s-%d", cl.cfg.Name, n)}
 		intent, direct := txIntent(m.ID)
 		pause := time.Duration(cl.rng.IntN(20)) * time.Millisecond
 		sel := shardq.SelectorFunc(func(_ *shardq.Message, arg any) (string, error) { return arg.(string), nil })
 		topic, key := cl.keyed()
 		m.Topic = topic
-		cl.record(Event{Op: "send", Topic: m.Topic, Key: key, ID: m.ID, Intent: intent})
+		cl.record(Event{Op: "send", Tenant: m.Tenant, Topic: m.Topic, Key: key, ID: m.ID, Intent: intent})
 		start := now()
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		res, err := p.SendInTransaction(cctx, m, sel, key, func(ctx context.Context, _ *shardq.HalfMessage) (shardq.TxState, error) {
@@ -383,7 +390,7 @@ func (cl *client) publishTx(ctx context.Context, stop <-chan struct{}) error {
 		case err != nil:
 			cl.log.Warn("chaos: transactional send failed (the check-back resolves it)", "id", m.ID, "err", err)
 		case res.State == shardq.TxCommit:
-			cl.record(Event{Op: "publish", Topic: m.Topic, Key: res.PartitionKey, ID: m.ID, Offset: res.Offset, Start: start, End: end})
+			cl.record(Event{Op: "publish", Tenant: m.Tenant, Topic: m.Topic, Key: res.PartitionKey, ID: m.ID, Offset: res.Offset, Start: start, End: end})
 		}
 	})
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -427,7 +434,7 @@ func (cl *client) run(ctx context.Context, group string, d *shardq.Delivery) (Ev
 	if err != nil {
 		result = "error"
 	}
-	return Event{Op: "handle", Group: group, Topic: d.Topic, Key: d.PartitionKey, ID: d.ID, Offset: d.Offset,
+	return Event{Op: "handle", Tenant: d.Tenant, Group: group, Topic: d.Topic, Key: d.PartitionKey, ID: d.ID, Offset: d.Offset,
 		Start: start, End: now(), Result: result, Size: size, SHA256: sum}, err
 }
 
@@ -437,7 +444,7 @@ func (cl *client) subscribe(ctx context.Context, stop <-chan struct{}) error {
 		group, topic, take = GroupUng, TopicWork, shardq.TakeUngrouped
 	}
 	s, err := cl.c.Subscribe(ctx, shardq.SubscriberConfig{
-		ConsumerGroup: group, Topic: topic, Tenants: []string{Tenant}, Name: cl.cfg.Name, Take: take,
+		ConsumerGroup: group, Topic: topic, Tenants: cl.cfg.Tenants, Name: cl.cfg.Name, Take: take,
 		Handler:  func(ctx context.Context, d *shardq.Delivery) error { return cl.handle(ctx, group, d) },
 		LeaseTTL: leaseTTL, HeartbeatInterval: leaseTTL / 4, HandlerTimeout: handlerTimeout,
 		VisibilityTimeout: leaseTTL, UngroupedConcurrency: 4,
@@ -470,7 +477,7 @@ func (cl *client) receive(ctx context.Context, stop <-chan struct{}) error {
 	opts := &shardq.ReceiverOptions{Name: cl.cfg.Name, Wait: time.Second, LeaseTTL: leaseTTL,
 		MaxAttempts: maxAttempts, BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, DLQSuffix: dlqSuffix(GroupRecv)}
 	for ctx.Err() == nil {
-		r, err := cl.c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{Tenant}, Topic: TopicSessions, ConsumerGroup: GroupRecv}, opts)
+		r, err := cl.c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: cl.cfg.Tenants, Topic: TopicSessions, ConsumerGroup: GroupRecv}, opts)
 		if err != nil {
 			if !errors.Is(err, shardq.ErrAcceptTimeout) && !errors.Is(err, shardq.ErrNoReadyGroup) && ctx.Err() == nil {
 				cl.log.Warn("chaos: accept failed", "err", err)

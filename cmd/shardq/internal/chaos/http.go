@@ -45,11 +45,11 @@ type httpClient struct {
 	next    int
 }
 
-// base is the next server's URL of TopicHTTP, in turn.
-func (h *httpClient) base() string {
+// base is the next server's URL of tenant's TopicHTTP, in turn.
+func (h *httpClient) base(tenant string) string {
 	s := h.servers[h.next%len(h.servers)]
 	h.next++
-	return s + "/v1/tenants/" + Tenant + "/topics/" + TopicHTTP
+	return s + "/v1/tenants/" + tenant + "/topics/" + TopicHTTP
 }
 
 // call posts in as JSON to url and decodes a 2xx answer into out.
@@ -102,21 +102,22 @@ func (cl *client) httpPublish(ctx context.Context, stop <-chan struct{}) error {
 	n := 0
 	return every(ctx, stop, cl.cfg.Interval, func() {
 		msgs := make([]msg, 1+cl.rng.IntN(3))
+		tenant := cl.tenant()
 		for i := range msgs {
 			n++
 			msgs[i] = msg{Key: fmt.Sprintf("h%d", cl.rng.IntN(httpKeys)), ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
 				Payload: fmt.Sprintf("payload of %s-%d", cl.cfg.Name, n)}
-			cl.record(Event{Op: "send", Topic: TopicHTTP, Key: msgs[i].Key, ID: msgs[i].ID})
+			cl.record(Event{Op: "send", Tenant: tenant, Topic: TopicHTTP, Key: msgs[i].Key, ID: msgs[i].ID})
 		}
 		start := now()
-		err := h.call(ctx, h.base()+"/messages", map[string]any{"messages": msgs}, &out)
+		err := h.call(ctx, h.base(tenant)+"/messages", map[string]any{"messages": msgs}, &out)
 		end := now()
 		if err != nil {
 			cl.log.Warn("chaos: publish over HTTP failed (outcome unknown)", "err", err)
 			return
 		}
 		for _, r := range out.Results {
-			cl.record(Event{Op: "publish", Topic: TopicHTTP, Key: r.Key, ID: r.ID, Offset: r.Offset, Start: start, End: end})
+			cl.record(Event{Op: "publish", Tenant: tenant, Topic: TopicHTTP, Key: r.Key, ID: r.ID, Offset: r.Offset, Start: start, End: end})
 		}
 	})
 }
@@ -141,12 +142,13 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		Offset  int64  `json:"offset"`
 		Receipt string `json:"receipt"`
 	}
-	for ctx.Err() == nil {
+	for turn := 0; ctx.Err() == nil; turn++ {
 		var got struct {
 			Messages []message `json:"messages"`
 		}
+		tenant := cl.cfg.Tenants[turn%len(cl.cfg.Tenants)]
 		sent := time.Now()
-		err := h.call(ctx, h.base()+"/groups/"+GroupHTTP+"/receive", map[string]any{"next_group": true, "max": 10,
+		err := h.call(ctx, h.base(tenant)+"/groups/"+GroupHTTP+"/receive", map[string]any{"next_group": true, "max": 10,
 			"wait": httpWait.Seconds(), "visibility": httpVisibility.Seconds()}, &got)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -166,7 +168,7 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		var acks []string
 		poison := ""
 		for _, m := range got.Messages {
-			e := Event{Op: "handle", Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset, Start: now(), Result: "ok"}
+			e := Event{Op: "handle", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset, Start: now(), Result: "ok"}
 			if poisoned(m.ID) {
 				e.Result, poison = "error", m.Receipt
 			} else {
@@ -182,13 +184,13 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		}
 		var settled struct{}
 		if len(acks) > 0 {
-			if err := h.call(ctx, h.base()+"/groups/"+GroupHTTP+"/ack", map[string]any{"receipts": acks}, &settled); err != nil {
+			if err := h.call(ctx, h.base(tenant)+"/groups/"+GroupHTTP+"/ack", map[string]any{"receipts": acks}, &settled); err != nil {
 				cl.log.Warn("chaos: ack over HTTP failed", "err", err)
 				continue
 			}
 		}
 		if poison != "" {
-			if err := h.call(ctx, h.base()+"/groups/"+GroupHTTP+"/nack", map[string]any{"receipts": []string{poison}, "retry_after": 0.1,
+			if err := h.call(ctx, h.base(tenant)+"/groups/"+GroupHTTP+"/nack", map[string]any{"receipts": []string{poison}, "retry_after": 0.1,
 				"reason": "poisoned"}, &settled); err != nil {
 				cl.log.Warn("chaos: nack over HTTP failed", "err", err)
 			}

@@ -53,8 +53,11 @@ type RunConfig struct {
 	ClockSync time.Duration
 	// Tokens stores the token of the run's `shardq serve` processes.
 	Tokens driver.Tokens
-	Log    *slog.Logger
-	Out    io.Writer // the summary
+	// Tenants are the run's [Tenant]: on Vitess, tenants of different
+	// shards.
+	Tenants []string
+	Log     *slog.Logger
+	Out     io.Writer // the summary
 }
 
 // DrainQuiet ends the drain once no history grew for this long: longer
@@ -110,6 +113,9 @@ func Run(ctx context.Context, c *shardq.Client, cfg RunConfig) (chaoscheck.Repor
 			return rep, err
 		}
 	}
+	if len(cfg.Tenants) == 0 {
+		cfg.Tenants = []string{Tenant}
+	}
 	r := &runner{cfg: cfg, self: self, clientDSN: cfg.DSN, rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
 	if r.hist, err = OpenHistory(filepath.Join(cfg.Dir, "runner.jsonl")); err != nil {
 		return rep, err
@@ -136,10 +142,12 @@ func Run(ctx context.Context, c *shardq.Client, cfg RunConfig) (chaoscheck.Repor
 	}
 	// Ids repeat from run to run (publishes are idempotent by id), so a
 	// run needs a tenant that holds nothing yet.
-	if info, err := c.Admin().Tenant(ctx, Tenant); err != nil {
-		return rep, err
-	} else if info.Messages > 0 {
-		return rep, fmt.Errorf("chaos: tenant %q already holds %d messages: a run needs a database of its own (a new SQLite file, or a new MySQL database)", Tenant, info.Messages)
+	for _, t := range cfg.Tenants {
+		if info, err := c.Admin().Tenant(ctx, t); err != nil {
+			return rep, err
+		} else if info.Messages > 0 {
+			return rep, fmt.Errorf("chaos: tenant %q already holds %d messages: a run needs a database of its own (a new SQLite file, or a new MySQL database)", t, info.Messages)
+		}
 	}
 	cfg.Log.Info("chaos: starting", "seed", cfg.Seed, "duration", cfg.Duration, "dir", cfg.Dir)
 	r.faultsEnd = time.Now().Add(cfg.Duration)
@@ -222,7 +230,7 @@ func (r *runner) spawn(ctx context.Context, p *proc) error {
 		return r.spawnServer(ctx, p)
 	}
 	p.cfg.Name = p.name()
-	p.cfg.Servers = r.servers
+	p.cfg.Servers, p.cfg.Tenants = r.servers, r.cfg.Tenants
 	p.cfg.History = filepath.Join(r.cfg.Dir, p.name()+".jsonl")
 	p.cfg.Seed = r.cfg.Seed
 	logf, err := os.OpenFile(filepath.Join(r.cfg.Dir, p.name()+".log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -232,7 +240,8 @@ func (r *runner) spawn(ctx context.Context, p *proc) error {
 	args := []string{"--log-level", "info", "chaos", "client", "--role", p.cfg.Role, "--name", p.cfg.Name, "--history", p.cfg.History,
 		"--batch", fmt.Sprint(p.cfg.Batch), "--interval", p.cfg.Interval.String(), "--seed", fmt.Sprint(p.cfg.Seed),
 		"--send-until", fmt.Sprint(p.cfg.SendUntil.UnixNano()), "--clock-offset", p.cfg.ClockOffset.String(),
-		"--clock-sync", cmp.Or(r.cfg.ClockSync, ClockSync).String(), "--servers", strings.Join(p.cfg.Servers, ",")}
+		"--clock-sync", cmp.Or(r.cfg.ClockSync, ClockSync).String(), "--servers", strings.Join(p.cfg.Servers, ","),
+		"--tenants", strings.Join(p.cfg.Tenants, ",")}
 	return r.exec(p, logf, args, TokenEnv+"="+r.token)
 }
 
@@ -559,21 +568,30 @@ func historySize(dir string) int64 {
 	return n
 }
 
-// dump records every message the tenant still stores, from its export,
-// and every half message still pending.
+// dump records every message the run's tenants still store, from their
+// exports, and every half message still pending.
 func (r *runner) dump(ctx context.Context, c *shardq.Client) error {
-	halves, err := c.Admin().PendingHalves(ctx, shardq.Scope{Tenants: []string{Tenant}})
+	halves, err := c.Admin().PendingHalves(ctx, shardq.Scope{Tenants: r.cfg.Tenants})
 	if err != nil {
 		return err
 	}
 	for _, h := range halves {
-		if err := r.hist.Record(Event{Op: "half", Proc: "runner", Topic: h.Topic, Key: h.PartitionKey, ID: h.ID}); err != nil {
+		if err := r.hist.Record(Event{Op: "half", Proc: "runner", Tenant: h.Tenant, Topic: h.Topic, Key: h.PartitionKey, ID: h.ID}); err != nil {
 			return err
 		}
 	}
+	for _, t := range r.cfg.Tenants {
+		if err := r.dumpTenant(ctx, c, t); err != nil {
+			return fmt.Errorf("tenant %q: %w", t, err)
+		}
+	}
+	return nil
+}
+
+func (r *runner) dumpTenant(ctx context.Context, c *shardq.Client, tenant string) error {
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := c.Admin().ExportTenant(ctx, Tenant, pw, shardq.ExportOptions{})
+		_, err := c.Admin().ExportTenant(ctx, tenant, pw, shardq.ExportOptions{})
 		pw.CloseWithError(err)
 	}()
 	dec := json.NewDecoder(pr)
@@ -589,12 +607,12 @@ func (r *runner) dump(ctx context.Context, c *shardq.Client) error {
 		var e Event
 		switch l.Kind {
 		case shardq.ExportKindMessage:
-			e = Event{Op: "stored", Proc: "runner", Topic: l.Topic, ID: l.ID, Offset: l.Offset}
+			e = Event{Op: "stored", Proc: "runner", Tenant: tenant, Topic: l.Topic, ID: l.ID, Offset: l.Offset}
 		case shardq.ExportKindCursor:
 			if l.Committed == nil {
 				continue
 			}
-			e = Event{Op: "cursor", Proc: "runner", Group: l.ConsumerGroup, Topic: l.Topic, Offset: *l.Committed}
+			e = Event{Op: "cursor", Proc: "runner", Tenant: tenant, Group: l.ConsumerGroup, Topic: l.Topic, Offset: *l.Committed}
 		default:
 			continue
 		}
@@ -620,7 +638,7 @@ func dbKind(dsn string) string { return strings.SplitN(dsn, ":", 2)[0] }
 
 func writeSummary(cfg RunConfig, rep chaoscheck.Report, tl Timeline) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos run: seed %d, %v of faults, database %s\n", cfg.Seed, cfg.Duration, dbKind(cfg.DSN))
+	fmt.Fprintf(&b, "chaos run: seed %d, %v of faults, database %s, tenants %s\n", cfg.Seed, cfg.Duration, dbKind(cfg.DSN), strings.Join(cfg.Tenants, ","))
 	fmt.Fprintf(&b, "messages: %d sent, %d acknowledged to publishers, %d stored at the end\n", rep.Sent, rep.Published, rep.Stored)
 	fmt.Fprintf(&b, "transactional: %d sent, %d check-backs answered\n", rep.Halves, rep.CheckedBack)
 	for _, g := range slices.Sorted(maps.Keys(rep.Handled)) {

@@ -27,7 +27,7 @@ func (r *runner) startServers(ctx context.Context) error {
 	if r.cfg.Tokens == nil {
 		return errors.New("chaos: RunConfig.Tokens is required (the HTTP clients' token)")
 	}
-	tok, _, err := server.NewToken(ctx, r.cfg.Tokens, []string{Tenant}, []string{"publish", "consume"}, 24*time.Hour, time.Now())
+	tok, _, err := server.NewToken(ctx, r.cfg.Tokens, r.cfg.Tenants, []string{"publish", "consume"}, 24*time.Hour, time.Now())
 	if err != nil {
 		return fmt.Errorf("chaos: the servers' token: %w", err)
 	}

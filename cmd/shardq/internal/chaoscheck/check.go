@@ -24,8 +24,11 @@ import (
 // Event is one line of a history file. Times are Unix nanoseconds of the
 // machine's wall clock, which every process on it shares.
 type Event struct {
-	Op     string `json:"op"`
-	Proc   string `json:"proc"`
+	Op   string `json:"op"`
+	Proc string `json:"proc"`
+	// Tenant qualifies Key: a partition is (tenant, topic, key). The
+	// runner writes it on every line that names a message.
+	Tenant string `json:"tenant,omitempty"`
 	Group  string `json:"group,omitempty"`
 	Topic  string `json:"topic,omitempty"`
 	Key    string `json:"key,omitempty"`
@@ -208,6 +211,7 @@ type handle struct {
 
 // Check judges a run's events.
 func Check(evs []Event) Report {
+	evs = qualify(evs)
 	r := Report{Handled: map[string]int{}, DeadLettered: map[string]int{}, Duplicates: map[string]int{}, Faults: map[string]int{}}
 	groups := map[string]string{}
 	dlq := map[string]string{}
@@ -531,4 +535,18 @@ func sortedMessages(msgs map[msgKey]*message) []*message {
 		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.key, b.key), cmp.Compare(a.offset, b.offset), cmp.Compare(a.id, b.id))
 	})
 	return ms
+}
+
+// qualify makes each event's key its partition's whole name within its
+// topic, "tenant/key", so that one tenant's key is never taken for
+// another's.
+func qualify(evs []Event) []Event {
+	out := make([]Event, len(evs))
+	for i, e := range evs {
+		if e.Tenant != "" {
+			e.Key = e.Tenant + "/" + e.Key
+		}
+		out[i] = e
+	}
+	return out
 }

@@ -254,3 +254,29 @@ func TestImportsOnlyTheStandardLibrary(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantsQualifyKeys: a key of one tenant is not another's: the
+// same key and offset in two tenants, handled at once by two members,
+// is no violation; without the tenants it is one offset twice and an
+// overlap.
+func TestTenantsQualifyKeys(t *testing.T) {
+	evs := []Event{config}
+	for _, tn := range []string{"a", "b"} {
+		s, p := send(tn+"1", "ordered", "k1"), pub(tn+"1", "ordered", "k1", 1, 10, 20)
+		h := hdl("sub-0.1", "sub", tn+"1", "ordered", "k1", 1, 100, 110, "ok")
+		if tn == "b" {
+			h.Proc = "sub-1.1"
+		}
+		s.Tenant, p.Tenant, h.Tenant = tn, tn, tn
+		evs = append(evs, s, p, h)
+	}
+	if r := Check(evs); len(r.Violations) != 0 {
+		t.Fatalf("two tenants' keys taken for one: %v", r.Violations)
+	}
+	for i := range evs {
+		evs[i].Tenant = ""
+	}
+	if r := Check(evs); countKind(r, "precedence") == 0 || countKind(r, "overlap") == 0 {
+		t.Fatalf("without tenants, one key: want precedence and overlap violations, got %v", r.Violations)
+	}
+}

@@ -34,7 +34,7 @@ func (a *app) chaosRunCmd() *cobra.Command {
 			"DIR; kills, stops and resumes them, restarts them with their clocks off, and on MySQL cuts, holds and delays their connections through a\n" +
 			"loopback proxy and (with --db-restart) restarts the server. Then the publishers stop, the consumers\n" +
 			"drain, the tenant's messages are dumped, and the independent checker reads it all. Exit 1 on any\n" +
-			"violation; DIR/summary.txt lists them. Only the tenant \"chaos\" is written.",
+			"violation; DIR/summary.txt lists them. Only the tenants of --tenants (\"chaos\") are written.",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if cfg.Dir == "" {
@@ -78,6 +78,7 @@ func (a *app) chaosRunCmd() *cobra.Command {
 	fl.StringVar(&cfg.DBRestart, "db-restart", "", "a shell command that kills the database server and starts it again (a server of the run's own)")
 	fl.StringVar(&cfg.FullDisk, "full-disk", "", "a directory on the database's own small file system, which the disk-full fault fills")
 	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full, clock")
+	fl.StringSliceVar(&cfg.Tenants, "tenants", []string{chaos.Tenant}, "the tenants the run writes (each must hold no messages); on Vitess, name tenants of different shards")
 	fl.DurationVar(&cfg.ClockSync, "clock-sync", chaos.ClockSync, "the clients' ClockSync; negative leaves the clock fault's clients on their own clocks (to see what it does without the database's clock)")
 	return cmd
 }
@@ -146,6 +147,7 @@ func (a *app) chaosClientCmd() *cobra.Command {
 	durationFlag(fl, &cfg.Interval, "interval", 100*time.Millisecond, "between publish calls")
 	fl.Uint64Var(&cfg.Seed, "seed", 0, "the run's seed")
 	fl.Int64Var(&sendUntil, "send-until", 0, "tx: when sending ends, Unix nanoseconds (the check-back runs on)")
+	fl.StringSliceVar(&cfg.Tenants, "tenants", []string{chaos.Tenant}, "the run's tenants")
 	fl.StringSliceVar(&cfg.Servers, "servers", nil, "HTTP roles: the base URLs of the run's serve processes (the token in "+chaos.TokenEnv+")")
 	// Either sign: a clock behind or ahead; ClockSync off.
 	fl.DurationVar(&cfg.ClockOffset, "clock-offset", 0, "how far this process's clock is off (the clock fault)")
