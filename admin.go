@@ -138,6 +138,9 @@ func leaseOf(l driver.Lease) Lease {
 // than staleAfter.
 func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]Lease, error) {
 	return scoped(s, func(s Scope) ([]Lease, error) {
+		if err := a.c.syncClock(ctx); err != nil {
+			return nil, err
+		}
 		ls, err := admin.StaleLeases(ctx, a.c.drv, s.toDriver(), staleAfter, a.c.cfg.Clock())
 		return mapSlice(ls, leaseOf), err
 	})
@@ -321,6 +324,9 @@ func (a *Admin) ResetOffsets(ctx context.Context, r ResetRequest) ([]OffsetChang
 	reset := admin.Reset{Tenant: r.Tenant, Topic: r.Topic, Group: r.ConsumerGroup, To: admin.Target(r.To),
 		Key: r.Key, Offset: r.Offset, Time: r.Time, Force: r.Force, DryRun: r.DryRun, Create: r.Create}
 	if err := reset.Check(); err != nil {
+		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
+	}
+	if err := a.c.syncClock(ctx); err != nil {
 		return nil, fmt.Errorf("shardq: admin: reset offsets: %w", err)
 	}
 	changes, err := admin.ResetOffsets(ctx, a.c.drv, reset, a.c.cfg.Clock())

@@ -55,6 +55,9 @@ func (a *Admin) Groups(ctx context.Context, s Scope, topic string, staleAfter ti
 	if staleAfter <= 0 {
 		staleAfter = 3 * DefaultHeartbeatInterval
 	}
+	if err := a.c.syncClock(ctx); err != nil {
+		return nil, fmt.Errorf("shardq: admin groups: %w", err)
+	}
 	gs, err := admin.Groups(ctx, a.c.drv, s.toDriver(), topic, a.c.cfg.Clock().Add(-staleAfter))
 	if err != nil {
 		err = fmt.Errorf("shardq: admin groups: %w", err)
@@ -78,6 +81,9 @@ func (a *Admin) DeleteGroup(ctx context.Context, g GroupRef, opts DeleteGroupOpt
 	}
 	if staleAfter <= 0 {
 		staleAfter = 3 * DefaultHeartbeatInterval
+	}
+	if err := a.c.syncClock(ctx); err != nil {
+		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
 	now := a.c.cfg.Clock()
 	if err := a.c.drv.DeleteGroup(ctx, driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, now.Add(-staleAfter), now, opts.Force); err != nil {

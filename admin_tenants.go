@@ -94,6 +94,9 @@ func (a *Admin) DeleteTenant(ctx context.Context, tenant string, opts DeleteTena
 		return mapSlice(rows, func(r driver.TableRows) TenantRows { return TenantRows(r) }), nil
 	}
 	if !opts.Force {
+		if err := a.c.syncClock(ctx); err != nil {
+			return nil, fmt.Errorf("shardq: admin delete tenant %q: %w", tenant, err)
+		}
 		now := a.c.cfg.Clock()
 		members, leases, err := a.c.drv.TenantLive(ctx, tenant, now.Add(-opts.StaleAfter), now)
 		if err != nil {

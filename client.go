@@ -139,8 +139,9 @@ type Config struct {
 	// (driver.Clock). Its members keep to that clock, advanced between
 	// reads by Clock's elapsed time, so that members on hosts whose
 	// clocks disagree still agree on when a lease, heartbeat or claim
-	// expires (docs/leases.md, "Clocks"). The first read is made when the
-	// first member starts. Default DefaultClockSync when Clock is unset;
+	// expires (docs/leases.md, "Clocks"). The first read is made before
+	// the client's first publish, receive, settlement of a receipt or
+	// member start. Default DefaultClockSync when Clock is unset;
 	// when Clock is set, Clock is taken as it is unless ClockSync is
 	// positive. Negative: never read.
 	ClockSync time.Duration

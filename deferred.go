@@ -85,7 +85,10 @@ func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Del
 	if err := r.check(); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
-	if err := cmp.Or(c.tenants.check(ctx, r.Tenant), c.syncClock(ctx)); err != nil {
+	if err := c.syncClock(ctx); err != nil {
+		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
+	}
+	if err := c.tenants.check(ctx, r.Tenant); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
 	g := driver.GroupRef{Tenant: r.Tenant, Topic: r.Topic, ConsumerGroup: r.ConsumerGroup}
@@ -239,6 +242,9 @@ func (r *Receipts) ReceiveDeferred(ctx context.Context, rq DeferredRequest) ([]R
 	if err := rq.check(); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
+	}
 	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
@@ -263,5 +269,8 @@ func (r *Receipts) ReceiveDeferred(ctx context.Context, rq DeferredRequest) ([]R
 // message's, is refused. Every receipt is checked before anything
 // changes, as in AckAll; it returns the indexes of the stale receipts.
 func (r *Receipts) Defer(ctx context.Context, g GroupRef, receipts []string) (stale []int, err error) {
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, err
+	}
 	return r.rt.Defer(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts)
 }

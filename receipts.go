@@ -175,10 +175,6 @@ func (r *Receipts) sign(ctx context.Context, rc receipt) (string, error) {
 }
 
 func (r *Receipts) decode(ctx context.Context, s, tenant, topic, group string) (receipt, error) {
-	// A receipt may be settled by a process that received nothing.
-	if err := r.c.syncClock(ctx); err != nil {
-		return receipt{}, err
-	}
 	rc, err := r.rt.Decode(ctx, s, tenant, topic, group)
 	return receipt(rc), err
 }
@@ -251,6 +247,9 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 	if err := rq.check(); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
+	if err := r.c.syncClock(ctx); err != nil {
+		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
+	}
 	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
@@ -295,6 +294,9 @@ type LargeBody struct {
 // ErrStaleReceipt when the message is gone (deleted, or removed by
 // retention).
 func (r *Receipts) Body(ctx context.Context, g GroupRef, receipt string) (*LargeBody, error) {
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, err
+	}
 	w, err := r.rt.Body(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
 	if err != nil {
 		return nil, err
@@ -333,6 +335,9 @@ func (c *Client) MaxMessageBytes() int64 {
 // once (except in a session, which keeps it). A receipt whose lease or
 // claim moved on fails with ErrStaleReceipt and changes nothing.
 func (r *Receipts) Ack(ctx context.Context, g GroupRef, receipt string) error {
+	if err := r.c.syncClock(ctx); err != nil {
+		return err
+	}
 	return r.rt.Ack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
 }
 
@@ -344,6 +349,9 @@ func (r *Receipts) Ack(ctx context.Context, g GroupRef, receipt string) error {
 // and nothing changes. It returns the indexes of the stale receipts, whose
 // messages are delivered again; the others are settled.
 func (r *Receipts) AckAll(ctx context.Context, g GroupRef, receipts []string) (stale []int, err error) {
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, err
+	}
 	return r.rt.AckAll(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts)
 }
 
@@ -353,6 +361,9 @@ func (r *Receipts) AckAll(ctx context.Context, g GroupRef, receipts []string) (s
 // later messages wait behind that one (in order) and are delivered again
 // with it, without an attempt counted against them.
 func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, opts NackOptions) (stale []int, err error) {
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, err
+	}
 	return r.rt.NackAll(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, opts.RetryAfter, opts.Reason)
 }
 
@@ -363,6 +374,9 @@ func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, o
 // receipts of that receive become stale. A message that an ack of a later
 // one already settled is not failed: ErrStaleReceipt.
 func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts NackOptions) error {
+	if err := r.c.syncClock(ctx); err != nil {
+		return err
+	}
 	return r.rt.Nack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt, opts.RetryAfter, opts.Reason)
 }
 
@@ -377,6 +391,9 @@ func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts Na
 // receipt is checked before anything changes, as in AckAll; it returns
 // the indexes of the stale receipts.
 func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []string, vis time.Duration) (stale []int, err error) {
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, err
+	}
 	return r.rt.ChangeVisibility(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, vis)
 }
 
@@ -384,12 +401,18 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []
 // messages are delivered again, to any receive. ErrStaleReceipt when the
 // session had already ended.
 func (r *Receipts) CloseSession(ctx context.Context, g GroupRef, session string) error {
+	if err := r.c.syncClock(ctx); err != nil {
+		return err
+	}
 	return r.rt.CloseSession(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session)
 }
 
 // GroupState reads the state of a session's group (nil when never set),
 // under the session's lease: ErrStaleReceipt once the session ended.
 func (r *Receipts) GroupState(ctx context.Context, g GroupRef, session string) ([]byte, error) {
+	if err := r.c.syncClock(ctx); err != nil {
+		return nil, err
+	}
 	return r.rt.State(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session)
 }
 
@@ -397,5 +420,8 @@ func (r *Receipts) GroupState(ctx context.Context, g GroupRef, session string) (
 // MaxMessageBytes), under the session's lease; it stays with the group
 // for its next holder, as GroupReceiver.SetState's.
 func (r *Receipts) SetGroupState(ctx context.Context, g GroupRef, session string, state []byte) error {
+	if err := r.c.syncClock(ctx); err != nil {
+		return err
+	}
 	return r.rt.SetState(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session, state)
 }

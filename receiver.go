@@ -166,6 +166,9 @@ func (c *Client) AcceptGroup(ctx context.Context, g GroupRef, partitionKey strin
 			err = ident.PartitionKey(partitionKey)
 		}
 	}
+	if err == nil {
+		err = c.syncClock(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
@@ -193,6 +196,9 @@ func (c *Client) AcceptNextGroup(ctx context.Context, r NextGroupRequest, opts *
 	}
 	if err == nil {
 		err = validateGroupRef(tenants[0], topic, consumerGroup)
+	}
+	if err == nil {
+		err = c.syncClock(ctx)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)

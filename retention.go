@@ -105,6 +105,9 @@ func (a *Admin) RunRetention(ctx context.Context, s Scope, cfg RetentionConfig) 
 	if err := ident.MemberName("cleaner name", cfg.Name); err != nil {
 		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
 	}
+	if err := a.c.syncClock(ctx); err != nil {
+		return RetentionReport{}, fmt.Errorf("shardq: retention: %w", err)
+	}
 	pass := a.c.retentionPass(cfg)
 	counted := pass.Deleted
 	pass.Deleted = func(tenant string, n int64) {

@@ -221,12 +221,12 @@ func (d *Driver) Name() string { return "mysql" }
 func (d *Driver) DB() *sql.DB  { return d.db }
 
 // DatabaseTime reads the server's clock, in microseconds since the Unix
-// epoch: UNIX_TIMESTAMP reads NOW in the session's time zone, so the
-// zone does not matter. Through vtgate it is vtgate's clock or a
+// epoch, from UTC_TIMESTAMP: the session's time zone (and its daylight
+// saving hour) does not enter. Through vtgate it is vtgate's clock or a
 // shard's; with hosts kept by NTP they agree to milliseconds.
 func (d *Driver) DatabaseTime(ctx context.Context) (time.Time, error) {
 	var us int64
-	if err := d.db.QueryRowContext(ctx, "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)").Scan(&us); err != nil {
+	if err := d.db.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))").Scan(&us); err != nil {
 		return time.Time{}, fmt.Errorf("mysql: read the server's clock: %w", err)
 	}
 	return time.UnixMicro(us).UTC(), nil

@@ -26,7 +26,8 @@ func (s *Member) beat() {
 // incarnation (which deleted it): it reports whether one did. One write
 // at a time, stamped when it starts, so that the rows' time never goes
 // back (the beat loop, a tick and a stop may each write). A write runs to
-// its end, bounded by HeartbeatInterval, whether or not the member stops
+// its end, bounded by the shorter of HeartbeatInterval and dbTimeout
+// (and so a stop by two of them past its context), whether or not the member stops
 // meanwhile: a write cancelled on the client may still land in the
 // database after Stop has deleted the rows, and leave the stopped member
 // counted as live until it goes stale.
@@ -132,6 +133,11 @@ func (s *Member) renewUntil(done <-chan struct{}) {
 		case <-done:
 			return
 		case <-t.C:
+			select {
+			case <-done: // both were ready: drained wins
+				return
+			default:
+			}
 			ctx, cancel := context.WithTimeout(base, dbTimeout)
 			s.beatOnce(ctx)
 			s.renew(ctx, s.cfg.Clock())

@@ -12,7 +12,6 @@ package dbtime
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -34,7 +33,8 @@ type Clock struct {
 
 	at atomic.Pointer[anchor] // nil before the first read
 
-	mu      sync.Mutex // guards life and stopped, and serializes reads
+	reads   sync.Mutex // one read at a time
+	mu      sync.Mutex // guards life and stopped; never held across a read
 	life    *lifecycle.Group
 	stopped bool
 }
@@ -81,28 +81,40 @@ func (c *Clock) Ensure(ctx context.Context) error {
 	if c.at.Load() != nil {
 		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.at.Load() != nil || c.stopped {
+	c.reads.Lock()
+	defer c.reads.Unlock()
+	if c.at.Load() != nil || c.isStopped() {
 		return nil
 	}
 	if err := c.sync(ctx); err != nil {
 		return fmt.Errorf("read the database's clock: %w", err)
 	}
-	c.life = lifecycle.New(context.Background())
-	c.life.Go(func() {
-		lifecycle.Every(c.life.Context(), c.every, false, func() {
-			ctx, cancel := context.WithTimeout(c.life.Context(), min(c.every, lifecycle.CallTimeout))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return nil
+	}
+	life := lifecycle.New(context.Background())
+	c.life = life
+	life.Go(func() {
+		lifecycle.Every(life.Context(), c.every, false, func() {
+			ctx, cancel := context.WithTimeout(life.Context(), min(c.every, lifecycle.CallTimeout))
 			defer cancel()
-			c.mu.Lock()
+			c.reads.Lock()
 			err := c.sync(ctx)
-			c.mu.Unlock()
-			if err != nil && !errors.Is(err, context.Canceled) {
+			c.reads.Unlock()
+			if err != nil && life.Context().Err() == nil {
 				c.log.Warn("shardq: reading the database's clock failed; keeping the last reading", "err", err)
 			}
 		})
 	})
 	return nil
+}
+
+func (c *Clock) isStopped() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stopped
 }
 
 // sync reads the database's time once. A read slower than twice the
@@ -125,7 +137,8 @@ func (c *Clock) sync(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the reads; it returns ctx's error when it had to cancel one.
+// Stop ends the reads, cancelling one under way; it does not wait for a
+// first read that Ensure is making with its caller's context.
 func (c *Clock) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	life := c.life

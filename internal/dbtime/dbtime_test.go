@@ -145,3 +145,30 @@ func TestReadFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Stop does not wait for a first read that a caller is making (a hung
+// database must not hold Close), and the read that returns after Stop
+// starts nothing.
+func TestStopDuringFirstRead(t *testing.T) {
+	f := newFake()
+	reading, release := make(chan struct{}), make(chan struct{})
+	read := func(ctx context.Context) (time.Time, error) {
+		close(reading)
+		<-release
+		return f.read(ctx)
+	}
+	c := New(f.now, read, time.Millisecond, slog.Default())
+	done := make(chan error, 1)
+	go func() { done <- c.Ensure(context.Background()) }()
+	<-reading
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if c.life != nil {
+		t.Fatal("a read that returned after Stop started the reads")
+	}
+}

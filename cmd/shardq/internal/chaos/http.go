@@ -182,19 +182,23 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 				break
 			}
 		}
+		// The settlement outlives a stop: its handle lines are written.
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), httpTimeout)
 		var settled struct{}
 		if len(acks) > 0 {
-			if err := h.call(ctx, h.base(tenant)+"/groups/"+GroupHTTP+"/ack", map[string]any{"receipts": acks}, &settled); err != nil {
+			if err := h.call(sctx, h.base(tenant)+"/groups/"+GroupHTTP+"/ack", map[string]any{"receipts": acks}, &settled); err != nil {
 				cl.log.Warn("chaos: ack over HTTP failed", "err", err)
+				scancel()
 				continue
 			}
 		}
 		if poison != "" {
-			if err := h.call(ctx, h.base(tenant)+"/groups/"+GroupHTTP+"/nack", map[string]any{"receipts": []string{poison}, "retry_after": 0.1,
+			if err := h.call(sctx, h.base(tenant)+"/groups/"+GroupHTTP+"/nack", map[string]any{"receipts": []string{poison}, "retry_after": 0.1,
 				"reason": "poisoned"}, &settled); err != nil {
 				cl.log.Warn("chaos: nack over HTTP failed", "err", err)
 			}
 		}
+		scancel()
 	}
 	return nil
 }

@@ -271,6 +271,21 @@ func (r *runner) exec(p *proc, logf *os.File, args []string, env ...string) erro
 	return nil
 }
 
+// through lists the slots whose processes go through p: a server's
+// HTTP clients; none for a client.
+func (r *runner) through(p *proc) []string {
+	if !p.server {
+		return nil
+	}
+	var slots []string
+	for _, q := range r.procs {
+		if q.cfg.Role == RoleHTTPPublish || q.cfg.Role == RoleHTTPReceive {
+			slots = append(slots, q.slot)
+		}
+	}
+	return slots
+}
+
 func (r *runner) fault(e Event) {
 	e.Op = "fault"
 	if e.Proc == "" {
@@ -350,7 +365,7 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		if p.stopped {
 			return nil
 		}
-		r.fault(Event{Fault: chaoscheck.FaultKill, Proc: p.name(), Start: now, Shared: p.server})
+		r.fault(Event{Fault: chaoscheck.FaultKill, Proc: p.name(), Start: now, Touches: r.through(p)})
 		p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.exited
 		if kind == chaoscheck.FaultClock && !p.server { // a server's clock is its own: no flag sets it
@@ -375,7 +390,7 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		if p.stopped {
 			return nil
 		}
-		r.fault(Event{Fault: kind, Proc: p.name(), Start: now, End: now + d.Nanoseconds(), Shared: p.server})
+		r.fault(Event{Fault: kind, Proc: p.name(), Start: now, End: now + d.Nanoseconds(), Touches: r.through(p)})
 		p.cmd.Process.Signal(syscall.SIGSTOP)
 		p.stopped = true
 		timers.Add(1)

@@ -41,9 +41,11 @@ type Event struct {
 	// Skew (op fault, kind clock; nanoseconds): how far the process's
 	// clock is off from now on.
 	Skew int64 `json:"skew,omitempty"`
-	// Shared (op fault, kinds kill and stop): the process is one that
-	// others go through (a server): the fault touches every process.
-	Shared bool `json:"shared,omitempty"`
+	// Touches (op fault, kinds kill and stop of a process that others go
+	// through, a server): the slots of those others. A process is named
+	// "slot.incarnation"; the fault touches every incarnation of each
+	// slot listed as it touches its own process.
+	Touches []string `json:"touches,omitempty"`
 	// Groups (op config): each consumer group and the topic it reads;
 	// Ordered: the groups that promise per-key order and one holder per
 	// key; DLQ: each group's dead-letter topic.
@@ -493,7 +495,7 @@ func touched(proc string, from, to int64, faults []Event) bool {
 		}
 		switch f.Fault {
 		case FaultKill, FaultStop:
-			if f.Proc == proc || f.Shared {
+			if f.Proc == proc || slices.Contains(f.Touches, slotOf(proc)) {
 				return true
 			}
 		case FaultCut, FaultBlackhole, FaultDelay, FaultDBRestart, FaultDiskFull:
@@ -549,4 +551,12 @@ func qualify(evs []Event) []Event {
 		out[i] = e
 	}
 	return out
+}
+
+// slotOf is a process's slot: its name without the incarnation.
+func slotOf(proc string) string {
+	if i := strings.LastIndexByte(proc, '.'); i >= 0 {
+		return proc[:i]
+	}
+	return proc
 }

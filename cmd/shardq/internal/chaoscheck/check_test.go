@@ -177,24 +177,26 @@ func TestExplainedByAnEarlierFault(t *testing.T) {
 	}
 }
 
-// TestSharedFaultExplainsEveryProcess: a kill of a process that others
-// go through (a server, marked shared) explains their redeliveries; the
-// same kill unmarked explains only its own.
-func TestSharedFaultExplainsEveryProcess(t *testing.T) {
-	evs := func(shared bool) []Event {
+// TestServerFaultTouchesItsClients: a kill of a process that others go
+// through (a server) explains the redeliveries of the slots it lists,
+// any incarnation, and of no other.
+func TestServerFaultTouchesItsClients(t *testing.T) {
+	evs := func(touches ...string) []Event {
 		var out []Event
 		for _, e := range healthy() {
 			if e.Op != OpFault {
 				out = append(out, e)
 			}
 		}
-		return append(out, Event{Op: OpFault, Proc: "serve-0.1", Fault: FaultKill, Start: 104, Shared: shared})
+		return append(out, Event{Op: OpFault, Proc: "serve-0.1", Fault: FaultKill, Start: 104, Touches: touches})
 	}
-	if r := Check(evs(false)); countKind(r, "duplicate") != 1 {
-		t.Fatalf("a server's unshared kill explained another process's duplicate: %v", r.Violations)
+	for _, touches := range [][]string{nil, {"sub-1"}, {"sub"}, {"sub-0.1"}} {
+		if r := Check(evs(touches...)); countKind(r, "duplicate") != 1 {
+			t.Fatalf("a server's kill touching %q explained sub-0.1's duplicate: %v", touches, r.Violations)
+		}
 	}
-	if r := Check(evs(true)); len(r.Violations) != 0 {
-		t.Fatalf("a shared kill did not explain the duplicate: %v", r.Violations)
+	if r := Check(evs("http-recv-0", "sub-0")); len(r.Violations) != 0 {
+		t.Fatalf("a server's kill touching sub-0 did not explain sub-0.1's duplicate: %v", r.Violations)
 	}
 }
 
