@@ -465,15 +465,8 @@ func (cl *client) subscribe(ctx context.Context, stop <-chan struct{}) error {
 // receive takes the next free message group, handles what it holds, and
 // gives it back when it has nothing more for a moment.
 func (cl *client) receive(ctx context.Context, stop <-chan struct{}) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := untilStop(ctx, stop)
 	defer cancel()
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	opts := &shardq.ReceiverOptions{Name: cl.cfg.Name, Wait: time.Second, LeaseTTL: leaseTTL,
 		MaxAttempts: maxAttempts, BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, DLQSuffix: dlqSuffix(GroupRecv)}
 	for ctx.Err() == nil {
@@ -524,6 +517,19 @@ func (cl *client) drainGroup(ctx context.Context, r *shardq.GroupReceiver) {
 			return
 		}
 	}
+}
+
+// untilStop is ctx, cancelled when stop closes.
+func untilStop(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func sleep(ctx context.Context, d time.Duration) {

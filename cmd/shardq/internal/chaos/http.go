@@ -126,15 +126,8 @@ func (cl *client) httpPublish(ctx context.Context, stop <-chan struct{}) error {
 // messages (a poisoned one fails: it is nacked) and settles them through
 // the next server.
 func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := untilStop(ctx, stop)
 	defer cancel()
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	h := cl.httpClient()
 	type message struct {
 		Key     string `json:"key"`
