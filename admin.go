@@ -139,7 +139,7 @@ func leaseOf(l driver.Lease) Lease {
 func (a *Admin) StaleLeases(ctx context.Context, s Scope, staleAfter time.Duration) ([]Lease, error) {
 	return scoped(s, func(s Scope) ([]Lease, error) {
 		if err := a.c.syncClock(ctx); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("shardq: admin stale leases: %w", err)
 		}
 		ls, err := admin.StaleLeases(ctx, a.c.drv, s.toDriver(), staleAfter, a.c.cfg.Clock())
 		return mapSlice(ls, leaseOf), err

@@ -102,3 +102,61 @@ func TestMembersKeepToTheDatabaseClock(t *testing.T) {
 		}
 	})
 }
+
+// A server that only receives and settles (shardq serve) keeps to the
+// database's clock too: a receive through a client an hour off leases
+// the group until the database's now plus the visibility, and a change
+// of visibility through another such client (which received nothing)
+// likewise.
+func TestReceiptsKeepToTheDatabaseClock(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, c *shardq.Client) {
+		ctx := context.Background()
+		skewed := func() *shardq.Receipts {
+			sc, err := shardq.NewClient(drv, &shardq.Config{ClockSync: time.Second,
+				Clock: func() time.Time { return time.Now().Add(time.Hour) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { sc.Close() })
+			r, err := sc.Receipts(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "rc", PartitionKey: "k", ID: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		g := shardq.GroupRef{Tenant: "t", Topic: "rc", ConsumerGroup: "g"}
+		got, err := skewed().Receive(ctx, shardq.ReceiveRequest{Tenant: g.Tenant, Topic: g.Topic, ConsumerGroup: g.ConsumerGroup,
+			PartitionKey: "k", Max: 1, Visibility: time.Minute})
+		if err != nil || len(got.Messages) != 1 {
+			t.Fatalf("receive: %v, %+v", err, got)
+		}
+		expiry := func(want time.Duration) {
+			t.Helper()
+			ls, err := c.Admin().Leases(ctx, shardq.Scope{Tenants: []string{"t"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now, err := drv.(driver.Clock).DatabaseTime(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range ls {
+				if l.Topic == "rc" {
+					if d := l.ExpiresAt.Sub(now) - want; d < -5*time.Second || d > 5*time.Second {
+						t.Fatalf("the group's lease expires %v from the database's now, want %v", l.ExpiresAt.Sub(now), want)
+					}
+					return
+				}
+			}
+			t.Fatalf("no lease of the group: %+v", ls)
+		}
+		expiry(time.Minute)
+		if stale, err := skewed().ChangeVisibility(ctx, g, []string{got.Messages[0].Receipt}, 2*time.Minute); err != nil || len(stale) != 0 {
+			t.Fatalf("change visibility: %v, stale %v", err, stale)
+		}
+		expiry(2 * time.Minute)
+	})
+}

@@ -270,7 +270,7 @@ func (r *Receipts) ReceiveDeferred(ctx context.Context, rq DeferredRequest) ([]R
 // changes, as in AckAll; it returns the indexes of the stale receipts.
 func (r *Receipts) Defer(ctx context.Context, g GroupRef, receipts []string) (stale []int, err error) {
 	if err := r.c.syncClock(ctx); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shardq: defer: %w", err)
 	}
 	return r.rt.Defer(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts)
 }

@@ -295,7 +295,7 @@ type LargeBody struct {
 // retention).
 func (r *Receipts) Body(ctx context.Context, g GroupRef, receipt string) (*LargeBody, error) {
 	if err := r.c.syncClock(ctx); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shardq: body: %w", err)
 	}
 	w, err := r.rt.Body(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
 	if err != nil {
@@ -336,7 +336,7 @@ func (c *Client) MaxMessageBytes() int64 {
 // claim moved on fails with ErrStaleReceipt and changes nothing.
 func (r *Receipts) Ack(ctx context.Context, g GroupRef, receipt string) error {
 	if err := r.c.syncClock(ctx); err != nil {
-		return err
+		return fmt.Errorf("shardq: ack: %w", err)
 	}
 	return r.rt.Ack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt)
 }
@@ -350,7 +350,7 @@ func (r *Receipts) Ack(ctx context.Context, g GroupRef, receipt string) error {
 // messages are delivered again; the others are settled.
 func (r *Receipts) AckAll(ctx context.Context, g GroupRef, receipts []string) (stale []int, err error) {
 	if err := r.c.syncClock(ctx); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shardq: ack: %w", err)
 	}
 	return r.rt.AckAll(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts)
 }
@@ -362,7 +362,7 @@ func (r *Receipts) AckAll(ctx context.Context, g GroupRef, receipts []string) (s
 // with it, without an attempt counted against them.
 func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, opts NackOptions) (stale []int, err error) {
 	if err := r.c.syncClock(ctx); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shardq: nack: %w", err)
 	}
 	return r.rt.NackAll(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, opts.RetryAfter, opts.Reason)
 }
@@ -375,7 +375,7 @@ func (r *Receipts) NackAll(ctx context.Context, g GroupRef, receipts []string, o
 // one already settled is not failed: ErrStaleReceipt.
 func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts NackOptions) error {
 	if err := r.c.syncClock(ctx); err != nil {
-		return err
+		return fmt.Errorf("shardq: nack: %w", err)
 	}
 	return r.rt.Nack(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipt, opts.RetryAfter, opts.Reason)
 }
@@ -392,7 +392,7 @@ func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts Na
 // the indexes of the stale receipts.
 func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []string, vis time.Duration) (stale []int, err error) {
 	if err := r.c.syncClock(ctx); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shardq: change visibility: %w", err)
 	}
 	return r.rt.ChangeVisibility(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, vis)
 }
@@ -402,7 +402,7 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []
 // session had already ended.
 func (r *Receipts) CloseSession(ctx context.Context, g GroupRef, session string) error {
 	if err := r.c.syncClock(ctx); err != nil {
-		return err
+		return fmt.Errorf("shardq: close session: %w", err)
 	}
 	return r.rt.CloseSession(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session)
 }
@@ -411,7 +411,7 @@ func (r *Receipts) CloseSession(ctx context.Context, g GroupRef, session string)
 // under the session's lease: ErrStaleReceipt once the session ended.
 func (r *Receipts) GroupState(ctx context.Context, g GroupRef, session string) ([]byte, error) {
 	if err := r.c.syncClock(ctx); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shardq: group state: %w", err)
 	}
 	return r.rt.State(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session)
 }
@@ -421,7 +421,7 @@ func (r *Receipts) GroupState(ctx context.Context, g GroupRef, session string) (
 // for its next holder, as GroupReceiver.SetState's.
 func (r *Receipts) SetGroupState(ctx context.Context, g GroupRef, session string, state []byte) error {
 	if err := r.c.syncClock(ctx); err != nil {
-		return err
+		return fmt.Errorf("shardq: set group state: %w", err)
 	}
 	return r.rt.SetState(ctx, g.Tenant, g.Topic, g.ConsumerGroup, session, state)
 }
