@@ -4,6 +4,7 @@ package mysqldriver
 
 import (
 	"context"
+	sqldriver "database/sql/driver"
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 
@@ -24,3 +25,17 @@ func BinlogPosition(ctx context.Context, d *Driver) (string, uint32, error) {
 // WithoutNewestMigration makes d embed every migration but the newest, as
 // the previous release did.
 func WithoutNewestMigration(d *Driver) { d.migrations = d.migrations[:len(d.migrations)-1] }
+
+// VTGateConnector makes c's connections begin their transactions at their
+// first execution, as Open does for connections through vtgate.
+func VTGateConnector(c sqldriver.Connector) sqldriver.Connector { return vtgateConnector{c} }
+
+type vtgateConnector struct{ sqldriver.Connector }
+
+func (c vtgateConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newVTGateConn(conn)
+}

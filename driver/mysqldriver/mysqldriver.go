@@ -98,7 +98,11 @@ var _ driver.Driver = (*Driver)(nil)
 // parameters on the server (a DSN with interpolateParams=true is refused
 // with ErrInterpolatedParams). Open adds the settings shardq prefers (UTC,
 // bounded lock waits and idle transactions); a caller's own pool should
-// bound them in its DSN (docs/safety.md, "Connections").
+// bound them in its DSN (docs/safety.md, "Connections"). Through vtgate
+// use Open, and begin your own transactions (PublishTx) on its DB(): its
+// connections send BEGIN at a transaction's first statement, which keeps
+// the transaction on its tenant's shard (docs/vitess.md, "Transactions on
+// one shard"); a pool of your own does not.
 func New(db *sql.DB) (*Driver, error) {
 	limits := &serverLimits{}
 	if err := checkPool(db, limits); err != nil {

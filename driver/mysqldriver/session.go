@@ -85,46 +85,55 @@ func (c *sessionConnector) Connect(ctx context.Context) (sqldriver.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := c.prepare(ctx, conn); err != nil {
+	vtgate, err := c.prepare(ctx, conn)
+	if err == nil && vtgate {
+		var vc *vtgateConn
+		if vc, err = newVTGateConn(conn); err == nil {
+			return vc, nil
+		}
+	}
+	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return conn, nil
 }
 
-func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) error {
+// prepare checks and bounds a new connection and reports whether it is
+// one through vtgate.
+func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) (vtgate bool, err error) {
 	q, ok := conn.(sqldriver.QueryerContext)
 	e, ok2 := conn.(sqldriver.ExecerContext)
 	if !ok || !ok2 {
-		return fmt.Errorf("mysql: connection %T cannot run statements", conn)
+		return false, fmt.Errorf("mysql: connection %T cannot run statements", conn)
 	}
 	vals, err := queryRow(ctx, q, "SELECT @@version, @@character_set_client, @@character_set_connection, @@character_set_results, "+
 		"@@auto_increment_increment, @@max_allowed_packet")
 	if err != nil {
-		return fmt.Errorf("mysql: read session settings: %w", err)
+		return false, fmt.Errorf("mysql: read session settings: %w", err)
 	}
 	if err := checkSessionCharset(vals[1], vals[2], vals[3]); err != nil {
-		return err
+		return false, err
 	}
 	if c.limits.step.Load() == 0 {
 		step, err1 := strconv.ParseInt(vals[4], 10, 64)
 		packet, err2 := strconv.ParseInt(vals[5], 10, 64)
 		if err := errors.Join(err1, err2); err != nil {
-			return fmt.Errorf("mysql: read session settings: %w", err)
+			return false, fmt.Errorf("mysql: read session settings: %w", err)
 		}
 		if err := c.limits.store(step, packet); err != nil {
-			return err
+			return false, err
 		}
 	}
 	var set []string
 	version := strings.ToLower(vals[0])
 	if strings.Contains(version, "vitess") {
 		c.limits.noteServer(version, "")
-		return nil
+		return true, nil
 	}
 	format, err := queryRow(ctx, q, "SELECT @@binlog_format")
 	if err != nil {
-		return fmt.Errorf("mysql: read session settings: %w", err)
+		return false, fmt.Errorf("mysql: read session settings: %w", err)
 	}
 	c.limits.noteServer(version, format[0])
 	switch {
@@ -141,12 +150,12 @@ func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) err
 		set = append(set, fmt.Sprintf("innodb_lock_wait_timeout = %d", lockWaitTimeoutSeconds))
 	}
 	if len(set) == 0 {
-		return nil
+		return false, nil
 	}
 	if _, err := e.ExecContext(ctx, "SET SESSION "+strings.Join(set, ", "), nil); err != nil {
-		return fmt.Errorf("mysql: set session bounds: %w", err)
+		return false, fmt.Errorf("mysql: set session bounds: %w", err)
 	}
-	return nil
+	return false, nil
 }
 
 // checkSessionCharset accepts a session whose client, connection and

@@ -53,7 +53,8 @@ func (l *statementLog) all() []string {
 }
 
 // openRecorded is testdb.Vitess with every statement the driver sends
-// recorded.
+// recorded: connections as Open makes them through vtgate (transactions
+// begun at their first execution) under a recorder.
 func openRecorded(t *testing.T, log *statementLog) driver.Driver {
 	testdb.Vitess(t) // a clean keyspace (or a skip/fail with the reason)
 	cfg, err := mysql.ParseDSN(testdb.VitessDSN())
@@ -64,7 +65,7 @@ func openRecorded(t *testing.T, log *statementLog) driver.Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := sql.OpenDB(sqlrecord.Connector(inner, log.record))
+	db := sql.OpenDB(sqlrecord.Connector(mysqldriver.VTGateConnector(inner), log.record))
 	t.Cleanup(func() { db.Close() })
 	d, err := mysqldriver.New(db)
 	if err != nil {
@@ -618,5 +619,65 @@ func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
 	r := <-done
 	if r.err != nil || len(r.renewed) != 2 || len(r.lost) != 0 {
 		t.Fatalf("renewal after the commit: renewed %v, lost %v, err %v", r.renewed, r.lost, r.err)
+	}
+}
+
+// TestVitessTransactionsStayOnTheirTenantsShard begins transactions whose
+// first statement is a prepared SELECT … FOR UPDATE (the lease fence), each
+// on a new connection, which has not prepared it, under vtgate's
+// transaction_mode=SINGLE (which refuses a transaction over two shards),
+// for tenants on both shards. vtgate runs a prepare's field query on any
+// shard of a transaction that has touched none: with the BEGIN sent
+// before that prepare, about half these transactions would span two
+// shards.
+func TestVitessTransactionsStayOnTheirTenantsShard(t *testing.T) {
+	d := testdb.Vitess(t)
+	ctx := context.Background()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	placed := tenantsByShard(t, c, 8)
+	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
+		t.Fatalf("placement %v: want a tenant on each shard", placed)
+	}
+	now := time.Now()
+	var leases []driver.Lease
+	for _, tenant := range []string{placed["-80"][0], placed["80-"][0]} {
+		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", now, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	d.DB().SetMaxIdleConns(0) // a connection closed goes: each Conn below is new
+	for i := range 16 {
+		l := leases[i%2]
+		err := func() error {
+			conn, err := d.DB().Conn(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if _, err := conn.ExecContext(ctx, "SET transaction_mode = 'single'"); err != nil {
+				return err
+			}
+			tx, err := conn.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if err := d.CommitOffsetTx(ctx, tx, l, int64(i+1), now); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}()
+		if err != nil {
+			t.Fatalf("transaction %d (tenant %s): %v", i, l.Tenant, err)
+		}
 	}
 }
