@@ -710,7 +710,10 @@ type Claim struct {
 type Groups interface {
 	// ReadyGroups lists up to limit partitions of topic in tenants (the
 	// ungrouped partition "" excluded) that have a message after group's
-	// cursor and no unexpired lease, lowest next offset (oldest) first.
+	// cursor and no unexpired lease: lowest next offset first on one
+	// database; when tenants live on shards of their own (Vitess), whose
+	// offsets are not comparable, oldest next message (by CreatedAt, then
+	// offset) first.
 	ReadyGroups(ctx context.Context, g GroupScope, now time.Time, limit int) ([]ReadyGroup, error)
 	// GroupState reads the state of l's partition under l's fence (nil when
 	// none was set), or returns ErrLeaseLost.

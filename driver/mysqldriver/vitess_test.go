@@ -216,7 +216,7 @@ func scattered(node map[string]any) string {
 	return ""
 }
 
-var shards = []string{"-80", "80-"}
+var shards = testdb.VitessShards
 
 // vitessShardDSN reaches the shards' MySQL directly (vttestserver's one
 // mysqld; SHARDQ_TEST_VITESS_SHARD_DSN), to break a shard.
@@ -228,47 +228,15 @@ func vitessShardDSN() string {
 }
 
 // onShard opens vtgate targeted at one shard of the keyspace.
-func onShard(t *testing.T, shard string) *sql.DB {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(testdb.VitessDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DBName += ":" + shard
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
+func onShard(t *testing.T, shard string) *sql.DB { return testdb.VitessShard(t, shard) }
 
 // tenantsByShard publishes one message to each of n tenants and reads
 // back, shard by shard, which tenants each one holds.
 func tenantsByShard(t *testing.T, c *shardq.Client, n int) map[string][]string {
-	t.Helper()
-	ctx := context.Background()
-	for i := range n {
-		if _, err := c.Publish(ctx, shardq.Message{Tenant: fmt.Sprintf("t%02d", i), Topic: "x", PartitionKey: "k", ID: "probe"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	out := map[string][]string{}
-	for _, shard := range shards {
-		rows, err := onShard(t, shard).QueryContext(ctx, "SELECT DISTINCT tenant FROM queue_messages ORDER BY tenant")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var tenant string
-			if err := rows.Scan(&tenant); err != nil {
-				t.Fatal(err)
-			}
-			out[shard] = append(out[shard], tenant)
-		}
-		rows.Close()
-	}
-	return out
+	return testdb.VitessTenantsByShard(t, n, func(tenant string) error {
+		_, err := c.Publish(context.Background(), shardq.Message{Tenant: tenant, Topic: "x", PartitionKey: "k", ID: "probe"})
+		return err
+	})
 }
 
 // vitessClient migrates a clean keyspace and opens a client on it.
@@ -678,6 +646,65 @@ func TestVitessTransactionsStayOnTheirTenantsShard(t *testing.T) {
 		}()
 		if err != nil {
 			t.Fatalf("transaction %d (tenant %s): %v", i, l.Tenant, err)
+		}
+	}
+}
+
+// TestVitessAcceptNextGroupAcrossShards takes, of two tenants' groups on
+// two shards, the one whose next message is older, though its offset is
+// higher: each shard numbers its messages on its own, so offsets of two
+// shards say nothing about which came first.
+func TestVitessAcceptNextGroupAcrossShards(t *testing.T) {
+	d := testdb.Vitess(t)
+	ctx := context.Background()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c, err := shardq.NewClient(d, &shardq.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	placed := tenantsByShard(t, c, 8)
+	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
+		t.Fatalf("placement %v: want a tenant on each shard", placed)
+	}
+	busy, quiet := placed["-80"][0], placed["80-"][0]
+	for i := range 20 { // the busy tenant's shard numbers past the quiet one's
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: busy, Topic: "other", PartitionKey: "k", ID: fmt.Sprint("f", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	older, err := c.Publish(ctx, shardq.Message{Tenant: busy, Topic: "sessions", PartitionKey: "older", ID: "o1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	newer, err := c.Publish(ctx, shardq.Message{Tenant: quiet, Topic: "sessions", PartitionKey: "newer", ID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if older[0].Offset <= newer[0].Offset {
+		t.Fatalf("offsets: the older message %d, the newer %d; want the older's higher (its shard numbered past the other's)", older[0].Offset, newer[0].Offset)
+	}
+	for _, want := range []string{"older", "newer"} {
+		r, err := c.AcceptNextGroup(ctx, shardq.NextGroupRequest{Tenants: []string{busy, quiet}, Topic: "sessions", ConsumerGroup: "g"},
+			&shardq.ReceiverOptions{Name: "r-" + want})
+		if err != nil {
+			t.Fatalf("accept next (want %q): %v", want, err)
+		}
+		defer func() {
+			if err := r.Stop(ctx); err != nil {
+				t.Errorf("stop %s: %v", r.Name(), err)
+			}
+		}()
+		if r.PartitionKey() != want {
+			t.Fatalf("accepted %q, want %q (the group whose next message is older)", r.PartitionKey(), want)
 		}
 	}
 }

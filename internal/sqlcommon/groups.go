@@ -13,17 +13,25 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-// ReadyGroups lists accepted-able partitions: work after the cursor, no
-// unexpired lease, ordered by their next message's offset. The next offset
-// is a correlated MIN over the partition's primary key, so each candidate
-// costs one index probe; everything stays inside the tenants' shards.
+// ReadyGroups lists partitions that can be accepted: work after the
+// cursor, no unexpired lease. On one database they come lowest next offset
+// first: the order the messages were numbered in (one AUTO_INCREMENT or
+// rowid per table).
+// When sharded, each shard numbers its messages on its own, so they come
+// oldest next message first, by its created_at. Each candidate costs one
+// index probe (two when sharded); everything stays inside the tenants'
+// shards.
 func (d *Store) ReadyGroups(ctx context.Context, g driver.GroupScope, now time.Time, limit int) ([]driver.ReadyGroup, error) {
 	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
 	if len(tenants) == 0 {
 		return nil, nil
 	}
 	op := fmt.Sprintf("list ready groups of topic %q group %q", topic, group)
-	rows, err := d.query(ctx, d.Read, d.sql().group.ready, Args{"tenants": textList(tenants), "topic": topic, "group": group,
+	q := d.sql().group.ready
+	if d.Sharded != nil && d.Sharded() {
+		q = d.sql().group.readyByAge
+	}
+	rows, err := d.query(ctx, d.Read, q, Args{"tenants": textList(tenants), "topic": topic, "group": group,
 		"now": d.EncodeTime(now), "limit": limit})
 	if err != nil {
 		return nil, d.Wrap(op, err)

@@ -7,7 +7,8 @@ package sqlcommon
 // (tenant, consumer_group, topic) and cursors (tenant, topic, ...,
 // consumer_group): named parameters keep the two orders from being mixed.
 type groupSQL struct {
-	ready      string // message groups with work and no live lease, by their next offset
+	ready      string // message groups with work and no live lease, lowest next offset first
+	readyByAge string // the same, oldest next message first (tenants on shards of their own)
 	anyWork    string // is anything claimable (read pool, before a write transaction)
 	positions  string // the group's cursor and highest claim
 	again      string // claims visible again (expired, or retry due)
@@ -51,17 +52,24 @@ const claimFence = claimKey + " AND message_offset = :offset AND token = :token 
 
 func newGroupSQL(s Syntax) groupSQL {
 	o, open := s.offset(), s.useIndex("idx_claims_open")
+	// readyGroups is each free partition with work after the cursor and
+	// its next offset: a correlated MIN over the partition's primary key,
+	// one index probe per candidate.
+	readyGroups := "SELECT p.tenant, p.partition_key, (SELECT MIN(m." + o + ") FROM queue_messages m" + s.partitionOrder() + " WHERE m.tenant = p.tenant AND m.topic = p.topic " +
+		"AND m.partition_key = p.partition_key AND m." + o + " > " + cursorOrStart + ") AS next_offset " +
+		"FROM queue_partitions p " +
+		"LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
+		groupJoin +
+		"LEFT JOIN queue_partition_leases l ON l.tenant = p.tenant AND l.consumer_group = :group AND l.topic = p.topic AND l.partition_key = p.partition_key " +
+		"WHERE p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key <> '' " +
+		"AND p.head_offset > " + cursorOrStart + " AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now)"
 	return groupSQL{
-		ready: "SELECT tenant, partition_key, next_offset FROM (" +
-			"SELECT p.tenant, p.partition_key, (SELECT MIN(m." + o + ") FROM queue_messages m" + s.partitionOrder() + " WHERE m.tenant = p.tenant AND m.topic = p.topic " +
-			"AND m.partition_key = p.partition_key AND m." + o + " > " + cursorOrStart + ") AS next_offset " +
-			"FROM queue_partitions p " +
-			"LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
-			groupJoin +
-			"LEFT JOIN queue_partition_leases l ON l.tenant = p.tenant AND l.consumer_group = :group AND l.topic = p.topic AND l.partition_key = p.partition_key " +
-			"WHERE p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key <> '' " +
-			"AND p.head_offset > " + cursorOrStart + " AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now)" +
-			") ready WHERE next_offset IS NOT NULL ORDER BY next_offset LIMIT :limit",
+		ready: "SELECT tenant, partition_key, next_offset FROM (" + readyGroups + ") ready " +
+			"WHERE next_offset IS NOT NULL ORDER BY next_offset LIMIT :limit",
+		readyByAge: "SELECT ready.tenant, ready.partition_key, ready.next_offset FROM (" + readyGroups + ") ready " +
+			"JOIN queue_messages n" + s.partitionOrder() + " ON n.tenant = ready.tenant AND n.topic = :topic " +
+			"AND n.partition_key = ready.partition_key AND n." + o + " = ready.next_offset " +
+			"ORDER BY n.created_at, ready.next_offset, ready.tenant, ready.partition_key LIMIT :limit",
 		anyWork: "SELECT EXISTS (SELECT 1 FROM queue_message_claims" + open + " WHERE " + claimKey +
 			" AND done = 0 AND visible_at <= :now AND message_offset > " + ungroupedCursor + ") OR EXISTS (SELECT 1 FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > " + s.greatest() + "(" + ungroupedCursor + ", " + highestClaim + "))",
