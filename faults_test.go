@@ -5,8 +5,6 @@ package shardq_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -18,78 +16,17 @@ import (
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-// cutProxy forwards TCP connections to a server and can sever all of them
-// at once, as a failing network or a database failover would.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.accept()
-	return p
-}
-
-func (p *cutProxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() { defer p.wg.Done(); io.Copy(server, client); server.Close() }()
-		go func() { defer p.wg.Done(); io.Copy(client, server); client.Close() }()
-	}
-}
-
-// cut closes every open connection; new ones are accepted as before.
-func (p *cutProxy) cut() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := len(p.conns) / 2
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-	return n
-}
-
-func (p *cutProxy) close() {
-	p.ln.Close()
-	p.cut()
-	p.wg.Wait()
-}
-
 // proxiedDatabase is a new MariaDB database's DSN, the same DSN through a
-// cutProxy, and the proxy (closed when t ends).
-func proxiedDatabase(t *testing.T) (direct, proxied string, proxy *cutProxy) {
+// CutProxy, and the proxy (closed when t ends).
+func proxiedDatabase(t *testing.T) (direct, proxied string, proxy *testdb.CutProxy) {
 	t.Helper()
 	direct = testdb.MySQLDatabase(t)
 	cfg, err := mysql.ParseDSN(direct)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy = newCutProxy(t, cfg.Addr)
-	t.Cleanup(proxy.close)
-	cfg.Addr = proxy.ln.Addr().String()
+	proxy = testdb.NewCutProxy(t, cfg.Addr)
+	cfg.Addr = proxy.Addr()
 	return direct, cfg.FormatDSN(), proxy
 }
 
@@ -162,7 +99,7 @@ func TestSubscriberSurvivesConnectionCuts(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(50 * time.Millisecond)
-		cuts += proxy.cut()
+		cuts += proxy.Cut()
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {

@@ -218,7 +218,7 @@ func TestFeedSurvivesCuts(t *testing.T) {
 			// noticed and replaced (on a loaded machine the reconnect can
 			// outlast the publishes between two cuts).
 			ups := log.Count("change feed up")
-			proxy.cut()
+			proxy.Cut()
 			time.Sleep(20 * time.Millisecond) // let messages flow while it is down
 			waitFor(t, "the feed back after a cut", func() bool { return log.Count("change feed up") > ups })
 		}

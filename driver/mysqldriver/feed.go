@@ -54,8 +54,12 @@ const feedRetryMax = 5 * time.Second
 // server without them makes it return ErrFeedUnavailable naming what is
 // missing. After a cut it reconnects from the last commit it read; from a
 // position the server no longer has (purged logs) it starts at the
-// server's current position and rescans.
+// server's current position and rescans. Given the option HeadFeed (on
+// Vitess, vitessfeed), it runs that feed instead.
 func (d *Driver) FeedHeads(ctx context.Context, sink driver.FeedSink) error {
+	if d.feed != nil {
+		return d.feed.FeedHeads(ctx, sink)
+	}
 	return d.feedFrom(ctx, sink, nil)
 }
 
@@ -187,7 +191,8 @@ func (d *Driver) newBinlogFeed(ctx context.Context) (*binlogFeed, error) {
 	}
 	switch {
 	case strings.Contains(strings.ToLower(version), "vitess"):
-		return nil, unavailable("this is Vitess (vtgate); its VStream is not read yet, so consumers poll (docs/feed.md)", nil)
+		return nil, unavailable("this is Vitess (vtgate), which does not serve binary logs; give Open the option "+
+			"HeadFeed(vitessfeed.New(…)) to stream its shards' changes through VStream (docs/vitess.md)", nil)
 	case logBin != "1" && !strings.EqualFold(logBin, "ON"):
 		return nil, unavailable("the binary log is off (log_bin); start the server with log_bin and binlog_format=ROW", nil)
 	case !strings.EqualFold(format, "ROW"):

@@ -48,13 +48,14 @@ type Driver struct {
 	db         *sql.DB
 	owned      bool
 	migrations []migrate.Migration
-	server     *serverLimits // auto_increment_increment and max_allowed_packet, read with the first connection
-	heads      *knownHeads   // partitions whose head row this driver locked
-	feedCfg    *mysql.Config // the connection settings the change feed uses (Open's DSN, or FeedDSN's); nil with New
-	feedSchema string        // the database whose head rows the feed reads (Open's DSN's)
-	feedDB     *sql.DB       // FeedDSN's pool, for the binary log position; nil: db
-	feedMax    uint32        // FeedMaxEventBytes
-	logs       *logSink      // the driver's own log lines: go-sql-driver's (with Open) and the feed's
+	server     *serverLimits   // auto_increment_increment and max_allowed_packet, read with the first connection
+	heads      *knownHeads     // partitions whose head row this driver locked
+	feedCfg    *mysql.Config   // the connection settings the change feed uses (Open's DSN, or FeedDSN's); nil with New
+	feedSchema string          // the database whose head rows the feed reads (Open's DSN's)
+	feedDB     *sql.DB         // FeedDSN's pool, for the binary log position; nil: db
+	feedMax    uint32          // FeedMaxEventBytes
+	feed       driver.HeadFeed // HeadFeed's, run instead of the binary log; nil: the binary log
+	logs       *logSink        // the driver's own log lines: go-sql-driver's (with Open) and the feed's
 }
 
 // DefaultFeedMaxEventBytes is the largest binary log event the change
@@ -67,7 +68,15 @@ type Option func(*options)
 type options struct {
 	feedDSN string
 	feedMax int64
+	feed    driver.HeadFeed
 }
+
+// HeadFeed makes FeedHeads run f instead of reading the binary log: on
+// Vitess, whose binary logs vtgate does not serve,
+// github.com/shardq/shardq/vitessfeed streams each shard's head changes
+// through vtgate's VStream (docs/vitess.md, "Change feed"). f must feed
+// the head changes of Open's database.
+func HeadFeed(f driver.HeadFeed) Option { return func(o *options) { o.feed = f } }
 
 // FeedDSN makes the change feed connect with this go-sql-driver DSN
 // instead of Open's: a user with only the replication privileges
@@ -204,7 +213,7 @@ func Open(dsn string, opts ...Option) (*Driver, error) {
 		return nil, err
 	}
 	d.owned = true
-	d.feedCfg, d.feedSchema, d.feedMax = feedCfg, cfg.DBName, feedMax
+	d.feedCfg, d.feedSchema, d.feedMax, d.feed = feedCfg, cfg.DBName, feedMax, o.feed
 	if o.feedDSN != "" {
 		fconn, err := mysql.NewConnector(feedCfg)
 		if err != nil {

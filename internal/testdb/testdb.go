@@ -179,6 +179,15 @@ func VitessDSN() string {
 	return "root@tcp(127.0.0.1:15003)/shardq"
 }
 
+// VitessGRPCAddr is the test vtgate's gRPC address (SHARDQ_TEST_VITESS_GRPC;
+// default the one scripts/vitess starts: vttestserver's port + 1).
+func VitessGRPCAddr() string {
+	if v := os.Getenv("SHARDQ_TEST_VITESS_GRPC"); v != "" {
+		return v
+	}
+	return "127.0.0.1:15001"
+}
+
 // SkipVitess skips t outside CI when SHARDQ_TEST_VITESS=skip; every test
 // that needs vtgate calls it (Vitess does).
 func SkipVitess(t testing.TB) {

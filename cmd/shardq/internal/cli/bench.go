@@ -214,6 +214,9 @@ func (a *app) startWorker(ctx context.Context, args []string) (io.Reader, io.Clo
 	if feed, _ := a.feedDSN(); feed != "" {
 		cmd.Env = append(cmd.Env, "SHARDQ_FEED_DSN="+feed)
 	}
+	if a.vtgateGRPC != "" {
+		cmd.Env = append(cmd.Env, "SHARDQ_VTGATE_GRPC="+a.vtgateGRPC)
+	}
 	cmd.Stderr = a.env.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -101,6 +101,9 @@ type app struct {
 	feedFlag string // --feed: auto or off
 	// --feed-dsn as given; see feedDSN (feeddsn.go)
 	feedDSNFlag string
+	// vtgateGRPC is --vtgate-grpc: vtgate's gRPC address for the Vitess
+	// change feed (openDriver, feeddsn.go).
+	vtgateGRPC string
 	// feedMaxEvent is --feed-max-event: the change feed passes over binary
 	// log events larger than this (with a rescan).
 	feedMaxEvent int64
@@ -149,6 +152,8 @@ func newRoot(env Env) *cobra.Command {
 	root.PersistentFlags().IntVar(&a.metricsSeries, "metrics-series", 2000,
 		"series kept per metric (tenants and topics come from clients); past it, one series labelled otel.metric.overflow")
 	root.PersistentFlags().StringVar(&a.feedDSNFlag, "feed-dsn", "", feedDSNHelp)
+	root.PersistentFlags().StringVar(&a.vtgateGRPC, "vtgate-grpc", "",
+		"on Vitess: vtgate's gRPC address HOST:PORT, for the change feed through VStream (without it consumers poll; docs/vitess.md)")
 	root.PersistentFlags().Int64Var(&a.feedMaxEvent, "feed-max-event", mysqldriver.DefaultFeedMaxEventBytes,
 		"the MySQL change feed passes over binary log events larger than this many bytes, unread, and has consumers rescan (docs/feed.md)")
 	root.PersistentFlags().StringVar(&a.metricsAddr, "metrics-addr", "",

@@ -5,6 +5,7 @@ package cli
 import (
 	"errors"
 	"math"
+	"net"
 	"net/url"
 	"strings"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/dsn"
+	"github.com/shardq/shardq/vitessfeed"
 )
 
 // feedDSNHelp is --feed-dsn's usage.
@@ -30,17 +32,23 @@ func (a *app) feedDSN() (value, from string) {
 }
 
 // openDriver opens the database spec names, a MySQL one with the feed
-// DSN when one is given.
+// DSN when one is given, and on Vitess with the VStream feed when vtgate's
+// gRPC address is.
 func (a *app) openDriver(spec dsn.Spec) (driver.Driver, error) {
 	feed, from := a.feedDSN()
+	vtgate, vtgateFrom := a.vtgateGRPC, "--vtgate-grpc"
 	if a.feedMaxEvent <= 0 || a.feedMaxEvent > math.MaxUint32 {
 		return nil, usagef("--feed-max-event: want 1 to %d bytes", uint32(math.MaxUint32))
 	}
 	switch {
 	case spec.Driver != "mysql" && feed != "":
 		return nil, usagef("%s: a feed connection applies to a MySQL database only; --dsn is %s", from, spec.Driver)
+	case spec.Driver != "mysql" && vtgate != "":
+		return nil, usagef("%s: vtgate's address applies to a MySQL DSN on vtgate only; --dsn is %s", vtgateFrom, spec.Driver)
 	case spec.Driver != "mysql":
 		return dsn.Open(spec)
+	case feed != "" && vtgate != "":
+		return nil, usagef("%s and %s: give one feed: the binary log's connection (MySQL, MariaDB) or vtgate's address (Vitess)", from, vtgateFrom)
 	}
 	opts := []mysqldriver.Option{mysqldriver.FeedMaxEventBytes(a.feedMaxEvent)}
 	if feed != "" {
@@ -49,6 +57,20 @@ func (a *app) openDriver(spec dsn.Spec) (driver.Driver, error) {
 			return nil, usagef("%s: %v", from, err)
 		}
 		opts = append(opts, mysqldriver.FeedDSN(f))
+	}
+	if vtgate != "" {
+		cfg, err := mysql.ParseDSN(spec.MySQL)
+		if err != nil {
+			return nil, usagef("--dsn: %v", err)
+		}
+		if _, _, err := net.SplitHostPort(vtgate); err != nil {
+			return nil, usagef("%s %q: want HOST:PORT: %v", vtgateFrom, vtgate, err)
+		}
+		f, err := vitessfeed.New(vitessfeed.Config{Addr: vtgate, Keyspace: cfg.DBName})
+		if err != nil {
+			return nil, usagef("%s: %v", vtgateFrom, err)
+		}
+		opts = append(opts, mysqldriver.HeadFeed(f))
 	}
 	return mysqldriver.Open(spec.MySQL, opts...)
 }

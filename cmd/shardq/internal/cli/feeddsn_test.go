@@ -13,7 +13,9 @@ import (
 
 // --feed-dsn (or SHARDQ_FEED_DSN) is the connection the MySQL change feed
 // reads the binary log with; it is refused for SQLite and when it does
-// not parse, without showing its password.
+// not parse, without showing its password. --vtgate-grpc (the Vitess
+// feed's address) is refused for SQLite, beside --feed-dsn, and when it
+// is not HOST:PORT.
 func TestFeedDSN(t *testing.T) {
 	sqlite := "sqlite://" + t.TempDir() + "/q.db"
 	migrateDSN(t, sqlite)
@@ -27,6 +29,11 @@ func TestFeedDSN(t *testing.T) {
 		{nil, []string{"--dsn", "mysql://u:p@127.0.0.1:1/db", "--feed-dsn", "mysql://feed:s3cret@db:3306/a/b", "admin", "topics", "--tenant", "acme"}, "--feed-dsn: want mysql://"},
 		{nil, []string{"--dsn", "mysql://u:p@127.0.0.1:1/db", "--feed-dsn", "feed:s3cret@db:3306", "admin", "topics", "--tenant", "acme"}, "--feed-dsn: want mysql://"},
 		{nil, []string{"--dsn", "mysql://u:s3cret@127.0.0.1:1/db", "--feed-max-event", "0", "admin", "topics", "--tenant", "acme"}, "--feed-max-event: want 1 to"},
+		{nil, []string{"--dsn", sqlite, "--vtgate-grpc", "vtgate:15991", "admin", "topics", "--tenant", "acme"}, "--vtgate-grpc: vtgate's address applies to a MySQL DSN on vtgate only"},
+		{map[string]string{"SHARDQ_VTGATE_GRPC": "vtgate:15991"}, []string{"--dsn", sqlite, "admin", "topics", "--tenant", "acme"}, "--vtgate-grpc: vtgate's address applies"},
+		{nil, []string{"--dsn", "mysql://u:s3cret@127.0.0.1:1/db", "--vtgate-grpc", "vtgate", "admin", "topics", "--tenant", "acme"}, `--vtgate-grpc "vtgate": want HOST:PORT`},
+		{nil, []string{"--dsn", "mysql://u:s3cret@127.0.0.1:1/db", "--vtgate-grpc", "vtgate:15991", "--feed-dsn", "feed:s3cret@tcp(db:3306)/", "admin", "topics", "--tenant", "acme"},
+			"--feed-dsn and --vtgate-grpc: give one feed"},
 	} {
 		r := runCLI(t, tc.env, "", tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "s3cret") {
