@@ -80,6 +80,9 @@ func (ns namespace) createRaw(ctx context.Context) error {
 				return fmt.Errorf("create raw table %s: %w", dst, err)
 			}
 		}
+		if err := ns.e.route(ctx, dst); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -172,6 +175,9 @@ func (e *env) rawAppend(ctx context.Context, ns namespace, conns int) (rep, erro
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+ns.rawHeads()+" (tenant VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "+
 		"partition_key VARCHAR(255) NOT NULL, head_offset BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (tenant, topic, partition_key))"); err != nil {
 		return rep{}, fmt.Errorf("create raw heads: %w", err)
+	}
+	if err := e.route(ctx, ns.rawHeads()); err != nil {
+		return rep{}, err
 	}
 	upsert := "INSERT INTO " + ns.rawHeads() + " (tenant, topic, partition_key, head_offset, updated_at) VALUES (?, ?, ?, ?, ?) "
 	if e.d.Name() == "mysql" {
