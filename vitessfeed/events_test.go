@@ -3,7 +3,6 @@
 package vitessfeed_test
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,58 +12,12 @@ import (
 	querypb "vitess.io/vitess/go/vt/proto/query"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testdb"
 	"github.com/shardq/shardq/vitessfeed"
 )
 
-// sink is a FeedSink that hands every event to the test as a line.
-type sink chan string
-
-func (e sink) Moved(hs []driver.HeadChange) {
-	for _, h := range hs {
-		e.send(fmt.Sprintf("moved %s/%s/%s@%d", h.Tenant, h.Topic, h.PartitionKey, h.Head))
-	}
-}
-func (e sink) Rescan()                      { e.send("rescan") }
-func (e sink) Up(names bool)                { e.send(fmt.Sprint("up names=", names)) }
-func (e sink) Down(err error)               { e.send(fmt.Sprint("down ", err)) }
-func (e sink) Note(msg string, args ...any) { e.send("note " + msg) }
-
-// send never blocks the feed (a sink must not).
-func (e sink) send(ev string) {
-	select {
-	case e <- ev:
-	default:
-	}
-}
-
-// drain returns what the sink holds now.
-func (e sink) drain() []string {
-	var out []string
-	for {
-		select {
-		case ev := <-e:
-			out = append(out, ev)
-		default:
-			return out
-		}
-	}
-}
-
-// next waits for the next event that starts with prefix, skipping others.
-func (e sink) next(t *testing.T, prefix string) string {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case ev := <-e:
-			if strings.HasPrefix(ev, prefix) {
-				return ev
-			}
-		case <-deadline:
-			t.Fatalf("no %q event within 30 s", prefix)
-		}
-	}
-}
+// sink is a FeedSink that hands every event to the test.
+type sink = testdb.FeedEvents
 
 // row encodes values as VStream does: lengths, values concatenated; a
 // nil value is NULL.
@@ -140,7 +93,7 @@ func TestEventsNameCommittedHeads(t *testing.T) {
 		vgtid("MariaDB/0-1-11"),
 		&binlogdatapb.VEvent{Type: binlogdatapb.VEventType_ROLLBACK},
 	)
-	got := strings.Join(events.drain(), ",")
+	got := strings.Join(events.Drain(), ",")
 	if want := "moved t/x/a@7,moved t/y/ключ@9"; got != want {
 		t.Fatalf("sink got %q, want %q", got, want)
 	}
@@ -149,8 +102,8 @@ func TestEventsNameCommittedHeads(t *testing.T) {
 	}
 }
 
-// A position that arrives outside a transaction (a heartbeat's, another
-// table's) is where the stream resumes; one inside a transaction only
+// A position that arrives outside a transaction (after another table's
+// transaction, say) is where the stream resumes; one inside a transaction only
 // once the transaction commits.
 func TestEventsResumeAfterWholeTransactions(t *testing.T) {
 	f := newFeed(t, vitessfeed.Config{})
@@ -163,14 +116,14 @@ func TestEventsResumeAfterWholeTransactions(t *testing.T) {
 	if pos.GetShardGtids()[0].Gtid != "MariaDB/0-1-5" {
 		t.Fatalf("position inside an open transaction %v, want the one before it, MariaDB/0-1-5", pos)
 	}
-	if got := events.drain(); len(got) != 0 {
+	if got := events.Drain(); len(got) != 0 {
 		t.Fatalf("an uncommitted transaction said %q", got)
 	}
 }
 
 // A transaction naming more partitions than MaxPending makes the
 // consumers rescan rather than hold them all; a row that does not decode makes them
-// rescan and is said once; a schema change or reshard makes them rescan.
+// rescan and is said once; a schema change makes them rescan.
 func TestEventsRescanWhatTheyCannotName(t *testing.T) {
 	f := newFeed(t, vitessfeed.Config{MaxPending: 2})
 	cases := []struct {
@@ -197,15 +150,13 @@ func TestEventsRescanWhatTheyCannotName(t *testing.T) {
 			&binlogdatapb.RowChange{After: headRow("t", "x", "a", 1)}), commit()},
 			"note shardq: vitess change feed could not read a head row; consumers rescan,rescan"},
 		{"a schema change", []*binlogdatapb.VEvent{{Type: binlogdatapb.VEventType_DDL}},
-			"note shardq: vitess change feed saw a schema change or a reshard; consumers rescan,rescan"},
-		{"a reshard's journal", []*binlogdatapb.VEvent{{Type: binlogdatapb.VEventType_JOURNAL}},
-			"note shardq: vitess change feed saw a schema change or a reshard; consumers rescan,rescan"},
+			"note shardq: vitess change feed saw a schema change; consumers rescan,rescan"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			events := make(sink, 100)
 			vitessfeed.Apply(f, events, tc.events...)
-			if got := strings.Join(events.drain(), ","); got != tc.want {
+			if got := strings.Join(events.Drain(), ","); got != tc.want {
 				t.Fatalf("sink got %q, want %q", got, tc.want)
 			}
 		})

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -113,12 +114,13 @@ func New(cfg Config) (*Feed, error) {
 
 // FeedHeads streams the keyspace's head changes to sink until ctx ends
 // (driver.HeadFeed). It starts at each shard's current position; after a
-// cut it reconnects from the last commit it read, and from a position
-// vtgate refuses (a shard's logs purged) or that shows no position of its
-// own within three heartbeats (errNoPosition) it starts at the current
-// positions again; every start is Up,
-// so consumers rescan what a gap may have hidden. vtgate refusing the
-// stream itself (no VStream, no permission) returns ErrFeedUnavailable.
+// cut it reconnects from the last commit it read. From a position vtgate
+// refuses (a shard's logs purged) it starts at the current positions
+// again, and a shard that shows no position of its own within three
+// heartbeats of resuming (noPositionError) starts again at its current
+// one. Each stream is Up once every shard has a position, so consumers
+// rescan what a gap may have hidden. vtgate refusing the stream itself
+// (no VStream, no permission) returns ErrFeedUnavailable.
 func (f *Feed) FeedHeads(ctx context.Context, sink driver.FeedSink) error {
 	return f.feedFrom(ctx, sink, nil)
 }
@@ -145,7 +147,14 @@ func (f *Feed) feedFrom(ctx context.Context, sink driver.FeedSink, start *binlog
 			return fmt.Errorf("vitess change feed: %w: vtgate %s refused VStream of keyspace %q: %w",
 				driver.ErrFeedUnavailable, f.cfg.Addr, f.cfg.Keyspace, err)
 		}
-		if errors.Is(err, errNoPosition) || !s.streamed && s.pos != nil && refusedPosition(err) {
+		var stuck *noPositionError
+		switch {
+		case errors.As(err, &stuck):
+			sink.Note("shardq: vitess change feed position refused; continuing from the current positions and rescanning",
+				"was", vgtidString(s.pos), "err", err)
+			s.pos = fromCurrent(s.pos, stuck.shards)
+			continue
+		case !s.streamed && s.pos != nil && !errors.Is(err, errSilent) && refusedPosition(err):
 			sink.Note("shardq: vitess change feed position refused; continuing from the current positions and rescanning",
 				"was", vgtidString(s.pos), "err", err)
 			s.pos = nil
@@ -164,13 +173,62 @@ func (f *Feed) feedFrom(ctx context.Context, sink driver.FeedSink, start *binlog
 	}
 }
 
-// errNoPosition ends a stream resumed from a saved position that showed
-// no position of its own within three heartbeats. MariaDB does not refuse
-// a position ahead of its binary log (a primary that lost transactions in
-// a failover): it waits, silently, for the position to come. An idle
-// shard resumed at exactly its position looks the same, and for it the
-// restart from the current positions costs one rescan.
-var errNoPosition = errors.New("no position within three heartbeats of resuming")
+// noPositionError ends a stream resumed from a saved position in which
+// some shards showed no position of their own within three heartbeats.
+// MariaDB does not refuse a position ahead of its binary log (a primary
+// that lost transactions in a failover): it waits, silently, for the
+// position to come. An idle shard resumed at exactly its position looks
+// the same, and for it the restart from its current position costs one
+// rescan.
+type noPositionError struct{ shards []string }
+
+func (e *noPositionError) Error() string {
+	return fmt.Sprintf("shards %s showed no position within three heartbeats of resuming", strings.Join(e.shards, ", "))
+}
+
+// errSilent ends a stream that sent nothing, not even vtgate's
+// heartbeat, for three heartbeats: a hung vtgate or a black-holed
+// connection, not a refused position.
+var errSilent = errors.New("no event or heartbeat for three heartbeats")
+
+// fromCurrent is pos with shards' positions replaced by "current".
+func fromCurrent(pos *binlogdatapb.VGtid, shards []string) *binlogdatapb.VGtid {
+	out := &binlogdatapb.VGtid{}
+	for _, g := range pos.GetShardGtids() {
+		g := &binlogdatapb.ShardGtid{Keyspace: g.Keyspace, Shard: g.Shard, Gtid: g.Gtid}
+		if slices.Contains(shards, g.Shard) {
+			g.Gtid = "current"
+		}
+		out.ShardGtids = append(out.ShardGtids, g)
+	}
+	return out
+}
+
+// unmoved lists the shards whose position in latest is still the one in
+// start (or that latest does not name).
+func unmoved(start, latest *binlogdatapb.VGtid) []string {
+	now := map[string]string{}
+	for _, g := range latest.GetShardGtids() {
+		now[g.Shard] = g.Gtid
+	}
+	var out []string
+	for _, g := range start.GetShardGtids() {
+		if g.Gtid != "current" && now[g.Shard] == g.Gtid || now[g.Shard] == "" {
+			out = append(out, g.Shard)
+		}
+	}
+	return out
+}
+
+// allPositioned says whether v names a concrete position for every shard.
+func allPositioned(v *binlogdatapb.VGtid) bool {
+	for _, g := range v.GetShardGtids() {
+		if g.Gtid == "current" || g.Shard == "" {
+			return false
+		}
+	}
+	return len(v.GetShardGtids()) > 0
+}
 
 // refusedPosition says whether a stream that failed before its first
 // event failed at its position rather than on the way to vtgate: then
@@ -192,21 +250,22 @@ type stream struct {
 	pos *binlogdatapb.VGtid
 	// streamed: the last run received at least one event.
 	streamed bool
-	// positioned: the last run received a position (a VGTID event).
-	positioned atomic.Bool
+	// latest is the last position the running stream reported (a VGTID
+	// event), for the check of resumed shards.
+	latest atomic.Pointer[binlogdatapb.VGtid]
 }
 
 // run opens one VStream from s.pos and reads it until it ends.
 func (s *stream) run(ctx context.Context, client vtgateservicepb.VitessClient) error {
 	s.streamed = false
-	s.positioned.Store(false)
+	s.latest.Store(nil)
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	start := s.pos
 	if start != nil {
 		unpositioned := time.AfterFunc(3*s.f.cfg.Heartbeat, func() {
-			if !s.positioned.Load() {
-				cancel(errNoPosition)
+			if shards := unmoved(start, s.latest.Load()); len(shards) > 0 {
+				cancel(&noPositionError{shards: shards})
 			}
 		})
 		defer unpositioned.Stop()
@@ -230,7 +289,7 @@ func (s *stream) run(ctx context.Context, client vtgateservicepb.VitessClient) e
 	}
 	silence := 3 * s.f.cfg.Heartbeat
 	watchdog := time.AfterFunc(silence, func() {
-		cancel(fmt.Errorf("no event or heartbeat for %s", silence))
+		cancel(errSilent)
 	})
 	defer watchdog.Stop()
 	vs, err := client.VStream(sctx, req)
@@ -238,20 +297,24 @@ func (s *stream) run(ctx context.Context, client vtgateservicepb.VitessClient) e
 		return s.cause(sctx, err)
 	}
 	var tx txn
+	up := false
 	for {
 		resp, err := vs.Recv()
 		if err != nil {
 			return s.cause(sctx, err)
 		}
 		watchdog.Reset(silence)
-		if !s.streamed {
-			// The stream's positions were fixed before its first event:
-			// what committed before them, the rescan that Up implies reads.
-			s.streamed = true
-			s.sink.Up(true)
-		}
+		s.streamed = true
 		for _, ev := range resp.Events {
 			s.event(&tx, ev)
+		}
+		// Up once every shard streams from a position of its own: what
+		// committed before those positions, the rescan that Up implies
+		// reads. A shard still at "current" (its tablet not yet found)
+		// could commit unseen between a rescan and its first position.
+		if !up && (allPositioned(start) || allPositioned(s.latest.Load())) {
+			up = true
+			s.sink.Up(true)
 		}
 	}
 }
@@ -334,7 +397,7 @@ func (s *stream) event(tx *txn, ev *binlogdatapb.VEvent) {
 			}
 		}
 	case binlogdatapb.VEventType_VGTID:
-		s.positioned.Store(true)
+		s.latest.Store(ev.Vgtid)
 		tx.pos = ev.Vgtid
 		if !tx.open {
 			s.pos = ev.Vgtid
@@ -352,11 +415,11 @@ func (s *stream) event(tx *txn, ev *binlogdatapb.VEvent) {
 		tx.reset(false)
 	case binlogdatapb.VEventType_ROLLBACK:
 		tx.reset(false)
-	case binlogdatapb.VEventType_DDL, binlogdatapb.VEventType_JOURNAL:
-		// A changed head table or a reshard: what streams next may be
-		// laid out anew; the consumers read their heads again.
+	case binlogdatapb.VEventType_DDL:
+		// A changed head table: what streams next may be laid out anew;
+		// the consumers read their heads again.
 		tx.haveCols = false
-		s.sink.Note("shardq: vitess change feed saw a schema change or a reshard; consumers rescan", "type", ev.Type.String(), "shard", ev.Shard)
+		s.sink.Note("shardq: vitess change feed saw a schema change; consumers rescan", "shard", ev.Shard)
 		s.sink.Rescan()
 	}
 }

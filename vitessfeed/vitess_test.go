@@ -106,7 +106,7 @@ func nextMoved(t *testing.T, events sink, key string, n int) []string {
 	t.Helper()
 	var got []string
 	for len(got) < n {
-		if ev := events.next(t, "moved "); strings.Contains(ev, "/"+key+"@") {
+		if ev := events.Next(t, "moved "); strings.Contains(ev, "/"+key+"@") {
 			got = append(got, ev)
 		}
 	}
@@ -119,7 +119,7 @@ func nextMoved(t *testing.T, events sink, key string, n int) []string {
 func TestVitessFeedNamesHeadsOfBothShards(t *testing.T) {
 	c, tenants := placed(t)
 	events := run(t, feedAt(t, testdb.VitessGRPCAddr()), nil)
-	events.next(t, "up names=true")
+	events.Next(t, "up names=true")
 	var lat []time.Duration
 	for i := range 5 {
 		key := fmt.Sprint("k", i)
@@ -141,7 +141,7 @@ func TestVitessFeedReconnectsAfterCut(t *testing.T) {
 	c, tenants := placed(t)
 	proxy := testdb.NewCutProxy(t, testdb.VitessGRPCAddr())
 	events := run(t, feedAt(t, proxy.Addr()), nil)
-	events.next(t, "up names=true")
+	events.Next(t, "up names=true")
 	want := publishEach(t, c, tenants, "before")
 	if got := nextMoved(t, events, "before", len(want)); !slices.Equal(got, want) {
 		t.Fatalf("before the cut: feed said %q, want %q", got, want)
@@ -152,8 +152,8 @@ func TestVitessFeedReconnectsAfterCut(t *testing.T) {
 	// Published while the feed waits to reconnect (100 ms): the stream
 	// resumes from the position before it, so the feed names it.
 	want = publishEach(t, c, tenants, "during")
-	events.next(t, "down ")
-	events.next(t, "up names=true")
+	events.Next(t, "down ")
+	events.Next(t, "up names=true")
 	if got := nextMoved(t, events, "during", len(want)); !slices.Equal(got, want) {
 		t.Fatalf("after the cut: feed said %q, want %q", got, want)
 	}
@@ -168,21 +168,39 @@ func TestVitessFeedReconnectsAfterCut(t *testing.T) {
 func TestVitessFeedRefusedPositionRescans(t *testing.T) {
 	c, tenants := placed(t)
 	ks := keyspace(t)
-	for _, tc := range []struct{ name, gtid, why string }{
-		{"refused", "MariaDB/not-a-gtid", "could not decode position"},
-		{"ahead of the log", "MariaDB/0-1-999999999", "no position within three heartbeats"},
+	var current string // a shard's own position, as the shard reports it
+	if err := testdb.VitessShard(t, "80-").QueryRow("SELECT @@global.gtid_binlog_pos").Scan(&current); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, gtid, other, why string }{
+		{"refused", "MariaDB/not-a-gtid", "", "could not decode position"},
+		{"ahead of the log", "MariaDB/0-1-999999999", "", "shards -80, 80- showed no position within three heartbeats"},
+		// Only the stuck shard starts again from its current position:
+		// the other's commits would otherwise hide it.
+		{"one shard ahead of its log", "MariaDB/0-1-999999999", "MariaDB/" + current, "shards -80 showed no position within three heartbeats"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var gtids []*binlogdatapb.ShardGtid
 			for _, shard := range testdb.VitessShards {
-				gtids = append(gtids, &binlogdatapb.ShardGtid{Keyspace: ks, Shard: shard, Gtid: tc.gtid})
+				gtid := tc.gtid
+				if shard == "80-" && tc.other != "" {
+					gtid = tc.other
+				}
+				gtids = append(gtids, &binlogdatapb.ShardGtid{Keyspace: ks, Shard: shard, Gtid: gtid})
 			}
 			events := run(t, feedAt(t, testdb.VitessGRPCAddr()), &binlogdatapb.VGtid{ShardGtids: gtids})
-			if ev := events.next(t, "down "); !strings.Contains(ev, tc.why) {
+			if tc.other != "" {
+				// The shard at its own position moves on a commit there.
+				events.Next(t, "up names=true")
+				if _, err := c.Publish(context.Background(), shardq.Message{Tenant: tenants["80-"], Topic: "x", PartitionKey: "moves"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if ev := events.Next(t, "down "); !strings.Contains(ev, tc.why) {
 				t.Fatalf("the stream from %s ended with %q, want %q", tc.gtid, ev, tc.why)
 			}
-			events.next(t, "note shardq: vitess change feed position refused")
-			events.next(t, "up names=true")
+			events.Next(t, "note shardq: vitess change feed position refused")
+			events.Next(t, "up names=true")
 			key := "after-" + strings.ReplaceAll(tc.name, " ", "-")
 			want := publishEach(t, c, tenants, key)
 			if got := nextMoved(t, events, key, len(want)); !slices.Equal(got, want) {
@@ -192,7 +210,9 @@ func TestVitessFeedRefusedPositionRescans(t *testing.T) {
 	}
 }
 
-// A keyspace vtgate does not have is an error naming it, not a loop.
+// A keyspace vtgate does not have is said (Down names it) and asked for
+// again with backoff, since it may yet be created; the feed ends cleanly
+// when its context does.
 func TestVitessFeedUnknownKeyspace(t *testing.T) {
 	testdb.SkipVitess(t)
 	f := newFeed(t, vitessfeed.Config{Addr: testdb.VitessGRPCAddr(), Keyspace: "no_such_keyspace"})
@@ -201,7 +221,7 @@ func TestVitessFeedUnknownKeyspace(t *testing.T) {
 	events := make(sink, 100)
 	done := make(chan error, 1)
 	go func() { done <- f.FeedHeads(ctx, events) }()
-	ev := events.next(t, "down ")
+	ev := events.Next(t, "down ")
 	if !strings.Contains(ev, "no_such_keyspace") {
 		t.Fatalf("feed said %q, want the unknown keyspace named", ev)
 	}

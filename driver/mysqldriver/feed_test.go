@@ -21,42 +21,7 @@ import (
 )
 
 // feedEvents is a FeedSink that hands every event to the test.
-type feedEvents chan string
-
-func (e feedEvents) Moved(hs []driver.HeadChange) {
-	for _, h := range hs {
-		e.send(fmt.Sprintf("moved %s/%s/%s@%d", h.Tenant, h.Topic, h.PartitionKey, h.Head))
-	}
-}
-func (e feedEvents) Rescan()                      { e.send("rescan") }
-func (e feedEvents) Up(bool)                      { e.send("up") }
-func (e feedEvents) Down(err error)               { e.send("down") }
-func (e feedEvents) Note(msg string, args ...any) { e.send("note " + msg) }
-
-// send never blocks the feed (a sink must not): a test that reads
-// nothing does not hold the feed past its cancellation.
-func (e feedEvents) send(ev string) {
-	select {
-	case e <- ev:
-	default:
-	}
-}
-
-// next waits for the next event that starts with prefix, skipping others.
-func (e feedEvents) next(t *testing.T, prefix string) string {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case ev := <-e:
-			if strings.HasPrefix(ev, prefix) {
-				return ev
-			}
-		case <-deadline:
-			t.Fatalf("no %q event within 30 s", prefix)
-		}
-	}
-}
+type feedEvents = testdb.FeedEvents
 
 // feedDriver is a migrated database and a client that publishes to it
 // (its own feed off: the test runs the feed itself).
@@ -97,7 +62,7 @@ func TestFeedNamesCommittedHeads(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := startFeed(t, d, file, pos)
-	events.next(t, "up")
+	events.Next(t, "up")
 
 	tx, err := d.DB().BeginTx(ctx, nil)
 	if err != nil {
@@ -114,7 +79,7 @@ func TestFeedNamesCommittedHeads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := []string{events.next(t, "moved"), events.next(t, "moved")}
+	got := []string{events.Next(t, "moved"), events.Next(t, "moved")}
 	want := []string{fmt.Sprintf("moved t/x/a@%d", res[1].Offset), fmt.Sprintf("moved t/y/ключ@%d", res[2].Offset)}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("feed said %q; want %q (and nothing of the rolled-back partition)", got, want)
@@ -139,15 +104,15 @@ func TestFeedStalePositionRescans(t *testing.T) {
 	purge(t, admin, stale)
 
 	events := startFeed(t, d, stale, pos)
-	if note := events.next(t, "note"); !strings.Contains(note, "no longer on the server") {
+	if note := events.Next(t, "note"); !strings.Contains(note, "no longer on the server") {
 		t.Fatalf("note %q; want the position given up", note)
 	}
-	events.next(t, "up")
+	events.Next(t, "up")
 	res, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("1")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := events.next(t, "moved"); got != fmt.Sprintf("moved t/x/after@%d", res[0].Offset) {
+	if got := events.Next(t, "moved"); got != fmt.Sprintf("moved t/x/after@%d", res[0].Offset) {
 		t.Fatalf("after the rescan the feed said %q", got)
 	}
 }
@@ -244,7 +209,7 @@ func TestFeedSkipsLargeEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := startFeed(t, d, file, pos)
-	events.next(t, "up")
+	events.Next(t, "up")
 
 	const big = 8 << 20 // made by the server: this process never holds it
 	var before, after runtime.MemStats
@@ -252,10 +217,10 @@ func TestFeedSkipsLargeEvents(t *testing.T) {
 	if _, err := d.DB().ExecContext(ctx, "INSERT INTO other_app VALUES (1, REPEAT('x', ?))", big); err != nil {
 		t.Fatal(err)
 	}
-	if ev := events.next(t, ""); ev != "rescan" && !strings.HasPrefix(ev, "note ") {
+	if ev := events.Next(t, ""); ev != "rescan" && !strings.HasPrefix(ev, "note ") {
 		t.Fatalf("after an event over the bound the feed said %q; want a rescan", ev)
 	}
-	events.next(t, "rescan")
+	events.Next(t, "rescan")
 	runtime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > big/2 {
 		t.Fatalf("the process allocated %d bytes while the feed passed over a %d-byte event", n, big)
@@ -276,15 +241,15 @@ func TestFeedSkipsLargeEvents(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := events.next(t, "moved"), fmt.Sprintf("moved t/x/with-big@%d", res[0].Offset); got != want {
+	if got, want := events.Next(t, "moved"), fmt.Sprintf("moved t/x/with-big@%d", res[0].Offset); got != want {
 		t.Fatalf("feed said %q; want %q", got, want)
 	}
-	events.next(t, "rescan")
+	events.Next(t, "rescan")
 	res, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("2")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := events.next(t, "moved"), fmt.Sprintf("moved t/x/after@%d", res[0].Offset); got != want {
+	if got, want := events.Next(t, "moved"), fmt.Sprintf("moved t/x/after@%d", res[0].Offset); got != want {
 		t.Fatalf("after the skipped events the feed said %q; want %q", got, want)
 	}
 }
@@ -395,12 +360,12 @@ func TestFeedDSN(t *testing.T) {
 			t.Errorf("feed: %v", err)
 		}
 	}()
-	events.next(t, "up")
+	events.Next(t, "up")
 	res, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("1")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := events.next(t, "moved"), fmt.Sprintf("moved t/x/k@%d", res[0].Offset); got != want {
+	if got, want := events.Next(t, "moved"), fmt.Sprintf("moved t/x/k@%d", res[0].Offset); got != want {
 		t.Fatalf("feed said %q; want %q", got, want)
 	}
 }

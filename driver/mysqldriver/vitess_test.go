@@ -254,6 +254,26 @@ func vitessClient(t *testing.T) *shardq.Client {
 	return c
 }
 
+// vitessOnBothShards migrates a clean keyspace, opens a client with cfg
+// on it and places 8 tenants, failing unless each shard holds one.
+func vitessOnBothShards(t *testing.T, cfg *shardq.Config) (*mysqldriver.Driver, *shardq.Client, map[string][]string) {
+	t.Helper()
+	d := testdb.Vitess(t)
+	if _, err := d.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shardq.NewClient(d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	placed := tenantsByShard(t, c, 8)
+	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
+		t.Fatalf("placement %v: want a tenant on each shard", placed)
+	}
+	return d, c, placed
+}
+
 // Tenants spread over both shards, each on one; a partition's offsets
 // come from its shard alone; a dead-lettered message stays on its
 // tenant's shard.
@@ -509,20 +529,8 @@ func TestVitessTenantLifecycle(t *testing.T) {
 // the cycle: both waited out the lock wait timeout (found by the chaos
 // runner, docs/chaos.md).
 func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
-	d := testdb.Vitess(t)
+	d, _, placed := vitessOnBothShards(t, nil)
 	ctx := context.Background()
-	if _, err := d.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	placed := tenantsByShard(t, c, 8)
-	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
-		t.Fatalf("placement %v: want a tenant on each shard", placed)
-	}
 	first, second, firstShard := placed["-80"][0], placed["80-"][0], "-80"
 	if second < first {
 		first, second, firstShard = second, first, "80-"
@@ -599,20 +607,8 @@ func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
 // before that prepare, about half these transactions would span two
 // shards.
 func TestVitessTransactionsStayOnTheirTenantsShard(t *testing.T) {
-	d := testdb.Vitess(t)
+	d, _, placed := vitessOnBothShards(t, nil)
 	ctx := context.Background()
-	if _, err := d.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	placed := tenantsByShard(t, c, 8)
-	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
-		t.Fatalf("placement %v: want a tenant on each shard", placed)
-	}
 	now := time.Now()
 	var leases []driver.Lease
 	for _, tenant := range []string{placed["-80"][0], placed["80-"][0]} {
@@ -655,23 +651,11 @@ func TestVitessTransactionsStayOnTheirTenantsShard(t *testing.T) {
 // higher: each shard numbers its messages on its own, so offsets of two
 // shards say nothing about which came first.
 func TestVitessAcceptNextGroupAcrossShards(t *testing.T) {
-	d := testdb.Vitess(t)
 	ctx := context.Background()
-	if _, err := d.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c, err := shardq.NewClient(d, &shardq.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	placed := tenantsByShard(t, c, 8)
-	if len(placed["-80"]) == 0 || len(placed["80-"]) == 0 {
-		t.Fatalf("placement %v: want a tenant on each shard", placed)
-	}
+	_, c, placed := vitessOnBothShards(t, &shardq.Config{Clock: clock})
 	busy, quiet := placed["-80"][0], placed["80-"][0]
 	for i := range 20 { // the busy tenant's shard numbers past the quiet one's
 		if _, err := c.Publish(ctx, shardq.Message{Tenant: busy, Topic: "other", PartitionKey: "k", ID: fmt.Sprint("f", i)}); err != nil {

@@ -66,7 +66,11 @@ func (a *app) openDriver(spec dsn.Spec) (driver.Driver, error) {
 		if _, _, err := net.SplitHostPort(vtgate); err != nil {
 			return nil, usagef("%s %q: want HOST:PORT: %v", vtgateFrom, vtgate, err)
 		}
-		f, err := vitessfeed.New(vitessfeed.Config{Addr: vtgate, Keyspace: cfg.DBName})
+		// vtgate's database name may carry a target: keyspace@type or
+		// keyspace:shard; the feed streams the whole keyspace.
+		keyspace, _, _ := strings.Cut(cfg.DBName, "@")
+		keyspace, _, _ = strings.Cut(keyspace, ":")
+		f, err := vitessfeed.New(vitessfeed.Config{Addr: vtgate, Keyspace: keyspace})
 		if err != nil {
 			return nil, usagef("%s: %v", vtgateFrom, err)
 		}

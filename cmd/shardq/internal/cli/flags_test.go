@@ -72,7 +72,7 @@ func TestFlagGivenTwice(t *testing.T) {
 // value the flag refuses names the variable; --help names each variable.
 func TestFlagsFromEnvironment(t *testing.T) {
 	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
-	env := map[string]string{"SHARDQ_DSN": dsn, "SHARDQ_TENANT": "acme", "SHARDQ_TOPIC": "orders", "SHARDQ_IDLE_EXIT": "100ms"}
+	env := map[string]string{"SHARDQ_DSN": dsn, "SHARDQ_TENANT": "acme", "SHARDQ_TOPIC": "orders", "SHARDQ_IDLE_EXIT": "1s"}
 	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
 		t.Fatal(r)
 	}
