@@ -56,6 +56,11 @@ func (l *statementLog) all() []string {
 // recorded: connections as Open makes them through vtgate (transactions
 // begun at their first execution) under a recorder.
 func openRecorded(t *testing.T, log *statementLog) driver.Driver {
+	return openRecordedBy(t, log.record)
+}
+
+// openRecordedBy is openRecorded with record called on each statement.
+func openRecordedBy(t *testing.T, record func(string)) *mysqldriver.Driver {
 	testdb.Vitess(t) // a clean keyspace (or a skip/fail with the reason)
 	cfg, err := mysql.ParseDSN(testdb.VitessDSN())
 	if err != nil {
@@ -65,7 +70,7 @@ func openRecorded(t *testing.T, log *statementLog) driver.Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := sql.OpenDB(sqlrecord.Connector(mysqldriver.VTGateConnector(inner), log.record))
+	db := sql.OpenDB(sqlrecord.Connector(mysqldriver.VTGateConnector(inner), record))
 	t.Cleanup(func() { db.Close() })
 	d, err := mysqldriver.New(db)
 	if err != nil {
@@ -517,6 +522,68 @@ func TestVitessTenantLifecycle(t *testing.T) {
 	}
 	if _, err := c.Publish(ctx, shardq.Message{Tenant: neighbour, Topic: "x", PartitionKey: "k", ID: "after"}); err != nil {
 		t.Fatalf("the neighbour on the same shard: %v", err)
+	}
+}
+
+// A member's heartbeat rows are written, refreshed and removed in one
+// statement however many tenants it serves, through vtgate too (each
+// shard's part committed on its own, so they need not go tenant by
+// tenant as locks in a transaction do): a member's idle cost does not
+// grow with its tenants.
+func TestVitessHeartbeatsOneStatementOverShards(t *testing.T) {
+	var mu sync.Mutex
+	var beats []string
+	d := openRecordedBy(t, func(q string) {
+		if strings.Contains(q, "queue_subscriber_heartbeats") {
+			mu.Lock()
+			beats = append(beats, q)
+			mu.Unlock()
+		}
+	})
+	if _, err := d.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, now := context.Background(), time.Now()
+	var tenants []string
+	for i := range 8 {
+		tenants = append(tenants, fmt.Sprintf("t%02d", i))
+	}
+	g := driver.GroupScope{Tenants: tenants, ConsumerGroup: "g", Topic: "x"}
+	count := func(what string, call func() error) {
+		t.Helper()
+		mu.Lock()
+		beats = nil
+		mu.Unlock()
+		if err := call(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(beats) != 1 {
+			t.Errorf("%s over %d tenants: %d statements, want 1: %q", what, len(tenants), len(beats), beats)
+		}
+	}
+	count("heartbeat", func() error { return d.Heartbeat(ctx, g, "m", now) })
+	for _, shard := range []string{"-80", "80-"} {
+		var n int
+		if err := testdb.VitessShard(t, shard).QueryRowContext(ctx, "SELECT COUNT(*) FROM queue_subscriber_heartbeats").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Fatalf("shard %s holds no heartbeat row: the tenants must span both shards", shard)
+		}
+	}
+	count("refresh", func() error {
+		n, err := d.RefreshHeartbeat(ctx, g, "m", now.Add(time.Second))
+		if err == nil && n != int64(len(tenants)) {
+			err = fmt.Errorf("refreshed %d rows, want %d", n, len(tenants))
+		}
+		return err
+	})
+	count("remove", func() error { return d.RemoveHeartbeat(ctx, g, "m") })
+	subs, err := d.Subscribers(ctx, g)
+	if err != nil || len(subs) != 0 {
+		t.Fatalf("after the remove: %v, %v; want none", subs, err)
 	}
 }
 

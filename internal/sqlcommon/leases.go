@@ -692,16 +692,26 @@ func (d *Store) Heartbeat(ctx context.Context, g driver.GroupScope, subscriber s
 	if len(tenants) == 0 {
 		return nil
 	}
-	for _, run := range d.tenantRuns(tenants) {
-		rows := make(Rows, len(run))
-		for i, t := range run {
-			rows[i] = []any{t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now)}
-		}
-		if _, err := d.exec(ctx, d.Write, d.leases().heartbeat, Args{"rows": rows}); err != nil {
-			return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
-		}
+	rows := make(Rows, len(tenants))
+	for i, t := range slices.Sorted(slices.Values(tenants)) { // one order of row locks
+		rows[i] = []any{t, group, topic, subscriber, d.EncodeTime(now), d.EncodeTime(now)}
+	}
+	st := d.leases()
+	if _, err := d.exec(ctx, d.Write, d.onShards(st.heartbeat, st.heartbeatShards), Args{"rows": rows}); err != nil {
+		return d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
+}
+
+// onShards is stmt, or through vtgate its form that each shard commits
+// on its own (heartbeat rows are written outside transactions, in one
+// statement however many tenants: a member's idle cost does not grow
+// with its tenants).
+func (d *Store) onShards(stmt, sharded string) string {
+	if d.Sharded != nil && d.Sharded() {
+		return sharded
+	}
+	return stmt
 }
 
 // RefreshHeartbeat updates subscriber's rows.
@@ -709,19 +719,13 @@ func (d *Store) RefreshHeartbeat(ctx context.Context, g driver.GroupScope, subsc
 	if len(g.Tenants) == 0 {
 		return 0, nil
 	}
-	var n int64
-	for _, run := range d.tenantRuns(g.Tenants) {
-		res, err := d.exec(ctx, d.Write, d.leases().refreshBeats, memberNamed(run, g.ConsumerGroup, g.Topic).with(Args{"member": subscriber, "now": d.EncodeTime(now)}))
-		if err != nil {
-			return n, d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, g.ConsumerGroup, g.Topic), err)
-		}
-		k, err := res.RowsAffected()
-		if err != nil {
-			return n, err
-		}
-		n += k
+	st := d.leases()
+	res, err := d.exec(ctx, d.Write, d.onShards(st.refreshBeats, st.refreshBeatsShards),
+		memberNamed(g.Tenants, g.ConsumerGroup, g.Topic).with(Args{"member": subscriber, "now": d.EncodeTime(now)}))
+	if err != nil {
+		return 0, d.Wrap(fmt.Sprintf("heartbeat of %q in group %q topic %q", subscriber, g.ConsumerGroup, g.Topic), err)
 	}
-	return n, nil
+	return res.RowsAffected()
 }
 
 // RemoveHeartbeat deletes subscriber's rows.
@@ -730,10 +734,9 @@ func (d *Store) RemoveHeartbeat(ctx context.Context, g driver.GroupScope, subscr
 	if len(tenants) == 0 {
 		return nil
 	}
-	for _, run := range d.tenantRuns(tenants) {
-		if _, err := d.exec(ctx, d.Write, d.leases().removeBeats, memberNamed(run, group, topic).with(Args{"member": subscriber})); err != nil {
-			return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
-		}
+	st := d.leases()
+	if _, err := d.exec(ctx, d.Write, d.onShards(st.removeBeats, st.removeBeatsShards), memberNamed(tenants, group, topic).with(Args{"member": subscriber})); err != nil {
+		return d.Wrap(fmt.Sprintf("remove heartbeat of %q in group %q topic %q", subscriber, group, topic), err)
 	}
 	return nil
 }

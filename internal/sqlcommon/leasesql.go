@@ -3,42 +3,47 @@
 package sqlcommon
 
 import (
+	"strings"
+
 	"github.com/shardq/shardq/driver"
 )
 
 // leaseSQL holds the statements of the lease protocol, membership and
 // message-group state, whole, with named parameters (Bind).
 type leaseSQL struct {
-	ensure        string // make sure a lease row exists (a no-op upsert that locks it); a new row's token is the time in µs
-	lock          string // read and lock a lease row
-	committed     string // the group's cursor of the partition
-	start         string // where the group starts in a partition it has no cursor for
-	take          string // give the row to an owner with a new token
-	fence         string // lock the row only while the token and owner are current
-	fenceHead     string // fence, returning the partition's head (a scalar subquery: a plain read, it locks nothing)
-	renew         string // extend a lease under its token
-	renewMany     string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
-	ownedTokens   string // an owner's rows and their tokens
-	expire        string // end an owner's leases now, in its name
-	release       string // free a lease under its token
-	commit        string // move a cursor forward, never back
-	dropStates    string // drop the retry bookkeeping the cursor passed
-	record        string // upsert a message's retry bookkeeping
-	states        string // read the retry bookkeeping of a range of offsets
-	list          string // a group's lease rows in a topic
-	held          string // list, of the rows an owner holds (idx_leases_owner)
-	lockBeats     string // read and lock the heartbeat rows of :owners
-	sweep         string // free the leases of departed owners with the next token
-	takenLeases   string // the leases of :owners, locked, with their expiry
-	takeOver      string // give the leases of :owners (earlier incarnations) at :keys to :member with the next token, never shortened
-	removeMembers string // delete the heartbeat rows of :owners
-	refreshBeats  string // refresh a member's heartbeat rows, adding none
-	heartbeat     string // upsert a member's heartbeat rows (:rows)
-	removeBeats   string // delete a member's heartbeat rows
-	members       string // a group's heartbeat rows in a topic
-	revoke        string // free a lease with the next token (an operator's reset fences its holder)
-	readState     string // a message group's state
-	writeState    string // upsert a message group's state
+	ensure             string // make sure a lease row exists (a no-op upsert that locks it); a new row's token is the time in µs
+	lock               string // read and lock a lease row
+	committed          string // the group's cursor of the partition
+	start              string // where the group starts in a partition it has no cursor for
+	take               string // give the row to an owner with a new token
+	fence              string // lock the row only while the token and owner are current
+	fenceHead          string // fence, returning the partition's head (a scalar subquery: a plain read, it locks nothing)
+	renew              string // extend a lease under its token
+	renewMany          string // extend an owner's leases, each under its token (:leases rows of tenant, key, token)
+	ownedTokens        string // an owner's rows and their tokens
+	expire             string // end an owner's leases now, in its name
+	release            string // free a lease under its token
+	commit             string // move a cursor forward, never back
+	dropStates         string // drop the retry bookkeeping the cursor passed
+	record             string // upsert a message's retry bookkeeping
+	states             string // read the retry bookkeeping of a range of offsets
+	list               string // a group's lease rows in a topic
+	held               string // list, of the rows an owner holds (idx_leases_owner)
+	lockBeats          string // read and lock the heartbeat rows of :owners
+	sweep              string // free the leases of departed owners with the next token
+	takenLeases        string // the leases of :owners, locked, with their expiry
+	takeOver           string // give the leases of :owners (earlier incarnations) at :keys to :member with the next token, never shortened
+	removeMembers      string // delete the heartbeat rows of :owners
+	refreshBeats       string // refresh a member's heartbeat rows, adding none
+	heartbeat          string // upsert a member's heartbeat rows (:rows)
+	removeBeats        string // delete a member's heartbeat rows
+	refreshBeatsShards string // refreshBeats, each shard's part committed on its own
+	heartbeatShards    string // heartbeat, each shard's part committed on its own
+	removeBeatsShards  string // removeBeats, each shard's part committed on its own
+	members            string // a group's heartbeat rows in a topic
+	revoke             string // free a lease with the next token (an operator's reset fences its holder)
+	readState          string // a message group's state
+	writeState         string // upsert a message group's state
 }
 
 // leaseKeyNamed selects one lease row (:tenant, :group, :topic, :key).
@@ -48,7 +53,7 @@ const leaseKeyNamed = "tenant = :tenant AND consumer_group = :group AND topic = 
 const memberScope = "tenant IN (:tenants) AND consumer_group = :group AND topic = :topic"
 
 func newLeaseSQL(s Syntax) leaseSQL {
-	return leaseSQL{
+	l := leaseSQL{
 		ensure: "INSERT INTO queue_partition_leases (tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) " +
 			"VALUES (:tenant, :group, :topic, :key, '', :first_token, :now, :now)" + s.upsert("tenant, consumer_group, topic, partition_key", ""),
 		lock:      "SELECT owner, token, expires_at FROM queue_partition_leases WHERE " + leaseKeyNamed + s.forUpdate(),
@@ -105,6 +110,22 @@ func newLeaseSQL(s Syntax) leaseSQL {
 			"VALUES (:tenant, :group, :topic, :key, :state, :now)" + s.upsert("tenant, consumer_group, topic, partition_key",
 			"state = "+s.excluded("state")+", updated_at = "+s.excluded("updated_at")),
 	}
+	// Through vtgate, one statement over tenants of several shards that
+	// each shard commits on its own: no shard's row is held while another
+	// shard's part waits, so no lock cycle across shards forms with a
+	// sweep, which takes them tenant by tenant.
+	l.refreshBeatsShards = multiShardAutocommit(l.refreshBeats)
+	l.heartbeatShards = multiShardAutocommit(l.heartbeat)
+	l.removeBeatsShards = multiShardAutocommit(l.removeBeats)
+	return l
+}
+
+// multiShardAutocommit marks a statement for vtgate to run as an
+// autocommit statement on each shard it touches (a comment directive
+// after the verb; a database other than vtgate reads a comment).
+func multiShardAutocommit(stmt string) string {
+	verb, rest, _ := strings.Cut(stmt, " ")
+	return verb + " /*vt+ MULTI_SHARD_AUTOCOMMIT=1 */ " + rest
 }
 
 // refNamed names a partition's lease key.

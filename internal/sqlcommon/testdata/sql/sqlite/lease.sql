@@ -134,6 +134,22 @@ DELETE
 FROM queue_subscriber_heartbeats
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name = :member;
 
+-- refreshBeatsShards: refreshBeats, each shard's part committed on its own
+UPDATE /*vt+ MULTI_SHARD_AUTOCOMMIT=1 */ queue_subscriber_heartbeats
+SET heartbeat_at = :now
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name = :member;
+
+-- heartbeatShards: heartbeat, each shard's part committed on its own
+INSERT /*vt+ MULTI_SHARD_AUTOCOMMIT=1 */ INTO queue_subscriber_heartbeats (tenant, consumer_group, topic, subscriber_name, started_at, heartbeat_at)
+VALUES :rows
+ON CONFLICT (tenant, consumer_group, topic, subscriber_name) DO UPDATE
+SET heartbeat_at = excluded.heartbeat_at;
+
+-- removeBeatsShards: removeBeats, each shard's part committed on its own
+DELETE /*vt+ MULTI_SHARD_AUTOCOMMIT=1 */
+FROM queue_subscriber_heartbeats
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name = :member;
+
 -- members: a group's heartbeat rows in a topic
 SELECT tenant, subscriber_name, started_at, heartbeat_at
 FROM queue_subscriber_heartbeats
