@@ -59,6 +59,10 @@ type Params struct {
 	Feed string `json:"feed"`
 	// LargeBytes is the large scenario's message size.
 	LargeBytes int64 `json:"large_bytes"`
+	// VtgateVars, for idle through vtgate, is vtgate's /debug/vars URL:
+	// its VtgateApi count of statements replaces MySQL's Questions, which
+	// vtgate answers for one shard only.
+	VtgateVars string `json:"vtgate_vars,omitempty"`
 }
 
 // Defaults are the parameters of the issue's targets.

@@ -107,6 +107,7 @@ func (a *app) benchCmd() *cobra.Command {
 	fl.IntVar(&p.Active, "active", p.Active, "discovery: active partitions (--messages are spread over them)")
 	fl.Int64Var(&p.LargeBytes, "large-bytes", p.LargeBytes, "large: the message's size in bytes")
 	durationFlag(fl, &p.PollInterval, "poll", 0, "subscribers' idle poll interval (default: the subscriber default)")
+	fl.StringVar(&p.VtgateVars, "vtgate-vars", "", "idle through vtgate: vtgate's /debug/vars URL, whose statement count replaces MySQL's Questions")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write this process's CPU profile (go tool pprof) to the file")
 	cmd.AddCommand(a.benchWorkerCmd())
