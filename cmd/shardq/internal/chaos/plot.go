@@ -22,7 +22,13 @@ type Timeline struct {
 	Faults    []chaoscheck.Event
 	// The whole run's latency (ms) and the publishers' mean rate.
 	AllP50, AllP99, AllMax, Rate float64
+	// ByTenant is the whole run's latency (ms) of each tenant: on Vitess,
+	// a fault on one shard's primary shows in its tenants' alone.
+	ByTenant map[string]Latency
 }
+
+// Latency is a run's quantiles of acknowledgement to first delivery (ms).
+type Latency struct{ P50, P99, Max float64 }
 
 // BuildTimeline reads a run's events.
 func BuildTimeline(evs []chaoscheck.Event) Timeline {
@@ -51,6 +57,7 @@ func BuildTimeline(evs []chaoscheck.Event) Timeline {
 	n := int((end-start)/1e9) + 1
 	tl.Published, tl.Handled = make([]int, n), make([]int, n)
 	lat := make([][]float64, n)
+	byTenant := map[string][]float64{}
 	sec := func(t int64) int { return min(max(int((t-start)/1e9), 0), n-1) }
 	for _, e := range evs {
 		switch {
@@ -59,7 +66,9 @@ func BuildTimeline(evs []chaoscheck.Event) Timeline {
 			tl.Published[s]++
 			if e.Topic == TopicOrdered {
 				if t, ok := first[e.ID]; ok {
-					lat[s] = append(lat[s], float64(t-e.End)/1e6)
+					ms := float64(t-e.End) / 1e6
+					lat[s] = append(lat[s], ms)
+					byTenant[e.Tenant] = append(byTenant[e.Tenant], ms)
 				}
 			}
 		case e.Op == chaoscheck.OpHandle && e.Group == GroupSub && e.Result == chaoscheck.ResultOK:
@@ -75,6 +84,10 @@ func BuildTimeline(evs []chaoscheck.Event) Timeline {
 		total += tl.Published[i]
 	}
 	tl.AllP50, tl.AllP99, tl.AllMax = quantile(all, 0.50), quantile(all, 0.99), quantile(all, 1)
+	tl.ByTenant = map[string]Latency{}
+	for tenant, l := range byTenant {
+		tl.ByTenant[tenant] = Latency{quantile(l, 0.50), quantile(l, 0.99), quantile(l, 1)}
+	}
 	tl.Rate = float64(total) / float64(n)
 	return tl
 }
@@ -142,7 +155,7 @@ func (tl Timeline) WriteSVG(w io.Writer, title string) error {
 	fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#9467bd">p50 latency</text><text x="%d" y="%d" fill="#d62728">p99 latency (publish acknowledged to first delivery, group sub)</text>`+"\n", left, mid+5, left+80, mid+5)
 	// Faults.
 	colors := map[string]string{chaoscheck.FaultKill: "#d62728", chaoscheck.FaultStop: "#ff7f0e", chaoscheck.FaultCut: "#8c564b",
-		chaoscheck.FaultBlackhole: "#000000", chaoscheck.FaultDelay: "#bcbd22", chaoscheck.FaultDBRestart: "#e377c2", chaoscheck.FaultDiskFull: "#17becf"}
+		chaoscheck.FaultBlackhole: "#000000", chaoscheck.FaultDelay: "#bcbd22", chaoscheck.FaultDBRestart: "#e377c2", chaoscheck.FaultDiskFull: "#17becf", chaoscheck.FaultReparent: "#7f7f7f"}
 	for _, f := range tl.Faults {
 		c, ok := colors[f.Fault]
 		if !ok {
@@ -152,7 +165,7 @@ func (tl Timeline) WriteSVG(w io.Writer, title string) error {
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="%s" stroke-opacity="0.5"><title>%s %s</title></line>`+"\n", fx, fx, top, bottom, c, f.Fault, escape(f.Proc))
 	}
 	lx := left
-	for _, k := range []string{chaoscheck.FaultKill, chaoscheck.FaultStop, chaoscheck.FaultCut, chaoscheck.FaultBlackhole, chaoscheck.FaultDelay, chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull} {
+	for _, k := range []string{chaoscheck.FaultKill, chaoscheck.FaultStop, chaoscheck.FaultCut, chaoscheck.FaultBlackhole, chaoscheck.FaultDelay, chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull, chaoscheck.FaultReparent} {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="%s">| %s</text>`+"\n", lx, H-15, colors[k], k)
 		lx += 90
 	}

@@ -42,6 +42,11 @@ type RunConfig struct {
 	// server hard and starts it again over the same data (the runner
 	// never restarts a server it was not told how to).
 	DBRestart string
+	// Reparent, when set, is a shell command that moves the database's
+	// primary to another server that replicates it (a planned reparent).
+	// It runs once, halfway through the fault phase: a local Vitess on
+	// MariaDB moves a shard's primary once (scripts/vitess-cluster).
+	Reparent string
 	// FullDisk, when set, is a directory on the database's own small
 	// file system (a tmpfs of the run's): the disk-full fault fills it for
 	// a few seconds.
@@ -306,6 +311,8 @@ func (r *runner) allowed(kind string) bool {
 		return r.proxy != nil
 	case chaoscheck.FaultDBRestart:
 		return r.cfg.DBRestart != ""
+	case chaoscheck.FaultReparent:
+		return r.cfg.Reparent != ""
 	case chaoscheck.FaultDiskFull:
 		return r.cfg.FullDisk != ""
 	}
@@ -334,6 +341,8 @@ func (r *runner) faults(ctx context.Context) error {
 	r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 	var timers sync.WaitGroup
 	defer timers.Wait()
+	half := time.Now().Add(time.Until(end) / 2)
+	reparent := r.allowed(chaoscheck.FaultReparent)
 	for time.Now().Before(end) {
 		wait := time.Duration(500+r.rng.IntN(2000)) * time.Millisecond
 		select {
@@ -341,8 +350,19 @@ func (r *runner) faults(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(min(wait, time.Until(end))):
 		}
-		if !time.Now().Before(end) || len(kinds) == 0 {
+		if !time.Now().Before(end) {
 			break
+		}
+		if reparent && time.Now().After(half) {
+			// Once, between the other faults, so never during a restart.
+			reparent = false
+			if err := r.shell(ctx, chaoscheck.FaultReparent, time.Now().UnixNano(), "move the primary", r.cfg.Reparent); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(kinds) == 0 {
+			continue
 		}
 		kind := kinds[r.rng.IntN(len(kinds))]
 		if len(first) > 0 {
@@ -414,11 +434,17 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		r.fault(Event{Fault: kind, Start: now, End: now + d.Nanoseconds()})
 		return fillDisk(ctx, r.cfg.FullDisk, d)
 	case chaoscheck.FaultDBRestart:
-		out, err := exec.CommandContext(ctx, "sh", "-c", r.cfg.DBRestart).CombinedOutput()
-		r.fault(Event{Fault: kind, Start: now, End: time.Now().UnixNano()})
-		if err != nil {
-			return fmt.Errorf("restart the database (%s): %w: %s", r.cfg.DBRestart, err, out)
-		}
+		return r.shell(ctx, kind, now, "restart the database", r.cfg.DBRestart)
+	}
+	return nil
+}
+
+// shell runs a fault's command and records the fault over its run.
+func (r *runner) shell(ctx context.Context, kind string, start int64, what, command string) error {
+	out, err := exec.CommandContext(ctx, "sh", "-c", command).CombinedOutput()
+	r.fault(Event{Fault: kind, Start: start, End: time.Now().UnixNano()})
+	if err != nil {
+		return fmt.Errorf("%s (%s): %w: %s", what, command, err, out)
 	}
 	return nil
 }
@@ -666,6 +692,12 @@ func writeSummary(cfg RunConfig, rep chaoscheck.Report, tl Timeline) error {
 	fmt.Fprintf(&b, "faults: %s\n", strings.Join(fs, ", "))
 	fmt.Fprintf(&b, "publishers: %.0f msg/s acknowledged; group sub, acknowledgement to first delivery: p50 %.1f ms, p99 %.1f ms, max %.0f ms (timeline.svg)\n",
 		tl.Rate, tl.AllP50, tl.AllP99, tl.AllMax)
+	if len(tl.ByTenant) > 1 {
+		for _, tenant := range slices.Sorted(maps.Keys(tl.ByTenant)) {
+			l := tl.ByTenant[tenant]
+			fmt.Fprintf(&b, "  tenant %s: p50 %.1f ms, p99 %.1f ms, max %.0f ms\n", tenant, l.P50, l.P99, l.Max)
+		}
+	}
 	fmt.Fprintf(&b, "violations: %d\n", len(rep.Violations))
 	for _, v := range rep.Violations {
 		fmt.Fprintf(&b, "  %s\n", v)

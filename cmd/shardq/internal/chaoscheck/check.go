@@ -103,6 +103,9 @@ const (
 	FaultDelay     = "delay"
 	FaultDBRestart = "db-restart"
 	FaultDiskFull  = "disk-full"
+	// FaultReparent moves a database's primary (a Vitess shard's planned
+	// reparent): its clients' connections and transactions there end.
+	FaultReparent = "reparent"
 	// FaultClock restarts a killed process (its kill is a fault of its
 	// own) with its clock off; it explains nothing: members keep to the
 	// database's clock.
@@ -498,7 +501,7 @@ func touched(proc string, from, to int64, faults []Event) bool {
 			if f.Proc == proc || slices.Contains(f.Touches, slotOf(proc)) {
 				return true
 			}
-		case FaultCut, FaultBlackhole, FaultDelay, FaultDBRestart, FaultDiskFull:
+		case FaultCut, FaultBlackhole, FaultDelay, FaultDBRestart, FaultDiskFull, FaultReparent:
 			return true
 		}
 	}

@@ -282,3 +282,26 @@ func TestTenantsQualifyKeys(t *testing.T) {
 		t.Fatalf("without tenants, one key: want precedence and overlap violations, got %v", r.Violations)
 	}
 }
+
+// TestDatabaseFaultsExplainRedeliveries: a fault on the database's side
+// (a restart, a primary moved) ends every client's connections there, so
+// it explains a redelivery; a clock offset does not.
+func TestDatabaseFaultsExplainRedeliveries(t *testing.T) {
+	evs := func(kind string) []Event {
+		var out []Event
+		for _, e := range healthy() {
+			if e.Op != OpFault {
+				out = append(out, e)
+			}
+		}
+		return append(out, Event{Op: OpFault, Proc: "runner", Fault: kind, Start: 104, End: 106})
+	}
+	for _, kind := range []string{FaultDBRestart, FaultReparent, FaultCut} {
+		if r := Check(evs(kind)); len(r.Violations) != 0 {
+			t.Errorf("%s did not explain sub-0.1's redelivery: %v", kind, r.Violations)
+		}
+	}
+	if r := Check(evs(FaultClock)); countKind(r, "duplicate") != 1 {
+		t.Errorf("a clock offset explained a redelivery: %v", r.Violations)
+	}
+}

@@ -32,7 +32,7 @@ func (a *app) chaosRunCmd() *cobra.Command {
 		Long: "Runs publishers (single, batched, large, transactional with check-back), fair-share subscribers, ungrouped competing consumers and\n" +
 			"group receivers as processes of this binary against --dsn, each appending what it did to a history in\n" +
 			"DIR; kills, stops and resumes them, restarts them with their clocks off, and on MySQL cuts, holds and delays their connections through a\n" +
-			"loopback proxy and (with --db-restart) restarts the server. Then the publishers stop, the consumers\n" +
+			"loopback proxy, (with --db-restart) restarts the server and (with --reparent) moves its primary. Then the publishers stop, the consumers\n" +
 			"drain, the tenant's messages are dumped, and the independent checker reads it all. Exit 1 on any\n" +
 			"violation; DIR/summary.txt lists them. Only the tenants of --tenants (\"chaos\") are written.",
 		Args: cobra.NoArgs,
@@ -49,9 +49,9 @@ func (a *app) chaosRunCmd() *cobra.Command {
 			for _, f := range faults {
 				switch f {
 				case chaoscheck.FaultKill, chaoscheck.FaultStop, chaoscheck.FaultCut, chaoscheck.FaultBlackhole, chaoscheck.FaultDelay,
-					chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull, chaoscheck.FaultClock:
+					chaoscheck.FaultDBRestart, chaoscheck.FaultDiskFull, chaoscheck.FaultClock, chaoscheck.FaultReparent:
 				default:
-					return usagef("--faults: %q: want kill, stop, cut, blackhole, delay, db-restart, disk-full or clock", f)
+					return usagef("--faults: %q: want kill, stop, cut, blackhole, delay, db-restart, disk-full, clock or reparent", f)
 				}
 			}
 			cfg.Seed, cfg.Faults, cfg.DSN, cfg.Log, cfg.Out = seed, faults, a.dsn(), a.logger(), a.env.Stdout
@@ -76,8 +76,9 @@ func (a *app) chaosRunCmd() *cobra.Command {
 	positiveDurationFlag(fl, &cfg.Drain, "drain", 2*time.Minute, "the drain's bound (it ends once nothing moved for 15s)")
 	fl.Uint64Var(&seed, "seed", 0, "the fault schedule's seed [random, printed]")
 	fl.StringVar(&cfg.DBRestart, "db-restart", "", "a shell command that kills the database server and starts it again (a server of the run's own)")
+	fl.StringVar(&cfg.Reparent, "reparent", "", "a shell command that moves the database's primary (a Vitess shard's planned reparent, scripts/vitess-cluster); it runs once, halfway through the faults")
 	fl.StringVar(&cfg.FullDisk, "full-disk", "", "a directory on the database's own small file system, which the disk-full fault fills")
-	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full, clock")
+	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full, clock, reparent")
 	fl.StringSliceVar(&cfg.Tenants, "tenants", []string{chaos.Tenant}, "the tenants the run writes (each must hold no messages); on Vitess, name tenants of different shards")
 	fl.DurationVar(&cfg.ClockSync, "clock-sync", chaos.ClockSync, "the clients' ClockSync; negative leaves the clock fault's clients on their own clocks (to see what it does without the database's clock)")
 	return cmd
