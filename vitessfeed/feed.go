@@ -305,16 +305,22 @@ func (s *stream) run(ctx context.Context, client vtgateservicepb.VitessClient) e
 		}
 		watchdog.Reset(silence)
 		s.streamed = true
-		for _, ev := range resp.Events {
-			s.event(&tx, ev)
-		}
 		// Up once every shard streams from a position of its own: what
 		// committed before those positions, the rescan that Up implies
 		// reads. A shard still at "current" (its tablet not yet found)
 		// could commit unseen between a rescan and its first position.
-		if !up && (allPositioned(start) || allPositioned(s.latest.Load())) {
+		// Up comes before any change the stream names, so a sink never
+		// hears of a move while it still counts the feed down.
+		if !up && allPositioned(start) {
 			up = true
 			s.sink.Up(true)
+		}
+		for _, ev := range resp.Events {
+			s.event(&tx, ev)
+			if !up && ev.Type == binlogdatapb.VEventType_VGTID && allPositioned(ev.Vgtid) {
+				up = true
+				s.sink.Up(true)
+			}
 		}
 	}
 }
