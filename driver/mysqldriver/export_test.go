@@ -37,5 +37,28 @@ func (c vtgateConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newVTGateConn(conn)
+	return newTxConn(conn, false)
 }
+
+// ImplicitConnector turns c's sessions' autocommit off and makes their
+// transactions begin with their first statement, as Open's
+// write-transaction pool does.
+func ImplicitConnector(c sqldriver.Connector) sqldriver.Connector { return implicitConnector{c} }
+
+type implicitConnector struct{ sqldriver.Connector }
+
+func (c implicitConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.(sqldriver.ExecerContext).ExecContext(ctx, "SET SESSION autocommit = 0", nil); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return newTxConn(conn, true)
+}
+
+// ErrOutsideTx is the write-transaction pool's refusal of a statement
+// outside a transaction.
+var ErrOutsideTx = errOutsideTx

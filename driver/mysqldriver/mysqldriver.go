@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -47,6 +48,8 @@ type Driver struct {
 
 	db         *sql.DB
 	owned      bool
+	txdb       *sql.DB                // Open's pool for write transactions, sessions with autocommit off; nil with New
+	txPool     atomic.Pointer[sql.DB] // the pool write transactions begin on, chosen at the first
 	migrations []migrate.Migration
 	server     *serverLimits   // auto_increment_increment and max_allowed_packet, read with the first connection
 	heads      *knownHeads     // partitions whose head row this driver locked
@@ -134,7 +137,8 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 		return nil, err
 	}
 	d := &Driver{db: db, migrations: ms, server: limits, logs: &logSink{}, heads: &knownHeads{}}
-	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages, Sharded: limits.sharded.Load}
+	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages, Sharded: limits.sharded.Load,
+		TxPool: func() *sql.DB { return d.txPool.Load() }}
 	return d, nil
 }
 
@@ -142,7 +146,11 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 // ("user:pass@tcp(host:3306)/db?param=value"), with parameters bound on
 // the server (prepared statements; interpolateParams in the DSN is
 // ignored), UTC times, and at most 32 connections (DB().SetMaxOpenConns
-// changes that). The driver owns the pool.
+// changes that). The driver owns the pool. On MariaDB and MySQL its own
+// write transactions (publishes, acks, leases) run on a second pool of
+// at most 16 connections whose sessions have autocommit off, so that a
+// transaction begins with its first statement and saves a round trip
+// (docs/publish.md, "No BEGIN"); through vtgate they run on DB().
 //
 // Every connection is checked before use: its character set must be
 // utf8mb4 (a DSN naming another charset or collation is refused here, with
@@ -213,6 +221,11 @@ func Open(dsn string, opts ...Option) (*Driver, error) {
 		return nil, err
 	}
 	d.owned = true
+	d.txdb = sql.OpenDB(&sessionConnector{base: conn, limits: limits, skipLockWait: skipLockWait, skipIdle: skipIdle, implicitBegin: true})
+	d.txdb.SetMaxOpenConns(16)
+	d.txdb.SetMaxIdleConns(16)
+	d.txdb.SetConnMaxLifetime(10 * time.Minute)
+	d.txdb.SetConnMaxIdleTime(idleTxTimeoutSeconds * time.Second / 2)
 	d.feedCfg, d.feedSchema, d.feedMax, d.feed = feedCfg, cfg.DBName, feedMax, o.feed
 	if o.feedDSN != "" {
 		fconn, err := mysql.NewConnector(feedCfg)
@@ -250,6 +263,9 @@ func (d *Driver) Close() error {
 	if d.feedDB != nil {
 		err = d.feedDB.Close()
 	}
+	if d.txdb != nil {
+		err = errors.Join(d.txdb.Close(), err)
+	}
 	if d.owned {
 		err = errors.Join(d.db.Close(), err)
 	}
@@ -267,12 +283,48 @@ func (d *Driver) Close() error {
 // a transaction, where through vtgate such a read can hang while holding
 // head-row locks.
 func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+	pool, err := d.writePool(ctx)
+	if err != nil {
+		return nil, wrap("begin", err)
+	}
 	d.BeforeWrite(ctx)
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := pool.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)
 	}
 	return tx, nil
+}
+
+// WriteDB is the pool BeginWrite's transactions run on: DB(), or with
+// Open on MariaDB and MySQL a pool of its own whose sessions have
+// autocommit off. A statement prepared on it can be bound to those
+// transactions (Tx.StmtContext); it runs nothing outside a transaction.
+func (d *Driver) WriteDB(ctx context.Context) (*sql.DB, error) { return d.writePool(ctx) }
+
+// writePool chooses, once, the pool write transactions begin on: Open's
+// write-transaction pool, unless the server is vtgate, where DB()'s
+// connections already begin at the first execution and a second pool
+// would only hold more of vttablet's connections. The choice needs a
+// connection of DB()'s, which says what the server is; it is made before
+// the first transaction and never changes, since that transaction's
+// prepared statements belong to the pool it chose.
+func (d *Driver) writePool(ctx context.Context) (*sql.DB, error) {
+	if p := d.txPool.Load(); p != nil {
+		return p, nil
+	}
+	pool := d.db
+	if d.txdb != nil {
+		if !d.server.known.Load() {
+			if err := d.db.PingContext(ctx); err != nil {
+				return nil, err
+			}
+		}
+		if !d.server.sharded.Load() {
+			pool = d.txdb
+		}
+	}
+	d.txPool.CompareAndSwap(nil, pool)
+	return d.txPool.Load(), nil
 }
 
 // MySQL server error numbers this driver acts on.

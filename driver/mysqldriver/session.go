@@ -76,6 +76,9 @@ type sessionConnector struct {
 	limits *serverLimits // filled from the first connection
 	// The DSN sets these bounds itself.
 	skipLockWait, skipIdle bool
+	// implicitBegin turns the session's autocommit off, for the pool of
+	// the driver's own write transactions (txConn).
+	implicitBegin bool
 }
 
 func (c *sessionConnector) Driver() sqldriver.Driver { return c.base.Driver() }
@@ -86,10 +89,10 @@ func (c *sessionConnector) Connect(ctx context.Context) (sqldriver.Conn, error) 
 		return nil, err
 	}
 	vtgate, err := c.prepare(ctx, conn)
-	if err == nil && vtgate {
-		var vc *vtgateConn
-		if vc, err = newVTGateConn(conn); err == nil {
-			return vc, nil
+	if err == nil && (vtgate || c.implicitBegin) {
+		var tc *txConn
+		if tc, err = newTxConn(conn, !vtgate); err == nil {
+			return tc, nil
 		}
 	}
 	if err != nil {
@@ -148,6 +151,9 @@ func (c *sessionConnector) prepare(ctx context.Context, conn sqldriver.Conn) (vt
 	}
 	if !c.skipLockWait {
 		set = append(set, fmt.Sprintf("innodb_lock_wait_timeout = %d", lockWaitTimeoutSeconds))
+	}
+	if c.implicitBegin { // last: the reads above opened no transaction
+		set = append(set, "autocommit = 0")
 	}
 	if len(set) == 0 {
 		return false, nil
@@ -254,6 +260,7 @@ type serverLimits struct {
 	step, packet atomic.Int64
 	insertSelect atomic.Bool
 	sharded      atomic.Bool // vtgate: tenants on shards of their own
+	known        atomic.Bool // noteServer has run
 }
 
 // noteServer records, from a connection's @@version (lower case) and
@@ -264,6 +271,7 @@ type serverLimits struct {
 func (l *serverLimits) noteServer(version, binlogFormat string) {
 	l.insertSelect.Store(!strings.Contains(version, "vitess") && !strings.EqualFold(binlogFormat, "STATEMENT"))
 	l.sharded.Store(strings.Contains(version, "vitess"))
+	l.known.Store(true)
 }
 
 func (l *serverLimits) store(step, packet int64) error {

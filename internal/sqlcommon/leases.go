@@ -33,6 +33,11 @@ type Store struct {
 	// own (Vitess). A write that spans tenants then takes each tenant's
 	// locks in a statement of its own, tenant after tenant (tenantRuns).
 	Sharded func() bool
+	// TxPool, when set, returns the pool the driver's write transactions
+	// begin on (nil until the first; Write when it returns nil): MySQL's
+	// pool of sessions with autocommit off. Their prepared statements are
+	// that pool's.
+	TxPool func() *sql.DB
 
 	once   sync.Once
 	stmts  *statements

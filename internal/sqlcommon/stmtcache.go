@@ -90,26 +90,40 @@ func (c *stmtCache) close() {
 	c.m = nil
 }
 
-// statementCaches are the Store's prepared statements: the read pool's, and
-// the write pool's, which the driver's own write transactions use too. When
-// both are one pool (MySQL), write is unused and read serves both.
+// statementCaches are the Store's prepared statements: the read pool's,
+// the write pool's, and the write-transaction pool's (TxPool). A cache
+// serves every role its pool has: on MySQL, read serves reads and
+// single-statement writes, and write is unused.
 type statementCaches struct {
-	read, write stmtCache
+	read, write, tx stmtCache
+}
+
+// txPool is the pool the driver's write transactions are begun on.
+func (d *Store) txPool() driver.DBTX {
+	if d.TxPool != nil {
+		if p := d.TxPool(); p != nil {
+			return p
+		}
+	}
+	return d.Write
 }
 
 // writeCache is the cache of the pool write transactions are begun on.
 func (d *Store) writeCache() *stmtCache {
-	if d.Read == d.Write {
+	switch d.txPool() {
+	case d.Read:
 		return &d.caches.read
+	case d.Write:
+		return &d.caches.write
 	}
-	return &d.caches.write
+	return &d.caches.tx
 }
 
-// BeforeWrite prepares, on the write pool, the statements the last
-// transactions ran unprepared; the driver's BeginWrite calls it before it
-// takes a connection for the transaction.
+// BeforeWrite prepares, on the write-transaction pool, the statements the
+// last transactions ran unprepared; the driver's BeginWrite calls it
+// before it takes a connection for the transaction.
 func (d *Store) BeforeWrite(ctx context.Context) {
-	if w, ok := d.Write.(*sql.DB); ok && d.PreparedStatements > 0 {
+	if w, ok := d.txPool().(*sql.DB); ok && d.PreparedStatements > 0 {
 		d.writeCache().prepareWanted(ctx, w, d.PreparedStatements)
 	}
 }
@@ -118,12 +132,13 @@ func (d *Store) BeforeWrite(ctx context.Context) {
 func (d *Store) CloseStatements() {
 	d.caches.read.close()
 	d.caches.write.close()
+	d.caches.tx.close()
 }
 
 // stmt returns q prepared for db, or nil: for one of the Store's pools,
 // from its cache; for a *sql.Tx, which is always one the driver began on
-// its write pool (a caller's transaction arrives as driver.PreparedTx),
-// the write pool's statement bound to the transaction.
+// its write-transaction pool (a caller's transaction arrives as
+// driver.PreparedTx), that pool's statement bound to the transaction.
 func (d *Store) stmt(ctx context.Context, db driver.DBTX, q string) *sql.Stmt {
 	limit := d.PreparedStatements
 	if limit <= 0 {

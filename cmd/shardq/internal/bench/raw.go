@@ -185,7 +185,10 @@ func (e *env) rawAppend(ctx context.Context, ns namespace, conns int) (rep, erro
 	} else {
 		upsert += "ON CONFLICT (tenant, topic, partition_key) DO UPDATE SET head_offset = MAX(head_offset, excluded.head_offset), updated_at = excluded.updated_at"
 	}
-	stmts := e.prepared()
+	stmts, err := e.preparedForTx(ctx)
+	if err != nil {
+		return rep{}, err
+	}
 	defer stmts.close()
 	ins, err := stmts.get(ctx, "INSERT INTO "+ns.rawMessages()+" (tenant, topic, partition_key, id, headers, payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
 	if err != nil {
@@ -298,7 +301,10 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 	oc := e.offsetCol()
 	sel := "SELECT " + oc + ", payload FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = ? AND " + oc + " > ? ORDER BY " + oc + " LIMIT 100"
 	upd := "UPDATE " + ns.rawOffsets() + " SET committed_offset = ?, updated_at = ? WHERE tenant = ? AND topic = ? AND partition_key = ? AND consumer_group = 'bench'"
-	stmts := e.prepared()
+	stmts, err := e.preparedForTx(ctx)
+	if err != nil {
+		return rep{}, err
+	}
 	defer stmts.close()
 	selStmt, err := stmts.get(ctx, sel)
 	if err != nil {
@@ -380,6 +386,23 @@ type stmtSet struct {
 
 func (e *env) prepared() *stmtSet { return &stmtSet{db: e.d.DB(), m: map[string]*sql.Stmt{}} }
 
+// preparedForTx holds statements for the transactions BeginWrite begins,
+// prepared on their pool: on MariaDB and MySQL a pool of its own
+// (mysqldriver's WriteDB), whose statements alone bind to them.
+func (e *env) preparedForTx(ctx context.Context) (*stmtSet, error) {
+	w, ok := e.d.(interface {
+		WriteDB(context.Context) (*sql.DB, error)
+	})
+	if !ok {
+		return e.prepared(), nil
+	}
+	db, err := w.WriteDB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &stmtSet{db: db, m: map[string]*sql.Stmt{}}, nil
+}
+
 func (s *stmtSet) get(ctx context.Context, q string) (*sql.Stmt, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -444,7 +467,10 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 	if e.d.Name() == "mysql" {
 		sel += " FOR UPDATE SKIP LOCKED"
 	}
-	stmts := e.prepared()
+	stmts, err := e.preparedForTx(ctx)
+	if err != nil {
+		return rep{}, err
+	}
 	defer stmts.close()
 	del := func(n int) string {
 		return "DELETE FROM " + ns.rawMessages() + " WHERE tenant = ? AND topic = ? AND partition_key = '' AND " + oc + " IN (" +
