@@ -46,9 +46,11 @@ func TestCloseStopsWhatTheClientStarted(t *testing.T) {
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
-		// The driver stays open: its pool (and go-sql-driver's per-connection
-		// watcher) is not the client's.
+		// The driver stays open: its pools (their openers and cleaners, the
+		// write-transaction pool's begun by the client's first write) and
+		// go-sql-driver's per-connection watchers are not the client's.
 		goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+			goleak.IgnoreTopFunction("database/sql.(*DB).connectionCleaner"),
 			goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1"))
 		for _, g := range []string{"g", "g2"} {
 			ls, err := drv.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: g})

@@ -85,7 +85,15 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 		failedOnce = failedOnce || fail
 		kept = m
 		mu.Unlock()
-		tx, err := d.BeginWrite(ctx)
+		// The application's transaction begun on the driver's write pool,
+		// or on DB() (on MySQL a pool of its own beside the one the
+		// driver's write transactions begin on, whose statements m1's
+		// and m2's transactions prepared by now): m3 and u2.
+		begin := d.BeginWrite
+		if m.ID == "m3" || m.ID == "u2" {
+			begin = func(ctx context.Context) (*sql.Tx, error) { return d.DB().BeginTx(ctx, nil) }
+		}
+		tx, err := begin(ctx)
 		if err != nil {
 			return err
 		}

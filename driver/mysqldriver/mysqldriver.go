@@ -148,7 +148,7 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 // ignored), UTC times, and at most 32 connections (DB().SetMaxOpenConns
 // changes that). The driver owns the pool. On MariaDB and MySQL its own
 // write transactions (publishes, acks, leases) run on a second pool of
-// at most 16 connections whose sessions have autocommit off, so that a
+// at most 32 connections (WriteDB) whose sessions have autocommit off, so that a
 // transaction begins with its first statement and saves a round trip
 // (docs/publish.md, "No BEGIN"); through vtgate they run on DB().
 //
@@ -222,15 +222,15 @@ func Open(dsn string, opts ...Option) (*Driver, error) {
 	}
 	d.owned = true
 	d.txdb = sql.OpenDB(&sessionConnector{base: conn, limits: limits, skipLockWait: skipLockWait, skipIdle: skipIdle, implicitBegin: true})
-	d.txdb.SetMaxOpenConns(16)
-	d.txdb.SetMaxIdleConns(16)
+	d.txdb.SetMaxOpenConns(32)
+	d.txdb.SetMaxIdleConns(32)
 	d.txdb.SetConnMaxLifetime(10 * time.Minute)
 	d.txdb.SetConnMaxIdleTime(idleTxTimeoutSeconds * time.Second / 2)
 	d.feedCfg, d.feedSchema, d.feedMax, d.feed = feedCfg, cfg.DBName, feedMax, o.feed
 	if o.feedDSN != "" {
 		fconn, err := mysql.NewConnector(feedCfg)
 		if err != nil {
-			db.Close()
+			d.Close()
 			return nil, fmt.Errorf("mysql feed dsn: %w", err)
 		}
 		// Read only for the binary log position, when the feed starts or

@@ -204,7 +204,17 @@ func (t lazyTx) Commit() error {
 	if tx == nil {
 		return nil
 	}
-	return tx.Commit()
+	return t.c.ended(tx.Commit())
+}
+
+// ended marks the connection broken when a transaction begun explicitly
+// on a session with autocommit off failed to end: the session may hold
+// it still, and the next transaction there would begin inside it.
+func (c *txConn) ended(err error) error {
+	if err != nil && c.implicit {
+		c.broken = true
+	}
+	return err
 }
 
 func (t lazyTx) Rollback() error {
@@ -212,7 +222,7 @@ func (t lazyTx) Rollback() error {
 	if tx == nil {
 		return nil
 	}
-	return tx.Rollback()
+	return t.c.ended(tx.Rollback())
 }
 
 // txStmt sends its connection's pending BEGIN before it executes.

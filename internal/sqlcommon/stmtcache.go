@@ -136,9 +136,11 @@ func (d *Store) CloseStatements() {
 }
 
 // stmt returns q prepared for db, or nil: for one of the Store's pools,
-// from its cache; for a *sql.Tx, which is always one the driver began on
-// its write-transaction pool (a caller's transaction arrives as
-// driver.PreparedTx), that pool's statement bound to the transaction.
+// from its cache; for a *sql.Tx, the write-transaction pool's statement
+// bound to the transaction. That is the pool of the driver's own
+// transactions; a caller's may be of another (exec and query then run
+// the statement unprepared: otherPool), and a caller's PublishTx arrives
+// as driver.PreparedTx.
 func (d *Store) stmt(ctx context.Context, db driver.DBTX, q string) *sql.Stmt {
 	limit := d.PreparedStatements
 	if limit <= 0 {
@@ -190,7 +192,10 @@ func (d *Store) exec(ctx context.Context, db driver.DBTX, stmt string, args Args
 		return db.ExecContext(ctx, q, a...)
 	}
 	if s := d.stmt(ctx, db, q); s != nil {
-		return s.ExecContext(ctx, a...)
+		res, err := s.ExecContext(ctx, a...)
+		if !otherPool(db, err) {
+			return res, err
+		}
 	}
 	return db.ExecContext(ctx, q, a...)
 }
@@ -201,9 +206,28 @@ func (d *Store) query(ctx context.Context, db driver.DBTX, stmt string, args Arg
 		return db.QueryContext(ctx, q, a...)
 	}
 	if s := d.stmt(ctx, db, q); s != nil {
-		return s.QueryContext(ctx, a...)
+		rows, err := s.QueryContext(ctx, a...)
+		if !otherPool(db, err) {
+			return rows, err
+		}
 	}
 	return db.QueryContext(ctx, q, a...)
+}
+
+// errOtherPool is database/sql's refusal to bind a statement prepared on
+// one pool to a transaction of another, given before anything reaches
+// the server (Tx.StmtContext's sticky error; database/sql exports no
+// value to compare with).
+const errOtherPool = "sql: Tx.Stmt: statement from different database used"
+
+// otherPool reports that db is a transaction of a pool other than the
+// one the Store's write transactions begin on: a caller's transaction
+// (the …Tx methods: AckTx) begun on another pool, such as MySQL's DB()
+// beside its write-transaction pool. Its statements then run
+// unprepared, as a caller's PublishTx runs them.
+func otherPool(db driver.DBTX, err error) bool {
+	_, tx := db.(*sql.Tx)
+	return tx && err != nil && err.Error() == errOtherPool
 }
 
 func (d *Store) queryRow(ctx context.Context, db driver.DBTX, stmt string, args Args) row {
