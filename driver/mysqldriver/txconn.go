@@ -46,7 +46,7 @@ type txConn struct {
 	opts     sqldriver.TxOptions
 	tx       sqldriver.Tx // the server's transaction once begun
 	beginErr error        // its START TRANSACTION failed: nothing more may run
-	broken   bool         // an implicit transaction's end failed: discard
+	broken   bool         // a transaction's end failed with autocommit off: discard
 }
 
 var (
@@ -281,8 +281,7 @@ func named(args []sqldriver.Value) []sqldriver.NamedValue {
 
 // implicitTx is a transaction the server began at its first statement
 // (autocommit off). Its end is a COMMIT or ROLLBACK statement; if that
-// fails the session may still hold the transaction, so the connection
-// is discarded rather than handed out again.
+// fails, lazyTx marks the connection broken (ended).
 type implicitTx struct{ c *txConn }
 
 func (t implicitTx) Commit() error   { return t.end("COMMIT") }
@@ -292,9 +291,7 @@ func (t implicitTx) Rollback() error { return t.end("ROLLBACK") }
 // the connection's timeouts, not by a context the transaction's may have
 // outlived.
 func (t implicitTx) end(stmt string) error {
-	_, err := t.c.conn.(sqldriver.ExecerContext).ExecContext(context.Background(), stmt, nil)
-	if err != nil {
-		t.c.broken = true
+	if _, err := t.c.conn.(sqldriver.ExecerContext).ExecContext(context.Background(), stmt, nil); err != nil {
 		return fmt.Errorf("%s: %w", strings.ToLower(stmt), err)
 	}
 	return nil
