@@ -38,8 +38,8 @@ var groupTests = []struct {
 	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
 	{"UngroupedOutlivingItsClaimDeadLetters", testUngroupedOutlivingDeadLetters},
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
-	{"UngroupedGapIsRepaired", testUngroupedGapIsRepaired},
-	{"UngroupedGapAboveAnOpenClaimIsRepaired", testUngroupedGapAboveOpenClaim},
+	{"UngroupedAckDeletesAndTheMarkBoundsTheCursor", testUngroupedAckDeletes},
+	{"UngroupedRowsOfSchema12AreHonoured", testUngroupedSchema12Rows},
 	{"UngroupedTenantBacklogLeavesRoom", testUngroupedTenantBacklogLeavesRoom},
 	{"UngroupedStopGivesBackUncounted", testUngroupedStopGivesBack},
 	{"UngroupedRetryDueBeforePoll", testUngroupedRetryDueBeforePoll},
@@ -794,39 +794,110 @@ func testUngroupedReplay(t *testing.T, open Open) {
 	}
 }
 
-// A claim transaction that locked messages and failed leaves them without
-// claim rows below another member's claim. The cursor must not pass them,
-// and they must become claimable again.
-func testUngroupedGapIsRepaired(t *testing.T, open Open) {
+// An ack deletes its claim row, and a message without one at or below the
+// claim mark is done: the cursor passes it once every message below is
+// done, and never passes an open claim.
+func testUngroupedAckDeletes(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
+	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
 		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"})
-	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
+	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
-	// Make u1 and u2 a gap: as if their claimer had rolled back.
-	if _, err := d.DB().ExecContext(ctx, "DELETE FROM queue_message_claims WHERE tenant = ? AND message_offset IN (?, ?)",
-		"t", res[0].Offset, res[1].Offset); err != nil {
+	rows := func() (n int) {
+		t.Helper()
+		if err := d.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM queue_message_claims WHERE tenant = 't'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	advance := func(want int64, why string) {
+		t.Helper()
+		if cur, err := d.AdvanceUngrouped(ctx, g, t0); err != nil || cur != want {
+			t.Fatalf("cursor %d (%v), want %d: %s", cur, err, want, why)
+		}
+	}
+	if err := d.AckClaims(ctx, claims[1:2], t0); err != nil {
 		t.Fatal(err)
 	}
+	if n := rows(); n != 2 {
+		t.Fatalf("%d claim rows after acking one of three, want 2: an ack deletes its row", n)
+	}
+	advance(res[0].Offset-1, "u1 is still claimed")
+	if err := d.AckClaims(ctx, claims[:1], t0); err != nil {
+		t.Fatal(err)
+	}
+	advance(res[1].Offset, "u1 and u2 are done, u3 is claimed")
 	if err := d.AckClaims(ctx, claims[2:], t0); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, t0)
-	if err != nil || cur >= res[0].Offset {
-		t.Fatalf("cursor %d (%v) passed the gap at offset %d", cur, err, res[0].Offset)
+	advance(res[2].Offset, "all three are done")
+	if n := rows(); n != 0 {
+		t.Fatalf("%d claim rows left once all are done", n)
 	}
-	again, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
-	if err != nil || len(again) != 2 || again[0].Message.ID != "u1" || again[1].Message.ID != "u2" || again[0].Attempts != 1 {
-		t.Fatalf("claims after the repair: %+v, %v; want u1 and u2 at attempt 1", again, err)
+	if again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 10}); err != nil || len(again) != 0 {
+		t.Fatalf("claimed again after every ack: %+v, %v", again, err)
 	}
-	if err := d.AckClaims(ctx, again, t0.Add(time.Second)); err != nil {
+}
+
+// Schema 12 kept acked rows (done = 1) until the cursor passed them, and
+// a claimer that failed could leave a message without a row below the
+// highest claim. After the migration the mark is the cursor, and claims
+// walk up from it: a held claim stays its holder's, done rows stay done,
+// and the message without a row is claimed, each once.
+func testUngroupedSchema12Rows(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+	var msgs []shardq.Message
+	for i := range 5 {
+		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("u%d", i)})
+	}
+	res := mustPublish(t, c, msgs...)
+	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 4})
+	if err != nil || len(claims) != 4 {
+		t.Fatalf("claimed %d, %v", len(claims), err)
+	}
+	// u0 held, u1 and u3 done, u2 without a row, u4 never claimed.
+	for _, q := range []struct {
+		stmt string
+		args []any
+	}{
+		{"UPDATE queue_message_claims SET done = 1 WHERE tenant = ? AND message_offset IN (?, ?)", []any{"t", res[1].Offset, res[3].Offset}},
+		{"DELETE FROM queue_message_claims WHERE tenant = ? AND message_offset = ?", []any{"t", res[2].Offset}},
+		{"UPDATE queue_offsets SET claimed_offset = NULL WHERE tenant = ?", []any{"t"}},
+	} {
+		if _, err := d.DB().ExecContext(ctx, q.stmt, q.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for range 3 { // rows of schema 12 above the mark take rounds
+		again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cl := range again {
+			got = append(got, cl.Message.ID)
+		}
+		if err := d.AckClaims(ctx, again, t0.Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(got, []string{"u2", "u4"}) {
+		t.Fatalf("claimed %v after the migration; want [u2 u4]: u0 is held, u1 and u3 are done", got)
+	}
+	if cur, err := d.AdvanceUngrouped(ctx, g, t0.Add(time.Second)); err != nil || cur != res[0].Offset-1 {
+		t.Fatalf("cursor %d (%v), want %d: u0 is held", cur, err, res[0].Offset-1)
+	}
+	if err := d.AckClaims(ctx, claims[:1], t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if cur, err := d.AdvanceUngrouped(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, t0.Add(time.Second)); err != nil || cur != res[2].Offset {
-		t.Fatalf("cursor %d (%v), want %d once all three are done", cur, err, res[2].Offset)
+	if cur, err := d.AdvanceUngrouped(ctx, g, t0.Add(time.Second)); err != nil || cur != res[4].Offset {
+		t.Fatalf("cursor %d (%v), want %d once all five are done", cur, err, res[4].Offset)
 	}
 }
 
@@ -879,45 +950,6 @@ func testUngroupedTenantBacklogLeavesRoom(t *testing.T, open Open) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("tenant b's message not delivered within 60 s")
-	}
-}
-
-// A gap above a claim still held is repaired while the claim is held: the
-// cursor waits below the claim, but the gap's message is claimable again
-// at once (the advance's transaction scans only below the open claim;
-// its read scans up to the highest claim).
-func testUngroupedGapAboveOpenClaim(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
-	ctx := context.Background()
-	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
-	var msgs []shardq.Message
-	for i := range 4 {
-		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("u%d", i)})
-	}
-	res := mustPublish(t, c, msgs...)
-	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 4})
-	if err != nil || len(claims) != 4 {
-		t.Fatalf("claimed %d, %v", len(claims), err)
-	}
-	if _, err := d.DB().ExecContext(ctx, "DELETE FROM queue_message_claims WHERE tenant = ? AND message_offset = ?", "t", res[2].Offset); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.AckClaims(ctx, []driver.Claim{claims[1], claims[3]}, t0); err != nil { // u0 stays held
-		t.Fatal(err)
-	}
-	cur, err := d.AdvanceUngrouped(ctx, g, t0)
-	if err != nil || cur >= res[0].Offset {
-		t.Fatalf("cursor %d (%v) passed the held claim at offset %d", cur, err, res[0].Offset)
-	}
-	again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
-	if err != nil || len(again) != 1 || again[0].Message.ID != "u2" {
-		t.Fatalf("claims after the advance: %+v, %v; want u2, the gap", again, err)
-	}
-	if err := d.AckClaims(ctx, append(again, claims[0]), t0.Add(time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if cur, err := d.AdvanceUngrouped(ctx, g, t0.Add(time.Second)); err != nil || cur != res[3].Offset {
-		t.Fatalf("cursor %d (%v), want %d once all four are done", cur, err, res[3].Offset)
 	}
 }
 

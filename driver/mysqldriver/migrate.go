@@ -19,8 +19,9 @@ import (
 
 // Migrate applies the pending migrations while holding a named server lock,
 // so that processes starting together do not apply one migration twice.
-// MySQL DDL is not transactional; every statement is idempotent
-// (IF NOT EXISTS), so a migration cut short is completed by the next run.
+// MySQL DDL is not transactional; every statement is idempotent (IF NOT
+// EXISTS, or an index or column already added or dropped is no error), so
+// a migration cut short is completed by the next run.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
@@ -86,7 +87,7 @@ func (e migrationExec) ExecContext(ctx context.Context, query string, args ...an
 	var me *mysql.MySQLError
 	addColumn := strings.HasPrefix(query, "ALTER TABLE ") && strings.Contains(query, " ADD COLUMN ")
 	if errors.As(err, &me) && (me.Number == errDuplicateKeyName && strings.HasPrefix(query, "CREATE INDEX ") ||
-		me.Number == errDuplicateColumn && addColumn) {
+		me.Number == errDuplicateColumn && addColumn || me.Number == errCantDropKey && strings.HasPrefix(query, "DROP INDEX ")) {
 		res, err = sqldriver.RowsAffected(0), nil
 	}
 	if err == nil && addColumn && e.vitess {

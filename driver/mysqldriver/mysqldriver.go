@@ -333,6 +333,7 @@ const (
 	errDuplicateKeyName = 1061
 	errDuplicateColumn  = 1060 // ER_DUP_FIELDNAME
 	errBadField         = 1054 // ER_BAD_FIELD_ERROR
+	errCantDropKey      = 1091 // ER_CANT_DROP_FIELD_OR_KEY
 	errNoSuchTable      = 1146
 	errDeadlock         = 1213
 )

@@ -24,5 +24,6 @@ func TestUpgrade(t *testing.T) {
 	}
 	older, newer := open(), open()
 	mysqldriver.WithoutNewestMigration(older)
-	drivertest.Upgrade(t, older, newer)
+	drivertest.Upgrade(t, older, newer, drivertest.Previous{EncodeTime: newer.EncodeTime,
+		ClaimRead: "SELECT message_offset FROM queue_message_claims FORCE INDEX (idx_claims_open) WHERE tenant = ? AND done = 0"})
 }

@@ -26,7 +26,7 @@ type adminSQL struct {
 	touchHead      string // mark a partition moved for discovery (a reset gave it work)
 	heads          string // every partition of a topic with its head
 	headsOf        string // the heads of named partitions (:tenants × :keys)
-	resetOffset    string // set a cursor, back or forward
+	resetOffset    string // set a cursor, back or forward (and the ungrouped claim mark to it)
 	topics         scoped // head rows summarised per tenant and topic (paged)
 	offsetReport   scoped // cursors with their heads (paged, :group may be '' for all)
 	lag            string // a bounded count of the messages after a cursor, and the first one's time
@@ -159,7 +159,7 @@ func newAdminSQL(s Syntax) adminSQL {
 		headsOf: "SELECT tenant, partition_key, head_offset FROM queue_partitions WHERE tenant IN (:tenants) AND topic = :topic AND partition_key IN (:keys)",
 		resetOffset: "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) " +
 			"VALUES (:tenant, :topic, :key, :group, :offset, :now)" + s.upsert("tenant, topic, partition_key, consumer_group",
-			"committed_offset = "+s.excluded("committed_offset")+", updated_at = "+s.excluded("updated_at")),
+			"committed_offset = "+s.excluded("committed_offset")+", claimed_offset = NULL, updated_at = "+s.excluded("updated_at")),
 		topics: scopedOn("tenant", "SELECT tenant, topic, COUNT(*), MAX(head_offset) FROM queue_partitions WHERE {scope}"+
 			" AND (tenant, topic) > (:after) GROUP BY tenant, topic ORDER BY tenant, topic LIMIT :limit"),
 		offsetReport: scopedOn("o.tenant", "SELECT o.tenant, o.topic, o.partition_key, o.consumer_group, COALESCE(p.head_offset, 0), o.committed_offset, o.updated_at "+

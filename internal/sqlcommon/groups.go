@@ -140,14 +140,14 @@ func (a Args) with(more Args) Args {
 
 // ClaimMessages claims, in one transaction under a fresh random token,
 // first the messages whose claim is visible again (expired, or retry due),
-// then new ones: the next messages after the highest claimed offset. New
-// claims are therefore taken contiguously, so every message up to the
-// highest claim has a claim row (offsets of a partition become visible in
-// order, so none appears below it later), and finding work never scans
-// messages that are done. Concurrent claimers of the same new messages
-// collide on the claim rows' key: the first insert wins, the others do
-// nothing, and the rows carrying the token afterwards are this caller's.
-// A few rounds absorb such collisions.
+// then new ones: the next messages above the group's claim mark, which the
+// transaction locks and moves to the last of them. Claimers of a group
+// therefore take turns, and new claims are taken contiguously: every
+// message above the cursor and at or below the mark has a claim row until
+// it is done (offsets of a partition become visible in order, so none
+// appears below the mark later), a missing row there means done, and
+// finding work never scans messages that are done. A claim that fails
+// rolls its mark back with its rows. docs/groups.md has the state machine.
 func (d *Store) ClaimMessages(ctx context.Context, g driver.GroupRef, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
 	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
@@ -182,8 +182,9 @@ func (d *Store) ClaimMessages(ctx context.Context, g driver.GroupRef, owner stri
 }
 
 // claimRound is one claiming transaction; contended reports candidates
-// that a concurrent claimer took first, truncated a ready message that
-// limit.Bytes left behind.
+// that it could not claim (a row of schema 12's left above the mark, a
+// message deleted meanwhile), truncated a ready message that limit.Bytes
+// left behind.
 func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner string, now time.Time, visibility time.Duration,
 	limit driver.ClaimLimit, op string) (claims []driver.Claim, contended, truncated bool, err error) {
 	token := rand.Int64N(1<<62) + 1
@@ -193,8 +194,12 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 	}
 	st := &d.sql().group
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
-		var cursor, highest int64
-		if err := d.queryRow(ctx, tx, st.positions, key).Scan(&cursor, &highest); err != nil {
+		// The mark's lock comes first: under REPEATABLE READ the plain
+		// reads below then see a snapshot taken after the previous
+		// claimer's commit, and every read of the transaction sees that
+		// one snapshot (the messages come from the reads that chose them).
+		cursor, mark, err := d.lockMarks(ctx, tx, key, now)
+		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
 		rows, err := d.query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit.Messages}))
@@ -214,23 +219,15 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		if err := rows.Err(); err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		// The messages come from the reads that chose them. Under
-		// REPEATABLE READ, plain reads see the snapshot of the
-		// transaction's first read, and the locking fresh read sees the
-		// latest committed rows: a message committed in between is
-		// locked and claimed here, and a plain read of it afterwards
-		// would miss it, hiding it for a whole visibility timeout
-		// (TestClaimSeesWhatItLocks). Messages claimed again are older
-		// than their claim rows, which the snapshot holds.
 		msgs := map[int64]driver.Message{}
-		freshArgs := key.with(Args{"after": max(cursor, highest), "limit": limit.Messages - len(again)})
+		freshArgs := key.with(Args{"after": max(cursor, mark), "limit": limit.Messages - len(again)})
 		var fresh []any
 		notBefore := map[int64]time.Time{}
 		var withheld []any // chosen fresh messages whose bodies the sized read left out
 		if limit.Bytes > 0 {
 			// Within a byte budget: choose by sizes; small bodies come with
 			// the sizes, the others are read once chosen.
-			if again, fresh, withheld, truncated, err = d.claimWithin(ctx, tx, tenant, topic, key, again, freshArgs, limit, now, msgs, notBefore, op); err != nil {
+			if again, fresh, withheld, truncated, err = d.claimWithin(ctx, tx, key, again, freshArgs, limit, now, msgs, notBefore, op); err != nil {
 				return nil, err
 			}
 		} else {
@@ -239,6 +236,12 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			}
 			for _, o := range fresh {
 				notBefore[o.(int64)] = msgs[o.(int64)].NotBefore
+			}
+		}
+		if len(fresh) > 0 {
+			// Every fresh message gets its row below, delayed or not.
+			if _, err := d.exec(ctx, tx, st.setMark, key.with(Args{"mark": fresh[len(fresh)-1]})); err != nil {
+				return nil, d.Wrap(op, err)
 			}
 		}
 		// A delayed message gets a claim row that nobody holds, visible
@@ -273,6 +276,8 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 			}
 		}
 		if len(fresh) > 0 {
+			// A row there already (left by schema 12 above the mark) is
+			// kept, and is not this claim's.
 			rows := make(Rows, len(fresh))
 			for i, o := range fresh {
 				rows[i] = []any{tenant, group, topic, o, owner, token, 1, visibleAt, 0, d.EncodeTime(now)}
@@ -281,22 +286,10 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 				return nil, d.Wrap(op, err)
 			}
 			if len(withheld) > 0 {
-				// The sized read was a plain one: these rows are in the
-				// transaction's snapshot, which a plain read sees.
 				if _, err := d.claimedMessages(ctx, tx, tenant, topic, st.messagesAt, key.with(Args{"offsets": List(withheld)}), msgs, op); err != nil {
 					return nil, err
 				}
 			}
-		}
-		// A row at or below the cursor is not a claim: a concurrent
-		// advance passed that message (done, its claim row deleted) after
-		// the reads above, and the insert put the row back. The advance
-		// committed before the insert could, so a current read of the
-		// cursor (locking: under REPEATABLE READ a plain one would read
-		// the transaction's first snapshot) sees it; the next advance
-		// deletes such rows.
-		if err := d.queryRow(ctx, tx, st.cursorNow, key).Scan(&cursor); err != nil {
-			return nil, d.Wrap(op, err)
 		}
 		// This caller's claims: the rows carrying its token (its own
 		// writes, which every read of the transaction sees). A message
@@ -328,19 +321,50 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 	return claims, contended, truncated, err
 }
 
+// lockMarks locks the group's cursor row of the ungrouped partition,
+// adding it at the group's start when there is none, and returns the
+// cursor and the claim mark (at least the cursor). A row not known to be
+// there is added (or locked) by an upsert before it is read: a locking
+// read of a missing row takes a gap lock under REPEATABLE READ, and two
+// first claimers' inserts into their gaps would deadlock.
+func (d *Store) lockMarks(ctx context.Context, tx *sql.Tx, key Args, now time.Time) (cursor, mark int64, err error) {
+	st := &d.sql().group
+	k := [3]string{key["tenant"].(string), key["topic"].(string), key["group"].(string)}
+	addRow := func() error {
+		_, err := d.exec(ctx, tx, st.markRow, key.with(Args{"now": d.EncodeTime(now)}))
+		return err
+	}
+	if _, known := d.markRows.Load(k); !known {
+		if err := addRow(); err != nil {
+			return 0, 0, err
+		}
+	}
+	var claimed sql.NullInt64
+	err = d.queryRow(ctx, tx, st.marks, key).Scan(&cursor, &claimed)
+	if errors.Is(err, sql.ErrNoRows) { // deleted since (the group, the tenant)
+		if err := addRow(); err != nil {
+			return 0, 0, err
+		}
+		err = d.queryRow(ctx, tx, st.marks, key).Scan(&cursor, &claimed)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	d.markRows.Store(k, true)
+	return cursor, max(cursor, claimed.Int64), nil
+}
+
 // claimWithin chooses, by size, which of the visible-again offsets and
 // of the fresh messages a claim within limit.Bytes takes: in offset
-// order, each that fits, and the first whatever its size. The fresh ones
-// are read without locks and only the chosen are locked (SKIP LOCKED): a
-// row locked and then left unclaimed would make concurrent claimers claim
-// above it, hiding it until an advance repairs the gap. Delayed ones
+// order, each that fits, and the first whatever its size. Delayed ones
 // before the cut are chosen too, for their placeholder rows, with their
 // not_before in notBefore. Small bodies come with the sized read into
 // msgs; withheld lists the chosen ready ones whose bodies are still to be
 // read.
-func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, tenant, topic string, key Args, again []any, freshArgs Args, limit driver.ClaimLimit,
+func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, key Args, again []any, freshArgs Args, limit driver.ClaimLimit,
 	now time.Time, msgs map[int64]driver.Message, notBefore map[int64]time.Time, op string) (keptAgain, fresh, withheld []any, cut bool, err error) {
 	st := &d.sql().group
+	tenant, topic := key["tenant"].(string), key["topic"].(string)
 	sizes := map[int64]int64{}
 	if len(again) > 0 {
 		rows, err := d.query(ctx, tx, st.sizesAt, key.with(Args{"offsets": List(again)}))
@@ -398,34 +422,16 @@ func (d *Store) claimWithin(ctx context.Context, tx *sql.Tx, tenant, topic strin
 		}
 		keptAgain = append(keptAgain, o)
 	}
-	var chosen []any
 	for _, o := range candidates {
-		if !notBefore[o].After(now) && !fits(o) {
+		delayed := notBefore[o].After(now)
+		if !delayed && !fits(o) {
 			cut = true
 			break
 		}
-		chosen = append(chosen, o)
-	}
-	if len(chosen) == 0 {
-		return keptAgain, nil, nil, cut, nil
-	}
-	rows, err = d.query(ctx, tx, st.lockAt, key.with(Args{"offsets": List(chosen)}))
-	if err != nil {
-		return nil, nil, nil, false, d.Wrap(op, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var o int64
-		if err := rows.Scan(&o); err != nil {
-			return nil, nil, nil, false, fmt.Errorf("%s: %w", op, err)
-		}
 		fresh = append(fresh, o)
-		if held[o] && !notBefore[o].After(now) {
+		if held[o] && !delayed {
 			withheld = append(withheld, o)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, nil, false, d.Wrap(op, err)
 	}
 	return keptAgain, fresh, withheld, cut, nil
 }
@@ -453,28 +459,6 @@ func (d *Store) claimedMessages(ctx context.Context, tx *sql.Tx, tenant, topic, 
 	return offsets, nil
 }
 
-// ungroupedGaps lists (up to 500) messages in (after, upTo] of the
-// ungrouped partition that have no claim row.
-func (d *Store) ungroupedGaps(ctx context.Context, db driver.DBTX, key Args, after, upTo int64) ([]int64, error) {
-	if upTo <= after {
-		return nil, nil
-	}
-	rows, err := d.query(ctx, db, d.sql().group.gaps, key.with(Args{"after": after, "up_to": upTo, "limit": 500}))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []int64
-	for rows.Next() {
-		var o int64
-		if err := rows.Scan(&o); err != nil {
-			return nil, err
-		}
-		out = append(out, o)
-	}
-	return out, rows.Err()
-}
-
 func claimFenceArgs(c driver.Claim) Args {
 	return claimArgsOf(c.Message.Tenant, c.Message.Topic, c.ConsumerGroup).with(Args{"offset": c.Message.Offset, "token": c.Token, "owner": c.Owner})
 }
@@ -500,9 +484,10 @@ func claimOp(verb string, c driver.Claim) string {
 	return fmt.Sprintf("%s ungrouped message offset %d of tenant %q topic %q group %q", verb, c.Message.Offset, c.Message.Tenant, c.Message.Topic, c.ConsumerGroup)
 }
 
-// AckClaims marks the claimed messages done: one UPDATE naming every
-// (offset, token) pair; fewer rows matched than claims means one was
-// claimed again, and the transaction is rolled back.
+// AckClaims marks the claimed messages done: one DELETE naming every
+// (offset, token, owner) row; fewer rows matched than claims means one
+// was claimed again, and the transaction is rolled back. Below the claim
+// mark a missing row is a message done.
 func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time) error {
 	if len(cs) == 0 {
 		return nil
@@ -558,7 +543,8 @@ func (d *Store) ReleaseClaim(ctx context.Context, c driver.Claim, now time.Time)
 	return d.claimWrite(ctx, d.Write, c, claimOp("release", c), d.sql().group.release, Args{"now": d.EncodeTime(now)})
 }
 
-// DeadLetterClaim marks c's message done and appends dlq, atomically.
+// DeadLetterClaim marks c's message done (deletes its claim row) and
+// appends dlq, atomically.
 func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error {
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := claimOp("dead-letter", c) + " to topic " + dlq.Topic
@@ -574,12 +560,10 @@ func (d *Store) DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver
 }
 
 // AdvanceUngrouped moves the cursor of the ungrouped partition to just
-// below its first message that is not done, and deletes the claim rows it
-// passed (orphans included: rows a claimer re-inserted for a message the
-// cursor had already passed, which it never counted as claims). The head is read first and
-// bounds the scan: a message committed after that read has a higher
-// offset than the head (offsets of a partition become visible in order),
-// so the cursor never passes a message it did not see.
+// below its first message that is not done: the lowest open claim, or the
+// first message above the claim mark (below it, a message without a claim
+// row is done). It deletes the claim rows it passed (done ones that
+// schemas before 13 kept).
 func (d *Store) AdvanceUngrouped(ctx context.Context, g driver.GroupRef, now time.Time) (int64, error) {
 	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("advance the ungrouped cursor of tenant %q topic %q group %q", tenant, topic, group)
@@ -589,118 +573,61 @@ func (d *Store) AdvanceUngrouped(ctx context.Context, g driver.GroupRef, now tim
 	}
 	// Most calls find nothing to do (an idle group, or its first message
 	// still in a handler): ask the read pool, and open a write
-	// transaction only when the cursor can move or gaps need rows. The
-	// read pool's plan looks for gaps up to the highest claim; the
-	// transaction's only below the first open claim, which the cursor
-	// cannot pass: with a claim held low and thousands claimed above it,
-	// the write lock (SQLite's one writer) is not held for a scan of them
-	// all at every advance.
+	// transaction only when the cursor can move.
 	read, err := d.planAdvance(ctx, d.Read, key, false, op)
-	if err != nil || !read.moves() {
+	if err != nil || read.next <= read.cur {
 		return read.cur, err
 	}
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
+		// The mark's lock first, as a claim takes it: the reads see every
+		// claim committed before, and none commits meanwhile.
 		p, err := d.planAdvance(ctx, tx, key, true, op)
-		if err != nil {
+		if err != nil || p.next <= p.cur {
 			return p.cur, err
-		}
-		// The read's gaps above the transaction's scan get their rows too
-		// (a row claimed or settled meanwhile is left as it is; one below
-		// the cursor by then is deleted below or by the next advance).
-		gaps := p.gaps
-		for _, o := range read.gaps {
-			if o > p.scanned && o > p.cur {
-				gaps = append(gaps, o)
-			}
-		}
-		if p.next <= p.cur && len(gaps) == 0 {
-			return p.cur, nil
-		}
-		st := &d.sql().group
-		if len(gaps) > 0 {
-			rows := make(Rows, len(gaps))
-			for i, o := range gaps {
-				rows[i] = []any{tenant, group, topic, o, "", 0, 0, d.EncodeTime(now), 0, d.EncodeTime(now)}
-			}
-			if _, err := d.exec(ctx, tx, st.insert, Args{"rows": rows}); err != nil {
-				return 0, d.Wrap(op, err)
-			}
-		}
-		if p.next <= p.cur {
-			return p.cur, nil
 		}
 		// The cursor moves as a lease's commit does: forward only.
 		passed := key.with(Args{"key": "", "offset": p.next, "now": d.EncodeTime(now)})
 		if _, err := d.exec(ctx, tx, d.leases().commit, passed); err != nil {
 			return 0, d.Wrap(op, err)
 		}
-		if _, err := d.exec(ctx, tx, st.dropPassed, passed); err != nil {
+		if _, err := d.exec(ctx, tx, d.sql().group.dropPassed, passed); err != nil {
 			return 0, d.Wrap(op, err)
 		}
 		return p.next, nil
 	})
 }
 
-// advancePlan is where the ungrouped cursor can move: next, and the gaps
-// that need claim rows first, looked for up to scanned.
-type advancePlan struct {
-	cur, next, scanned int64
-	gaps               []int64
-}
+// advancePlan is where the ungrouped cursor can move: from cur to next.
+type advancePlan struct{ cur, next int64 }
 
-func (p advancePlan) moves() bool { return p.next > p.cur || len(p.gaps) > 0 }
-
-// planAdvance reads, through db, the head, the cursor and the first
-// message not done. belowOpen looks for gaps only below the first open
-// claim, where the cursor may move; otherwise up to the highest claim.
-func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, belowOpen bool, op string) (advancePlan, error) {
+// planAdvance reads, through db, the cursor, the claim mark and the lowest
+// open claim; locked reads the cursor row with a lock (in a transaction).
+func (d *Store) planAdvance(ctx context.Context, db driver.DBTX, key Args, locked bool, op string) (advancePlan, error) {
 	st := &d.sql().group
+	stmt := st.marksRead
+	if locked {
+		stmt = st.marks
+	}
+	var claimed sql.NullInt64
 	var p advancePlan
-	var head int64
-	err := d.queryRow(ctx, db, st.head, key).Scan(&head)
+	err := d.queryRow(ctx, db, stmt, key).Scan(&p.cur, &claimed)
 	if errors.Is(err, sql.ErrNoRows) {
-		return p, nil
+		// Nothing claimed yet: the first claim adds the row.
+		return advancePlan{cur: key["start"].(int64), next: key["start"].(int64)}, nil
 	}
 	if err != nil {
 		return p, d.Wrap(op, err)
 	}
-	if err := d.queryRow(ctx, db, st.cursor, key).Scan(&p.cur); err != nil {
-		return p, d.Wrap(op, err)
-	}
-	p.next = p.cur
-	if head <= p.cur {
+	p.next = max(p.cur, claimed.Int64)
+	if p.next == p.cur {
 		return p, nil
 	}
-	// The first message not done: the lowest open claim, or the first
-	// message above the highest claim (below it, every message has a
-	// claim row; see ClaimMessages).
-	var open, unclaimed sql.NullInt64
-	var highest int64
-	if err := d.queryRow(ctx, db, st.firstOpen, key.with(Args{"cursor": p.cur})).Scan(&open, &highest); err != nil {
+	var open sql.NullInt64
+	if err := d.queryRow(ctx, db, st.firstOpen, key.with(Args{"cursor": p.cur})).Scan(&open); err != nil {
 		return p, d.Wrap(op, err)
 	}
-	if err := d.queryRow(ctx, db, st.unclaimed, key.with(Args{"head": head, "after": max(p.cur, highest)})).Scan(&unclaimed); err != nil {
-		return p, d.Wrap(op, err)
-	}
-	// Gaps: messages below the highest claim without a claim row, left by
-	// a claim transaction that locked them (SKIP LOCKED kept the others
-	// away) and then failed. They count as open, and get claimable rows
-	// so that the next claim takes them.
-	p.scanned = min(highest, head)
-	if belowOpen && open.Valid {
-		p.scanned = min(p.scanned, open.Int64-1)
-	}
-	if p.gaps, err = d.ungroupedGaps(ctx, db, key, p.cur, p.scanned); err != nil {
-		return p, d.Wrap(op, err)
-	}
-	p.next = head
-	for _, first := range []sql.NullInt64{open, unclaimed} {
-		if first.Valid {
-			p.next = min(p.next, first.Int64-1)
-		}
-	}
-	if len(p.gaps) > 0 {
-		p.next = min(p.next, p.gaps[0]-1)
+	if open.Valid {
+		p.next = min(p.next, open.Int64-1)
 	}
 	return p, nil
 }

@@ -10,28 +10,25 @@ type groupSQL struct {
 	ready      string // message groups with work and no live lease, lowest next offset first
 	readyByAge string // the same, oldest next message first (tenants on shards of their own)
 	anyWork    string // is anything claimable (read pool, before a write transaction)
-	positions  string // the group's cursor and highest claim
+	marks      string // the group's ungrouped cursor and claim mark, locked (claimers and advances take turns on it)
+	marksRead  string // the same, not locked (read pool)
+	markRow    string // add the group's ungrouped cursor row at :start, for its mark
+	setMark    string // move the claim mark to :mark
 	again      string // claims visible again (expired, or retry due)
-	fresh      string // messages above the highest claim, locked, read current
-	freshSized string // fresh's candidates, not locked, with sizes and the large ones' bodies left out (sizedColumns)
-	lockAt     string // lock the messages at :offsets that no other claimer holds
+	fresh      string // messages above the mark
+	freshSized string // fresh's candidates with sizes and the large ones' bodies left out (sizedColumns)
 	sizesAt    string // the sizes of messages at offsets (:offsets)
 	messagesAt string // messages at offsets (:offsets)
 	reclaim    string // take visible-again claims (:offsets) under a new token
 	insert     string // insert claim rows (:rows), keeping any that exist
-	cursorNow  string // the group's cursor, read current (locking), not from the snapshot
 	claimed    string // this token's claims among :offsets
 	retry      string // make a claim visible again at :retry_at, under its token
 	extend     string // make a claim visible again at :visible_at, under its token
 	release    string // make a claim visible again at :now and uncount its attempt, under its token
-	settle     string // mark a claim done, under its token
-	ack        string // mark claims done, each under its token (:claims rows of offset, token)
-	head       string // the ungrouped partition's head
-	cursor     string // the group's cursor
-	firstOpen  string // the lowest open claim above the cursor, and the highest claim
-	unclaimed  string // the first message above the highest claim, up to the head
-	gaps       string // messages without a claim row below the highest claim
-	dropPassed string // delete claim rows the cursor passed
+	settle     string // delete a claim row (its message is done), under its token
+	ack        string // delete claim rows, each under its token (:claims rows of offset, token, owner)
+	firstOpen  string // the lowest open claim above the cursor
+	dropPassed string // delete claim rows the cursor passed (done ones that schemas before 13 kept)
 	dropAbove  string // delete claim rows above a reset cursor
 }
 
@@ -43,15 +40,23 @@ const claimKey = "tenant = :tenant AND consumer_group = :group AND topic = :topi
 // Store.groupStart: Vitess cannot plan a second subquery here).
 const ungroupedCursor = "COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start)"
 
-// highestClaim is a scalar subquery: the group's highest claimed offset.
-const highestClaim = "COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE " + claimKey + "), 0)"
+// ungroupedMark is a scalar subquery: the group's claim mark, the highest
+// offset claimed in order (every message above the cursor and at or below
+// it has a claim row or is done), or the cursor when nothing was claimed
+// since (claimed_offset NULL: the row's cursor was set or reset).
+const ungroupedMark = "COALESCE((SELECT COALESCE(claimed_offset, committed_offset) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
+	"AND partition_key = '' AND consumer_group = :group), :start)"
+
+// ungroupedOffsets selects the group's cursor row of the ungrouped
+// partition, which holds its claim mark.
+const ungroupedOffsets = "SELECT committed_offset, claimed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group"
 
 // claimFence selects a claim row while its owner and token are current.
 // Token 0 is nobody's: a delayed message's placeholder row.
 const claimFence = claimKey + " AND message_offset = :offset AND token = :token AND token > 0 AND owner = :owner AND done = 0"
 
 func newGroupSQL(s Syntax) groupSQL {
-	o, open := s.offset(), s.useIndex("idx_claims_open")
+	o := s.offset()
 	// readyGroups is each free partition with work after the cursor and
 	// its next offset: a correlated MIN over the partition's primary key,
 	// one index probe per candidate.
@@ -70,18 +75,20 @@ func newGroupSQL(s Syntax) groupSQL {
 			"JOIN queue_messages n" + s.partitionOrder() + " ON n.tenant = ready.tenant AND n.topic = :topic " +
 			"AND n.partition_key = ready.partition_key AND n." + o + " = ready.next_offset " +
 			"ORDER BY n.created_at, ready.next_offset, ready.tenant, ready.partition_key LIMIT :limit",
-		anyWork: "SELECT EXISTS (SELECT 1 FROM queue_message_claims" + open + " WHERE " + claimKey +
+		anyWork: "SELECT EXISTS (SELECT 1 FROM queue_message_claims WHERE " + claimKey +
 			" AND done = 0 AND visible_at <= :now AND message_offset > " + ungroupedCursor + ") OR EXISTS (SELECT 1 FROM queue_messages" + s.partitionOrder() +
-			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > " + s.greatest() + "(" + ungroupedCursor + ", " + highestClaim + "))",
-		positions: "SELECT " + ungroupedCursor + ", " + highestClaim,
-		again: "SELECT message_offset FROM queue_message_claims" + open + " WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor " +
+			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > " + ungroupedMark + ")",
+		marks:     ungroupedOffsets + s.forUpdate(),
+		marksRead: ungroupedOffsets,
+		markRow: "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) VALUES (:tenant, :topic, '', :group, :start, :now)" +
+			s.upsert("tenant, topic, partition_key, consumer_group", ""),
+		setMark: "UPDATE queue_offsets SET claimed_offset = :mark WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group",
+		again: "SELECT message_offset FROM queue_message_claims WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor " +
 			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
 		fresh: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() +
-			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit" + s.skipLocked(),
+			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
 		freshSized: "SELECT " + s.sizedColumns() + " FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
-		lockAt: "SELECT " + o + " FROM queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " IN (:offsets) ORDER BY " + o +
-			s.skipLocked(),
 		sizesAt: "SELECT " + o + ", " + s.messageBytes() + " FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
 			"AND partition_key = '' AND " + o + " IN (:offsets)",
 		messagesAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages WHERE tenant = :tenant AND topic = :topic " +
@@ -91,26 +98,15 @@ func newGroupSQL(s Syntax) groupSQL {
 			"WHERE " + claimKey + " AND message_offset IN (:offsets) AND done = 0 AND visible_at <= :now",
 		insert: "INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at) " +
 			"VALUES :rows" + s.upsert("tenant, consumer_group, topic, message_offset", ""),
-		cursorNow: "SELECT COALESCE(MAX(committed_offset), :start) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic " +
-			"AND partition_key = '' AND consumer_group = :group" + s.forShare(),
 		claimed: "SELECT message_offset, attempts, last_error FROM queue_message_claims WHERE " + claimKey +
 			" AND message_offset IN (:offsets) AND token = :token AND message_offset > :cursor ORDER BY message_offset",
 		retry:   "UPDATE queue_message_claims SET visible_at = :retry_at, last_error = :last_error, updated_at = :now WHERE " + claimFence,
 		extend:  "UPDATE queue_message_claims SET visible_at = :visible_at, updated_at = :now WHERE " + claimFence,
 		release: "UPDATE queue_message_claims SET visible_at = :now, attempts = attempts - 1, updated_at = :now WHERE " + claimFence,
-		settle:  "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimFence,
-		ack: "UPDATE queue_message_claims SET done = 1, updated_at = :now WHERE " + claimKey + " AND done = 0 AND token > 0 AND " +
+		settle:  "DELETE FROM queue_message_claims WHERE " + claimFence,
+		ack: "DELETE FROM queue_message_claims WHERE " + claimKey + " AND done = 0 AND token > 0 AND " +
 			s.inRows("message_offset, token, owner", "claims"),
-		head:   "SELECT head_offset FROM queue_partitions WHERE tenant = :tenant AND topic = :topic AND partition_key = ''",
-		cursor: "SELECT " + ungroupedCursor,
-		firstOpen: "SELECT (SELECT MIN(message_offset) FROM queue_message_claims" + open + " WHERE " + claimKey +
-			" AND done = 0 AND message_offset > :cursor), " + highestClaim,
-		unclaimed: "SELECT MIN(" + o + ") FROM queue_messages" + s.partitionOrder() + " WHERE tenant = :tenant AND topic = :topic " +
-			"AND partition_key = '' AND " + o + " <= :head AND " + o + " > :after",
-		gaps: "SELECT m." + o + " FROM queue_messages m" + s.partitionOrder() +
-			" LEFT JOIN queue_message_claims c ON c.tenant = m.tenant AND c.consumer_group = :group AND c.topic = m.topic AND c.message_offset = m." + o +
-			" WHERE m.tenant = :tenant AND m.topic = :topic AND m.partition_key = '' AND m." + o + " > :after AND m." + o + " <= :up_to AND c.message_offset IS NULL" +
-			" ORDER BY m." + o + " LIMIT :limit",
+		firstOpen:  "SELECT MIN(message_offset) FROM queue_message_claims WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor",
 		dropPassed: "DELETE FROM queue_message_claims WHERE " + claimKey + " AND message_offset <= :offset",
 		dropAbove:  "DELETE FROM queue_message_claims WHERE " + claimKey + " AND message_offset > :offset",
 	}

@@ -47,6 +47,9 @@ type Store struct {
 	busyClaims sync.Map
 	// groupStarts remembers registry rows' start offsets (groupStart).
 	groupStarts sync.Map
+	// markRows remembers, per (tenant, topic, group), that the cursor row
+	// holding the claim mark was there (lockMarks).
+	markRows sync.Map
 }
 
 // sql is the dialect's statements, written on first use.

@@ -127,7 +127,9 @@ func (d *Store) partitions(ctx context.Context, stmt, topic string, tenants []st
 
 // ResetOffset upserts a group's cursor without a lease (an operator's act).
 // For the ungrouped partition it also drops the group's claims above the
-// new cursor, so that those messages are claimed (delivered) again.
+// new cursor and sets the claim mark to it, so that those messages are
+// claimed (delivered) again; the cursor row's lock keeps claimers out
+// meanwhile.
 func (d *Store) ResetOffset(ctx context.Context, p driver.PartitionRef, offset int64) error {
 	tenant, topic, partitionKey, group := p.Tenant, p.Topic, p.PartitionKey, p.ConsumerGroup
 	op := fmt.Sprintf("reset offset tenant %q topic %q partition %q group %q", tenant, topic, partitionKey, group)

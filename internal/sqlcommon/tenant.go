@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -60,12 +61,14 @@ func (d *Store) forgetTenant(tenant string) {
 		}
 		return true
 	})
-	d.busyClaims.Range(func(k, _ any) bool {
-		if k.([3]string)[0] == tenant {
-			d.busyClaims.Delete(k)
-		}
-		return true
-	})
+	for _, m := range []*sync.Map{&d.busyClaims, &d.markRows} {
+		m.Range(func(k, _ any) bool {
+			if k.([3]string)[0] == tenant {
+				m.Delete(k)
+			}
+			return true
+		})
+	}
 }
 
 // TenantLive lists the tenant's members with a heartbeat since since and

@@ -70,11 +70,11 @@ SELECT tenant, partition_key, head_offset
 FROM queue_partitions
 WHERE tenant IN (:tenants) AND topic = :topic AND partition_key IN (:keys);
 
--- resetOffset: set a cursor, back or forward
+-- resetOffset: set a cursor, back or forward (and the ungrouped claim mark to it)
 INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at)
 VALUES (:tenant, :topic, :key, :group, :offset, :now)
 ON CONFLICT (tenant, topic, partition_key, consumer_group) DO UPDATE
-SET committed_offset = excluded.committed_offset, updated_at = excluded.updated_at;
+SET committed_offset = excluded.committed_offset, claimed_offset = NULL, updated_at = excluded.updated_at;
 
 -- topics (some tenants): head rows summarised per tenant and topic (paged)
 SELECT tenant, topic, COUNT(*), MAX(head_offset)

@@ -14,37 +14,48 @@ ORDER BY n.created_at, ready.next_offset, ready.tenant, ready.partition_key
 LIMIT :limit;
 
 -- anyWork: is anything claimable (read pool, before a write transaction)
-SELECT EXISTS (SELECT 1 FROM queue_message_claims INDEXED BY idx_claims_open WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND visible_at <= :now AND message_offset > COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start)) OR EXISTS (SELECT 1 FROM queue_messages INDEXED BY pk_queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "offset" > max(COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start), COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic), 0)));
+SELECT EXISTS (SELECT 1 FROM queue_message_claims WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND visible_at <= :now AND message_offset > COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start)) OR EXISTS (SELECT 1 FROM queue_messages INDEXED BY pk_queue_messages WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "offset" > COALESCE((SELECT COALESCE(claimed_offset, committed_offset) FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start));
 
--- positions: the group's cursor and highest claim
-SELECT COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start), COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic), 0);
+-- marks: the group's ungrouped cursor and claim mark, locked (claimers and advances take turns on it)
+SELECT committed_offset, claimed_offset
+FROM queue_offsets
+WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group;
+
+-- marksRead: the same, not locked (read pool)
+SELECT committed_offset, claimed_offset
+FROM queue_offsets
+WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group;
+
+-- markRow: add the group's ungrouped cursor row at :start, for its mark
+INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at)
+VALUES (:tenant, :topic, '', :group, :start, :now)
+ON CONFLICT (tenant, topic, partition_key, consumer_group) DO NOTHING;
+
+-- setMark: move the claim mark to :mark
+UPDATE queue_offsets
+SET claimed_offset = :mark
+WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group;
 
 -- again: claims visible again (expired, or retry due)
 SELECT message_offset
-FROM queue_message_claims INDEXED BY idx_claims_open
+FROM queue_message_claims
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND message_offset > :cursor AND visible_at <= :now
 ORDER BY message_offset
 LIMIT :limit;
 
--- fresh: messages above the highest claim, locked, read current
+-- fresh: messages above the mark
 SELECT "offset", id, headers, payload, created_at, not_before
 FROM queue_messages INDEXED BY pk_queue_messages
 WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "offset" > :after
 ORDER BY "offset"
 LIMIT :limit;
 
--- freshSized: fresh's candidates, not locked, with sizes and the large ones' bodies left out (sizedColumns)
+-- freshSized: fresh's candidates with sizes and the large ones' bodies left out (sizedColumns)
 SELECT "offset", id, (LENGTH(payload) + LENGTH(CAST(headers AS BLOB))), CASE WHEN (LENGTH(payload) + LENGTH(CAST(headers AS BLOB))) <= :small THEN headers END, CASE WHEN (LENGTH(payload) + LENGTH(CAST(headers AS BLOB))) <= :small THEN payload END, created_at, not_before
 FROM queue_messages INDEXED BY pk_queue_messages
 WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "offset" > :after
 ORDER BY "offset"
 LIMIT :limit;
-
--- lockAt: lock the messages at :offsets that no other claimer holds
-SELECT "offset"
-FROM queue_messages
-WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "offset" IN (:offsets)
-ORDER BY "offset";
 
 -- sizesAt: the sizes of messages at offsets (:offsets)
 SELECT "offset", (LENGTH(payload) + LENGTH(CAST(headers AS BLOB)))
@@ -65,11 +76,6 @@ WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND messag
 INSERT INTO queue_message_claims (tenant, consumer_group, topic, message_offset, owner, token, attempts, visible_at, done, updated_at)
 VALUES :rows
 ON CONFLICT (tenant, consumer_group, topic, message_offset) DO NOTHING;
-
--- cursorNow: the group's cursor, read current (locking), not from the snapshot
-SELECT COALESCE(MAX(committed_offset), :start)
-FROM queue_offsets
-WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group;
 
 -- claimed: this token's claims among :offsets
 SELECT message_offset, attempts, last_error
@@ -92,40 +98,22 @@ UPDATE queue_message_claims
 SET visible_at = :now, attempts = attempts - 1, updated_at = :now
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND message_offset = :offset AND token = :token AND token > 0 AND owner = :owner AND done = 0;
 
--- settle: mark a claim done, under its token
-UPDATE queue_message_claims
-SET done = 1, updated_at = :now
+-- settle: delete a claim row (its message is done), under its token
+DELETE
+FROM queue_message_claims
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND message_offset = :offset AND token = :token AND token > 0 AND owner = :owner AND done = 0;
 
--- ack: mark claims done, each under its token (:claims rows of offset, token)
-UPDATE queue_message_claims
-SET done = 1, updated_at = :now
+-- ack: delete claim rows, each under its token (:claims rows of offset, token, owner)
+DELETE
+FROM queue_message_claims
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND token > 0 AND (message_offset, token, owner) IN (VALUES :claims);
 
--- head: the ungrouped partition's head
-SELECT head_offset
-FROM queue_partitions
-WHERE tenant = :tenant AND topic = :topic AND partition_key = '';
+-- firstOpen: the lowest open claim above the cursor
+SELECT MIN(message_offset)
+FROM queue_message_claims
+WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND message_offset > :cursor;
 
--- cursor: the group's cursor
-SELECT COALESCE((SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group), :start);
-
--- firstOpen: the lowest open claim above the cursor, and the highest claim
-SELECT (SELECT MIN(message_offset) FROM queue_message_claims INDEXED BY idx_claims_open WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND message_offset > :cursor), COALESCE((SELECT MAX(message_offset) FROM queue_message_claims WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic), 0);
-
--- unclaimed: the first message above the highest claim, up to the head
-SELECT MIN("offset")
-FROM queue_messages INDEXED BY pk_queue_messages
-WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND "offset" <= :head AND "offset" > :after;
-
--- gaps: messages without a claim row below the highest claim
-SELECT m."offset"
-FROM queue_messages m INDEXED BY pk_queue_messages LEFT JOIN queue_message_claims c ON c.tenant = m.tenant AND c.consumer_group = :group AND c.topic = m.topic AND c.message_offset = m."offset"
-WHERE m.tenant = :tenant AND m.topic = :topic AND m.partition_key = '' AND m."offset" > :after AND m."offset" <= :up_to AND c.message_offset IS NULL
-ORDER BY m."offset"
-LIMIT :limit;
-
--- dropPassed: delete claim rows the cursor passed
+-- dropPassed: delete claim rows the cursor passed (done ones that schemas before 13 kept)
 DELETE
 FROM queue_message_claims
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND message_offset <= :offset;
