@@ -40,6 +40,7 @@ var groupTests = []struct {
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
 	{"UngroupedAckDeletesAndTheMarkBoundsTheCursor", testUngroupedAckDeletes},
 	{"UngroupedRowsOfSchema12AreHonoured", testUngroupedSchema12Rows},
+	{"UngroupedClaimAfterItsCursorRowWent", testUngroupedCursorRowGone},
 	{"UngroupedTenantBacklogLeavesRoom", testUngroupedTenantBacklogLeavesRoom},
 	{"UngroupedStopGivesBackUncounted", testUngroupedStopGivesBack},
 	{"UngroupedRetryDueBeforePoll", testUngroupedRetryDueBeforePoll},
@@ -802,8 +803,8 @@ func testUngroupedAckDeletes(t *testing.T, open Open) {
 	ctx := context.Background()
 	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
-		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"})
-	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 3})
+		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u4"})
+	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 3}) // u4 stays above the mark
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
@@ -834,12 +835,13 @@ func testUngroupedAckDeletes(t *testing.T, open Open) {
 	if err := d.AckClaims(ctx, claims[2:], t0); err != nil {
 		t.Fatal(err)
 	}
-	advance(res[2].Offset, "all three are done")
+	advance(res[2].Offset, "the three claimed are done, u4 is above the mark")
 	if n := rows(); n != 0 {
 		t.Fatalf("%d claim rows left once all are done", n)
 	}
-	if again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 10}); err != nil || len(again) != 0 {
-		t.Fatalf("claimed again after every ack: %+v, %v", again, err)
+	again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 10})
+	if err != nil || len(again) != 1 || again[0].Message.ID != "u4" {
+		t.Fatalf("claimed %+v (%v) after the acks; want u4 alone", again, err)
 	}
 }
 
@@ -847,26 +849,31 @@ func testUngroupedAckDeletes(t *testing.T, open Open) {
 // a claimer that failed could leave a message without a row below the
 // highest claim. After the migration the mark is the cursor, and claims
 // walk up from it: a held claim stays its holder's, done rows stay done,
-// and the message without a row is claimed, each once.
+// and the message without a row is claimed, each once. An expired claim
+// of schema 12 is claimed again only once the walk has passed it: acked
+// before that, its row would be gone above the mark, and the walk would
+// take its message as new.
 func testUngroupedSchema12Rows(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
 	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
 	var msgs []shardq.Message
-	for i := range 5 {
+	for i := range 6 {
 		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("u%d", i)})
 	}
 	res := mustPublish(t, c, msgs...)
-	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 4})
-	if err != nil || len(claims) != 4 {
+	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 5})
+	if err != nil || len(claims) != 5 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
-	// u0 held, u1 and u3 done, u2 without a row, u4 never claimed.
+	// u0 held until t0+1h, u4's claim expired (visible since the claim),
+	// u1 and u3 done, u2 without a row, u5 never claimed.
 	for _, q := range []struct {
 		stmt string
 		args []any
 	}{
 		{"UPDATE queue_message_claims SET done = 1 WHERE tenant = ? AND message_offset IN (?, ?)", []any{"t", res[1].Offset, res[3].Offset}},
+		{"UPDATE queue_message_claims SET visible_at = updated_at WHERE tenant = ? AND message_offset = ?", []any{"t", res[4].Offset}},
 		{"DELETE FROM queue_message_claims WHERE tenant = ? AND message_offset = ?", []any{"t", res[2].Offset}},
 		{"UPDATE queue_offsets SET claimed_offset = NULL WHERE tenant = ?", []any{"t"}},
 	} {
@@ -874,30 +881,72 @@ func testUngroupedSchema12Rows(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 	}
-	var got []string
-	for range 3 { // rows of schema 12 above the mark take rounds
-		again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(time.Second), time.Hour, driver.ClaimLimit{Messages: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, cl := range again {
-			got = append(got, cl.Message.ID)
-		}
-		if err := d.AckClaims(ctx, again, t0.Add(time.Second)); err != nil {
-			t.Fatal(err)
+	got := map[string]int{}
+	var order []string
+	claimAll := func(at time.Time) {
+		t.Helper()
+		for dry := 0; dry < 3; { // rows of schema 12 above the mark take rounds
+			again, _, err := d.ClaimMessages(ctx, g, "b", at, time.Hour, driver.ClaimLimit{Messages: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(again) == 0 {
+				dry++
+				continue
+			}
+			for _, cl := range again {
+				got[cl.Message.ID]++
+				order = append(order, cl.Message.ID)
+			}
+			if err := d.AckClaims(ctx, again, at); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	if !slices.Equal(got, []string{"u2", "u4"}) {
-		t.Fatalf("claimed %v after the migration; want [u2 u4]: u0 is held, u1 and u3 are done", got)
+	claimAll(t0.Add(time.Second))
+	if len(got) != 3 || got["u2"] != 1 || got["u4"] != 1 || got["u5"] != 1 {
+		t.Fatalf("claimed %v after the migration; want u2, u4 and u5 once each: u0 is held, u1 and u3 done", order)
 	}
 	if cur, err := d.AdvanceUngrouped(ctx, g, t0.Add(time.Second)); err != nil || cur != res[0].Offset-1 {
 		t.Fatalf("cursor %d (%v), want %d: u0 is held", cur, err, res[0].Offset-1)
 	}
-	if err := d.AckClaims(ctx, claims[:1], t0.Add(time.Second)); err != nil {
+	clear(got)
+	order = nil
+	claimAll(t0.Add(2 * time.Hour))
+	if len(got) != 1 || got["u0"] != 1 {
+		t.Fatalf("claimed %v once u0's claim expired; want u0 once", order)
+	}
+	if cur, err := d.AdvanceUngrouped(ctx, g, t0.Add(2*time.Hour)); err != nil || cur != res[5].Offset {
+		t.Fatalf("cursor %d (%v), want %d once all six are done", cur, err, res[5].Offset)
+	}
+}
+
+// A member remembers that a group's cursor row (the claim mark's) is
+// there; another process may remove it (a drained partition's removal,
+// the group's deletion). The next claim then adds it again instead of
+// failing.
+func testUngroupedCursorRowGone(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
+	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 10})
+	if err != nil || len(claims) != 1 {
+		t.Fatalf("claimed %d, %v", len(claims), err)
+	}
+	if err := d.AckClaims(ctx, claims, t0); err != nil {
 		t.Fatal(err)
 	}
-	if cur, err := d.AdvanceUngrouped(ctx, g, t0.Add(time.Second)); err != nil || cur != res[4].Offset {
-		t.Fatalf("cursor %d (%v), want %d once all five are done", cur, err, res[4].Offset)
+	// As retention's removal of the drained partition leaves it.
+	for _, stmt := range []string{"DELETE FROM queue_messages WHERE tenant = 't'", "DELETE FROM queue_offsets WHERE tenant = 't'"} {
+		if _, err := d.DB().ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"})
+	again, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 10})
+	if err != nil || len(again) != 1 || again[0].Message.ID != "u2" {
+		t.Fatalf("claimed %+v (%v) after the cursor row went; want u2", again, err)
 	}
 }
 

@@ -36,7 +36,8 @@ type Previous struct {
 // the new release migrates. The ungrouped partition is as the previous
 // release left it (this code claims only on schema 13): the cursor past
 // u0 and u1, u2 to u4 and u7 acked (done rows), u5 held by a member, u6
-// without a row (a claimer that failed) and u8, u9 unclaimed. After the
+// without a row (a claimer that failed), u8's claim expired (its member
+// was killed) and u9 unclaimed. After the
 // migration that release's claim read fails naming the index it forces,
 // its ack of u5 still counts, the ordered member keeps working, the
 // delayed message comes at its time, and with a member of the new release
@@ -263,4 +264,5 @@ func previousRelease(ctx context.Context, t *testing.T, d driver.Driver, prev Pr
 		claim(id, 41, 1, now)
 	}
 	claim("u5", 42, 0, prev.EncodeTime(time.Now().Add(time.Hour)))
+	claim("u8", 43, 0, prev.EncodeTime(time.Now().Add(-time.Minute))) // its member was killed: expired
 }

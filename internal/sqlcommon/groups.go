@@ -192,6 +192,17 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 	if err != nil {
 		return nil, false, false, err
 	}
+	for rerun := true; ; rerun = false {
+		claims, contended, truncated, err = d.claimTx(ctx, tenant, topic, group, owner, token, now, visibility, limit, key, op)
+		if !rerun || !errors.Is(err, errMarkRowGone) {
+			return claims, contended, truncated, err
+		}
+	}
+}
+
+// claimTx is claimRound's transaction.
+func (d *Store) claimTx(ctx context.Context, tenant, topic, group, owner string, token int64, now time.Time, visibility time.Duration,
+	limit driver.ClaimLimit, key Args, op string) (claims []driver.Claim, contended, truncated bool, err error) {
 	st := &d.sql().group
 	claims, err = inTx(ctx, d.Begin, func(tx *sql.Tx) ([]driver.Claim, error) {
 		// The mark's lock comes first: under REPEATABLE READ the plain
@@ -202,7 +213,10 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
-		rows, err := d.query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "now": d.EncodeTime(now), "limit": limit.Messages}))
+		// Up to the mark: a row above it (one of schema 12's) is passed
+		// by the walk below first, so that its ack, which deletes it,
+		// leaves a message the mark says is done.
+		rows, err := d.query(ctx, tx, st.again, key.with(Args{"cursor": cursor, "mark": mark, "now": d.EncodeTime(now), "limit": limit.Messages}))
 		if err != nil {
 			return nil, d.Wrap(op, err)
 		}
@@ -321,37 +335,41 @@ func (d *Store) claimRound(ctx context.Context, tenant, topic, group, owner stri
 	return claims, contended, truncated, err
 }
 
-// lockMarks locks the group's cursor row of the ungrouped partition,
-// adding it at the group's start when there is none, and returns the
-// cursor and the claim mark (at least the cursor). A row not known to be
-// there is added (or locked) by an upsert before it is read: a locking
-// read of a missing row takes a gap lock under REPEATABLE READ, and two
-// first claimers' inserts into their gaps would deadlock.
+// lockMarks locks the group's cursor row of the ungrouped partition and
+// returns the cursor and the claim mark (at least the cursor). A row not
+// known to be there is added (or locked) by an upsert before it is read:
+// a locking read of a missing row takes a gap lock under REPEATABLE READ,
+// and two first claimers' inserts into their gaps would deadlock. A row
+// known but gone (the group, its tenant or the drained partition removed)
+// is errMarkRowGone: the transaction rolls back, and the caller runs it
+// again, then with the upsert.
 func (d *Store) lockMarks(ctx context.Context, tx *sql.Tx, key Args, now time.Time) (cursor, mark int64, err error) {
 	st := &d.sql().group
-	k := [3]string{key["tenant"].(string), key["topic"].(string), key["group"].(string)}
-	addRow := func() error {
-		_, err := d.exec(ctx, tx, st.markRow, key.with(Args{"now": d.EncodeTime(now)}))
-		return err
-	}
-	if _, known := d.markRows.Load(k); !known {
-		if err := addRow(); err != nil {
+	k := markKey(key)
+	_, known := d.markRows.Load(k)
+	if !known {
+		if _, err := d.exec(ctx, tx, st.markRow, key.with(Args{"now": d.EncodeTime(now)})); err != nil {
 			return 0, 0, err
 		}
 	}
 	var claimed sql.NullInt64
 	err = d.queryRow(ctx, tx, st.marks, key).Scan(&cursor, &claimed)
-	if errors.Is(err, sql.ErrNoRows) { // deleted since (the group, the tenant)
-		if err := addRow(); err != nil {
-			return 0, 0, err
-		}
-		err = d.queryRow(ctx, tx, st.marks, key).Scan(&cursor, &claimed)
+	if errors.Is(err, sql.ErrNoRows) && known {
+		d.markRows.Delete(k)
+		return 0, 0, errMarkRowGone
 	}
 	if err != nil {
 		return 0, 0, err
 	}
 	d.markRows.Store(k, true)
 	return cursor, max(cursor, claimed.Int64), nil
+}
+
+// errMarkRowGone: the cursor row that lockMarks knew of was removed.
+var errMarkRowGone = errors.New("the ungrouped cursor row was removed")
+
+func markKey(key Args) [3]string {
+	return [3]string{key["tenant"].(string), key["topic"].(string), key["group"].(string)}
 }
 
 // claimWithin chooses, by size, which of the visible-again offsets and

@@ -14,7 +14,7 @@ type groupSQL struct {
 	marksRead  string // the same, not locked (read pool)
 	markRow    string // add the group's ungrouped cursor row at :start, for its mark
 	setMark    string // move the claim mark to :mark
-	again      string // claims visible again (expired, or retry due)
+	again      string // claims visible again (expired, or retry due), up to the mark
 	fresh      string // messages above the mark
 	freshSized string // fresh's candidates with sizes and the large ones' bodies left out (sizedColumns)
 	sizesAt    string // the sizes of messages at offsets (:offsets)
@@ -83,7 +83,7 @@ func newGroupSQL(s Syntax) groupSQL {
 		markRow: "INSERT INTO queue_offsets (tenant, topic, partition_key, consumer_group, committed_offset, updated_at) VALUES (:tenant, :topic, '', :group, :start, :now)" +
 			s.upsert("tenant, topic, partition_key, consumer_group", ""),
 		setMark: "UPDATE queue_offsets SET claimed_offset = :mark WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group",
-		again: "SELECT message_offset FROM queue_message_claims WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor " +
+		again: "SELECT message_offset FROM queue_message_claims WHERE " + claimKey + " AND done = 0 AND message_offset > :cursor AND message_offset <= :mark " +
 			"AND visible_at <= :now ORDER BY message_offset LIMIT :limit",
 		fresh: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",

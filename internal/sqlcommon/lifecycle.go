@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -246,6 +247,11 @@ func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, r driv
 				return nil, d.Wrap(op, err)
 			}
 		}
+		if slices.Contains(removed, "") {
+			for _, g := range groups { // their cursor rows went (dropCurs)
+				d.markRows.Delete([3]string{tenant, topic, g})
+			}
+		}
 		return removed, nil
 	})
 }
@@ -346,7 +352,9 @@ func (d *Store) DeleteGroup(ctx context.Context, g driver.GroupRef, liveSince, n
 				return struct{}{}, d.Wrap(op, err)
 			}
 		}
-		d.groupStarts.Delete([3]string{tenant, topic, group})
+		for _, m := range []*sync.Map{&d.groupStarts, &d.markRows, &d.busyClaims} {
+			m.Delete([3]string{tenant, topic, group})
+		}
 		return struct{}{}, nil
 	})
 	return err

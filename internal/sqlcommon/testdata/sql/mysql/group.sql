@@ -37,10 +37,10 @@ UPDATE queue_offsets
 SET claimed_offset = :mark
 WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND consumer_group = :group;
 
--- again: claims visible again (expired, or retry due)
+-- again: claims visible again (expired, or retry due), up to the mark
 SELECT message_offset
 FROM queue_message_claims
-WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND message_offset > :cursor AND visible_at <= :now
+WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND done = 0 AND message_offset > :cursor AND message_offset <= :mark AND visible_at <= :now
 ORDER BY message_offset
 LIMIT :limit;
 
