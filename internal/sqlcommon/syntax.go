@@ -47,15 +47,6 @@ func (s Syntax) forShare() string {
 	return ""
 }
 
-// skipLocked ends a SELECT that locks the rows it returns and skips rows
-// other transactions hold; SQLite's writers never overlap.
-func (s Syntax) skipLocked() string {
-	if s == MySQL {
-		return " FOR UPDATE SKIP LOCKED"
-	}
-	return ""
-}
-
 // greatest is the two-argument maximum function.
 func (s Syntax) greatest() string {
 	if s == MySQL {
