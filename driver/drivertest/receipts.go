@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ var receiptTests = []struct {
 	{"ReceiptsGroupExclusiveCumulativeAck", testReceiptsGroup},
 	{"ReceiptsVisibilityTimeoutRedelivers", testReceiptsVisibility},
 	{"ReceiptsNackRetriesThenDeadLetters", testReceiptsNack},
+	{"ReceiptsNackThatFailsGivesTheGroupBack", testReceiptsNackFails},
 	{"ReceiptsUngrouped", testReceiptsUngrouped},
 	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
 	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
@@ -152,6 +154,52 @@ func testReceiptsNack(t *testing.T, open Open) {
 		t.Fatalf("dead letters %+v, want m1 after 2 attempts", dlq)
 	}
 	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}, "m2")
+}
+
+// A nack holds its group's lease while it reads the cursor and the
+// message's attempts; one that fails there (a cut connection, say) still
+// gives the group back, so the next receive gets the messages at once,
+// not after the nack's hold (30 s) or the receive's visibility timeout.
+func testReceiptsNackFails(t *testing.T, open Open) {
+	ctx := context.Background()
+	d := open(t)
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fd := &statesFault{Driver: d}
+	c, err := shardq.NewClient(fd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	publishGroup(t, c, "k", "m1", "m2")
+	r := receipts(t, c, nil, 5)
+	got := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2, Visibility: time.Hour}, "m1", "m2")
+	fd.fail.Store(true)
+	err = r.Nack(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, got[0].Receipt, shardq.NackOptions{Reason: "bad"})
+	fd.fail.Store(false)
+	if !errors.Is(err, errStatesFault) {
+		t.Fatalf("nack = %v, want the injected failure", err)
+	}
+	again := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 2}, "m1", "m2")
+	if again[0].Attempt != 1 {
+		t.Fatalf("redelivery is attempt %d, want 1: the failed nack recorded nothing", again[0].Attempt)
+	}
+}
+
+var errStatesFault = errors.New("injected: delivery states unreadable")
+
+// statesFault is a driver whose DeliveryStates fails while fail is set.
+type statesFault struct {
+	driver.Driver
+	fail atomic.Bool
+}
+
+func (f *statesFault) DeliveryStates(ctx context.Context, p driver.PartitionRef, after, upTo int64) (map[int64]driver.DeliveryState, error) {
+	if f.fail.Load() {
+		return nil, errStatesFault
+	}
+	return f.Driver.DeliveryStates(ctx, p, after, upTo)
 }
 
 // Ungrouped messages: a claim each, competing receives never share one;

@@ -802,8 +802,8 @@ func (r *Receipts) decodeAll(ctx context.Context, rcpts []string, tenant, topic,
 const MaxMessages = 100
 
 // nackHold is how long a nack holds its group's lease between reading
-// the cursor and giving the group back (a failure between them leaves
-// it that long).
+// the cursor and giving the group back (which it does, failed or not,
+// unless the process dies between them).
 const nackHold = 30 * time.Second
 
 // Nack fails the message of a receipt: the settler delivers it again
@@ -851,6 +851,11 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	if err != nil {
 		return settled("nack", rc, err)
 	}
+	// The group is given back, a session's too, whether the nack is
+	// settled or fails (a cut connection, say): the receive's later
+	// messages must not be acked past this one (acks are cumulative), and
+	// a failure must not leave the group held for nackHold.
+	defer r.giveBack(ctx, rc)
 	var end *driver.Message
 	if rc.End > 0 {
 		if end, err = r.endAt(ctx, rc, m); err != nil {
@@ -861,14 +866,7 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	if err != nil {
 		return settled("nack", rc, err)
 	}
-	// The group is given back, a session's too: the receive's later
-	// messages must not be acked past this one (acks are cumulative).
-	if _, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause); err == nil {
-		if rerr := r.drv.ReleaseLease(ctx, l, r.now()); rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
-			r.cfg.Log.Warn("shardq: giving back a message group after a nack failed; it is free after its visibility timeout",
-				"tenant", tenant, "topic", topic, "partition_key", rc.Key, "err", rerr)
-		}
-	}
+	_, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause)
 	return settled("nack", rc, err)
 }
 

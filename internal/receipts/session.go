@@ -77,12 +77,13 @@ func (r *Receipts) receiveSession(ctx context.Context, rq Request, s Receipt) (R
 	return res, nil
 }
 
-// giveBack ends a session that its receive could not hand out.
+// giveBack gives s's message group back at once: a session that its
+// receive could not hand out, or the group of a nack.
 func (r *Receipts) giveBack(ctx context.Context, s Receipt) {
 	dctx, cancel := lifecycle.Detached(ctx)
 	defer cancel()
 	if err := r.drv.ReleaseLease(dctx, s.lease(), r.now()); err != nil && !errors.Is(err, driver.ErrLeaseLost) {
-		r.cfg.Log.Warn("shardq: giving back a session's group failed; it is free after its visibility timeout",
+		r.cfg.Log.Warn("shardq: giving back a message group failed; it is free when its lease expires",
 			"tenant", s.Tenant, "topic", s.Topic, "partition_key", s.Key, "err", err)
 	}
 }
