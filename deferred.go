@@ -239,7 +239,7 @@ func (a *Admin) Deferred(ctx context.Context, g GroupRef, after int64, limit int
 // still, after the nack's delay; a deferred message is never
 // dead-lettered for its attempts) or changes its visibility.
 func (r *Receipts) ReceiveDeferred(ctx context.Context, rq DeferredRequest) ([]ReceivedMessage, error) {
-	if err := rq.check(); err != nil {
+	if err := cmp.Or(rq.check(), dlqTopic(rq.Topic, r.o.DLQSuffix)); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
 	if err := r.c.syncClock(ctx); err != nil {

@@ -190,7 +190,7 @@ func (rq ReceiveRequest) Validate() error { return rq.check() }
 // Check is Validate with rq.Session's signature and form checked too
 // (not whether the session still holds its group).
 func (r *Receipts) Check(ctx context.Context, rq ReceiveRequest) error {
-	if err := rq.check(); err != nil {
+	if err := r.checkRequest(&rq); err != nil {
 		return err
 	}
 	if rq.Session != "" {
@@ -199,6 +199,12 @@ func (r *Receipts) Check(ctx context.Context, rq ReceiveRequest) error {
 		}
 	}
 	return nil
+}
+
+// checkRequest is rq.check, and room for the topic's dead letters: a
+// message that this receiver dead-letters must have a topic to go to.
+func (r *Receipts) checkRequest(rq *ReceiveRequest) error {
+	return cmp.Or(rq.check(), dlqTopic(rq.Topic, r.o.DLQSuffix))
 }
 
 func (rq *ReceiveRequest) check() error {
@@ -244,7 +250,7 @@ func (rq *ReceiveRequest) check() error {
 // none, woken by the change feed when the topic's partitions move. No
 // message: an empty Messages.
 func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
-	if err := rq.check(); err != nil {
+	if err := r.checkRequest(&rq); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	if err := r.c.syncClock(ctx); err != nil {

@@ -191,3 +191,25 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// A topic with no room for its dead letters' topic (topic + the suffix
+// past 255 bytes) is refused before any SQL: a message this receiver
+// dead-letters would otherwise fail to leave, and come again for ever.
+func TestReceiveRefusesATopicWithoutRoomForItsDeadLetters(t *testing.T) {
+	_, r := newTestReceipts(t, testdb.Migrated(t, testdb.SQLite(t)))
+	ctx := context.Background()
+	topic := strings.Repeat("t", 253)
+	var bad *ident.Error
+	if _, err := r.Receive(ctx, ReceiveRequest{Tenant: "t", Topic: topic, ConsumerGroup: "g"}); !errors.As(err, &bad) || bad.Field != "dead-letter topic" {
+		t.Fatalf("receive on a %d-byte topic = %v, want a ValidationError naming the dead-letter topic", len(topic), err)
+	}
+	if err := r.Check(ctx, ReceiveRequest{Tenant: "t", Topic: topic, ConsumerGroup: "g"}); !errors.As(err, &bad) {
+		t.Fatalf("check = %v, want the same refusal", err)
+	}
+	if _, err := r.ReceiveDeferred(ctx, DeferredRequest{Tenant: "t", Topic: topic, ConsumerGroup: "g", Offsets: []int64{1}}); !errors.As(err, &bad) {
+		t.Fatalf("receive deferred = %v, want the same refusal", err)
+	}
+	if _, err := r.Receive(ctx, ReceiveRequest{Tenant: "t", Topic: strings.Repeat("t", 251), ConsumerGroup: "g"}); err != nil {
+		t.Fatalf("receive on a 251-byte topic (its dead letters' 255): %v", err)
+	}
+}

@@ -803,7 +803,7 @@ const MaxMessages = 100
 
 // nackHold is how long a nack holds its group's lease between reading
 // the cursor and giving the group back (which it does, failed or not,
-// unless the process dies between them).
+// unless the process dies between them or the release fails too).
 const nackHold = 30 * time.Second
 
 // Nack fails the message of a receipt: the settler delivers it again

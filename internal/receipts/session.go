@@ -19,9 +19,10 @@ import (
 // signed Receipt with Session set that names the lease (owner and token):
 // any server of the database continues it, and the lease's fence decides
 // whether it still holds. Receives in a session hand out from the group's
-// cursor; acks and nacks of its messages keep the group. It ends when
-// closed (a visibility change to 0) or when its lease lapses and another
-// receive takes the group: a lapsed lease that nobody took is resumed.
+// cursor; acks of its messages keep the group, a nack gives it back. It
+// ends when closed (a visibility change to 0), at a nack, or when its
+// lease lapses and another receive takes the group: a lapsed lease that
+// nobody took is resumed.
 
 // Session is a held group, as a receive hands it out.
 type Session struct {
