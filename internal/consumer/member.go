@@ -281,14 +281,30 @@ func (s *Member) heartbeat(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// beaten records heartbeat rows written in tenants, stamped at.
+// beaten records heartbeat rows written in tenants, stamped at. A write
+// that ends when the member's last heartbeat is already within the
+// holder's margin of going stale vouches for nothing held before it: the
+// others may have counted the member dead meanwhile and swept its leases,
+// unexpired ones too (a frozen process, a write stuck that long). The
+// workers of those tenants stop, as their expiry timers would have, so
+// that the fresh heartbeat does not make their leases look live again.
 func (s *Member) beaten(tenants []string, at time.Time) {
+	done := s.cfg.Clock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.beatAt == nil {
 		s.beatAt = map[string]time.Time{}
 	}
 	for _, t := range tenants {
+		if last, ok := s.beatAt[t]; ok && !done.Before(s.liveUntil(t).Add(-s.holderMargin())) {
+			for _, w := range s.workers {
+				if w.lease.Tenant == t {
+					s.log.Warn("shardq: heartbeat written after it could have gone stale; stopping the partition, which may have been swept",
+						w.logArgs("token", w.lease.Token, "last_heartbeat", last)...)
+					w.lose()
+				}
+			}
+		}
 		if at.After(s.beatAt[t]) {
 			s.beatAt[t] = at
 		}

@@ -146,6 +146,11 @@ func (w *worker) giveUpAt() time.Time {
 // nobody has taken it yet. The partition is acquired again, with a new
 // token, by the next tick that plans it.
 func (w *worker) leaseLive() bool {
+	select {
+	case <-w.lost:
+		return false
+	default:
+	}
 	if w.s.cfg.Clock().Before(w.giveUpAt()) {
 		return true
 	}

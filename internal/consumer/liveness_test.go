@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq/driver"
+)
+
+// TestHeartbeatAfterALapseStopsTheWorkers: a heartbeat that lands once
+// the member's last one could have gone stale (a process frozen across
+// the write, or between two beats) does not make the leases held before
+// it live again: another member may have counted this one dead and swept
+// them, unexpired, meanwhile. A tenant whose heartbeat never lapsed keeps
+// its workers.
+func TestHeartbeatAfterALapseStopsTheWorkers(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	s := &Member{workers: map[driver.PartitionRef]*worker{}, log: slog.New(slog.DiscardHandler),
+		cfg: Config{Tenants: []string{"a", "b"}, LeaseTTL: time.Minute, StaleAfter: 3 * time.Second, Clock: func() time.Time { return now }}}
+	hold := func(tenant string) *worker {
+		ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		w := &worker{s: s, lease: driver.Lease{PartitionRef: ref, Token: 1, Owner: "m", ExpiresAt: now.Add(time.Minute)},
+			ctx: ctx, cancel: cancel, lost: make(chan struct{}), handback: make(chan struct{})}
+		s.workers[ref] = w
+		return w
+	}
+	s.beaten([]string{"a", "b"}, now)
+	a, b := hold("a"), hold("b")
+
+	now = now.Add(time.Second)
+	s.beaten([]string{"a", "b"}, now) // on time
+	if !a.leaseLive() || !b.leaseLive() {
+		t.Fatal("a heartbeat on time stopped a worker")
+	}
+
+	// Tenant a's next write starts on time and ends after the others
+	// could count the member dead there (StaleAfter after the last beat,
+	// less the margin); tenant b's beat comes on time.
+	stamp := now.Add(time.Second)
+	now = now.Add(1500 * time.Millisecond)
+	s.beaten([]string{"b"}, now)
+	now = now.Add(1400 * time.Millisecond)
+	s.beaten([]string{"a"}, stamp)
+	if a.leaseLive() {
+		t.Fatalf("tenant a's worker still hands out messages at %s after a heartbeat that landed past its last one's staleness (lives until %s)",
+			now.Format(time.StampMilli), a.giveUpAt().Format(time.StampMilli))
+	}
+	select {
+	case <-a.ctx.Done():
+	default:
+		t.Fatal("tenant a's handler was not cancelled")
+	}
+	if !b.leaseLive() {
+		t.Fatal("tenant b's worker stopped, though its heartbeat never lapsed")
+	}
+}
