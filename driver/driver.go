@@ -334,6 +334,10 @@ type Leases interface {
 	// another takes it, as its acks do), and reads the group's cursor into
 	// the Lease it returns; otherwise ErrLeaseLost.
 	ResumeLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
+	// ResumeLeaseBelow is ResumeLease when the group's cursor is below
+	// offset; at or past it, the lease is left as it is (its expiry too)
+	// and returned with the cursor. The two happen in one transaction.
+	ResumeLeaseBelow(ctx context.Context, l Lease, offset int64, now time.Time, ttl time.Duration) (Lease, error)
 	// ExpireLeases ends now the leases owner holds in g, leaving them in
 	// its name (a static member stopping, for its next process to take
 	// over), and returns how many.

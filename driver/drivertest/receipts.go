@@ -22,6 +22,7 @@ var receiptTests = []struct {
 	{"ReceiptsVisibilityTimeoutRedelivers", testReceiptsVisibility},
 	{"ReceiptsNackRetriesThenDeadLetters", testReceiptsNack},
 	{"ReceiptsNackThatFailsGivesTheGroupBack", testReceiptsNackFails},
+	{"ReceiptsStaleNackLeavesTheVisibility", testReceiptsStaleNack},
 	{"ReceiptsUngrouped", testReceiptsUngrouped},
 	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
 	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
@@ -185,6 +186,39 @@ func testReceiptsNackFails(t *testing.T, open Open) {
 	if again[0].Attempt != 1 {
 		t.Fatalf("redelivery is attempt %d, want 1: the failed nack recorded nothing", again[0].Attempt)
 	}
+}
+
+// A nack whose message a later ack of its receive has passed (acks are
+// cumulative) is stale, and leaves the group's lease to the receive's
+// visibility: neither shortened to the nack's own hold nor lengthened to
+// it.
+func testReceiptsStaleNack(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	ref := shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+	publishGroup(t, c, "k", "m1", "m2", "m3", "m4", "m5", "m6")
+	clock := newFakeClock(time.Now())
+	r := receipts(t, c, clock, 5)
+	staleNack := func(got []shardq.ReceivedMessage) {
+		t.Helper()
+		if err := r.Ack(ctx, ref, got[1].Receipt); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Nack(ctx, ref, got[0].Receipt, shardq.NackOptions{Reason: "late"}); !errors.Is(err, shardq.ErrStaleReceipt) {
+			t.Fatalf("nack of a message a later ack passed = %v, want ErrStaleReceipt", err)
+		}
+	}
+	long := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 3, Visibility: time.Hour}, "m1", "m2", "m3")
+	staleNack(long)
+	clock.Advance(time.Minute) // past the nack's hold, within the receive's hour
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"})
+	if err := r.Ack(ctx, ref, long[2].Receipt); err != nil {
+		t.Fatalf("the receive's last ack within its visibility: %v", err)
+	}
+	short := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k", Max: 3, Visibility: 5 * time.Second}, "m4", "m5", "m6")
+	staleNack(short)
+	clock.Advance(6 * time.Second) // past the receive's visibility, within the nack's hold
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}, "m6")
 }
 
 var errStatesFault = errors.New("injected: delivery states unreadable")

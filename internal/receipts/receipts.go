@@ -842,9 +842,10 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 		return settled("nack", rc, err)
 	}
 	// An ack of a later message of the receive may have passed this one
-	// already (acks are cumulative): then it is settled, and the nack
-	// stale. The cursor is read under the lease's fence.
-	l, err := r.drv.ResumeLease(ctx, rc.lease(), r.now(), nackHold)
+	// already (acks are cumulative): then it is settled, the nack stale,
+	// and the lease left to the receive's visibility. The cursor is read
+	// under the lease's fence.
+	l, err := r.drv.ResumeLeaseBelow(ctx, rc.lease(), rc.Offset, r.now(), nackHold)
 	if err == nil && l.Committed >= rc.Offset {
 		err = ErrStale
 	}

@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -177,21 +178,32 @@ func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, t
 // ResumeLease extends l under its fence whatever its expiry, and reads
 // the cursor.
 func (d *Store) ResumeLease(ctx context.Context, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	return d.ResumeLeaseBelow(ctx, l, math.MaxInt64, now, ttl)
+}
+
+// ResumeLeaseBelow reads the cursor under l's fence and extends l only
+// while the cursor is below offset: one transaction, so that an ack
+// passing offset meanwhile either comes first (and the lease is left as
+// it was) or waits for the extension.
+func (d *Store) ResumeLeaseBelow(ctx context.Context, l driver.Lease, offset int64, now time.Time, ttl time.Duration) (driver.Lease, error) {
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "resume lease on " + l.PartitionRef.String()
 		if err := d.fence(ctx, tx, l, op); err != nil {
 			return driver.Lease{}, err
 		}
 		st, key := d.leases(), refNamed(l.PartitionRef)
-		l.ExpiresAt = now.Add(ttl)
-		if _, err := d.exec(ctx, tx, st.renew, key.with(Args{"expires_at": d.EncodeTime(l.ExpiresAt), "token": l.Token})); err != nil {
-			return driver.Lease{}, d.Wrap(op, err)
-		}
 		err := d.queryRow(ctx, tx, st.committed, key).Scan(&l.Committed)
 		if errors.Is(err, sql.ErrNoRows) { // no cursor yet: where the group starts
 			err = d.queryRow(ctx, tx, st.start, key).Scan(&l.Committed)
 		}
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return driver.Lease{}, d.Wrap(op, err)
+		}
+		if l.Committed >= offset {
+			return l, nil
+		}
+		l.ExpiresAt = now.Add(ttl)
+		if _, err := d.exec(ctx, tx, st.renew, key.with(Args{"expires_at": d.EncodeTime(l.ExpiresAt), "token": l.Token})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
 		return l, nil
