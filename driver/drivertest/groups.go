@@ -3,10 +3,12 @@
 package drivertest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +29,7 @@ var groupTests = []struct {
 	{"AcceptGroupWaits", testAcceptGroupWaits},
 	{"ReceiverAndSubscriberNeverShareAGroup", testReceiverAndSubscriberNeverShare},
 	{"AcceptNextGroupTakesOldestReadyFreeGroup", testAcceptNextGroup},
+	{"ReadyGroupsInOrderOverPages", testReadyGroupsOverPages},
 	{"ReceiverIdleRelease", testReceiverIdleRelease},
 	{"GroupStateAcrossOwnersAndFenced", testGroupState},
 	{"ReceiverNoDeliveryAfterExpiry", testReceiverNoDeliveryAfterExpiry},
@@ -260,6 +263,66 @@ func testReceiverAndSubscriberNeverShare(t *testing.T, open Open) {
 	defer mu.Unlock()
 	if got["r1"] {
 		t.Fatal("r1, acked by the receiver, was delivered again")
+	}
+}
+
+// ReadyGroups orders the free groups by their next message after the
+// cursor, over more groups than it reads at a time, whatever their keys'
+// order: here the keys run against the publish order, and a third of the
+// groups consumed their first message, so that their next one is of a
+// later publish.
+func testReadyGroupsOverPages(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	const groups = 700
+	key := func(i int) string { return fmt.Sprintf("k%04d", groups-i) }
+	next := map[string]int64{}
+	for pass := range 2 {
+		for start := 0; start < groups; start += 100 {
+			batch := make([]shardq.Message, 100)
+			for i := range batch {
+				batch[i] = shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key(start + i), ID: fmt.Sprint(pass, "-", start+i)}
+			}
+			for i, r := range mustPublish(t, c, batch...) {
+				if k := key(start + i); pass == 0 || (start+i)%3 == 0 {
+					next[k] = r.Offset
+				}
+			}
+		}
+	}
+	now := time.Now()
+	for i := 0; i < groups; i += 3 {
+		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: key(i)}
+		l, err := d.AcquireLease(ctx, p, "m", now, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := d.FetchAfter(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: key(i)}, 0, 1)
+		if err != nil || len(first) != 1 {
+			t.Fatalf("first message of %s: %v %v", key(i), first, err)
+		}
+		if err := d.CommitOffset(ctx, l, first[0].Offset, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.ReleaseLease(ctx, l, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := slices.Collect(maps.Keys(next))
+	slices.SortFunc(want, func(a, b string) int { return cmp.Compare(next[a], next[b]) })
+	for _, limit := range []int{5, 320, groups + 1} {
+		got, err := d.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, time.Now(), limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := min(limit, groups); len(got) != n {
+			t.Fatalf("limit %d: %d ready groups, want %d", limit, len(got), n)
+		}
+		for i, g := range got {
+			if g.PartitionKey != want[i] || g.NextOffset != next[want[i]] {
+				t.Fatalf("limit %d: ready group %d is %s at %d, want %s at %d", limit, i, g.PartitionKey, g.NextOffset, want[i], next[want[i]])
+			}
+		}
 	}
 }
 

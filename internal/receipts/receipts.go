@@ -72,12 +72,15 @@ type Receipts struct {
 	// waiters wait for the end markers of large messages at the cursors
 	// of groups, across receives (large.go).
 	waiters map[driver.PartitionRef]*large.Waiter
+	// nextSlots are the slots of the next-group receives in flight, by
+	// (tenant, topic, group): nextSlot.
+	nextSlots map[[3]string][]bool
 }
 
 // New returns a receiver of receipts over drv.
 func New(drv driver.Driver, cfg Config) *Receipts {
 	return &Receipts{drv: drv, cfg: cfg, keys: receiptkey.New(drv, cfg.MaxVisibility, cfg.Settler.Clock), advanced: map[[3]string]time.Time{},
-		waiters: map[driver.PartitionRef]*large.Waiter{}}
+		waiters: map[driver.PartitionRef]*large.Waiter{}, nextSlots: map[[3]string][]bool{}}
 }
 
 func (r *Receipts) now() time.Time { return r.cfg.Settler.Clock() }
@@ -490,6 +493,8 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 	// looked at cheaply (once known, its chunk 0 alone, for the Waiter),
 	// and when any is on the page the look goes further, to groups not
 	// yet looked at.
+	slot, done := r.nextSlot(rq)
+	defer done()
 	seen := map[string]bool{}
 	for limit := 20; ; limit = min(limit*4, maxReadyGroups) {
 		groups, err := r.drv.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{rq.Tenant}, Topic: rq.Topic, ConsumerGroup: rq.Group}, r.now(), limit)
@@ -497,6 +502,10 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 			return Result{}, fmt.Errorf("shardq: receive: %w", err)
 		}
 		writing := 0
+		if len(groups) > 0 {
+			k := slot % len(groups)
+			groups = slices.Concat(groups[k:], groups[:k])
+		}
 		for _, g := range groups {
 			if seen[g.PartitionKey] {
 				continue // looked at on the page before
@@ -513,6 +522,43 @@ func (r *Receipts) receiveNextGroup(ctx context.Context, rq Request) (Result, er
 		}
 		if writing == 0 || len(groups) < limit || limit == maxReadyGroups {
 			return Result{}, nil
+		}
+	}
+}
+
+// nextSlot spreads the next-group receives of one consumer group in
+// flight here over the oldest free groups: the one in slot k (the lowest
+// slot free when it began) tries the k-th oldest first, then the rest of
+// the page in order, wrapping round. Receives that start together all
+// asking for the oldest would race for it, and each loser pays a failed
+// lease acquisition, or an empty one when the winner drained the group
+// between the loser's list and its acquisition. The k receives in flight
+// before it are taking the k oldest meanwhile. done frees the slot.
+func (r *Receipts) nextSlot(rq Request) (slot int, done func()) {
+	k := [3]string{rq.Tenant, rq.Topic, rq.Group}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	slots := r.nextSlots[k]
+	for slot < len(slots) && slots[slot] {
+		slot++
+	}
+	if slot == len(slots) {
+		slots = append(slots, true)
+	}
+	slots[slot] = true
+	r.nextSlots[k] = slots
+	return slot, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		slots := r.nextSlots[k]
+		slots[slot] = false
+		for len(slots) > 0 && !slots[len(slots)-1] {
+			slots = slots[:len(slots)-1]
+		}
+		if len(slots) == 0 {
+			delete(r.nextSlots, k)
+		} else {
+			r.nextSlots[k] = slots
 		}
 	}
 }

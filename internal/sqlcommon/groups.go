@@ -3,11 +3,14 @@
 package sqlcommon
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -18,37 +21,127 @@ import (
 // first: the order the messages were numbered in (one AUTO_INCREMENT or
 // rowid per table).
 // When sharded, each shard numbers its messages on its own, so they come
-// oldest next message first, by its created_at. Each candidate costs one
-// index probe (two when sharded); everything stays inside the tenants'
-// shards.
+// oldest next message first, by its created_at. Each tenant's candidates
+// are read a page at a time by key (head, cursor and lease rows: no
+// message), and each page's next messages by one index probe per
+// candidate (readyProbe); the best limit are kept. Memory is a page and
+// limit; everything stays inside each tenant's shard.
 func (d *Store) ReadyGroups(ctx context.Context, g driver.GroupScope, now time.Time, limit int) ([]driver.ReadyGroup, error) {
-	tenants, topic, group := g.Tenants, g.Topic, g.ConsumerGroup
-	if len(tenants) == 0 {
+	if len(g.Tenants) == 0 || limit <= 0 {
 		return nil, nil
 	}
-	op := fmt.Sprintf("list ready groups of topic %q group %q", topic, group)
-	q := d.sql().group.ready
-	if d.Sharded != nil && d.Sharded() {
-		q = d.sql().group.readyByAge
-	}
-	rows, err := d.query(ctx, d.Read, q, Args{"tenants": textList(tenants), "topic": topic, "group": group,
-		"now": d.EncodeTime(now), "limit": limit})
-	if err != nil {
-		return nil, d.Wrap(op, err)
-	}
-	defer rows.Close()
-	var out []driver.ReadyGroup
-	for rows.Next() {
-		g := driver.ReadyGroup{Topic: topic}
-		if err := rows.Scan(&g.Tenant, &g.PartitionKey, &g.NextOffset); err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
+	op := fmt.Sprintf("list ready groups of topic %q group %q", g.Topic, g.ConsumerGroup)
+	byAge := d.Sharded != nil && d.Sharded()
+	var best []readyGroup
+	for _, tenant := range g.Tenants {
+		for after := ""; ; {
+			keys, cursors, err := d.readyCandidates(ctx, tenant, g, now, after)
+			if err != nil {
+				return nil, d.Wrap(op, err)
+			}
+			for start := 0; start < len(keys); {
+				n := min(len(keys)-start, readyProbeSizes[len(readyProbeSizes)-1])
+				next, err := d.probeReady(ctx, tenant, g.Topic, keys[start:start+n], cursors[start:start+n], byAge)
+				if err != nil {
+					return nil, d.Wrap(op, err)
+				}
+				best = append(best, next...)
+				start += n
+			}
+			slices.SortFunc(best, func(a, b readyGroup) int {
+				if byAge {
+					if c := a.createdAt.Compare(b.createdAt); c != 0 {
+						return c
+					}
+				}
+				return cmp.Or(cmp.Compare(a.NextOffset, b.NextOffset), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.PartitionKey, b.PartitionKey))
+			})
+			best = best[:min(len(best), limit)]
+			if len(keys) < readyPage {
+				break
+			}
+			after = keys[len(keys)-1]
 		}
-		out = append(out, g)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+	out := make([]driver.ReadyGroup, len(best))
+	for i, r := range best {
+		out[i] = r.ReadyGroup
 	}
 	return out, nil
+}
+
+// readyPage is how many candidates ReadyGroups reads at a time.
+const readyPage = 500
+
+// readyGroup is a candidate with its next message's time.
+type readyGroup struct {
+	driver.ReadyGroup
+	createdAt time.Time
+}
+
+// readyCandidates reads a page of tenant's free groups with work after
+// the cursor, by key after after, with their cursors.
+func (d *Store) readyCandidates(ctx context.Context, tenant string, g driver.GroupScope, now time.Time, after string) (keys []string, cursors []int64, err error) {
+	rows, err := d.query(ctx, d.Read, d.sql().group.readyCandidates, Args{"tenant": tenant, "topic": g.Topic, "group": g.ConsumerGroup,
+		"now": d.EncodeTime(now), "after": after, "page": readyPage})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var c int64
+		if err := rows.Scan(&k, &c); err != nil {
+			return nil, nil, err
+		}
+		keys, cursors = append(keys, k), append(cursors, c)
+	}
+	return keys, cursors, rows.Err()
+}
+
+// probeReady reads the next message after each cursor of keys (at most
+// the largest probe size), in the smallest probe statement that holds
+// them, the last key repeated to fill it.
+func (d *Store) probeReady(ctx context.Context, tenant, topic string, keys []string, cursors []int64, byAge bool) ([]readyGroup, error) {
+	size := 0
+	for size < len(readyProbeSizes)-1 && readyProbeSizes[size] < len(keys) {
+		size++
+	}
+	args := Args{"tenant": tenant, "topic": topic}
+	for i := range readyProbeSizes[size] {
+		j := min(i, len(keys)-1)
+		args["key"+strconv.Itoa(i)], args["cursor"+strconv.Itoa(i)] = keys[j], cursors[j]
+	}
+	q := d.sql().group.readyProbes[size]
+	if byAge {
+		q = d.sql().group.readyProbesByAge[size]
+	}
+	rows, err := d.query(ctx, d.Read, q, args)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []readyGroup
+	seen := make(map[string]bool, len(keys))
+	for rows.Next() {
+		r := readyGroup{ReadyGroup: driver.ReadyGroup{Tenant: tenant, Topic: topic}}
+		var next sql.NullInt64
+		var created any
+		if err := rows.Scan(&r.PartitionKey, &next, &created); err != nil {
+			return nil, err
+		}
+		if !next.Valid || seen[r.PartitionKey] {
+			continue // gone meanwhile (retention), or a repeat that filled the statement
+		}
+		seen[r.PartitionKey], r.NextOffset = true, next.Int64
+		if byAge {
+			if r.createdAt, err = d.DecodeTime(created); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // GroupState reads the partition's state inside a transaction that holds

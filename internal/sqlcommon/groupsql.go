@@ -2,34 +2,50 @@
 
 package sqlcommon
 
+import (
+	"strconv"
+	"strings"
+)
+
+// readyProbeSizes are the candidates one probe statement reads: a page is
+// probed in statements of these sizes, the last padded, so that each
+// database prepares three statements, not one per page length.
+var readyProbeSizes = []int{1, 8, 32}
+
 // groupSQL holds the statements of message groups and competing consumers
 // (groups.go), whole, with named parameters (Bind). Claim rows are keyed
 // (tenant, consumer_group, topic) and cursors (tenant, topic, ...,
 // consumer_group): named parameters keep the two orders from being mixed.
 type groupSQL struct {
-	ready      string // message groups with work and no live lease, lowest next offset first
-	readyByAge string // the same, oldest next message first (tenants on shards of their own)
-	anyWork    string // is anything claimable (read pool, before a write transaction)
-	marks      string // the group's ungrouped cursor and claim mark, locked (claimers and advances take turns on it)
-	marksRead  string // the same, not locked (read pool)
-	markRow    string // add the group's ungrouped cursor row at :start, for its mark
-	setMark    string // move the claim mark to :mark
-	again      string // claims visible again (expired, or retry due), up to the mark
-	fresh      string // messages above the mark
-	freshSized string // fresh's candidates with sizes and the large ones' bodies left out (sizedColumns)
-	sizesAt    string // the sizes of messages at offsets (:offsets)
-	messagesAt string // messages at offsets (:offsets)
-	reclaim    string // take visible-again claims (:offsets) under a new token
-	insert     string // insert claim rows (:rows), keeping any that exist
-	claimed    string // this token's claims among :offsets
-	retry      string // make a claim visible again at :retry_at, under its token
-	extend     string // make a claim visible again at :visible_at, under its token
-	release    string // make a claim visible again at :now and uncount its attempt, under its token
-	settle     string // delete a claim row (its message is done), under its token
-	ack        string // delete claim rows, each under its token (:claims rows of offset, token, owner)
-	firstOpen  string // the lowest open claim above the cursor
-	dropPassed string // delete claim rows the cursor passed (done ones that schemas before 13 kept)
-	dropAbove  string // delete claim rows above a reset cursor
+	// readyCandidates is a page of one tenant's message groups with work
+	// after the cursor and no live lease, by key after :after, with each
+	// one's cursor; readyProbes[i] reads the next offset of
+	// readyProbeSizes[i] of them (:key0, :cursor0, …), readyProbesByAge[i]
+	// its created_at too.
+	readyCandidates  string
+	readyProbes      []string
+	readyProbesByAge []string
+	anyWork          string // is anything claimable (read pool, before a write transaction)
+	marks            string // the group's ungrouped cursor and claim mark, locked (claimers and advances take turns on it)
+	marksRead        string // the same, not locked (read pool)
+	markRow          string // add the group's ungrouped cursor row at :start, for its mark
+	setMark          string // move the claim mark to :mark
+	again            string // claims visible again (expired, or retry due), up to the mark
+	fresh            string // messages above the mark
+	freshSized       string // fresh's candidates with sizes and the large ones' bodies left out (sizedColumns)
+	sizesAt          string // the sizes of messages at offsets (:offsets)
+	messagesAt       string // messages at offsets (:offsets)
+	reclaim          string // take visible-again claims (:offsets) under a new token
+	insert           string // insert claim rows (:rows), keeping any that exist
+	claimed          string // this token's claims among :offsets
+	retry            string // make a claim visible again at :retry_at, under its token
+	extend           string // make a claim visible again at :visible_at, under its token
+	release          string // make a claim visible again at :now and uncount its attempt, under its token
+	settle           string // delete a claim row (its message is done), under its token
+	ack              string // delete claim rows, each under its token (:claims rows of offset, token, owner)
+	firstOpen        string // the lowest open claim above the cursor
+	dropPassed       string // delete claim rows the cursor passed (done ones that schemas before 13 kept)
+	dropAbove        string // delete claim rows above a reset cursor
 }
 
 // claimKey selects one group's claim rows (:tenant, :group, :topic).
@@ -57,24 +73,37 @@ const claimFence = claimKey + " AND message_offset = :offset AND token = :token 
 
 func newGroupSQL(s Syntax) groupSQL {
 	o := s.offset()
-	// readyGroups is each free partition with work after the cursor and
-	// its next offset: a correlated MIN over the partition's primary key,
-	// one index probe per candidate.
-	readyGroups := "SELECT p.tenant, p.partition_key, (SELECT MIN(m." + o + ") FROM queue_messages m" + s.partitionOrder() + " WHERE m.tenant = p.tenant AND m.topic = p.topic " +
-		"AND m.partition_key = p.partition_key AND m." + o + " > " + cursorOrStart + ") AS next_offset " +
-		"FROM queue_partitions p " +
-		"LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
-		groupJoin +
-		"LEFT JOIN queue_partition_leases l ON l.tenant = p.tenant AND l.consumer_group = :group AND l.topic = p.topic AND l.partition_key = p.partition_key " +
-		"WHERE p.tenant IN (:tenants) AND p.topic = :topic AND p.partition_key <> '' " +
-		"AND p.head_offset > " + cursorOrStart + " AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now)"
+	// readyProbe is one candidate's next offset, its cursor bound as a
+	// value: a correlated MIN (or ORDER BY … LIMIT 1) over an outer
+	// reference reads every stored row of the partition on MariaDB, whose
+	// optimizer range-scans no key on one; with a value, it is one index
+	// probe. readyProbeByAge reads that message's created_at too. A union
+	// of them probes a page of candidates in one round trip.
+	nextAfter := "SELECT MIN(m." + o + ") FROM queue_messages m" + s.partitionOrder() +
+		" WHERE m.tenant = :tenant AND m.topic = :topic AND m.partition_key = :key{i} AND m." + o + " > :cursor{i}"
+	readyProbe := "SELECT :key{i}, (" + nextAfter + "), NULL"
+	readyProbeByAge := "SELECT n.partition_key, n." + o + ", n.created_at FROM queue_messages n" + s.partitionOrder() +
+		" WHERE n.tenant = :tenant AND n.topic = :topic AND n.partition_key = :key{i} AND n." + o + " = (" + nextAfter + ")"
+	unions := func(arm string) []string {
+		out := make([]string, len(readyProbeSizes))
+		for i, n := range readyProbeSizes {
+			arms := make([]string, n)
+			for j := range arms {
+				arms[j] = strings.ReplaceAll(arm, "{i}", strconv.Itoa(j))
+			}
+			out[i] = strings.Join(arms, " UNION ALL ")
+		}
+		return out
+	}
 	return groupSQL{
-		ready: "SELECT tenant, partition_key, next_offset FROM (" + readyGroups + ") ready " +
-			"WHERE next_offset IS NOT NULL ORDER BY next_offset LIMIT :limit",
-		readyByAge: "SELECT ready.tenant, ready.partition_key, ready.next_offset FROM (" + readyGroups + ") ready " +
-			"JOIN queue_messages n" + s.partitionOrder() + " ON n.tenant = ready.tenant AND n.topic = :topic " +
-			"AND n.partition_key = ready.partition_key AND n." + o + " = ready.next_offset " +
-			"ORDER BY n.created_at, ready.next_offset, ready.tenant, ready.partition_key LIMIT :limit",
+		readyCandidates: "SELECT p.partition_key, " + cursorOrStart + " FROM queue_partitions p " +
+			"LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group " +
+			groupJoin +
+			"LEFT JOIN queue_partition_leases l ON l.tenant = p.tenant AND l.consumer_group = :group AND l.topic = p.topic AND l.partition_key = p.partition_key " +
+			"WHERE p.tenant = :tenant AND p.topic = :topic AND p.partition_key > :after " +
+			"AND p.head_offset > " + cursorOrStart + " AND (l.owner IS NULL OR l.owner = '' OR l.expires_at <= :now) ORDER BY p.partition_key LIMIT :page",
+		readyProbes:      unions(readyProbe),
+		readyProbesByAge: unions(readyProbeByAge),
 		anyWork: "SELECT EXISTS (SELECT 1 FROM queue_message_claims WHERE " + claimKey +
 			" AND done = 0 AND visible_at <= :now AND message_offset > " + ungroupedCursor + ") OR EXISTS (SELECT 1 FROM queue_messages" + s.partitionOrder() +
 			" WHERE tenant = :tenant AND topic = :topic AND partition_key = '' AND " + o + " > " + ungroupedMark + ")",
