@@ -146,12 +146,16 @@ func (w *worker) giveUpAt() time.Time {
 // nobody has taken it yet. The partition is acquired again, with a new
 // token, by the next tick that plans it.
 func (w *worker) leaseLive() bool {
+	// The clock first, lost after: a heartbeat that lands past a lapse
+	// closes lost before it moves beatAt, so a giveUpAt that saw the new
+	// beat is followed by a closed lost.
+	live := w.s.cfg.Clock().Before(w.giveUpAt())
 	select {
 	case <-w.lost:
 		return false
 	default:
 	}
-	if w.s.cfg.Clock().Before(w.giveUpAt()) {
+	if live {
 		return true
 	}
 	l := w.leaseNow()
