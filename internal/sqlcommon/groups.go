@@ -24,8 +24,10 @@ import (
 // oldest next message first, by its created_at. Each tenant's candidates
 // are read a page at a time by key (head, cursor and lease rows: no
 // message), and each page's next messages by one index probe per
-// candidate (readyProbe); the best limit are kept. Memory is a page and
-// limit; everything stays inside each tenant's shard.
+// candidate (readyProbe); the best limit are kept. On one database a
+// page is probed lowest cursor first and stops where the cursors reach
+// the worst group kept. Memory is a page and limit; everything stays
+// inside each tenant's shard.
 func (d *Store) ReadyGroups(ctx context.Context, g driver.GroupScope, now time.Time, limit int) ([]driver.ReadyGroup, error) {
 	if len(g.Tenants) == 0 || limit <= 0 {
 		return nil, nil
@@ -33,34 +35,57 @@ func (d *Store) ReadyGroups(ctx context.Context, g driver.GroupScope, now time.T
 	op := fmt.Sprintf("list ready groups of topic %q group %q", g.Topic, g.ConsumerGroup)
 	byAge := d.Sharded != nil && d.Sharded()
 	var best []readyGroup
+	keep := func(next []readyGroup) {
+		best = append(best, next...)
+		slices.SortFunc(best, func(a, b readyGroup) int {
+			if byAge {
+				if c := a.createdAt.Compare(b.createdAt); c != 0 {
+					return c
+				}
+			}
+			return cmp.Or(cmp.Compare(a.NextOffset, b.NextOffset), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.PartitionKey, b.PartitionKey))
+		})
+		best = best[:min(len(best), limit)]
+	}
 	for _, tenant := range g.Tenants {
 		for after := ""; ; {
 			keys, cursors, err := d.readyCandidates(ctx, tenant, g, now, after)
 			if err != nil {
 				return nil, d.Wrap(op, err)
 			}
+			page := len(keys)
+			if page > 0 {
+				after = keys[page-1]
+			}
+			if !byAge {
+				// Lowest cursor first: a group's next offset is past its
+				// cursor, so once the cursors reach the worst group kept,
+				// no candidate after them can take its place.
+				sortByCursor(keys, cursors)
+			}
 			for start := 0; start < len(keys); {
-				n := min(len(keys)-start, readyProbeSizes[len(readyProbeSizes)-1])
+				end := len(keys)
+				if !byAge && len(best) == limit {
+					bound := best[limit-1].NextOffset
+					end = start
+					for end < len(keys) && cursors[end] < bound {
+						end++
+					}
+				}
+				n := min(end-start, readyProbeSizes[len(readyProbeSizes)-1])
+				if n == 0 {
+					break
+				}
 				next, err := d.probeReady(ctx, tenant, g.Topic, keys[start:start+n], cursors[start:start+n], byAge)
 				if err != nil {
 					return nil, d.Wrap(op, err)
 				}
-				best = append(best, next...)
+				keep(next)
 				start += n
 			}
-			slices.SortFunc(best, func(a, b readyGroup) int {
-				if byAge {
-					if c := a.createdAt.Compare(b.createdAt); c != 0 {
-						return c
-					}
-				}
-				return cmp.Or(cmp.Compare(a.NextOffset, b.NextOffset), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.PartitionKey, b.PartitionKey))
-			})
-			best = best[:min(len(best), limit)]
-			if len(keys) < readyPage {
+			if page < readyPage {
 				break
 			}
-			after = keys[len(keys)-1]
 		}
 	}
 	out := make([]driver.ReadyGroup, len(best))
@@ -68,6 +93,19 @@ func (d *Store) ReadyGroups(ctx context.Context, g driver.GroupScope, now time.T
 		out[i] = r.ReadyGroup
 	}
 	return out, nil
+}
+
+// sortByCursor sorts keys and their cursors by cursor.
+func sortByCursor(keys []string, cursors []int64) {
+	idx := make([]int, len(keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(cursors[a], cursors[b]) })
+	k, c := slices.Clone(keys), slices.Clone(cursors)
+	for i, j := range idx {
+		keys[i], cursors[i] = k[j], c[j]
+	}
 }
 
 // readyPage is how many candidates ReadyGroups reads at a time.
