@@ -5,8 +5,10 @@ package shardq
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -95,7 +97,9 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 }
 
 // ReceiveRequest is one receive. PartitionKey takes that message group;
-// NextGroup the free group whose next message is oldest; Ungrouped only
+// NextGroup a free group whose next message is among the oldest
+// (receives in flight together start at different ones; see Ack for the
+// group a turn goes on with); Ungrouped only
 // ungrouped messages (competing consumers). With none of them a receive
 // takes what is available, as SQS FIFO's ReceiveMessage does: ungrouped
 // messages when there are any, else the next free message group.
@@ -135,7 +139,22 @@ type ReceiveRequest struct {
 	// (nothing): a server shutting down answers its long polls at once
 	// without cancelling the statements of other requests.
 	Done <-chan struct{}
+	// Ack holds receipts of earlier receives of this topic and group to
+	// acknowledge first, as AckAll does: a consumer's turn in one call
+	// (at most MaxReceiveMessages; a malformed one refuses the request
+	// whole, as ack[i]). With NextGroup (and not Hold), acks that settle
+	// the whole of a group's receive keep that group while it has more
+	// stored: this receive goes on with it, under a new lease (the old
+	// receipts go stale), for at most MaxGroupTurns receives after the
+	// one that took it, as a Service Bus session processor stays with a
+	// busy session.
+	Ack []string
 }
+
+// MaxGroupTurns bounds the receives that go on with one group after the
+// one that took it (ReceiveRequest.Ack): the last one's ack gives the
+// group back.
+const MaxGroupTurns = receipts.MaxTurns
 
 // ReceiveResult is what a receive hands out.
 type ReceiveResult struct {
@@ -147,6 +166,11 @@ type ReceiveResult struct {
 	// when it holds none (with Hold: the group is held elsewhere, or has
 	// nothing ready that RequireReady or NextGroup asked for).
 	Session *ReceiveSession
+	// Acked counts the receipts of ReceiveRequest.Ack settled, and Stale
+	// indexes the stale ones (their messages come again). Receive
+	// returns them with an error that came after the acks, too.
+	Acked int
+	Stale []int
 }
 
 // ReceiveSession is a message group held across receives.
@@ -231,6 +255,9 @@ func (rq *ReceiveRequest) check() error {
 	case rq.Max < 0 || rq.Max > MaxReceiveMessages:
 		return &ident.Error{Field: "max", Rule: fmt.Sprintf("%d: want 1 to %d", rq.Max, MaxReceiveMessages)}
 	}
+	if len(rq.Ack) > MaxReceiveMessages {
+		return &ident.Error{Field: "ack", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(rq.Ack), MaxReceiveMessages)}
+	}
 	if rq.Wait < 0 || rq.Wait > MaxReceiveWait {
 		return &ident.Error{Field: "wait", Rule: fmt.Sprintf("%s: want 0 to %s", rq.Wait, MaxReceiveWait)}
 	}
@@ -263,8 +290,17 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	got, err := r.rt.Receive(ctx, receipts.Request{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Key: rq.PartitionKey,
-		NextGroup: rq.NextGroup, Ungrouped: rq.Ungrouped, Hold: rq.Hold, RequireReady: rq.RequireReady, Session: rq.Session, Max: rq.Max, Wait: rq.Wait, Visibility: rq.Visibility, MaxBytes: rq.MaxBytes, Done: rq.Done})
-	res := ReceiveResult{Messages: make([]ReceivedMessage, len(got.Messages)), Truncated: got.Truncated}
+		NextGroup: rq.NextGroup, Ungrouped: rq.Ungrouped, Hold: rq.Hold, RequireReady: rq.RequireReady, Session: rq.Session, Max: rq.Max, Wait: rq.Wait,
+		Visibility: rq.Visibility, MaxBytes: rq.MaxBytes, Done: rq.Done, Ack: rq.Ack})
+	if bad := (*ident.Error)(nil); len(rq.Ack) > 0 && errors.As(err, &bad) {
+		// A receipt of Ack: named as the request's field.
+		if rest, ok := strings.CutPrefix(bad.Field, "receipts"); ok {
+			bad.Field = "ack" + rest
+		} else if bad.Field == "receipt" {
+			bad.Field = "ack"
+		}
+	}
+	res := ReceiveResult{Messages: make([]ReceivedMessage, len(got.Messages)), Truncated: got.Truncated, Acked: got.Acked, Stale: got.Stale}
 	if s := got.Session; s != nil {
 		res.Session = &ReceiveSession{ID: s.ID, PartitionKey: s.Key, ExpiresAt: s.ExpiresAt}
 	}

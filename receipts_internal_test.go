@@ -39,6 +39,7 @@ func FuzzDecodeReceipt(f *testing.F) {
 	ctx := context.Background()
 	for _, rc := range []receipt{
 		{Tenant: "t", Topic: "p", Group: "g", Key: "k", Owner: "o#1", Token: 3, Offset: 7, Last: 9},
+		{Tenant: "t", Topic: "p", Group: "g", Key: "k", Owner: "o#1", Token: 3, Offset: 7, Last: 9, Turn: MaxGroupTurns},
 		{Tenant: "t", Topic: "p", Group: "g", Owner: "o#1", Token: 3, Offset: 7, Claim: true, Attempts: 2},
 	} {
 		s, err := r.sign(ctx, rc)
@@ -62,7 +63,8 @@ func FuzzDecodeReceipt(f *testing.F) {
 			}
 			return
 		}
-		if rc.Tenant != "t" || rc.Topic != "p" || rc.Group != "g" || rc.Owner == "" || rc.Token <= 0 || rc.Offset <= 0 || rc.Claim != (rc.Key == "") {
+		if rc.Tenant != "t" || rc.Topic != "p" || rc.Group != "g" || rc.Owner == "" || rc.Token <= 0 || rc.Offset <= 0 || rc.Claim != (rc.Key == "") ||
+			rc.Turn < 0 || rc.Turn > MaxGroupTurns || rc.Turn != 0 && (rc.Claim || rc.Held) {
 			t.Fatalf("accepted an inconsistent receipt %+v", rc)
 		}
 		again, err := r.sign(ctx, rc)

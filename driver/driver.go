@@ -365,6 +365,13 @@ type Leases interface {
 	// past the partition's head, read in the fencing statement. With
 	// release it frees l in the same transaction (a receive's last ack).
 	CommitReceived(ctx context.Context, l Lease, offset int64, release bool, now time.Time) error
+	// CommitReceivedKeep is CommitReceived with release, except that
+	// while the partition's head is past offset it gives the lease to
+	// owner under the next token until now+ttl instead of freeing it, in
+	// the same transaction (a receive that acks a group's last message
+	// goes on with the group). kept says which; a kept lease's Committed
+	// is offset.
+	CommitReceivedKeep(ctx context.Context, l Lease, offset int64, owner string, now time.Time, ttl time.Duration) (next Lease, kept bool, err error)
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
 	ListLeases(ctx context.Context, g GroupScope) ([]Lease, error)

@@ -5,6 +5,7 @@ package drivertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,7 @@ var receiptTests = []struct {
 	{"ReceiptsStaleNackLeavesTheVisibility", testReceiptsStaleNack},
 	{"ReceiptsUngrouped", testReceiptsUngrouped},
 	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
+	{"ReceiptsAckGoesOnWithTheGroup", testReceiptsGoOn},
 	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
 	{"ReceiptsChangeVisibility", testReceiptsChangeVisibility},
 	{"ReceiptsSession", testReceiptsSession},
@@ -305,6 +307,52 @@ func testReceiptsNextGroup(t *testing.T, open Open) {
 			t.Errorf("receive %+v = %v, want ErrInvalid", bad, err)
 		}
 	}
+}
+
+// A next-group receive whose acks settle the whole of a group's receive
+// goes on with that group while it has more stored, ahead of an older
+// group, under a new lease (the old receipts go stale), for at most
+// MaxGroupTurns receives in a row; a group with nothing more is given
+// back by the ack.
+func testReceiptsGoOn(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	g := shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+	publishGroup(t, c, "k", "m1")
+	publishGroup(t, c, "j", "n1") // older than every k message after m1
+	var more []string
+	for i := 2; i <= shardq.MaxGroupTurns+2; i++ {
+		more = append(more, fmt.Sprintf("m%d", i))
+	}
+	publishGroup(t, c, "k", more...)
+	r := receipts(t, c, nil, 0)
+	prev := mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true}, "m1")
+	for i := 2; i <= shardq.MaxGroupTurns+1; i++ {
+		res, err := r.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", NextGroup: true, Ack: []string{prev[0].Receipt}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := ids(res.Messages), []string{fmt.Sprintf("m%d", i)}; !slices.Equal(got, want) || res.Acked != 1 || len(res.Stale) != 0 {
+			t.Fatalf("turn %d: receive = %v (acked %d, stale %v), want %v (acked 1)", i, got, res.Acked, res.Stale, want)
+		}
+		mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}) // held on
+		// The receipts of the turn before went stale: a repeated ack
+		// cannot give the group back under this turn.
+		if err := r.Ack(ctx, g, prev[0].Receipt); !errors.Is(err, shardq.ErrStaleReceipt) {
+			t.Fatalf("turn %d: ack of the turn before = %v, want ErrStaleReceipt", i, err)
+		}
+		prev = res.Messages
+	}
+	// MaxGroupTurns in a row: the next ack gives k back, and the oldest
+	// free group comes next.
+	n1 := mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true, Ack: []string{prev[0].Receipt}}, "n1")
+	last := mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"}, fmt.Sprintf("m%d", shardq.MaxGroupTurns+2))
+	// j has nothing more: the ack gives it back, and the receive takes
+	// the next group (none).
+	mustReceive(t, r, shardq.ReceiveRequest{NextGroup: true, Ack: []string{n1[0].Receipt, last[0].Receipt}})
+	publishGroup(t, c, "j", "n2")
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "j"}, "n2")
+	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"})
 }
 
 // A receive that names no group takes what is available, as SQS FIFO's

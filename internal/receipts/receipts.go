@@ -86,7 +86,8 @@ func New(drv driver.Driver, cfg Config) *Receipts {
 func (r *Receipts) now() time.Time { return r.cfg.Settler.Clock() }
 
 // Request is one receive, validated: Key takes that message group;
-// NextGroup the free group whose next message is oldest; Ungrouped only
+// NextGroup a free group whose next message is among the oldest (nextSlot)
+// or the one its Ack goes on with (goesOn); Ungrouped only
 // ungrouped messages; none of them, ungrouped messages when there are
 // any, else the next free group. Hold (with Key or NextGroup) keeps the
 // group's lease across receives as a session, even while it has no
@@ -101,6 +102,12 @@ type Request struct {
 	Wait, Visibility     time.Duration
 	MaxBytes             int64 // 0: no bound
 	Done                 <-chan struct{}
+	// Ack holds receipts to acknowledge first, as AckAll does. With
+	// NextGroup (and not Hold), an ack of the whole of a group's receive
+	// keeps the group while it has more stored (goesOn).
+	Ack []string
+
+	turn int // the receive goes on with a group: the turns in a row, this one included
 }
 
 // Result is what a receive hands out; Session, when the receive holds a
@@ -109,6 +116,10 @@ type Result struct {
 	Messages  []Received
 	Truncated bool
 	Session   *Session
+	// Acked counts the receipts of Request.Ack settled; Stale indexes
+	// the stale ones.
+	Acked int
+	Stale []int
 }
 
 // Received is a message handed out as its Attempt-th delivery, and the
@@ -159,6 +170,9 @@ type Receipt struct {
 	// one included (a message group's failures are stored under its
 	// lease instead).
 	Attempts int `json:"a,omitempty"`
+	// Turn counts the receives in a row that went on with this group
+	// after an ack of the whole of the one before (goesOn).
+	Turn int `json:"u,omitempty"`
 }
 
 // Prefix starts every receipt; maxBytes bounds one.
@@ -248,15 +262,16 @@ func parse(b []byte, field, tenant, topic, group string) (Receipt, error) {
 	}
 	switch {
 	case r.Session:
-		if r.Claim || r.Held || r.Deferred || r.Key == "" || r.Owner == "" || r.Token <= 0 || r.Offset != 0 || r.Last != 0 || r.End != 0 || r.Attempts != 0 {
+		if r.Claim || r.Held || r.Deferred || r.Key == "" || r.Owner == "" || r.Token <= 0 || r.Offset != 0 || r.Last != 0 || r.End != 0 || r.Attempts != 0 || r.Turn != 0 {
 			return r, bad("inconsistent")
 		}
 	case r.Deferred:
-		if r.Claim || r.Held || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || r.Last != 0 || r.End != 0 || r.Attempts < 0 {
+		if r.Claim || r.Held || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || r.Last != 0 || r.End != 0 || r.Attempts < 0 || r.Turn != 0 {
 			return r, bad("inconsistent")
 		}
 	case r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
-		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim:
+		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim ||
+		r.Turn < 0 || r.Turn > MaxTurns || r.Turn != 0 && (r.Claim || r.Held):
 		return r, bad("inconsistent")
 	}
 	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
@@ -289,10 +304,59 @@ func (rc Receipt) receive() Receipt {
 	return rc
 }
 
-// Receive hands out up to rq.Max messages (within rq.MaxBytes) of one
-// message group under its lease, or ungrouped ones under their claims,
-// waiting up to rq.Wait while there is none.
+// Receive acknowledges rq.Ack, then hands out up to rq.Max messages
+// (within rq.MaxBytes) of one message group under its lease, or
+// ungrouped ones under their claims, waiting up to rq.Wait while there
+// is none. Its result reports the acks, with an error after them too.
 func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
+	if len(rq.Ack) == 0 {
+		return r.receive(ctx, rq, nil)
+	}
+	if rq.Session != "" { // before the acks: a refused request settles nothing
+		if _, err := r.DecodeSession(ctx, rq.Session, rq.Tenant, rq.Topic, rq.Group); err != nil {
+			return Result{}, fmt.Errorf("shardq: receive: %w", err)
+		}
+	}
+	var keep *keepFor
+	if rq.NextGroup && !rq.Hold {
+		keep = &keepFor{owner: ident.MemberID(r.cfg.Name), ttl: rq.Visibility}
+	}
+	stale, kept, err := r.ackAll(ctx, rq.Tenant, rq.Topic, rq.Group, rq.Ack, keep)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := r.receive(ctx, rq, kept)
+	res.Acked, res.Stale = len(rq.Ack)-len(stale), stale
+	return res, err
+}
+
+// MaxTurns bounds the receives in a row that go on with one group after
+// the one that took it (each after an ack of the whole of the one
+// before): the last one's ack gives it back, so that one busy group holds
+// a consumer for at most MaxTurns+1 receives in a row.
+const MaxTurns = 10
+
+// goesOn says whether an ack of rc, the highest receipt of its receive,
+// may keep the group for the next receive: it settles the whole receive
+// (which would give the group back), outside a session, within MaxTurns.
+func (rc Receipt) goesOn() bool {
+	return !rc.Held && !rc.Claim && !rc.Deferred && max(rc.Offset, rc.End) == rc.Last && rc.Turn < MaxTurns
+}
+
+// keepFor is the lease a kept group goes on under: its owner (this
+// receiver) and how long it lasts (the next receive's visibility).
+type keepFor struct {
+	owner string
+	ttl   time.Duration
+}
+
+// kept is a group an ack kept, and the turn the next receive is.
+type kept struct {
+	lease driver.Lease
+	turn  int
+}
+
+func (r *Receipts) receive(ctx context.Context, rq Request, goOn *kept) (Result, error) {
 	var held *Receipt // the session's lease, once there is one
 	opened := false   // this receive accepted the group: an error gives it back
 	if rq.Session != "" {
@@ -307,6 +371,12 @@ func (r *Receipts) Receive(ctx context.Context, rq Request) (Result, error) {
 	for {
 		var res Result
 		var err error
+		if goOn != nil {
+			res, err = r.goOn(ctx, rq, *goOn)
+			if goOn = nil; err != nil || len(res.Messages) > 0 {
+				return res, err
+			}
+		}
 		switch {
 		case held != nil:
 			res, err = r.receiveSession(ctx, rq, *held)
@@ -585,18 +655,36 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 		res.Session, err = r.session(ctx, l)
 	}
 	if err != nil || (len(res.Messages) == 0 && res.Session == nil) {
-		dctx, cancel := lifecycle.Detached(ctx)
-		rerr := r.drv.ReleaseLease(dctx, l, now)
-		cancel()
-		if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
-			err = errors.Join(err, fmt.Errorf("release %s: %w", ref, rerr))
-		}
-		if err != nil {
-			return Result{}, fmt.Errorf("shardq: receive %s: %w", ref, err)
-		}
-		return Result{}, nil
+		return Result{}, r.drop(ctx, l, now, err)
 	}
 	return res, nil
+}
+
+// goOn hands out the ready messages of the group an ack kept, and gives
+// it back when it has none (all delayed, say).
+func (r *Receipts) goOn(ctx context.Context, rq Request, k kept) (Result, error) {
+	rq.turn = k.turn
+	now := r.now()
+	res, err := r.handOut(ctx, rq, k.lease, now, false)
+	if err != nil || len(res.Messages) == 0 {
+		return Result{}, r.drop(ctx, k.lease, now, err)
+	}
+	return res, nil
+}
+
+// drop gives back l, which a receive took and hands nothing out of (err,
+// when not nil, is why), and returns err with the release's own.
+func (r *Receipts) drop(ctx context.Context, l driver.Lease, now time.Time, err error) error {
+	dctx, cancel := lifecycle.Detached(ctx)
+	rerr := r.drv.ReleaseLease(dctx, l, now)
+	cancel()
+	if rerr != nil && !errors.Is(rerr, driver.ErrLeaseLost) {
+		err = errors.Join(err, fmt.Errorf("release %s: %w", l.PartitionRef, rerr))
+	}
+	if err != nil {
+		return fmt.Errorf("shardq: receive %s: %w", l.PartitionRef, err)
+	}
+	return nil
 }
 
 // handOut hands out l's ready messages after its cursor, with receipts
@@ -633,7 +721,8 @@ func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now 
 	}
 	res := Result{Messages: make([]Received, len(msgs)), Truncated: truncated && whole == nil}
 	for i, m := range msgs {
-		rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Key: ref.PartitionKey, Owner: l.Owner, Token: l.Token, Offset: m.Offset, Last: last, Held: held}
+		rc := Receipt{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.Group, Key: ref.PartitionKey, Owner: l.Owner, Token: l.Token, Offset: m.Offset, Last: last, Held: held,
+			Turn: rq.turn}
 		rec := Received{Message: m, Attempt: states[m.Offset].Attempts + 1}
 		if whole != nil {
 			rc.End = last
@@ -704,10 +793,27 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 	upTo := max(rc.Offset, rc.End) // a large message: its chunks and end marker
 	// The receive's last ack gives the group back in the same transaction.
 	err := r.drv.CommitReceived(ctx, l, upTo, upTo == rc.Last && !rc.Held, now)
-	if errors.Is(err, driver.ErrPastHead) {
-		return settled("ack", rc, &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)})
+	return settled("ack", rc, pastHead(rc, err))
+}
+
+// commitKeep commits a group's cursor past rc, the last message of its
+// receive, keeping the group under keep when more of it is stored; nil
+// when it was given back.
+func (r *Receipts) commitKeep(ctx context.Context, rc Receipt, keep keepFor, now time.Time) (*kept, error) {
+	l, ok, err := r.drv.CommitReceivedKeep(ctx, rc.lease(), max(rc.Offset, rc.End), keep.owner, now, keep.ttl)
+	if err != nil || !ok {
+		return nil, settled("ack", rc, pastHead(rc, err))
 	}
-	return settled("ack", rc, err)
+	return &kept{lease: l, turn: rc.Turn + 1}, nil
+}
+
+// pastHead names the receipt in a commit refused past its partition's
+// head: a receipt the client edited could say so, a signed one cannot.
+func pastHead(rc Receipt, err error) error {
+	if errors.Is(err, driver.ErrPastHead) {
+		return &ident.Error{Field: "receipt", Rule: fmt.Sprintf("offset %d is past the partition's head: %v", rc.Offset, err)}
+	}
+	return err
 }
 
 // AckAll acknowledges receipts as Ack does each, in few statements: the
@@ -715,23 +821,34 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 // cursor commit, at its highest offset. Every receipt is checked first;
 // it returns the indexes of the stale ones.
 func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpts []string) (stale []int, err error) {
+	stale, _, err = r.ackAll(ctx, tenant, topic, group, rcpts, nil)
+	return stale, err
+}
+
+// ackAll is AckAll; with keep, the first receive of a message group that
+// the acks settle whole and that goesOn keeps its group, under keep,
+// while more of it is stored: that lease is returned.
+func (r *Receipts) ackAll(ctx context.Context, tenant, topic, group string, rcpts []string, keep *keepFor) (stale []int, goOn *kept, err error) {
 	rcs, err := r.decodeAll(ctx, rcpts, tenant, topic, group)
 	if err != nil {
-		return nil, fmt.Errorf("shardq: ack: %w", err)
+		return nil, nil, fmt.Errorf("shardq: ack: %w", err)
 	}
 	now := r.now()
 	var claims, deferred []int
 	receives := map[Receipt][]int{} // a receive -> its receipts
+	var order []Receipt             // the receives, as the receipts first name them
 	for i, rc := range rcs {
-		if rc.Deferred {
+		switch {
+		case rc.Deferred:
 			deferred = append(deferred, i)
-			continue
-		}
-		if rc.Claim {
+		case rc.Claim:
 			claims = append(claims, i)
-			continue
+		default:
+			if receives[rc.receive()] == nil {
+				order = append(order, rc.receive())
+			}
+			receives[rc.receive()] = append(receives[rc.receive()], i)
 		}
-		receives[rc.receive()] = append(receives[rc.receive()], i)
 	}
 	if len(claims) > 0 {
 		cs := make([]driver.Claim, len(claims))
@@ -745,37 +862,47 @@ func (r *Receipts) AckAll(ctx context.Context, tenant, topic, group string, rcpt
 				if err := r.drv.AckClaims(ctx, cs[j:j+1], now); errors.Is(err, driver.ErrLeaseLost) {
 					stale = append(stale, i)
 				} else if err != nil {
-					return nil, settled("ack", rcs[i], err)
+					return nil, nil, settled("ack", rcs[i], err)
 				}
 			}
 		case err != nil:
-			return nil, settled("ack", rcs[claims[0]], err)
+			return nil, nil, settled("ack", rcs[claims[0]], err)
 		}
 		r.advance(ctx, rcs[claims[0]], now)
 	}
 	if len(deferred) > 0 {
 		s, err := r.ackDeferred(ctx, rcs, deferred, now)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		stale = append(stale, s...)
 	}
-	for _, idx := range receives {
+	for _, rv := range order {
+		idx := receives[rv]
 		top := rcs[idx[0]]
 		for _, i := range idx {
 			if rcs[i].Offset > top.Offset {
 				top = rcs[i]
 			}
 		}
-		switch err := r.commit(ctx, top, now); {
+		var err error
+		if keep != nil && goOn == nil && top.goesOn() {
+			goOn, err = r.commitKeep(ctx, top, *keep, now)
+		} else {
+			err = r.commit(ctx, top, now)
+		}
+		switch {
 		case errors.Is(err, ErrStale):
 			stale = append(stale, idx...)
 		case err != nil:
-			return nil, err
+			if goOn != nil {
+				err = errors.Join(err, r.drop(ctx, goOn.lease, now, nil))
+			}
+			return nil, nil, err
 		}
 	}
 	slices.Sort(stale)
-	return stale, nil
+	return stale, goOn, nil
 }
 
 // NackAll fails the messages of receipts as Nack does each; of one

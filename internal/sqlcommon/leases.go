@@ -401,22 +401,60 @@ func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64
 	return err
 }
 
+// CommitReceivedKeep commits as CommitReceived does and then, with the
+// head read in the fencing statement past offset, takes the row for
+// owner with the next token (the receipts of l go stale); else it frees
+// it. The row stays locked from the fence to the commit, so nothing
+// takes the group between the two.
+func (d *Store) CommitReceivedKeep(ctx context.Context, l driver.Lease, offset int64, owner string, now time.Time, ttl time.Duration) (driver.Lease, bool, error) {
+	type kept struct {
+		l    driver.Lease
+		kept bool
+	}
+	k, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (kept, error) {
+		op := fmt.Sprintf("commit received offset %d on %s", offset, l.PartitionRef)
+		head, err := d.fenceHeadAt(ctx, tx, l, offset, op)
+		if err != nil {
+			return kept{}, err
+		}
+		if err := d.commitOffset(ctx, tx, l, offset, now, op); err != nil {
+			return kept{}, err
+		}
+		st, key := d.leases(), refNamed(l.PartitionRef)
+		if head == offset {
+			_, err := d.exec(ctx, tx, st.release, key.with(Args{"now": d.EncodeTime(now), "token": l.Token}))
+			return kept{}, d.wrapNil(op+" and release the lease", err)
+		}
+		next := driver.Lease{PartitionRef: l.PartitionRef, Owner: owner, Token: l.Token + 1, ExpiresAt: now.Add(ttl), Committed: offset}
+		_, err = d.exec(ctx, tx, st.take, key.with(Args{"owner": owner, "token": next.Token, "expires_at": d.EncodeTime(next.ExpiresAt),
+			"now": d.EncodeTime(now)}))
+		return kept{next, true}, d.wrapNil(op+" and keep the lease", err)
+	})
+	return k.l, k.kept, err
+}
+
 // fenceHead fences l and refuses an offset past the partition's head,
 // read in the fencing statement.
 func (d *Store) fenceHead(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, op string) error {
+	_, err := d.fenceHeadAt(ctx, tx, l, offset, op)
+	return err
+}
+
+// fenceHeadAt is fenceHead, returning the head.
+func (d *Store) fenceHeadAt(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, op string) (int64, error) {
 	var head sql.NullInt64
 	err := d.queryRow(ctx, tx, d.leases().fenceHead, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&head)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
+		return 0, fmt.Errorf("%s: %w (token %d)", op, driver.ErrLeaseLost, l.Token)
 	case err != nil:
-		return d.Wrap(op, err)
+		return 0, d.Wrap(op, err)
 	case !head.Valid: // the partition was removed: so was what the lease held
-		return fmt.Errorf("%s: %w (no partition)", op, driver.ErrLeaseLost)
+		return 0, fmt.Errorf("%s: %w (no partition)", op, driver.ErrLeaseLost)
 	case offset > head.Int64:
-		return fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
+		return 0, fmt.Errorf("%s: %w (head %d)", op, driver.ErrPastHead, head.Int64)
 	}
-	return nil
+	return head.Int64, nil
 }
 
 // DeferOffsetTx fences l with the head's bound, then reads the cursor:

@@ -61,13 +61,16 @@ func FuzzDecodeReceive(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		rq, acks, err := decodeReceive(strings.NewReader(body), "acme", "orders", "g")
+		rq, err := decodeReceive(strings.NewReader(body), "acme", "orders", "g")
+		if err == nil {
+			err = rq.Validate()
+		}
 		if err != nil {
 			checkRefusal(t, err)
 			return
 		}
-		if rq.Wait < 0 || rq.Wait > 20e9 || rq.Visibility < 0 || rq.Visibility > 12*3600e9 || rq.Tenant != "acme" || len(acks) > 100 {
-			t.Fatalf("accepted %+v, acks %d", rq, len(acks))
+		if rq.Wait < 0 || rq.Wait > 20e9 || rq.Visibility < 0 || rq.Visibility > 12*3600e9 || rq.Tenant != "acme" || len(rq.Ack) > 100 {
+			t.Fatalf("accepted %+v, acks %d", rq, len(rq.Ack))
 		}
 	})
 }

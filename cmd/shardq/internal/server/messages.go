@@ -10,7 +10,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -206,24 +205,21 @@ type receiveIn struct {
 	Ack []string `json:"ack"`
 }
 
-func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, []string, error) {
+func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, error) {
 	var in receiveIn
 	if err := decodeJSON(body, &in); err != nil {
-		return shardq.ReceiveRequest{}, nil, err
+		return shardq.ReceiveRequest{}, err
 	}
 	wait, err := seconds("wait", in.Wait, shardq.MaxReceiveWait)
 	if err != nil {
-		return shardq.ReceiveRequest{}, nil, err
+		return shardq.ReceiveRequest{}, err
 	}
 	vis, err := seconds("visibility", in.Visibility, shardq.MaxVisibility)
 	if err != nil {
-		return shardq.ReceiveRequest{}, nil, err
-	}
-	if len(in.Ack) > shardq.MaxReceiveMessages {
-		return shardq.ReceiveRequest{}, nil, &shardq.ValidationError{Field: "ack", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Ack), shardq.MaxReceiveMessages)}
+		return shardq.ReceiveRequest{}, err
 	}
 	return shardq.ReceiveRequest{Tenant: tenant, Topic: topic, ConsumerGroup: group, PartitionKey: in.Key, NextGroup: in.NextGroup, Ungrouped: in.Ungrouped,
-		Hold: in.Hold, RequireReady: in.RequireReady, Session: in.Session, Max: in.Max, Wait: wait, Visibility: vis}, in.Ack, nil
+		Hold: in.Hold, RequireReady: in.RequireReady, Session: in.Session, Max: in.Max, Wait: wait, Visibility: vis, Ack: in.Ack}, nil
 }
 
 // messageOut is a delivered message; the payload is text when it is
@@ -265,7 +261,7 @@ func messageOf(key, id string, offset int64, headers map[string]string, payload 
 }
 
 func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {
-	rq, acks, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
+	rq, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
 	if err == nil {
 		err = s.cfg.Receipts.Check(r.Context(), rq) // before the acks: a refused request settles nothing
 	}
@@ -288,36 +284,19 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	rc.SetWriteDeadline(time.Now().Add(rq.Wait + s.cfg.WriteTimeout)) //nolint:errcheck // not every writer has deadlines (tests' recorders)
 	rq.Done = s.draining
 	rq.MaxBytes = s.cfg.MaxResponseBytes
-	// The acks go first, so that the message group they release may be
-	// received again at once; a stale receipt does not fail the receive,
-	// the answer names it.
+	// The acks go first (in Receive), so that the message group they
+	// release may be received again at once, or goes on with this
+	// receive; a stale receipt does not fail the receive, the answer
+	// names it. A malformed one fails it, and settles nothing.
+	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
 	var settled struct {
 		Acked   *int        `json:"acked,omitempty"` // present when the request acked
 		Stale   []int       `json:"stale,omitempty"`
 		Session *sessionOut `json:"session,omitempty"`
 	}
-	if len(acks) > 0 {
-		stale, err := s.cfg.Receipts.AckAll(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: rq.Topic, ConsumerGroup: rq.ConsumerGroup}, acks)
-		var bad *shardq.ValidationError
-		if errors.As(err, &bad) {
-			// AckAll checks every receipt's form and signature before it
-			// settles any (a malformed one settles nothing); one naming an
-			// offset past its partition's head fails at its commit.
-			// Nothing is received either way.
-			if rest, ok := strings.CutPrefix(bad.Field, "receipts"); ok {
-				bad.Field = "ack" + rest
-			} else if bad.Field == "receipt" {
-				bad.Field = "ack"
-			}
-		}
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		acked := len(acks) - len(stale)
-		settled.Acked, settled.Stale = &acked, stale
+	if len(rq.Ack) > 0 {
+		settled.Acked, settled.Stale = &got.Acked, got.Stale
 	}
-	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
 	if errors.Is(err, shardq.ErrStaleReceipt) && settled.Acked != nil {
 		// The session ended; the acks before it stand.
 		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "session ended", Detail: err.Error(),

@@ -321,6 +321,30 @@ func TestReceiveAcksEarlierReceipts(t *testing.T) {
 	})
 }
 
+// TestReceiveGoesOnWithTheGroup: a next_group receive whose ack settles
+// the whole of a group's receive goes on with that group while it has
+// more, ahead of an older group; the turn before's receipts go stale.
+func TestReceiveGoesOnWithTheGroup(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[
+			{"key":"a","id":"a1","payload":"x"}, {"key":"b","id":"b1","payload":"x"}, {"key":"a","id":"a2","payload":"x"}]}`)
+		first := h.must(200, "POST", groupPath+"/receive", tok, `{"next_group":true}`)
+		second := h.must(200, "POST", groupPath+"/receive", tok, map[string]any{"next_group": true, "ack": receipts(received(first))})
+		if got := received(second); !slices.Equal(ids(got), []string{"a2"}) || second["acked"] != 1.0 {
+			t.Fatalf("receive with the ack of a1: %v, want a2 (group a goes on)", second)
+		}
+		if r := h.call("POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(received(first))}); r.status != 409 {
+			t.Fatalf("ack of the turn before: %d %s, want 409 (stale)", r.status, r.raw)
+		}
+		third := h.must(200, "POST", groupPath+"/receive", tok, map[string]any{"next_group": true, "ack": receipts(received(second))})
+		if got := received(third); !slices.Equal(ids(got), []string{"b1"}) {
+			t.Fatalf("receive with the ack of a2: %v, want b1 (a has no more)", third)
+		}
+	})
+}
+
 func TestVisibilityTimeoutAndStaleReceipt(t *testing.T) {
 	eachDB(t, func(t *testing.T, drv driver.Driver) {
 		h := newHarness(t, drv, harnessOptions{})
