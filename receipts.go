@@ -270,7 +270,9 @@ func (rq *ReceiveRequest) check() error {
 	return nil
 }
 
-// Receive hands out up to rq.Max messages (within rq.MaxBytes): of one
+// Receive acknowledges rq.Ack first (ReceiveResult.Acked and Stale say
+// what they settled, with an error that came after them too), then hands
+// out up to rq.Max messages (within rq.MaxBytes): of one
 // message group, in order, under a lease that lasts rq.Visibility (no
 // other receive gets that group meanwhile); or ungrouped ones, each under
 // its own claim. With rq.Wait it keeps looking that long while there is

@@ -187,6 +187,37 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 	})
 }
 
+// A receipt's turn count is signed and bounded: past MaxGroupTurns, or
+// on a receipt that cannot go on (a session's message, a claim, a
+// session id), even a signed one is refused as inconsistent.
+func TestReceiptTurnsAreBounded(t *testing.T) {
+	_, r := newTestReceipts(t, testdb.Migrated(t, testdb.SQLite(t)))
+	ctx := context.Background()
+	base := receipt{Tenant: "t", Topic: "p", Group: "g", Key: "k", Owner: "o#1", Token: 3, Offset: 7, Last: 9}
+	for _, tc := range []struct {
+		edit func(*receipt)
+		ok   bool
+	}{
+		{func(rc *receipt) { rc.Turn = MaxGroupTurns }, true},
+		{func(rc *receipt) { rc.Turn = MaxGroupTurns + 1 }, false},
+		{func(rc *receipt) { rc.Turn = -1 }, false},
+		{func(rc *receipt) { rc.Turn, rc.Held = 1, true }, false},
+		{func(rc *receipt) { rc.Turn, rc.Key, rc.Last, rc.Claim = 1, "", 0, true }, false},
+		{func(rc *receipt) { rc.Turn, rc.Offset, rc.Last, rc.Session = 1, 0, 0, true }, false},
+	} {
+		rc := base
+		tc.edit(&rc)
+		s, err := r.sign(ctx, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.decode(ctx, s, "t", "p", "g")
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("decode %+v: %v, want ok=%v", rc, err, tc.ok)
+		}
+	}
+}
+
 func must[T any](v T, err error) T {
 	if err != nil {
 		panic(err)

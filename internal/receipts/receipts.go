@@ -801,6 +801,14 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 // when it was given back.
 func (r *Receipts) commitKeep(ctx context.Context, rc Receipt, keep keepFor, now time.Time) (*kept, error) {
 	l, ok, err := r.drv.CommitReceivedKeep(ctx, rc.lease(), max(rc.Offset, rc.End), keep.owner, now, keep.ttl)
+	if err != nil && !errors.Is(err, driver.ErrLeaseLost) && !errors.Is(err, driver.ErrPastHead) {
+		// The commit's outcome may be unknown (a connection cut at
+		// COMMIT): a lease handed on that nobody knows of would hold the
+		// group for the visibility. Its release is fenced, so it changes
+		// nothing when the hand-on did not commit.
+		next := driver.Lease{PartitionRef: rc.ref(), Owner: keep.owner, Token: rc.Token + 1}
+		err = errors.Join(err, r.drop(ctx, next, now, nil))
+	}
 	if err != nil || !ok {
 		return nil, settled("ack", rc, pastHead(rc, err))
 	}
