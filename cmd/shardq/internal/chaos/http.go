@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -74,10 +75,15 @@ func (h *httpClient) call(ctx context.Context, url string, in, out any) error {
 		return err
 	}
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s: %s: %s", url, resp.Status, bytes.TrimSpace(b))
+		return &statusError{url: url, status: resp.Status, body: string(bytes.TrimSpace(b))}
 	}
 	return json.Unmarshal(b, out)
 }
+
+// statusError: the server answered, and not with success.
+type statusError struct{ url, status, body string }
+
+func (e *statusError) Error() string { return e.url + ": " + e.status + ": " + e.body }
 
 func (cl *client) httpClient() *httpClient {
 	return &httpClient{client: cl, http: &http.Client{Timeout: httpTimeout + httpWait}, token: cl.cfg.Token, servers: cl.cfg.Servers,
@@ -159,13 +165,14 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		// it over), then its nack, which gives the group back; the rest
 		// come again.
 		var acks []string
+		var acked []message
 		poison := ""
 		for _, m := range got.Messages {
 			e := Event{Op: "handle", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset, Start: now(), Result: "ok"}
 			if poisoned(m.ID) {
 				e.Result, poison = "error", m.Receipt
 			} else {
-				acks = append(acks, m.Receipt)
+				acks, acked = append(acks, m.Receipt), append(acked, m)
 			}
 			// Handled one after another; written before the settlement
 			// (see drainGroup).
@@ -181,6 +188,15 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		if len(acks) > 0 {
 			if err := h.call(sctx, h.base(tenant)+"/groups/"+GroupHTTP+"/ack", map[string]any{"receipts": acks}, &settled); err != nil {
 				cl.log.Warn("chaos: ack over HTTP failed", "err", err)
+				// No answer (the server is down or the connection broke,
+				// perhaps long after the fault that caused it): the acks'
+				// outcome is unknown. An answer that refuses them stays
+				// for the checker to judge by the faults.
+				if answered := (*statusError)(nil); !errors.As(err, &answered) {
+					for _, m := range acked {
+						cl.record(Event{Op: "unsettled", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset})
+					}
+				}
 				scancel()
 				continue
 			}

@@ -71,11 +71,15 @@ const (
 	OpSend    = "send"    // a publish is about to be attempted (before the call)
 	OpPublish = "publish" // a publish was acknowledged, with its offset
 	OpHandle  = "handle"  // a handler ran: Start, End, Result ok or error
-	OpFault   = "fault"   // the runner injected a fault
-	OpStored  = "stored"  // a message stored at the end (the runner's dump)
-	OpCursor  = "cursor"  // a group's committed offset in a partition at the end (the runner's dump)
-	OpHalf    = "half"    // a transactional half message still pending at the end (the runner's dump)
-	OpCheck   = "check"   // a check-back asked about a half message and was given its Intent
+	// OpUnsettled: the settlement of a handle line the same process wrote
+	// (same topic, id and offset) failed; its outcome is unknown, so a
+	// redelivery is allowed whatever the faults.
+	OpUnsettled = "unsettled"
+	OpFault     = "fault"  // the runner injected a fault
+	OpStored    = "stored" // a message stored at the end (the runner's dump)
+	OpCursor    = "cursor" // a group's committed offset in a partition at the end (the runner's dump)
+	OpHalf      = "half"   // a transactional half message still pending at the end (the runner's dump)
+	OpCheck     = "check"  // a check-back asked about a half message and was given its Intent
 )
 
 // Transactional intents.
@@ -231,6 +235,11 @@ func Check(evs []Event) Report {
 		return m
 	}
 	var handles []handle
+	type unsettledKey struct {
+		proc, topic, id string
+		offset          int64
+	}
+	unsettled := map[unsettledKey]bool{}
 	var faults []Event
 	var grace int64
 	cursors := map[[3]string]int64{} // group, topic, key
@@ -275,9 +284,16 @@ func Check(evs []Event) Report {
 			r.Stored++
 		case OpHandle:
 			handles = append(handles, handle{Event: e, proc: e.Proc})
+		case OpUnsettled:
+			unsettled[unsettledKey{e.Proc, e.Topic, e.ID, e.Offset}] = true
 		case OpFault:
 			faults = append(faults, e)
 			r.Faults[e.Fault]++
+		}
+	}
+	for i, h := range handles {
+		if h.Result == ResultOK && unsettled[unsettledKey{h.proc, h.Topic, h.ID, h.Offset}] {
+			handles[i].Result = ResultUnknown
 		}
 	}
 	// Offsets learnt from deliveries (a publish whose acknowledgement was
@@ -294,8 +310,8 @@ func Check(evs []Event) Report {
 			continue
 		}
 		// A large message is delivered at its first chunk's offset and
-		// acknowledged at its end marker's.
-		if m := msgs[msgKey{h.Topic, h.ID}]; (m.offset != h.Offset && (m.sha256 == "" || h.Offset > m.offset)) || m.key != h.Key {
+		// acknowledged (and dumped) at its end marker's.
+		if m := msgs[msgKey{h.Topic, h.ID}]; (m.offset != h.Offset && (!m.large || h.Offset > m.offset)) || m.key != h.Key {
 			add(Violation{Kind: "phantom", Group: h.Group, Topic: h.Topic, Key: h.Key, ID: h.ID,
 				Detail: fmt.Sprintf("delivered as key %q offset %d, published as key %q offset %d", h.Key, h.Offset, m.key, m.offset)})
 		}

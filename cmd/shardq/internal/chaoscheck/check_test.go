@@ -305,3 +305,58 @@ func TestDatabaseFaultsExplainRedeliveries(t *testing.T) {
 		t.Errorf("a clock offset explained a redelivery: %v", r.Violations)
 	}
 }
+
+// TestUnsettledExplainsItsRedelivery: an ack the consumer saw fail
+// leaves its message to come again, however long ago the fault behind
+// it; the line excuses that process's delivery of that message only.
+func TestUnsettledExplainsItsRedelivery(t *testing.T) {
+	noFaults := func(add ...Event) []Event {
+		var out []Event
+		for _, e := range healthy() {
+			if e.Op != OpFault {
+				out = append(out, e)
+			}
+		}
+		return append(out, add...)
+	}
+	unsettled := func(proc, id string, off int64) Event {
+		return Event{Op: OpUnsettled, Proc: proc, Group: "sub", Topic: "ordered", Key: "k1", ID: id, Offset: off}
+	}
+	if r := Check(noFaults(unsettled("sub-0.1", "a2", 3))); len(r.Violations) != 0 {
+		t.Fatalf("a redelivery after a failed ack reported: %v", r.Violations)
+	}
+	for _, e := range []Event{unsettled("sub-1.1", "a2", 3), unsettled("sub-0.1", "a1", 1), unsettled("sub-0.1", "a2", 4)} {
+		if r := Check(noFaults(e)); countKind(r, "duplicate") != 1 {
+			t.Fatalf("%s's unsettled %s at %d explained sub-0.1's a2 at 3: %v", e.Proc, e.ID, e.Offset, r.Violations)
+		}
+	}
+}
+
+// TestLargeDeliveredAtItsFirstChunk: a large message is delivered at
+// its first chunk's offset, below its end marker's, whether its
+// publisher saw the acknowledgement or only the dump found it stored.
+func TestLargeDeliveredAtItsFirstChunk(t *testing.T) {
+	large := Event{Op: OpSend, Proc: "large-0.1", Topic: "ordered", Key: "L0", ID: "L1", Size: 100}
+	h := hdl("sub-0.1", "sub", "L1", "ordered", "L0", 20, 300, 301, "ok")
+	acked := Event{Op: OpPublish, Proc: "large-0.1", Topic: "ordered", Key: "L0", ID: "L1", Offset: 25, Start: 1, End: 2, Size: 100, SHA256: "aa"}
+	h.Size, h.SHA256 = 100, "aa"
+	stored := Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "L0", ID: "L1", Offset: 25}
+	for name, evs := range map[string][]Event{
+		"acknowledged": append(healthy(), large, acked, h),
+		"found stored": append(healthy(), large, stored, h),
+	} {
+		if r := Check(evs); len(r.Violations) != 0 {
+			t.Errorf("%s: %v", name, r.Violations)
+		}
+	}
+	h.Offset = 26
+	if r := Check(append(healthy(), large, stored, h)); countKind(r, "phantom") != 1 {
+		t.Errorf("a large message delivered past its end marker: %v", r.Violations)
+	}
+	small := large
+	small.Size = 0
+	h.Offset = 20
+	if r := Check(append(healthy(), small, stored, h)); countKind(r, "phantom") != 1 {
+		t.Errorf("a small message delivered below its stored offset: %v", r.Violations)
+	}
+}
