@@ -165,6 +165,7 @@ func (s *Member) tick() (contended bool) {
 		if s.beatStale(s.cfg.Clock(), p.Tenant) {
 			continue // our heartbeat there is about to go stale: what we took would be swept
 		}
+		lapses := s.lapsesIn(p.Tenant)
 		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
 		if errors.Is(err, driver.ErrLeaseHeld) {
 			contended = true // a peer was quicker; replan soon
@@ -182,7 +183,7 @@ func (s *Member) tick() (contended bool) {
 			continue
 		}
 		s.cfg.Metrics.LeaseAcquired(l.Tenant)
-		s.startWorker(l)
+		s.startWorker(l, lapses)
 		victims = s.makeRoom(victims)
 	}
 	return contended

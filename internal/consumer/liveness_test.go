@@ -60,3 +60,46 @@ func TestHeartbeatAfterALapseStopsTheWorkers(t *testing.T) {
 		t.Fatal("tenant b's worker stopped, though its heartbeat never lapsed")
 	}
 }
+
+// TestLeaseAcquiredAcrossALapseIsDropped: a lease acquired before a
+// freeze whose heartbeat lapse is handled before its worker is added
+// (no worker to stop then) may have been swept meanwhile; the worker is
+// lost before it hands anything out. One acquired after the lapse was
+// handled is worked.
+func TestLeaseAcquiredAcrossALapseIsDropped(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	s := &Member{workers: map[driver.PartitionRef]*worker{}, log: slog.New(slog.DiscardHandler),
+		cfg: Config{Tenants: []string{"a", "b"}, LeaseTTL: time.Minute, StaleAfter: 3 * time.Second, Clock: func() time.Time { return now }}}
+	worker := func(tenant, key string) *worker {
+		ref := driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: key}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		return &worker{s: s, lease: driver.Lease{PartitionRef: ref, Token: 1, Owner: "m", ExpiresAt: now.Add(time.Minute)},
+			ctx: ctx, cancel: cancel, lost: make(chan struct{}), handback: make(chan struct{})}
+	}
+	s.beaten([]string{"a", "b"}, now)
+	beforeA, beforeB := s.lapsesIn("a"), s.lapsesIn("b")
+	// Acquired now; the process freezes past its heartbeat's staleness
+	// in tenant a, and the heartbeat that lands on waking is handled
+	// before the workers are added.
+	for range 4 { // tenant b's rows are written on time meanwhile
+		now = now.Add(time.Second)
+		s.beaten([]string{"b"}, now)
+	}
+	now = now.Add(time.Second)
+	s.beaten([]string{"a"}, now)
+	acrossA, acrossB := worker("a", "k1"), worker("b", "k1")
+	s.addWorker(acrossA, beforeA)
+	s.addWorker(acrossB, beforeB)
+	if acrossA.leaseLive() {
+		t.Fatal("a lease acquired before tenant a's heartbeat lapsed is worked after the lapse was handled")
+	}
+	if !acrossB.leaseLive() {
+		t.Fatal("tenant b's worker was dropped, though its heartbeat never lapsed")
+	}
+	after := worker("a", "k2")
+	s.addWorker(after, s.lapsesIn("a"))
+	if !after.leaseLive() {
+		t.Fatal("a lease acquired after the lapse was handled was dropped")
+	}
+}

@@ -152,6 +152,11 @@ type Member struct {
 	// heartbeat row written (guarded by mu): from StaleAfter after it the
 	// other members count this one dead and sweep its leases (liveUntil).
 	beatAt map[string]time.Time
+	// lapses counts, per tenant, the heartbeats that landed past the
+	// last one's staleness (beaten; guarded by mu). A lease acquired
+	// while it moved may have been taken before a freeze and swept since
+	// (startWorker).
+	lapses map[string]uint64
 	beatMu sync.Mutex // one heartbeat write at a time (beatOnce)
 }
 
@@ -295,8 +300,12 @@ func (s *Member) beaten(tenants []string, at time.Time) {
 	if s.beatAt == nil {
 		s.beatAt = map[string]time.Time{}
 	}
+	if s.lapses == nil {
+		s.lapses = map[string]uint64{}
+	}
 	for _, t := range tenants {
 		if last, ok := s.beatAt[t]; ok && !done.Before(s.liveUntil(t).Add(-s.holderMargin())) {
+			s.lapses[t]++
 			for _, w := range s.workers {
 				if w.lease.Tenant == t {
 					s.log.Warn("shardq: heartbeat written after it could have gone stale; stopping the partition, which may have been swept",
@@ -317,6 +326,13 @@ func (s *Member) beaten(tenants []string, at time.Time) {
 // an expiry (worker.giveUpAt). Called with s.mu held.
 func (s *Member) liveUntil(tenant string) time.Time {
 	return s.beatAt[tenant].Add(s.cfg.StaleAfter)
+}
+
+// lapsesIn is the count of lapsed heartbeats in tenant so far (lapses).
+func (s *Member) lapsesIn(tenant string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lapses[tenant]
 }
 
 // beatStale reports whether the member's heartbeat in any of tenants (by

@@ -72,18 +72,35 @@ func (w *worker) lose() {
 	w.cancel()
 }
 
-func (s *Member) startWorker(l driver.Lease) {
+// startWorker works l, acquired when the member's count of lapsed
+// heartbeats in its tenant was lapses.
+func (s *Member) startWorker(l driver.Lease, lapses uint64) {
 	ctx, cancel := context.WithCancel(s.life.HardContext())
 	w := &worker{s: s, lease: l, cursor: l.Committed, ctx: ctx, cancel: cancel, notBefore: s.takenUntil(l.PartitionRef),
 		handback: make(chan struct{}), lost: make(chan struct{}), wake: make(chan struct{}, 1),
 		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout, Stalls: s.cfg.LargeStalls}}
 	w.settled.Store(l.Committed)
 	w.commit.Store(l.Committed)
-	s.mu.Lock()
-	s.workers[l.PartitionRef] = w
-	s.mu.Unlock()
+	s.addWorker(w, lapses)
 	if !s.life.Go(w.run) {
 		w.finish() // stopping: hand the fresh lease straight back
+	}
+}
+
+// addWorker adds w to the member's workers. A heartbeat lapse handled since
+// its lease was acquired (the count moved from lapses) found no worker to
+// stop, yet the acquisition may have come before a freeze and the lease
+// been swept since, and the fresh heartbeat would make it look live: w
+// is lost before it hands anything out.
+func (s *Member) addWorker(w *worker, lapses uint64) {
+	s.mu.Lock()
+	s.workers[w.lease.PartitionRef] = w
+	lapsed := s.lapses[w.lease.Tenant] != lapses
+	s.mu.Unlock()
+	if lapsed {
+		s.log.Warn("shardq: heartbeat lapsed while the lease was acquired; dropping the partition, which may have been swept",
+			w.logArgs("token", w.lease.Token)...)
+		w.lose()
 	}
 }
 
