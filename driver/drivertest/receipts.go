@@ -299,7 +299,7 @@ func testReceiptsNextGroup(t *testing.T, open Open) {
 		t.Fatalf("waiting receive = %v, want a2", got)
 	}
 	for _, bad := range []shardq.ReceiveRequest{
-		{Max: 101}, {Wait: 21 * time.Second}, {Visibility: time.Millisecond}, {PartitionKey: "a", NextGroup: true}, {PartitionKey: "k "},
+		{Max: shardq.MaxReceiveMessages + 1}, {Wait: 21 * time.Second}, {Visibility: time.Millisecond}, {PartitionKey: "a", NextGroup: true}, {PartitionKey: "k "},
 		{Ungrouped: true, NextGroup: true}, {Ungrouped: true, PartitionKey: "a"},
 	} {
 		bad.Tenant, bad.Topic, bad.ConsumerGroup = "t", "x", "g"

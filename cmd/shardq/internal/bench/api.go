@@ -167,7 +167,7 @@ func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
 					}
 					pending = nil
 				}
-				body := map[string]any{"next_group": true, "max": 100, "wait": 1}
+				body := map[string]any{"next_group": true, "max": shardq.MaxReceiveMessages, "wait": 1}
 				if len(pending) > 0 {
 					body["ack"] = pending
 				}

@@ -86,7 +86,7 @@ func FuzzDecodeSettle(f *testing.F) {
 			checkRefusal(t, err)
 			return
 		}
-		if len(in.Receipts) == 0 || len(in.Receipts) > 100 || retry < 0 || (!nack && (retry != 0 || in.Reason != "")) {
+		if len(in.Receipts) == 0 || len(in.Receipts) > shardq.MaxReceiveMessages || retry < 0 || (!nack && (retry != 0 || in.Reason != "")) {
 			t.Fatalf("accepted %+v, retry %s", in, retry)
 		}
 	})

@@ -301,7 +301,7 @@ func TestReceiveAcksEarlierReceipts(t *testing.T) {
 		// A request refused for its receive part settles none of its acks.
 		h.must(200, "POST", topicPath+"/messages", tok, `{"key":"e","id":"e1","payload":"x"}`)
 		held := receipts(received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"e"}`)))
-		for _, body := range []map[string]any{{"max": 500, "ack": held}, {"key": "e", "next_group": true, "ack": held}, {"visibility": 0.5, "ack": held}} {
+		for _, body := range []map[string]any{{"max": shardq.MaxReceiveMessages + 1, "ack": held}, {"key": "e", "next_group": true, "ack": held}, {"visibility": 0.5, "ack": held}} {
 			if r := h.call("POST", groupPath+"/receive", tok, body); r.status != 400 {
 				t.Fatalf("receive %v: %d %s, want 400", body, r.status, r.raw)
 			}
@@ -667,11 +667,11 @@ func TestBadInputStoresNothing(t *testing.T) {
 			{"second message invalid", "POST", topicPath + "/messages", `{"messages":[{"key":"k","id":"ok"},{"key":"k","id":"x "}]}`, 400, "messages[1].id"},
 			{"invalid topic", "POST", "/v1/tenants/acme/topics/or%C3%BC/messages", `{"id":"m"}`, 400, "topic"},
 			{"oversize body", "POST", topicPath + "/messages", big, 413, ""},
-			{"receive max", "POST", groupPath + "/receive", `{"max":1000}`, 400, "max"},
+			{"receive max", "POST", groupPath + "/receive", fmt.Sprintf(`{"max":%d}`, shardq.MaxReceiveMessages+1), 400, "max"},
 			{"receive wait", "POST", groupPath + "/receive", `{"wait":60}`, 400, "wait"},
 			{"receive visibility", "POST", groupPath + "/receive", `{"visibility":-5}`, 400, "visibility"},
 			{"receive two modes", "POST", groupPath + "/receive", `{"ungrouped":true,"next_group":true}`, 400, "key"},
-			{"receive too many acks", "POST", groupPath + "/receive", `{"ack":[` + strings.TrimSuffix(strings.Repeat(`"r1.x",`, 101), ",") + `]}`, 400, "ack"},
+			{"receive too many acks", "POST", groupPath + "/receive", `{"ack":[` + strings.TrimSuffix(strings.Repeat(`"",`, shardq.MaxReceiveMessages+1), ",") + `]}`, 400, "ack"},
 			{"receive forged ack", "POST", groupPath + "/receive", `{"ack":["r1.bm9wZQ"]}`, 400, "ack[0]"},
 			{"invalid group", "POST", "/v1/tenants/acme/topics/orders/groups/b%C3%BC/receive", `{}`, 400, "group"},
 			{"ack nothing", "POST", groupPath + "/ack", `{}`, 400, "receipts"},
