@@ -27,4 +27,11 @@ func BenchmarkHeaders(b *testing.B) {
 			}
 		}
 	})
+	b.Run("decode-none", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := DecodeHeaders([]byte("{}")); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
