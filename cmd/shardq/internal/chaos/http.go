@@ -67,7 +67,7 @@ func (h *httpClient) call(ctx context.Context, url string, in, out any) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.http.Do(req)
 	if err != nil {
-		return err
+		return &noAnswerError{err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
@@ -84,6 +84,13 @@ func (h *httpClient) call(ctx context.Context, url string, in, out any) error {
 type statusError struct{ url, status, body string }
 
 func (e *statusError) Error() string { return e.url + ": " + e.status + ": " + e.body }
+
+// noAnswerError: the request got no answer (no connection, or it broke
+// before the response's head).
+type noAnswerError struct{ err error }
+
+func (e *noAnswerError) Error() string { return e.err.Error() }
+func (e *noAnswerError) Unwrap() error { return e.err }
 
 func (cl *client) httpClient() *httpClient {
 	return &httpClient{client: cl, http: &http.Client{Timeout: httpTimeout + httpWait}, token: cl.cfg.Token, servers: cl.cfg.Servers,
@@ -165,19 +172,22 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		// it over), then its nack, which gives the group back; the rest
 		// come again.
 		var acks []string
-		var acked []message
+		var acked []Event // the handle lines of acks
 		poison := ""
 		for _, m := range got.Messages {
 			e := Event{Op: "handle", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset, Start: now(), Result: "ok"}
 			if poisoned(m.ID) {
 				e.Result, poison = "error", m.Receipt
 			} else {
-				acks, acked = append(acks, m.Receipt), append(acked, m)
+				acks = append(acks, m.Receipt)
 			}
 			// Handled one after another; written before the settlement
 			// (see drainGroup).
 			e.End = now()
 			cl.record(e)
+			if e.Result == "ok" {
+				acked = append(acked, e)
+			}
 			if poison != "" {
 				break
 			}
@@ -190,11 +200,12 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 				cl.log.Warn("chaos: ack over HTTP failed", "err", err)
 				// No answer (the server is down or the connection broke,
 				// perhaps long after the fault that caused it): the acks'
-				// outcome is unknown. An answer that refuses them stays
-				// for the checker to judge by the faults.
-				if answered := (*statusError)(nil); !errors.As(err, &answered) {
-					for _, m := range acked {
-						cl.record(Event{Op: "unsettled", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset})
+				// outcome is unknown. An answer, even one whose body was
+				// lost, stays for the checker to judge by the faults (and a
+				// server's panic fails the run: panics).
+				if noAnswer := (*noAnswerError)(nil); errors.As(err, &noAnswer) {
+					for _, e := range acked {
+						cl.record(Event{Op: "unsettled", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: e.Key, ID: e.ID, Offset: e.Offset, Start: e.Start})
 					}
 				}
 				scancel()

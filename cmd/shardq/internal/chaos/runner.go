@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -188,7 +189,41 @@ func Run(ctx context.Context, c *shardq.Client, cfg RunConfig) (chaoscheck.Repor
 	if len(rep.Violations) > 0 {
 		return rep, fmt.Errorf("chaos: %d violations (seed %d); see %s", len(rep.Violations), cfg.Seed, filepath.Join(cfg.Dir, "summary.txt"))
 	}
-	return rep, nil
+	return rep, panics(cfg.Dir)
+}
+
+// panics fails a run whose processes panicked: a server's handler panic
+// (which net/http recovers, logging it, and answers by dropping the
+// connection, a failure the HTTP clients excuse as no answer) or a
+// process's crash.
+func panics(dir string) error {
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return err
+	}
+	var found []string
+	for _, name := range logs {
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+		for sc.Scan() {
+			if line := sc.Text(); strings.HasPrefix(line, "panic: ") || strings.Contains(line, "http: panic serving") {
+				found = append(found, filepath.Base(name)+": "+line)
+				break
+			}
+		}
+		err = errors.Join(sc.Err(), f.Close())
+		if err != nil {
+			return fmt.Errorf("chaos: read %s: %w", name, err)
+		}
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("chaos: processes panicked:\n%s", strings.Join(found, "\n"))
+	}
+	return nil
 }
 
 func (r *runner) start(ctx context.Context) error {

@@ -71,9 +71,10 @@ const (
 	OpSend    = "send"    // a publish is about to be attempted (before the call)
 	OpPublish = "publish" // a publish was acknowledged, with its offset
 	OpHandle  = "handle"  // a handler ran: Start, End, Result ok or error
-	// OpUnsettled: the settlement of a handle line the same process wrote
-	// (same topic, id and offset) failed; its outcome is unknown, so a
-	// redelivery is allowed whatever the faults.
+	// OpUnsettled: the settlement of one handle line the same process
+	// wrote (same topic, id, offset and start) got no answer; its outcome
+	// is unknown, so a redelivery after that line is allowed whatever the
+	// faults.
 	OpUnsettled = "unsettled"
 	OpFault     = "fault"  // the runner injected a fault
 	OpStored    = "stored" // a message stored at the end (the runner's dump)
@@ -237,7 +238,7 @@ func Check(evs []Event) Report {
 	var handles []handle
 	type unsettledKey struct {
 		proc, topic, id string
-		offset          int64
+		offset, start   int64
 	}
 	unsettled := map[unsettledKey]bool{}
 	var faults []Event
@@ -285,14 +286,14 @@ func Check(evs []Event) Report {
 		case OpHandle:
 			handles = append(handles, handle{Event: e, proc: e.Proc})
 		case OpUnsettled:
-			unsettled[unsettledKey{e.Proc, e.Topic, e.ID, e.Offset}] = true
+			unsettled[unsettledKey{e.Proc, e.Topic, e.ID, e.Offset, e.Start}] = true
 		case OpFault:
 			faults = append(faults, e)
 			r.Faults[e.Fault]++
 		}
 	}
 	for i, h := range handles {
-		if h.Result == ResultOK && unsettled[unsettledKey{h.proc, h.Topic, h.ID, h.Offset}] {
+		if h.Result == ResultOK && unsettled[unsettledKey{h.proc, h.Topic, h.ID, h.Offset, h.Start}] {
 			handles[i].Result = ResultUnknown
 		}
 	}

@@ -306,9 +306,10 @@ func TestDatabaseFaultsExplainRedeliveries(t *testing.T) {
 	}
 }
 
-// TestUnsettledExplainsItsRedelivery: an ack the consumer saw fail
-// leaves its message to come again, however long ago the fault behind
-// it; the line excuses that process's delivery of that message only.
+// TestUnsettledExplainsItsRedelivery: an ack the consumer saw get no
+// answer leaves its message to come again, however long ago the fault
+// behind it; the line excuses the one handle line it names (process,
+// message, offset and start), not a later successful one.
 func TestUnsettledExplainsItsRedelivery(t *testing.T) {
 	noFaults := func(add ...Event) []Event {
 		var out []Event
@@ -319,16 +320,29 @@ func TestUnsettledExplainsItsRedelivery(t *testing.T) {
 		}
 		return append(out, add...)
 	}
-	unsettled := func(proc, id string, off int64) Event {
-		return Event{Op: OpUnsettled, Proc: proc, Group: "sub", Topic: "ordered", Key: "k1", ID: id, Offset: off}
+	unsettled := func(proc, id string, off, start int64) Event {
+		return Event{Op: OpUnsettled, Proc: proc, Group: "sub", Topic: "ordered", Key: "k1", ID: id, Offset: off, Start: start}
 	}
-	if r := Check(noFaults(unsettled("sub-0.1", "a2", 3))); len(r.Violations) != 0 {
-		t.Fatalf("a redelivery after a failed ack reported: %v", r.Violations)
+	// sub-0.1 handled a2 (offset 3) from 102; sub-1.1 got it again at 200.
+	if r := Check(noFaults(unsettled("sub-0.1", "a2", 3, 102))); len(r.Violations) != 0 {
+		t.Fatalf("a redelivery after an ack that got no answer reported: %v", r.Violations)
 	}
-	for _, e := range []Event{unsettled("sub-1.1", "a2", 3), unsettled("sub-0.1", "a1", 1), unsettled("sub-0.1", "a2", 4)} {
+	for _, e := range []Event{unsettled("sub-1.1", "a2", 3, 102), unsettled("sub-0.1", "a1", 1, 102), unsettled("sub-0.1", "a2", 4, 102),
+		unsettled("sub-0.1", "a2", 3, 101)} {
 		if r := Check(noFaults(e)); countKind(r, "duplicate") != 1 {
-			t.Fatalf("%s's unsettled %s at %d explained sub-0.1's a2 at 3: %v", e.Proc, e.ID, e.Offset, r.Violations)
+			t.Fatalf("%s's unsettled %s at %d from %d explained sub-0.1's a2 at 3 from 102: %v", e.Proc, e.ID, e.Offset, e.Start, r.Violations)
 		}
+	}
+	// sub-0.1 gets a2 again at 150 and its ack succeeds: a third delivery
+	// is a duplicate, though the first ack got no answer.
+	var evs []Event
+	for _, e := range noFaults(unsettled("sub-0.1", "a2", 3, 102), hdl("sub-0.1", "sub", "a2", "ordered", "k1", 3, 150, 151, "ok")) {
+		if e.Op != OpHandle || e.ID != "a2" || e.Start != 200 {
+			evs = append(evs, e)
+		}
+	}
+	if r := Check(append(evs, hdl("sub-1.1", "sub", "a2", "ordered", "k1", 3, 300, 301, "ok"))); countKind(r, "duplicate") != 1 {
+		t.Fatalf("a delivery after a settled redelivery not reported: %v", r.Violations)
 	}
 }
 

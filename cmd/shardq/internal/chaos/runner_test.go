@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package chaos
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestPanicsFailTheRun: a server's recovered handler panic, or a crash,
+// in any process's log fails the run, naming the log.
+func TestPanicsFailTheRun(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("serve-0.1.log", `{"level":"INFO","msg":"a receive's panic is a bug, not a log line"}`+"\n")
+	write("sub-0.1.log", "chaos: handled\n")
+	if err := panics(dir); err != nil {
+		t.Fatalf("clean logs: %v", err)
+	}
+	write("serve-1.2.log", "2026/12/06 21:00:00 http: panic serving 127.0.0.1:4242: runtime error: index out of range\n")
+	write("sub-1.1.log", "goroutine 1 [running]:\npanic: boom\n")
+	err := panics(dir)
+	if err == nil || !strings.Contains(err.Error(), "serve-1.2.log") || !strings.Contains(err.Error(), "sub-1.1.log") || strings.Contains(err.Error(), "serve-0.1.log") {
+		t.Fatalf("panics: %v, want serve-1.2.log and sub-1.1.log named", err)
+	}
+}
