@@ -36,6 +36,10 @@ const (
 	MaxReceiveMessages = receipts.MaxMessages
 	MaxReceiveWait     = 20 * time.Second
 	MaxVisibility      = 12 * time.Hour
+	// DefaultReceiveMaxBytes is ReceiveRequest.MaxBytes's default: a
+	// receive of MaxReceiveMessages holds at most this much payload (and
+	// one message, however large), not that many times the largest.
+	DefaultReceiveMaxBytes = 8 << 20
 )
 
 // ReceiptOptions configure Client.Receipts.
@@ -131,9 +135,10 @@ type ReceiveRequest struct {
 	Max        int           // [1], at most MaxReceiveMessages
 	Wait       time.Duration // long polling: keep looking this long [0], at most MaxReceiveWait
 	Visibility time.Duration // [30s], at most MaxVisibility
-	// MaxBytes, when > 0, bounds the payload and header bytes a receive
-	// holds: it takes no message that would pass it, except that the
-	// first is always taken. Messages are sized before they are loaded.
+	// MaxBytes bounds the payload and header bytes a receive holds
+	// [DefaultReceiveMaxBytes]: it takes no message that would pass it,
+	// except that the first is always taken. Messages are sized before
+	// they are loaded.
 	MaxBytes int64
 	// Done, when closed, ends a waiting receive early with what it has
 	// (nothing): a server shutting down answers its long polls at once
@@ -266,6 +271,12 @@ func (rq *ReceiveRequest) check() error {
 		rq.Visibility = DefaultVisibilityTimeout
 	case rq.Visibility < time.Second || rq.Visibility > MaxVisibility:
 		return &ident.Error{Field: "visibility", Rule: fmt.Sprintf("%s: want 1s to %s", rq.Visibility, MaxVisibility)}
+	}
+	switch {
+	case rq.MaxBytes == 0:
+		rq.MaxBytes = DefaultReceiveMaxBytes
+	case rq.MaxBytes < 0:
+		return &ident.Error{Field: "max_bytes", Rule: fmt.Sprintf("%d: want 0 (the default) or more", rq.MaxBytes)}
 	}
 	return nil
 }

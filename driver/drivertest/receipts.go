@@ -28,6 +28,7 @@ var receiptTests = []struct {
 	{"ReceiptsNextGroupAndWait", testReceiptsNextGroup},
 	{"ReceiptsAckGoesOnWithTheGroup", testReceiptsGoOn},
 	{"ReceiptsAnyTakesUngroupedThenAGroup", testReceiptsAny},
+	{"ReceiptsBytesBoundedByDefault", testReceiptsBytesBounded},
 	{"ReceiptsChangeVisibility", testReceiptsChangeVisibility},
 	{"ReceiptsSession", testReceiptsSession},
 	{"AckTxSubscriber", testAckTxSubscriber},
@@ -104,6 +105,51 @@ func testReceiptsGroup(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	mustReceive(t, r, shardq.ReceiveRequest{PartitionKey: "k"})
+}
+
+// A receive of MaxReceiveMessages with no MaxBytes holds at most
+// DefaultReceiveMaxBytes of payload (and one message more), grouped or
+// not; the rest come next.
+func testReceiptsBytesBounded(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	payload := make([]byte, shardq.DefaultMaxPayloadBytes)
+	const n = 10 // more than DefaultReceiveMaxBytes of payload
+	for _, key := range []string{"k", ""} {
+		msgs := make([]shardq.Message, n)
+		for i := range msgs {
+			msgs[i] = shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, ID: fmt.Sprintf("%s%d", key, i), Payload: payload}
+		}
+		for _, m := range msgs { // one a call: a batch is bounded too
+			mustPublish(t, c, m)
+		}
+	}
+	r := receipts(t, c, nil, 0)
+	for _, rq := range []shardq.ReceiveRequest{{PartitionKey: "k"}, {Ungrouped: true}} {
+		rq.Tenant, rq.Topic, rq.ConsumerGroup, rq.Max = "t", "x", "g", shardq.MaxReceiveMessages
+		got := 0
+		for round := 0; got < n && round < n; round++ {
+			res, err := r.Receive(context.Background(), rq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bytes int
+			rcpts := make([]string, len(res.Messages))
+			for i, m := range res.Messages {
+				bytes += len(m.Payload)
+				rcpts[i] = m.Receipt
+			}
+			if len(res.Messages) == 0 || bytes > shardq.DefaultReceiveMaxBytes+shardq.DefaultMaxPayloadBytes {
+				t.Fatalf("%+v: %d messages, %d bytes of payload in one receive", rq, len(res.Messages), bytes)
+			}
+			if _, err := r.AckAll(context.Background(), shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, rcpts); err != nil {
+				t.Fatal(err)
+			}
+			got += len(res.Messages)
+		}
+		if got != n {
+			t.Fatalf("%+v: received %d of %d", rq, got, n)
+		}
+	}
 }
 
 // Unsettled past its visibility timeout, a receive's messages go to the
@@ -299,7 +345,7 @@ func testReceiptsNextGroup(t *testing.T, open Open) {
 		t.Fatalf("waiting receive = %v, want a2", got)
 	}
 	for _, bad := range []shardq.ReceiveRequest{
-		{Max: shardq.MaxReceiveMessages + 1}, {Wait: 21 * time.Second}, {Visibility: time.Millisecond}, {PartitionKey: "a", NextGroup: true}, {PartitionKey: "k "},
+		{Max: shardq.MaxReceiveMessages + 1}, {MaxBytes: -1}, {Wait: 21 * time.Second}, {Visibility: time.Millisecond}, {PartitionKey: "a", NextGroup: true}, {PartitionKey: "k "},
 		{Ungrouped: true, NextGroup: true}, {Ungrouped: true, PartitionKey: "a"},
 	} {
 		bad.Tenant, bad.Topic, bad.ConsumerGroup = "t", "x", "g"

@@ -959,6 +959,9 @@ func (r *Receipts) decodeAll(ctx context.Context, rcpts []string, tenant, topic,
 	if len(rcpts) == 0 || len(rcpts) > MaxMessages {
 		return nil, &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts: want 1 to %d", len(rcpts), MaxMessages)}
 	}
+	if err := repeated(rcpts); err != nil {
+		return nil, err
+	}
 	rcs := make([]Receipt, len(rcpts))
 	for i, s := range rcpts {
 		rc, err := r.Decode(ctx, s, tenant, topic, group)
@@ -976,6 +979,20 @@ func (r *Receipts) decodeAll(ctx context.Context, rcpts []string, tenant, topic,
 		rcs[i] = rc
 	}
 	return rcs, nil
+}
+
+// repeated refuses a list that names a receipt twice: a settlement's work
+// follows its receipts (a nack, a deferral and a visibility change go one
+// at a time), so a repeated one would only multiply it.
+func repeated(rcpts []string) error {
+	seen := make(map[string]int, len(rcpts))
+	for i, s := range rcpts {
+		if j, ok := seen[s]; ok {
+			return &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: fmt.Sprintf("repeats receipts[%d]", j)}
+		}
+		seen[s] = i
+	}
+	return nil
 }
 
 // MaxMessages bounds one receive, and the receipts of one AckAll or

@@ -119,6 +119,9 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, tenant, topic, group st
 	if len(rcpts) == 0 || len(rcpts) > MaxMessages {
 		return nil, fmt.Errorf("shardq: change visibility: %w", &ident.Error{Field: "receipts", Rule: fmt.Sprintf("%d receipts: want 1 to %d", len(rcpts), MaxMessages)})
 	}
+	if err := repeated(rcpts); err != nil {
+		return nil, fmt.Errorf("shardq: change visibility: %w", err)
+	}
 	rcs := make([]Receipt, len(rcpts))
 	for i, s := range rcpts {
 		if rcs[i], err = r.decode(ctx, s, fmt.Sprintf("receipts[%d]", i), tenant, topic, group); err != nil {

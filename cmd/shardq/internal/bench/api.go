@@ -128,7 +128,7 @@ func (e *env) apiPublish(ctx context.Context, ns namespace) (rep, error) {
 
 // apiConsume is consume through the HTTP API: --messages published
 // beforehand, then --subscribers loops of { receive the next free message
-// group (up to 100 messages); ack them }.
+// group (up to MaxReceiveMessages); ack them }.
 func (e *env) apiConsume(ctx context.Context, ns namespace) (rep, error) {
 	c, err := e.client()
 	if err != nil {

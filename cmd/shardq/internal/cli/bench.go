@@ -50,7 +50,7 @@ func (a *app) benchCmd() *cobra.Command {
 			"           with the change feed (baseline: the same polling, --feed off)\n" +
 			"  api      publish and consume through the HTTP API of shardq serve (in this process, on loopback):\n" +
 			"           --publishers POSTs of --batch messages, then --subscribers loops of receive (the next\n" +
-			"           free message group, up to 100) and ack (baselines: the library's publish and consume)\n" +
+			"           free message group, up to 1,000) and ack (baselines: the library's publish and consume)\n" +
 			"  large    one message of --large-bytes written and read back whole (MiB/s of the round trip, each\n" +
 			"           direction's rate and the peak heap): PublishLarge and a receiver's Body, and the HTTP API's\n" +
 			"           upload and body_url (baseline: the database alone, one INSERT per 256 KiB BLOB chunk in\n" +

@@ -260,6 +260,11 @@ func messageOf(key, id string, offset int64, headers map[string]string, payload 
 	return m
 }
 
+// responseBytesPerMessage bounds what a received message adds to a
+// response besides its payload and headers: its receipt (at most 2 KiB),
+// key and id (255 bytes each) and the JSON around them.
+const responseBytesPerMessage = 4 << 10
+
 func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {
 	rq, err := decodeReceive(r.Body, tenant, r.PathValue("topic"), r.PathValue("group"))
 	if err == nil {
@@ -283,7 +288,12 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	rc := http.NewResponseController(w)
 	rc.SetWriteDeadline(time.Now().Add(rq.Wait + s.cfg.WriteTimeout)) //nolint:errcheck // not every writer has deadlines (tests' recorders)
 	rq.Done = s.draining
-	rq.MaxBytes = s.cfg.MaxResponseBytes
+	// A message's receipt, key, id and JSON come on top of the payload
+	// and headers that MaxBytes counts: room is kept for them, so that a
+	// response of many small messages stays within MaxResponseBytes as
+	// one of a few large ones does.
+	rq.Max = min(rq.Max, max(1, int(s.cfg.MaxResponseBytes/(2*responseBytesPerMessage))))
+	rq.MaxBytes = max(1, s.cfg.MaxResponseBytes-int64(rq.Max)*responseBytesPerMessage)
 	// The acks go first (in Receive), so that the message group they
 	// release may be received again at once, or goes on with this
 	// receive; a stale receipt does not fail the receive, the answer

@@ -76,6 +76,40 @@ func TestReceiveStopsAtByteBudget(t *testing.T) {
 	})
 }
 
+// A receive of many small messages stays within the byte budget too:
+// their receipts, keys and ids count, not only payloads and headers.
+func TestReceiveOfManySmallMessagesStaysInBudget(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		const budget = 64 << 10
+		h := newHarness(t, drv, harnessOptions{maxResponseBytes: budget})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		key := strings.Repeat("k", 255)
+		msgs := make([]shardq.Message, 300)
+		for i := range msgs {
+			msgs[i] = shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: key, ID: fmt.Sprintf("%0255d", i), Payload: []byte("x")}
+		}
+		if _, err := h.client.Publish(context.Background(), msgs...); err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		for round := 0; got < len(msgs) && round < len(msgs); round++ {
+			r := h.call("POST", groupPath+"/receive", tok, fmt.Sprintf(`{"key":%q,"max":%d}`, key, shardq.MaxReceiveMessages))
+			ms := received(r.body)
+			if r.status != 200 || len(ms) == 0 {
+				t.Fatalf("receive: %d %s", r.status, r.raw)
+			}
+			if len(r.raw) > budget {
+				t.Fatalf("a body of %d bytes (%d messages), budget %d", len(r.raw), len(ms), budget)
+			}
+			got += len(ms)
+			h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
+		}
+		if got != len(msgs) {
+			t.Fatalf("received %d of %d", got, len(msgs))
+		}
+	})
+}
+
 // A receipt a client made (a claim row nobody holds: a delayed message)
 // or edited (offsets past the head) settles nothing.
 func TestForgedAndEditedReceiptsSettleNothing(t *testing.T) {
