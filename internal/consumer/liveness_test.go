@@ -89,17 +89,23 @@ func TestLeaseAcquiredAcrossALapseIsDropped(t *testing.T) {
 	now = now.Add(time.Second)
 	s.beaten([]string{"a"}, now)
 	acrossA, acrossB := worker("a", "k1"), worker("b", "k1")
-	s.addWorker(acrossA, beforeA)
-	s.addWorker(acrossB, beforeB)
-	if acrossA.leaseLive() {
+	if s.addWorker(acrossA, beforeA) || s.workers[acrossA.lease.PartitionRef] != nil {
 		t.Fatal("a lease acquired before tenant a's heartbeat lapsed is worked after the lapse was handled")
 	}
-	if !acrossB.leaseLive() {
+	if !s.addWorker(acrossB, beforeB) || !acrossB.leaseLive() {
 		t.Fatal("tenant b's worker was dropped, though its heartbeat never lapsed")
 	}
 	after := worker("a", "k2")
-	s.addWorker(after, s.lapsesIn("a"))
-	if !after.leaseLive() {
+	if !s.addWorker(after, s.lapsesIn("a")) || !after.leaseLive() {
 		t.Fatal("a lease acquired after the lapse was handled was dropped")
+	}
+	// A lapse handled once a worker is added stops it (beaten).
+	for range 5 {
+		now = now.Add(time.Second)
+		s.beaten([]string{"b"}, now)
+	}
+	s.beaten([]string{"a"}, now)
+	if after.leaseLive() {
+		t.Fatal("a worker added before a lapse was handled still hands out")
 	}
 }

@@ -81,26 +81,48 @@ func (s *Member) startWorker(l driver.Lease, lapses uint64) {
 		waiter: large.Waiter{Store: s.drv, Timeout: s.cfg.LargeWriteTimeout, Stalls: s.cfg.LargeStalls}}
 	w.settled.Store(l.Committed)
 	w.commit.Store(l.Committed)
-	s.addWorker(w, lapses)
+	if !s.addWorker(w, lapses) {
+		w.giveBack()
+		return
+	}
 	if !s.life.Go(w.run) {
 		w.finish() // stopping: hand the fresh lease straight back
 	}
 }
 
-// addWorker adds w to the member's workers. A heartbeat lapse handled since
-// its lease was acquired (the count moved from lapses) found no worker to
-// stop, yet the acquisition may have come before a freeze and the lease
-// been swept since, and the fresh heartbeat would make it look live: w
-// is lost before it hands anything out.
-func (s *Member) addWorker(w *worker, lapses uint64) {
+// addWorker adds w to the member's workers, unless a heartbeat lapse was
+// handled since its lease was acquired (the count moved from lapses): that
+// found no worker to stop, yet the acquisition may have come before a
+// freeze and the lease been swept since, and the fresh heartbeat would
+// make it look live. The check and the adding are one step under s.mu, so
+// a lapse handled after them finds w (beaten).
+func (s *Member) addWorker(w *worker, lapses uint64) bool {
 	s.mu.Lock()
-	s.workers[w.lease.PartitionRef] = w
-	lapsed := s.lapses[w.lease.Tenant] != lapses
-	s.mu.Unlock()
-	if lapsed {
-		s.log.Warn("shardq: heartbeat lapsed while the lease was acquired; dropping the partition, which may have been swept",
+	defer s.mu.Unlock()
+	if s.lapses[w.lease.Tenant] != lapses {
+		s.log.Warn("shardq: heartbeat lapsed while the lease was acquired; giving the partition back, as it may have been swept",
 			w.logArgs("token", w.lease.Token)...)
-		w.lose()
+		return false
+	}
+	s.workers[w.lease.PartitionRef] = w
+	return true
+}
+
+// giveBack ends a worker that never ran: its lease goes back under its
+// token, so that nobody waits out its TTL (one swept meanwhile stays the
+// sweeper's: the release is fenced), unless the partition was taken over
+// and is not yet due (static.go).
+func (w *worker) giveBack() {
+	s := w.s
+	defer w.cancel()
+	defer s.cfg.Metrics.LeaseEnded(w.lease.Tenant, true)
+	if s.cfg.Clock().Before(w.notBefore) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	if err := s.drv.ReleaseLease(ctx, w.lease, s.cfg.Clock()); err != nil && !errorsIsLost(err) {
+		s.log.Warn("shardq: giving back a lease failed; it expires on its own", w.logArgs("err", err)...)
 	}
 }
 
