@@ -114,14 +114,19 @@ func (s *Member) addWorker(w *worker, lapses uint64) bool {
 // and is not yet due (static.go).
 func (w *worker) giveBack() {
 	s := w.s
-	defer w.cancel()
-	defer s.cfg.Metrics.LeaseEnded(w.lease.Tenant, true)
+	lost := true
+	defer func() {
+		w.cancel()
+		s.cfg.Metrics.LeaseEnded(w.lease.Tenant, lost)
+	}()
 	if s.cfg.Clock().Before(w.notBefore) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
-	if err := s.drv.ReleaseLease(ctx, w.lease, s.cfg.Clock()); err != nil && !errorsIsLost(err) {
+	err := s.drv.ReleaseLease(ctx, w.lease, s.cfg.Clock())
+	lost = err != nil
+	if err != nil && !errorsIsLost(err) {
 		s.log.Warn("shardq: giving back a lease failed; it expires on its own", w.logArgs("err", err)...)
 	}
 }

@@ -988,7 +988,7 @@ func repeated(rcpts []string) error {
 	seen := make(map[string]int, len(rcpts))
 	for i, s := range rcpts {
 		if j, ok := seen[s]; ok {
-			return &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: fmt.Sprintf("repeats receipts[%d]", j)}
+			return &ident.Error{Field: fmt.Sprintf("receipts[%d]", i), Rule: fmt.Sprintf("repeats the receipt at index %d", j)}
 		}
 		seen[s] = i
 	}

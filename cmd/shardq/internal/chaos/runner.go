@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -186,16 +187,18 @@ func Run(ctx context.Context, c *shardq.Client, cfg RunConfig) (chaoscheck.Repor
 	if err := writeSummary(cfg, rep, tl); err != nil {
 		return rep, err
 	}
+	var violated error
 	if len(rep.Violations) > 0 {
-		return rep, fmt.Errorf("chaos: %d violations (seed %d); see %s", len(rep.Violations), cfg.Seed, filepath.Join(cfg.Dir, "summary.txt"))
+		violated = fmt.Errorf("chaos: %d violations (seed %d); see %s", len(rep.Violations), cfg.Seed, filepath.Join(cfg.Dir, "summary.txt"))
 	}
-	return rep, panics(cfg.Dir)
+	return rep, errors.Join(violated, panics(cfg.Dir))
 }
 
 // panics fails a run whose processes panicked: a server's handler panic
 // (which net/http recovers, logging it, and answers by dropping the
 // connection, a failure the HTTP clients excuse as no answer) or a
-// process's crash.
+// process's crash (a panic, or the runtime's fatal error), which the
+// runner would otherwise restart like a kill.
 func panics(dir string) error {
 	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
 	if err != nil {
@@ -203,27 +206,48 @@ func panics(dir string) error {
 	}
 	var found []string
 	for _, name := range logs {
-		f, err := os.Open(name)
-		if err != nil {
-			return err
-		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "panic: ") || strings.Contains(line, "http: panic serving") {
-				found = append(found, filepath.Base(name)+": "+line)
-				break
-			}
-		}
-		err = errors.Join(sc.Err(), f.Close())
+		line, err := firstLine(name, func(head []byte) bool {
+			return bytes.HasPrefix(head, []byte("panic: ")) || bytes.HasPrefix(head, []byte("fatal error: ")) ||
+				bytes.Contains(head, []byte("http: panic serving"))
+		})
 		if err != nil {
 			return fmt.Errorf("chaos: read %s: %w", name, err)
+		}
+		if line != "" {
+			found = append(found, filepath.Base(name)+": "+line)
 		}
 	}
 	if len(found) > 0 {
 		return fmt.Errorf("chaos: processes panicked:\n%s", strings.Join(found, "\n"))
 	}
 	return nil
+}
+
+// firstLine is the first line of the file that match accepts, judged by
+// its first 4 KiB (the rest of a longer line is skipped), or "".
+func firstLine(name string, match func(head []byte) bool) (string, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	rd := bufio.NewReaderSize(f, 4<<10)
+	for start := true; ; {
+		frag, err := rd.ReadSlice('\n')
+		if start && len(frag) > 0 && match(frag) {
+			return string(bytes.TrimRight(frag, "\n")), nil
+		}
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			start = false // the same line goes on
+		case errors.Is(err, io.EOF):
+			return "", nil
+		case err != nil:
+			return "", err
+		default:
+			start = true
+		}
+	}
 }
 
 func (r *runner) start(ctx context.Context) error {

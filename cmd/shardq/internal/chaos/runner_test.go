@@ -9,8 +9,10 @@ import (
 	"testing"
 )
 
-// TestPanicsFailTheRun: a server's recovered handler panic, or a crash,
-// in any process's log fails the run, naming the log.
+// TestPanicsFailTheRun: a server's recovered handler panic, or a crash
+// (a panic, a fatal error), at the start of a line of any process's log
+// fails the run, naming the log; lines longer than a read are skipped
+// whole.
 func TestPanicsFailTheRun(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) {
@@ -19,14 +21,20 @@ func TestPanicsFailTheRun(t *testing.T) {
 		}
 	}
 	write("serve-0.1.log", `{"level":"INFO","msg":"a receive's panic is a bug, not a log line"}`+"\n")
-	write("sub-0.1.log", "chaos: handled\n")
+	write("sub-0.1.log", "chaos: handled\n"+strings.Repeat("x", 20<<10)+"panic: in a long line, not at its start\n")
 	if err := panics(dir); err != nil {
 		t.Fatalf("clean logs: %v", err)
 	}
 	write("serve-1.2.log", "2026/12/06 21:00:00 http: panic serving 127.0.0.1:4242: runtime error: index out of range\n")
 	write("sub-1.1.log", "goroutine 1 [running]:\npanic: boom\n")
+	write("ung-0.1.log", strings.Repeat("y", 20<<10)+"\nfatal error: concurrent map writes")
 	err := panics(dir)
-	if err == nil || !strings.Contains(err.Error(), "serve-1.2.log") || !strings.Contains(err.Error(), "sub-1.1.log") || strings.Contains(err.Error(), "serve-0.1.log") {
-		t.Fatalf("panics: %v, want serve-1.2.log and sub-1.1.log named", err)
+	for _, name := range []string{"serve-1.2.log", "sub-1.1.log", "ung-0.1.log"} {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Fatalf("panics: %v, want %s named", err, name)
+		}
+	}
+	if strings.Contains(err.Error(), "serve-0.1.log") || strings.Contains(err.Error(), "sub-0.1.log") {
+		t.Fatalf("panics: %v, names a clean log", err)
 	}
 }

@@ -292,6 +292,7 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	// and headers that MaxBytes counts: room is kept for them, so that a
 	// response of many small messages stays within MaxResponseBytes as
 	// one of a few large ones does.
+	asked := rq.Max
 	rq.Max = min(rq.Max, max(1, int(s.cfg.MaxResponseBytes/(2*responseBytesPerMessage))))
 	rq.MaxBytes = max(1, s.cfg.MaxResponseBytes-int64(rq.Max)*responseBytesPerMessage)
 	// The acks go first (in Receive), so that the message group they
@@ -316,6 +317,9 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if rq.Max < asked && len(got.Messages) == rq.Max {
+		got.Truncated = true // the byte budget lowered max: more may be ready
 	}
 	if gs := got.Session; gs != nil {
 		settled.Session = &sessionOut{ID: gs.ID, Key: gs.PartitionKey, ExpiresAt: gs.ExpiresAt}

@@ -101,6 +101,9 @@ func TestReceiveOfManySmallMessagesStaysInBudget(t *testing.T) {
 			if len(r.raw) > budget {
 				t.Fatalf("a body of %d bytes (%d messages), budget %d", len(r.raw), len(ms), budget)
 			}
+			if got+len(ms) < len(msgs) && r.body["truncated"] != true {
+				t.Fatalf("%d of %d messages and not truncated", got+len(ms), len(msgs))
+			}
 			got += len(ms)
 			h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
 		}
