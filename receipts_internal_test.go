@@ -4,6 +4,8 @@ package shardq
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/receipts"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -35,7 +38,8 @@ func newTestReceipts(t testing.TB, drv driver.Driver) (*Client, *Receipts) {
 // accepts is a consistent receipt of the request's tenant, topic and
 // group, signed by this database's key, that signs back to itself.
 func FuzzDecodeReceipt(f *testing.F) {
-	_, r := newTestReceipts(f, testdb.Migrated(f, testdb.SQLite(f)))
+	drv := testdb.Migrated(f, testdb.SQLite(f))
+	_, r := newTestReceipts(f, drv)
 	ctx := context.Background()
 	for _, rc := range []receipt{
 		{Tenant: "t", Topic: "p", Group: "g", Key: "k", Owner: "o#1", Token: 3, Offset: 7, Last: 9},
@@ -48,8 +52,9 @@ func FuzzDecodeReceipt(f *testing.F) {
 		}
 		f.Add(s)
 		f.Add(s[:len(s)-1] + "A")
-		f.Add(strings.Replace(s, "r2.1.", "r2.2.", 1))
-		f.Add(strings.Replace(s, "r2.1.", "r2.01.", 1))
+		f.Add(strings.Replace(s, receiptPrefix+"1.", receiptPrefix+"2.", 1))
+		f.Add(strings.Replace(s, receiptPrefix+"1.", receiptPrefix+"01.", 1))
+		f.Add(signedJSON(f, drv, rc))
 	}
 	f.Add("r1.e30")
 	f.Add("r2.1.e30.AAAA")
@@ -83,25 +88,69 @@ func eachDB(t *testing.T, fn func(t *testing.T, drv driver.Driver)) {
 	t.Run("mariadb", func(t *testing.T) { fn(t, testdb.Migrated(t, testdb.MySQL(t))) })
 }
 
-// editReceipt re-encodes a receipt's JSON with edit applied, keeping its
+// editReceipt re-encodes a receipt's body with edit applied, keeping its
 // key id and signature, as a client that edits one would.
-func editReceipt(t *testing.T, s string, edit func(map[string]any)) string {
+func editReceipt(t *testing.T, s string, edit func(*receipt)) string {
 	t.Helper()
 	parts := strings.Split(s, ".")
 	b, err := base64.RawURLEncoding.DecodeString(parts[2])
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
+	rc, ok := receipts.ReadBinary(b)
+	if !ok {
+		t.Fatalf("receipt %s: body is not binary", s)
 	}
-	edit(m)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	parts[2] = base64.RawURLEncoding.EncodeToString(b)
+	edit((*receipt)(&rc))
+	parts[2] = base64.RawURLEncoding.EncodeToString(rc.AppendBinary(nil))
 	return strings.Join(parts, ".")
+}
+
+// signedJSON is rc as a release before receipts' binary form signed it:
+// "r2.", its JSON, and the MAC under the database's first key.
+func signedJSON(t testing.TB, drv driver.Driver, rc receipt) string {
+	t.Helper()
+	var secret []byte
+	if err := drv.DB().QueryRow("SELECT secret FROM shardq_receipt_keys WHERE key_id = 1").Scan(&secret); err != nil {
+		t.Fatal(err)
+	}
+	signed := "r2.1." + base64.RawURLEncoding.EncodeToString(must(json.Marshal(rc)))
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(signed))
+	return signed + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// A receipt handed out before an upgrade, in the JSON form, still
+// settles its message after it; the receipts signed now are binary.
+func TestReceiptOfTheJSONFormSettles(t *testing.T) {
+	drv := testdb.Migrated(t, testdb.SQLite(t))
+	c, r := newTestReceipts(t, drv)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		if _, err := c.Publish(ctx, Message{Tenant: "acme", Topic: "orders", PartitionKey: "k", ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}
+	got, err := r.Receive(ctx, ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", PartitionKey: "k", Max: 1})
+	if err != nil || len(got.Messages) != 1 || !strings.HasPrefix(got.Messages[0].Receipt, receiptPrefix) || receiptPrefix == "r2." {
+		t.Fatalf("receive = %+v, %v; want one message with a receipt of the binary form", got, err)
+	}
+	rc, err := r.decode(ctx, got.Messages[0].Receipt, "acme", "orders", "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := signedJSON(t, drv, rc)
+	if back, err := r.decode(ctx, old, "acme", "orders", "g"); err != nil || back != rc {
+		t.Fatalf("the JSON form decodes to %+v, %v; want %+v", back, err, rc)
+	}
+	if err := r.Ack(ctx, ref, old); err != nil {
+		t.Fatalf("ack with the JSON form: %v", err)
+	}
+	next, err := r.Receive(ctx, ReceiveRequest{Tenant: "acme", Topic: "orders", ConsumerGroup: "g", PartitionKey: "k", Max: 10})
+	if err != nil || len(next.Messages) != 1 || next.Messages[0].ID != "b" {
+		t.Fatalf("after the ack, receive = %+v, %v; want b alone", next, err)
+	}
 }
 
 // Receipts a client made or edited settle nothing: the signature refuses
@@ -127,7 +176,7 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 			t.Fatalf("receive = %+v, %v; want the message that is due", got, err)
 		}
 		forged := receipt{Tenant: "acme", Topic: "orders", Group: "victim", Owner: "anyone", Token: 0, Offset: delayed, Claim: true}
-		unsigned := receiptPrefix + "1." + base64.RawURLEncoding.EncodeToString(must(json.Marshal(forged))) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32))
+		unsigned := receiptPrefix + "1." + base64.RawURLEncoding.EncodeToString((*receipts.Receipt)(&forged).AppendBinary(nil)) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32))
 		if err := r.Ack(ctx, GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "victim"}, unsigned); !errors.Is(err, ErrBadReceipt) || !errors.Is(err, ErrInvalid) {
 			t.Fatalf("ack of an unsigned receipt: %v, want ErrBadReceipt and ErrInvalid", err)
 		}
@@ -160,7 +209,7 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 		if err != nil || len(grp.Messages) != 1 {
 			t.Fatalf("receive k = %+v, %v", grp, err)
 		}
-		edited := editReceipt(t, grp.Messages[0].Receipt, func(m map[string]any) { m["o"], m["l"] = 9e18, 9e18 })
+		edited := editReceipt(t, grp.Messages[0].Receipt, func(rc *receipt) { rc.Offset, rc.Last = 9e18, 9e18 })
 		if err := r.Ack(ctx, GroupRef{Tenant: "acme", Topic: "orders", ConsumerGroup: "g"}, edited); !errors.Is(err, ErrBadReceipt) {
 			t.Fatalf("ack of an edited receipt: %v, want ErrBadReceipt", err)
 		}
@@ -245,4 +294,32 @@ func TestReceiveRefusesATopicWithoutRoomForItsDeadLetters(t *testing.T) {
 	if _, err := r.Receive(ctx, ReceiveRequest{Tenant: "t", Topic: strings.Repeat("t", 251), ConsumerGroup: "g"}); err != nil {
 		t.Fatalf("receive on a 251-byte topic (its dead letters' 255): %v", err)
 	}
+}
+
+// BenchmarkReceipt: a receipt's signature and its check, paid once per
+// message a receive hands out and once per message acked.
+func BenchmarkReceipt(b *testing.B) {
+	_, r := newTestReceipts(b, testdb.Migrated(b, testdb.SQLite(b)))
+	ctx := context.Background()
+	rc := receipt{Tenant: "tenant-1", Topic: "orders", Group: "billing", Key: "customer-42", Owner: "host-1#3", Token: 17, Offset: 123456, Last: 123556}
+	s, err := r.sign(ctx, rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("sign", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := r.sign(ctx, rc); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := r.decode(ctx, s, rc.Tenant, rc.Topic, rc.Group); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

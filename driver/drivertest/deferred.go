@@ -7,7 +7,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	receiptform "github.com/shardq/shardq/internal/receipts"
 )
 
 // deferredIDs receives the deferred messages at offsets and returns them
@@ -321,27 +321,23 @@ func testDeferralReceipts(t *testing.T, open Open) {
 
 // resign edits a receipt's fields and signs it again with the database's
 // key: a receipt that is signed but wrong (a bug, a leaked key).
-func resign(t *testing.T, d driver.Driver, rcpt string, edit func(map[string]any)) string {
+func resign(t *testing.T, d driver.Driver, rcpt string, edit func(*receiptform.Receipt)) string {
 	t.Helper()
-	parts := strings.Split(strings.TrimPrefix(rcpt, "r2."), ".")
+	parts := strings.Split(strings.TrimPrefix(rcpt, receiptform.Prefix), ".")
 	body, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m map[string]any
-	if err := json.Unmarshal(body, &m); err != nil {
-		t.Fatal(err)
+	rc, ok := receiptform.ReadBinary(body)
+	if !ok {
+		t.Fatalf("receipt %s: body is not binary", rcpt)
 	}
-	edit(m)
-	nb, err := json.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	edit(&rc)
 	var secret []byte
 	if err := d.DB().QueryRow("SELECT secret FROM shardq_receipt_keys WHERE key_id = ?", parts[0]).Scan(&secret); err != nil {
 		t.Fatal(err)
 	}
-	signed := "r2." + parts[0] + "." + base64.RawURLEncoding.EncodeToString(nb)
+	signed := receiptform.Prefix + parts[0] + "." + base64.RawURLEncoding.EncodeToString(rc.AppendBinary(nil))
 	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte(signed))
 	return signed + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
@@ -370,7 +366,7 @@ func testDeferralReceiptsFence(t *testing.T, open Open) {
 
 	publishGroup(t, c, "h", "h1")
 	h := mustReceive(t, a, shardq.ReceiveRequest{PartitionKey: "h"}, "h1")
-	past := resign(t, d, h[0].Receipt, func(m map[string]any) { m["o"], m["l"] = 1_000_000, 1_000_000 })
+	past := resign(t, d, h[0].Receipt, func(rc *receiptform.Receipt) { rc.Offset, rc.Last = 1_000_000, 1_000_000 })
 	if _, err := a.Defer(ctx, gref, []string{past}); !errors.Is(err, shardq.ErrInvalid) {
 		t.Fatalf("defer of a receipt past the head = %v, want ErrInvalid", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"sync"
 	"time"
 
@@ -37,6 +38,31 @@ const Refresh = time.Minute
 // secretBytes is a key's size: HMAC-SHA256's block-size-bounded ideal.
 const secretBytes = 32
 
+// Size is a MAC's size in bytes.
+const Size = sha256.Size
+
+// key is a stored key with MACs under it kept for reuse: a MAC's set-up
+// (hashing the padded secret twice) costs as much as the MAC of a
+// receipt, which is signed once per message handed out.
+type key struct {
+	driver.ReceiptKey
+	macs *sync.Pool
+}
+
+func newKey(k driver.ReceiptKey) key {
+	return key{k, &sync.Pool{New: func() any { return hmac.New(sha256.New, k.Secret) }}}
+}
+
+// sum appends msg's MAC under k to out.
+func (k key) sum(msg, out []byte) []byte {
+	h := k.macs.Get().(hash.Hash)
+	h.Write(msg)
+	out = h.Sum(out)
+	h.Reset()
+	k.macs.Put(h)
+	return out
+}
+
 // Ring signs with the newest key and verifies with any valid one. Its
 // lock is never held across a database read: while one caller reloads
 // the keys, the others go on with the keys they have.
@@ -48,7 +74,7 @@ type Ring struct {
 	loading sync.Mutex // one reload at a time
 
 	mu       sync.Mutex
-	keys     []driver.ReceiptKey // by ID; replaced whole, never changed in place
+	keys     []key // by ID; replaced whole, never changed in place
 	loadedAt time.Time
 	missAt   time.Time // the last read for a key newer than the newest known
 }
@@ -68,7 +94,7 @@ func (r *Ring) Sign(ctx context.Context, build func(keyID int64) []byte) (msg, s
 	}
 	k := keys[len(keys)-1]
 	msg = build(k.ID)
-	return msg, mac(k.Secret, msg), nil
+	return msg, k.sum(msg, make([]byte, 0, Size)), nil
 }
 
 // Verify checks sum, the MAC of msg under key id, in constant time. An
@@ -91,7 +117,8 @@ func (r *Ring) Verify(ctx context.Context, id int64, msg, sum []byte) error {
 	if !ok {
 		return fmt.Errorf("receipt key %d: %w", id, ErrUnknownKey)
 	}
-	if !hmac.Equal(mac(k.Secret, msg), sum) {
+	var buf [Size]byte
+	if !hmac.Equal(k.sum(msg, buf[:0]), sum) {
 		return ErrSignature
 	}
 	return nil
@@ -99,7 +126,7 @@ func (r *Ring) Verify(ctx context.Context, id int64, msg, sum []byte) error {
 
 // newer returns keys that include id if a read finds it: it waits for a
 // read under way, or makes one when the last was a second ago or more.
-func (r *Ring) newer(ctx context.Context, id int64, now time.Time) ([]driver.ReceiptKey, error) {
+func (r *Ring) newer(ctx context.Context, id int64, now time.Time) ([]key, error) {
 	r.loading.Lock()
 	defer r.loading.Unlock()
 	r.mu.Lock()
@@ -115,7 +142,7 @@ func (r *Ring) newer(ctx context.Context, id int64, now time.Time) ([]driver.Rec
 }
 
 // valid finds key id among keys if it may still verify at now.
-func valid(keys []driver.ReceiptKey, id int64, now time.Time, grace time.Duration) (driver.ReceiptKey, bool) {
+func valid(keys []key, id int64, now time.Time, grace time.Duration) (key, bool) {
 	for i, k := range keys {
 		if k.ID != id {
 			continue
@@ -125,13 +152,13 @@ func valid(keys []driver.ReceiptKey, id int64, now time.Time, grace time.Duratio
 		}
 		return k, true
 	}
-	return driver.ReceiptKey{}, false
+	return key{}, false
 }
 
 // current returns the keys, reading them when they are older than
 // Refresh: with keys in hand, one caller reads and the others go on with
 // the old keys; without, they wait for the first read.
-func (r *Ring) current(ctx context.Context) ([]driver.ReceiptKey, error) {
+func (r *Ring) current(ctx context.Context) ([]key, error) {
 	keys, fresh := r.snapshot()
 	if fresh {
 		return keys, nil
@@ -150,7 +177,7 @@ func (r *Ring) current(ctx context.Context) ([]driver.ReceiptKey, error) {
 	return r.loadLocked(ctx)
 }
 
-func (r *Ring) snapshot() (keys []driver.ReceiptKey, fresh bool) {
+func (r *Ring) snapshot() (keys []key, fresh bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.keys, len(r.keys) > 0 && r.clock().Sub(r.loadedAt) < Refresh
@@ -158,11 +185,15 @@ func (r *Ring) snapshot() (keys []driver.ReceiptKey, fresh bool) {
 
 // loadLocked reads the keys (creating the first if there is none); the
 // caller holds loading.
-func (r *Ring) loadLocked(ctx context.Context) ([]driver.ReceiptKey, error) {
+func (r *Ring) loadLocked(ctx context.Context) ([]key, error) {
 	now := r.clock()
-	keys, err := Ensure(ctx, r.store, now)
+	stored, err := Ensure(ctx, r.store, now)
 	if err != nil {
 		return nil, err
+	}
+	keys := make([]key, len(stored))
+	for i, k := range stored {
+		keys[i] = newKey(k)
 	}
 	r.mu.Lock()
 	r.keys, r.loadedAt = keys, now
@@ -216,12 +247,6 @@ func Rotate(ctx context.Context, store driver.Tokens, grace time.Duration, dropP
 		}
 	}
 	return k, dropped, nil
-}
-
-func mac(secret, msg []byte) []byte {
-	h := hmac.New(sha256.New, secret)
-	h.Write(msg)
-	return h.Sum(nil)
 }
 
 func newSecret() []byte {

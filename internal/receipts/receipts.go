@@ -10,14 +10,10 @@ package receipts
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -138,149 +134,6 @@ type Large struct {
 	Size   int64
 	Chunks int
 	SHA256 string // hex
-}
-
-// Receipt is what a receipt names. It travels as
-// "r2.<key id>.<base64url JSON>.<base64url HMAC-SHA256>", the MAC taken
-// over everything before its dot under the database's receipt key
-// (internal/receiptkey): a client can neither make nor edit one.
-type Receipt struct {
-	Tenant string `json:"t"`
-	Topic  string `json:"p"`
-	Group  string `json:"g"`
-	Key    string `json:"k,omitempty"`
-	Owner  string `json:"w"`
-	Token  int64  `json:"n"`
-	Offset int64  `json:"o"`
-	Last   int64  `json:"l,omitempty"` // grouped: the receive's last offset, whose ack gives the group back
-	// End is, for a large message (Offset its chunk 0, or End itself
-	// without chunks), its end marker's offset: what an ack commits.
-	End   int64 `json:"e,omitempty"`
-	Claim bool  `json:"c,omitempty"` // an ungrouped message's claim
-	// Held marks a message of a session: its ack does not give the
-	// group back, nor does its nack.
-	Held bool `json:"h,omitempty"`
-	// Session marks a session id: the lease of a group held across
-	// receives (Offset 0). It settles no message.
-	Session bool `json:"s,omitempty"`
-	// Deferred marks a deferred message's claim (ReceiveDeferred): Key
-	// is its partition key, and its ack settles the deferral.
-	Deferred bool `json:"d,omitempty"`
-	// Attempts counts an ungrouped or a deferred message's claims, this
-	// one included (a message group's failures are stored under its
-	// lease instead).
-	Attempts int `json:"a,omitempty"`
-	// Turn counts the receives in a row that went on with this group
-	// after an ack of the whole of the one before (goesOn).
-	Turn int `json:"u,omitempty"`
-}
-
-// Prefix starts every receipt; maxBytes bounds one.
-const (
-	Prefix   = "r2."
-	maxBytes = 2048
-)
-
-// signedPart is a receipt's text before its MAC.
-func (rc Receipt) signedPart(keyID int64) string {
-	b, _ := json.Marshal(rc) // strings and integers only: cannot fail
-	return Prefix + strconv.FormatInt(keyID, 10) + "." + base64.RawURLEncoding.EncodeToString(b)
-}
-
-// Sign encodes rc with its MAC under the newest receipt key.
-func (r *Receipts) Sign(ctx context.Context, rc Receipt) (string, error) {
-	signed, sum, err := r.keys.Sign(ctx, func(id int64) []byte { return []byte(rc.signedPart(id)) })
-	if err != nil {
-		return "", fmt.Errorf("sign receipt: %w", err)
-	}
-	return string(signed) + "." + base64.RawURLEncoding.EncodeToString(sum), nil
-}
-
-// split splits a receipt into its key id, the signed text, the JSON it
-// carries and its MAC, checking only their form.
-func split(s, field string) (keyID int64, signed string, body, sum []byte, err error) {
-	bad := func(rule string) error { return &ident.Error{Field: field, Rule: rule} }
-	rest, ok := strings.CutPrefix(s, Prefix)
-	if !ok || len(s) > maxBytes {
-		return 0, "", nil, nil, bad(fmt.Sprintf("not a receipt of this server (want %s…, at most %d bytes)", Prefix, maxBytes))
-	}
-	id, rest, ok1 := strings.Cut(rest, ".")
-	enc, mac, ok2 := strings.Cut(rest, ".")
-	if !ok1 || !ok2 {
-		return 0, "", nil, nil, bad("malformed")
-	}
-	keyID, err = strconv.ParseInt(id, 10, 64)
-	if err != nil || keyID <= 0 || strconv.FormatInt(keyID, 10) != id {
-		return 0, "", nil, nil, bad("malformed key id")
-	}
-	if body, err = base64.RawURLEncoding.Strict().DecodeString(enc); err != nil {
-		return 0, "", nil, nil, bad("not base64url")
-	}
-	if sum, err = base64.RawURLEncoding.Strict().DecodeString(mac); err != nil || len(sum) != 32 {
-		return 0, "", nil, nil, bad("malformed signature")
-	}
-	return keyID, s[:len(s)-len(mac)-1], body, sum, nil
-}
-
-// Decode checks a message's receipt: its signature, then its form and
-// that it belongs to tenant, topic and group (a receipt is not a
-// credential: the caller's access to them is checked elsewhere).
-func (r *Receipts) Decode(ctx context.Context, s, tenant, topic, group string) (Receipt, error) {
-	rc, err := r.decode(ctx, s, "receipt", tenant, topic, group)
-	if err == nil && rc.Session {
-		return Receipt{}, &ident.Error{Field: "receipt", Rule: "a session id, not a message's receipt"}
-	}
-	return rc, err
-}
-
-// decode checks a receipt or a session id (named field in errors).
-func (r *Receipts) decode(ctx context.Context, s, field, tenant, topic, group string) (Receipt, error) {
-	keyID, signed, body, sum, err := split(s, field)
-	if err != nil {
-		return Receipt{}, err
-	}
-	switch err := r.keys.Verify(ctx, keyID, []byte(signed), sum); {
-	case errors.Is(err, receiptkey.ErrSignature), errors.Is(err, receiptkey.ErrUnknownKey):
-		return Receipt{}, fmt.Errorf("%w: %w", &ident.Error{Field: field, Rule: "not issued by a server of this database (" + err.Error() + ")"}, ErrBad)
-	case err != nil:
-		return Receipt{}, fmt.Errorf("verify %s: %w", field, err)
-	}
-	return parse(body, field, tenant, topic, group)
-}
-
-// parse checks a signed receipt's JSON. It touches no database.
-func parse(b []byte, field, tenant, topic, group string) (Receipt, error) {
-	bad := func(rule string) error { return &ident.Error{Field: field, Rule: rule} }
-	var r Receipt
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		return r, bad("malformed")
-	}
-	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
-		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))
-	}
-	switch {
-	case r.Session:
-		if r.Claim || r.Held || r.Deferred || r.Key == "" || r.Owner == "" || r.Token <= 0 || r.Offset != 0 || r.Last != 0 || r.End != 0 || r.Attempts != 0 || r.Turn != 0 {
-			return r, bad("inconsistent")
-		}
-	case r.Deferred:
-		if r.Claim || r.Held || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || r.Last != 0 || r.End != 0 || r.Attempts < 0 || r.Turn != 0 {
-			return r, bad("inconsistent")
-		}
-	case r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
-		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim ||
-		r.Turn < 0 || r.Turn > MaxTurns || r.Turn != 0 && (r.Claim || r.Held):
-		return r, bad("inconsistent")
-	}
-	if err := ident.PartitionKey(r.Key); err != nil && r.Key != "" {
-		return r, bad("inconsistent")
-	}
-	if err := ident.ASCII("owner", r.Owner); err != nil {
-		return r, bad("inconsistent")
-	}
-	return r, nil
 }
 
 func (rc *Receipt) lease() driver.Lease {

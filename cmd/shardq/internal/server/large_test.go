@@ -128,7 +128,7 @@ func TestLargeMessageOverHTTP(t *testing.T) {
 		if res, _ := h.download(url, pub, ""); res.StatusCode != 403 {
 			t.Fatalf("GET body with a publish token: %d", res.StatusCode)
 		}
-		if res, _ := h.download(strings.Replace(url, "receipt=r2.", "receipt=r2.9", 1), con, ""); res.StatusCode != 400 {
+		if res, _ := h.download(strings.Replace(url, "receipt=r3.", "receipt=r3.9", 1), con, ""); res.StatusCode != 400 {
 			t.Fatalf("GET body with a forged receipt: %d", res.StatusCode)
 		}
 		h.must(200, "POST", "/v1/tenants/acme/topics/files/groups/g/ack", con, map[string]any{"receipts": []string{ms[0]["receipt"].(string)}})

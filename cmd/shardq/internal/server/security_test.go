@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	receiptform "github.com/shardq/shardq/internal/receipts"
 )
 
 // The attacks of issue 29, as written there, each against its fix.
@@ -125,9 +126,11 @@ func TestForgedAndEditedReceiptsSettleNothing(t *testing.T) {
 		first := received(h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/receive", tok, `{"ungrouped":true,"max":10}`))
 		h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/ack", tok, map[string]any{"receipts": receipts(first)})
 		forged, _ := json.Marshal(map[string]any{"t": "acme", "p": "sched", "g": "victim", "w": "anyone", "n": 0, "o": off, "c": true})
+		forgedBinary := receiptform.Receipt{Tenant: "acme", Topic: "sched", Group: "victim", Owner: "anyone", Offset: off, Claim: true}
 		for _, rcpt := range []string{
 			"r1." + base64.RawURLEncoding.EncodeToString(forged),
 			"r2.1." + base64.RawURLEncoding.EncodeToString(forged) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32)),
+			"r3.1." + base64.RawURLEncoding.EncodeToString(forgedBinary.AppendBinary(nil)) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32)),
 		} {
 			for _, op := range []string{"ack", "nack"} {
 				body := map[string]any{"receipts": []string{rcpt}}
@@ -154,12 +157,13 @@ func TestForgedAndEditedReceiptsSettleNothing(t *testing.T) {
 		h.must(200, "POST", topicPath+"/messages", tok, `{"messages":[{"key":"k","id":"a"},{"key":"k","id":"b"}]}`)
 		ms := received(h.must(200, "POST", groupPath+"/receive", tok, `{"key":"k","max":1}`))
 		parts := strings.Split(ms[0]["receipt"].(string), ".")
-		raw, _ := base64.RawURLEncoding.DecodeString(parts[2])
-		var m map[string]any
-		json.Unmarshal(raw, &m)
-		m["o"], m["l"] = 9e18, 9e18
-		raw, _ = json.Marshal(m)
-		parts[2] = base64.RawURLEncoding.EncodeToString(raw)
+		raw, err := base64.RawURLEncoding.DecodeString(parts[2])
+		rc, ok := receiptform.ReadBinary(raw)
+		if err != nil || !ok {
+			t.Fatalf("receipt %s: body %v, binary %v", ms[0]["receipt"], err, ok)
+		}
+		rc.Offset, rc.Last = 9e18, 9e18
+		parts[2] = base64.RawURLEncoding.EncodeToString(rc.AppendBinary(nil))
 		if r := h.call("POST", groupPath+"/ack", tok, map[string]any{"receipts": []string{strings.Join(parts, ".")}}); r.status != 400 {
 			t.Fatalf("ack of an edited receipt: %d %s, want 400", r.status, r.raw)
 		}
