@@ -27,6 +27,13 @@ func BenchmarkHeaders(b *testing.B) {
 			}
 		}
 	})
+	b.Run("decode-queue-name", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := DecodeHeaders([]byte(`{"queue_name":"acme"}`)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("decode-none", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := DecodeHeaders([]byte("{}")); err != nil {
