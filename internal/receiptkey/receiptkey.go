@@ -191,13 +191,18 @@ func (r *Ring) loadLocked(ctx context.Context) ([]key, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	keys := make([]key, len(stored))
 	for i, k := range stored {
 		keys[i] = newKey(k)
+		for _, had := range r.keys {
+			if had.ID == k.ID && hmac.Equal(had.Secret, k.Secret) {
+				keys[i] = had // the same key: its MACs stay good
+			}
+		}
 	}
-	r.mu.Lock()
 	r.keys, r.loadedAt = keys, now
-	r.mu.Unlock()
 	return keys, nil
 }
 

@@ -3,6 +3,7 @@
 package receipts
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -97,8 +98,15 @@ func flag(on bool, bit byte) byte {
 }
 
 // ReadBinary reads a body AppendBinary wrote; ok is false for anything
-// else, trailing bytes and unknown flags included.
+// else: unknown flags, trailing bytes and varints longer than they need
+// be included, so that one receipt has one encoding.
 func ReadBinary(b []byte) (rc Receipt, ok bool) {
+	rc, ok = readBinary(b)
+	var again [128]byte
+	return rc, ok && bytes.Equal(rc.AppendBinary(again[:0]), b)
+}
+
+func readBinary(b []byte) (rc Receipt, ok bool) {
 	if len(b) == 0 || b[0]&^flagsKnown != 0 {
 		return rc, false
 	}

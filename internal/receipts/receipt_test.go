@@ -2,11 +2,14 @@
 
 package receipts
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 // FuzzReadBinary: a receipt's body is read only after its MAC checked,
-// yet reading never panics on any bytes, and what it accepts encodes
-// back to a body that reads the same.
+// yet reading never panics on any bytes, and what it accepts is the one
+// encoding of what it read.
 func FuzzReadBinary(f *testing.F) {
 	for _, rc := range []Receipt{
 		{Tenant: "t", Topic: "p", Group: "g", Key: "k", Owner: "o#1", Token: 3, Offset: 7, Last: 9, Turn: 2},
@@ -24,13 +27,14 @@ func FuzzReadBinary(f *testing.F) {
 	}
 	f.Add([]byte{0x10})
 	f.Add([]byte{0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Add([]byte{0, 0x81, 0x00, 't', 1, 'p', 1, 'g', 0, 1, 'o', 2, 2, 2, 0, 0, 0}) // an overlong length
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rc, ok := ReadBinary(b)
 		if !ok {
 			return
 		}
-		if back, ok := ReadBinary(rc.AppendBinary(nil)); !ok || back != rc {
-			t.Fatalf("%x reads as %+v, which reads back as %+v, %v", b, rc, back, ok)
+		if again := rc.AppendBinary(nil); !bytes.Equal(again, b) {
+			t.Fatalf("%x reads as %+v, which encodes as %x", b, rc, again)
 		}
 	})
 }

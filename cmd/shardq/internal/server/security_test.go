@@ -126,7 +126,7 @@ func TestForgedAndEditedReceiptsSettleNothing(t *testing.T) {
 		first := received(h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/receive", tok, `{"ungrouped":true,"max":10}`))
 		h.must(200, "POST", "/v1/tenants/acme/topics/sched/groups/victim/ack", tok, map[string]any{"receipts": receipts(first)})
 		forged, _ := json.Marshal(map[string]any{"t": "acme", "p": "sched", "g": "victim", "w": "anyone", "n": 0, "o": off, "c": true})
-		forgedBinary := receiptform.Receipt{Tenant: "acme", Topic: "sched", Group: "victim", Owner: "anyone", Offset: off, Claim: true}
+		forgedBinary := receiptform.Receipt{Tenant: "acme", Topic: "sched", Group: "victim", Owner: "anyone", Token: 1, Offset: off, Claim: true}
 		for _, rcpt := range []string{
 			"r1." + base64.RawURLEncoding.EncodeToString(forged),
 			"r2.1." + base64.RawURLEncoding.EncodeToString(forged) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32)),
