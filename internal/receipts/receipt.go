@@ -154,12 +154,12 @@ func (r *Receipts) Sign(ctx context.Context, rc Receipt) (string, error) {
 }
 
 // split splits a receipt into its key id, the signed text, the body it
-// carries and its MAC, checking only their form; binary says which form
-// the body has.
-func split(s, field string) (keyID int64, signed string, body, sum []byte, binary bool, err error) {
+// carries and its MAC, checking only their form; binaryBody says which
+// form the body has.
+func split(s, field string) (keyID int64, signed string, body, sum []byte, binaryBody bool, err error) {
 	bad := func(rule string) error { return &ident.Error{Field: field, Rule: rule} }
-	rest, binary := strings.CutPrefix(s, Prefix)
-	if !binary {
+	rest, binaryBody := strings.CutPrefix(s, Prefix)
+	if !binaryBody {
 		var ok bool
 		if rest, ok = strings.CutPrefix(s, prefixJSON); !ok {
 			rest = ""
@@ -183,7 +183,7 @@ func split(s, field string) (keyID int64, signed string, body, sum []byte, binar
 	if sum, err = base64.RawURLEncoding.Strict().DecodeString(mac); err != nil || len(sum) != receiptkey.Size {
 		return 0, "", nil, nil, false, bad("malformed signature")
 	}
-	return keyID, s[:len(s)-len(mac)-1], body, sum, binary, nil
+	return keyID, s[:len(s)-len(mac)-1], body, sum, binaryBody, nil
 }
 
 // Decode checks a message's receipt: its signature, then its form and
@@ -199,7 +199,7 @@ func (r *Receipts) Decode(ctx context.Context, s, tenant, topic, group string) (
 
 // decode checks a receipt or a session id (named field in errors).
 func (r *Receipts) decode(ctx context.Context, s, field, tenant, topic, group string) (Receipt, error) {
-	keyID, signed, body, sum, binary, err := split(s, field)
+	keyID, signed, body, sum, binaryBody, err := split(s, field)
 	if err != nil {
 		return Receipt{}, err
 	}
@@ -209,15 +209,15 @@ func (r *Receipts) decode(ctx context.Context, s, field, tenant, topic, group st
 	case err != nil:
 		return Receipt{}, fmt.Errorf("verify %s: %w", field, err)
 	}
-	return parse(body, binary, field, tenant, topic, group)
+	return parse(body, binaryBody, field, tenant, topic, group)
 }
 
 // parse checks a signed receipt's body. It touches no database.
-func parse(b []byte, binary bool, field, tenant, topic, group string) (Receipt, error) {
+func parse(b []byte, binaryBody bool, field, tenant, topic, group string) (Receipt, error) {
 	bad := func(rule string) error { return &ident.Error{Field: field, Rule: rule} }
 	var r Receipt
 	ok := false
-	if binary {
+	if binaryBody {
 		r, ok = ReadBinary(b)
 	} else {
 		dec := json.NewDecoder(strings.NewReader(string(b)))
