@@ -303,22 +303,24 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// heapPeak samples the heap's live objects every half millisecond.
+// heapPeak samples the heap every half millisecond: its objects (live,
+// and dead ones the collector has not swept yet), and what the last
+// collection found live.
 type heapPeak struct {
 	done chan struct{}
-	peak chan uint64
+	peak chan [2]uint64
 }
 
 func newHeapPeak() *heapPeak {
-	h := &heapPeak{done: make(chan struct{}), peak: make(chan uint64, 1)}
+	h := &heapPeak{done: make(chan struct{}), peak: make(chan [2]uint64, 1)}
 	go func() {
-		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-		var peak uint64
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
+		var peak [2]uint64
 		t := time.NewTicker(500 * time.Microsecond)
 		defer t.Stop()
 		for {
 			metrics.Read(s)
-			peak = max(peak, s[0].Value.Uint64())
+			peak[0], peak[1] = max(peak[0], s[0].Value.Uint64()), max(peak[1], s[1].Value.Uint64())
 			select {
 			case <-h.done:
 				h.peak <- peak
@@ -330,4 +332,113 @@ func newHeapPeak() *heapPeak {
 	return h
 }
 
-func (h *heapPeak) stop() uint64 { close(h.done); return <-h.peak }
+// stop returns the peak of the heap's objects.
+func (h *heapPeak) stop() uint64 { return h.stopBoth()[0] }
+
+// stopBoth returns the peaks of the heap's objects and of what
+// collections found live.
+func (h *heapPeak) stopBoth() [2]uint64 { close(h.done); return <-h.peak }
+
+// Hostile bodies: 8 MiB of {"messages":[{},{},…]} from a publish token,
+// and of {"receipts":["",…]} from a consume token, four at once, three
+// rounds each; and, for scale, four honest publishes of 1,000 messages
+// that fill the body limit, at once. The server must refuse the hostile
+// ones from their bounds before it decodes them, and hold no more than
+// its budget of bodies and what they decode into: this reports the peak
+// of the process's live heap over the heap before the attack (the
+// bodies sent are built beforehand), beside that budget.
+const (
+	attackers     = 4
+	attackRounds  = 3
+	attackBody    = server.DefaultMaxBodyBytes
+	honestPayload = attackBody/1000 - 64 // 1,000 messages and their JSON within the limit
+)
+
+func attackBodies() map[string]string {
+	fill := func(head, item, tail string) string {
+		n := (attackBody - len(head) - len(tail)) / (len(item) + 1)
+		return head + strings.TrimSuffix(strings.Repeat(item+",", n), ",") + tail
+	}
+	honest := `{"key":"k","payload":"` + strings.Repeat("h", honestPayload) + `"}`
+	return map[string]string{
+		"publish_body":  fill(`{"messages":[`, `{}`, `]}`),
+		"receipts_body": fill(`{"receipts":[`, `""`, `]}`),
+		"honest_body":   `{"messages":[` + strings.TrimSuffix(strings.Repeat(honest+",", 1000), ",") + `]}`,
+	}
+}
+
+func (e *env) apiAttack(ctx context.Context, ns namespace) (rep, error) {
+	c, err := e.client()
+	if err != nil {
+		return rep{}, err
+	}
+	defer c.Close()
+	a, err := e.startAPI(ctx, c, ns)
+	if err != nil {
+		return rep{}, err
+	}
+	defer a.stop()
+	bodies := attackBodies()
+	tenant := ns.tenants[0]
+	paths := map[string]string{"publish_body": topicPath(tenant, ns.topic) + "/messages",
+		"receipts_body": topicPath(tenant, ns.topic) + "/groups/bench/ack", "honest_body": topicPath(tenant, ns.topic) + "/messages"}
+	want := map[string]int{"publish_body": http.StatusBadRequest, "receipts_body": http.StatusBadRequest, "honest_body": http.StatusOK}
+	params := map[string]any{"inflight_budget_mib": server.DefaultMaxInflightBodyBytes >> 20, "body_mib": attackBody >> 20, "requests": attackers}
+	start := time.Now()
+	var requests int64
+	for _, name := range []string{"publish_body", "receipts_body", "honest_body"} {
+		runtime.GC()
+		base := liveHeap()
+		peak := newHeapPeak()
+		rounds := attackRounds
+		if name == "honest_body" {
+			rounds = 1
+		}
+		statuses := make(chan int, attackers*rounds)
+		for range rounds {
+			var wg sync.WaitGroup
+			for range attackers {
+				wg.Go(func() {
+					req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+paths[name], strings.NewReader(bodies[name]))
+					if err != nil {
+						statuses <- 0
+						return
+					}
+					req.Header.Set("Authorization", "Bearer "+a.token)
+					resp, err := a.http.Do(req)
+					if err != nil {
+						statuses <- 0
+						return
+					}
+					io.Copy(io.Discard, resp.Body) //nolint:errcheck // only the status counts
+					resp.Body.Close()
+					statuses <- resp.StatusCode
+				})
+			}
+			wg.Wait()
+		}
+		high := peak.stopBoth()
+		close(statuses)
+		counts := map[int]int{}
+		for s := range statuses {
+			counts[s]++
+		}
+		// 429s are the budget at work (honest bodies past it); any other
+		// answer is a failure of the bounds.
+		if counts[want[name]]+counts[http.StatusTooManyRequests] != attackers*rounds || counts[want[name]] == 0 {
+			return rep{}, fmt.Errorf("%s: answers %v, want %d (or 429)", name, counts, want[name])
+		}
+		requests += int64(attackers * rounds)
+		mib := func(n uint64) float64 { return math.Round(float64(n-min(n, base))/(1<<20)*10) / 10 }
+		params[name+"_peak_mib"], params[name+"_live_mib"] = mib(high[0]), mib(high[1])
+		params[name+"_429"] = counts[http.StatusTooManyRequests]
+	}
+	return rep{msgs: requests, elapsed: time.Since(start), extraParams: params}, nil
+}
+
+// liveHeap is the heap's objects now.
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}

@@ -236,7 +236,11 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 			return nil, err
 		}
 		large, err := e.repeat(ctx, scenCase{"api-large", e.apiLarge})
-		return append(append(pub, con...), large), err
+		if err != nil {
+			return nil, err
+		}
+		attack, err := e.repeat(ctx, scenCase{"api-attack", e.apiAttack})
+		return append(append(pub, con...), large, attack), err
 	case "large":
 		lib, err := e.compare(ctx, scenCase{"raw-large", e.rawLarge}, scenCase{"large", e.libraryLarge}, false)
 		if err != nil {

@@ -54,7 +54,7 @@ func TestScenarios(t *testing.T) {
 				{"latency", func(p Params) Params { return p }, []string{"raw-insert-1conn", "latency"}},
 				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
 				{"discovery", func(p Params) Params { return p }, []string{"consume-without-history", "discovery"}},
-				{"api", func(p Params) Params { p.Batch = 10; return p }, []string{"publish", "api-publish", "consume", "api-consume", "api-large"}},
+				{"api", func(p Params) Params { p.Batch = 10; return p }, []string{"publish", "api-publish", "consume", "api-consume", "api-large", "api-attack"}},
 				{"large", func(p Params) Params { p.LargeBytes = 3<<20 + 5; return p }, []string{"raw-large", "large", "large-http"}},
 				// Handlers of 10 ms: the backlog (75 a partition) outlasts the window.
 				{"noisy", func(p Params) Params { p.HandlerDelay, p.Rate = 10*time.Millisecond, 40; return p },
@@ -94,6 +94,16 @@ func TestScenarios(t *testing.T) {
 					t.Errorf("latency: %d msgs, p99 %v ms", last.Msgs, last.P99Ms)
 				}
 				if last := results[len(results)-1]; c.scenario == "api" {
+					// Hostile bodies are refused by their bounds, holding
+					// no more than the server's budget.
+					p := last.Params
+					for _, attack := range []string{"publish_body", "receipts_body"} {
+						if live := p[attack+"_live_mib"].(float64); p[attack+"_peak_mib"].(float64) <= 0 || live > float64(p["inflight_budget_mib"].(int)) {
+							t.Errorf("api-attack %s: %v MiB live, budget %v MiB", attack, live, p["inflight_budget_mib"])
+						}
+					}
+				}
+				if last := results[len(results)-2]; c.scenario == "api" {
 					// Each response stops at the byte budget (plus at most
 					// one message of 1.5 MiB).
 					p := last.Params

@@ -178,48 +178,54 @@ func (l *limits) startReceive(id string) (func(), bool) {
 	}, true
 }
 
-// releasingBody gives its reservation back once the body is read to its
-// end (or fails, or is closed): a receive must not hold it through its
-// long poll.
-type releasingBody struct {
+// budgetBody is a request's body with the share of the server's budget
+// it holds: its Content-Length (or the body limit without one) while it
+// is read, then the buffer it was read into and what decodeJSON decodes
+// it into, until the request ends (end).
+type budgetBody struct {
 	io.ReadCloser
-	release func()
-	once    sync.Once
+	l    *limits
+	size int64 // the Content-Length; -1 when unknown
+	mu   sync.Mutex
+	held int64
 }
 
-func (b *releasingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		b.once.Do(b.release)
+// hold makes what b holds n bytes: it takes more from the budget or
+// gives some back. false: the budget has no room for more; b holds what
+// it held.
+func (b *budgetBody) hold(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch d := n - b.held; {
+	case d > 0 && !b.l.bodies.TryAcquire(d):
+		return false
+	case d > 0:
+	case d < 0:
+		b.l.bodies.Release(-d)
 	}
-	return n, err
+	b.l.reading.Add(n - b.held)
+	b.held = n
+	return true
 }
 
-func (b *releasingBody) Close() error {
-	b.once.Do(b.release)
-	return b.ReadCloser.Close()
-}
+// end gives back everything the request held.
+func (b *budgetBody) end() { b.hold(0) }
 
 // startBody reserves what r's body may take (its Content-Length, or the
-// body limit when it has none) among the bodies in flight, until the body
-// is read to its end or closed, or the returned func runs. false: the
-// server reads as many bodies as it may.
-func (l *limits) startBody(r *http.Request, limit int64) (func(), bool) {
+// body limit when it has none) and installs the budgetBody that holds it
+// as r.Body; the caller ends it when the request ends. false: the server
+// holds as many bodies as it may.
+func (l *limits) startBody(r *http.Request, limit int64) (*budgetBody, bool) {
 	n := limit
 	if r.ContentLength >= 0 && r.ContentLength < limit {
 		n = r.ContentLength
 	}
-	if n == 0 {
-		return func() {}, true
-	}
-	if !l.bodies.TryAcquire(n) {
+	b := &budgetBody{ReadCloser: r.Body, l: l, size: r.ContentLength}
+	if !b.hold(n) {
 		return nil, false
 	}
-	l.reading.Add(n)
-	var once sync.Once
-	release := func() { once.Do(func() { l.reading.Add(-n); l.bodies.Release(n) }) }
-	r.Body = &releasingBody{ReadCloser: r.Body, release: release}
-	return release, true
+	r.Body = b
+	return b, true
 }
 
 // clientAddr is the address failed authentications are counted against:

@@ -4,7 +4,6 @@ package server
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,53 +36,6 @@ type publishIn struct {
 	Messages []messageIn `json:"messages"`
 }
 
-// decodeJSON decodes exactly one JSON value of the request's body into v
-// through a decoder (which buffers the value it reads, no second copy),
-// refusing unknown fields and trailing data. An empty body is {}.
-func decodeJSON(body io.Reader, v any) error {
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if errors.Is(err, io.EOF) {
-		err = json.Unmarshal([]byte("{}"), v)
-	}
-	if err == nil {
-		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
-			err = errTrailing
-			var tooBig *http.MaxBytesError
-			if errors.As(terr, &tooBig) {
-				err = terr
-			}
-		}
-	}
-	var tooBig *http.MaxBytesError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &tooBig):
-		return errBodyTooLarge{tooBig.Limit}
-	case errors.Is(err, errTrailing):
-		return &shardq.ValidationError{Field: "body", Rule: "one JSON object expected; found more after it"}
-	}
-	return &shardq.ValidationError{Field: "body", Rule: "malformed JSON: " + err.Error()}
-}
-
-var errTrailing = errors.New("trailing data")
-
-type errBodyTooLarge struct{ limit int64 }
-
-func (e errBodyTooLarge) Error() string { return fmt.Sprintf("request body over %d bytes", e.limit) }
-
-// decodeError answers a body that could not be decoded.
-func (s *Server) decodeError(w http.ResponseWriter, r *http.Request, err error) {
-	var big errBodyTooLarge
-	if errors.As(err, &big) {
-		writeProblem(w, problem{Type: typeTooLarge, Status: http.StatusRequestEntityTooLarge, Detail: big.Error()})
-		return
-	}
-	s.fail(w, r, err)
-}
-
 // decodePublish turns a publish body into messages for tenant and topic,
 // checking what the library does not (payload encoding, delay form); the
 // library checks the rest before any SQL.
@@ -102,8 +54,6 @@ func decodePublish(body io.Reader, tenant, topic string) ([]shardq.Message, erro
 		list = []messageIn{in.messageIn}
 	case len(list) == 0:
 		return nil, &shardq.ValidationError{Field: "messages", Rule: "must not be empty"}
-	case len(list) > 1000:
-		return nil, &shardq.ValidationError{Field: "messages", Rule: fmt.Sprintf("%d messages, limit 1000 a request", len(list))}
 	}
 	out := make([]shardq.Message, len(list))
 	for i, m := range list {

@@ -50,9 +50,11 @@ type Config struct {
 	// the connection's peer.
 	ClientAddrHeader string
 	// MaxBodyBytes bounds a request body [8 MiB]; MaxInflightBodyBytes
-	// the bodies being read and decoded at once, server-wide, each counted
-	// at its Content-Length (or MaxBodyBytes without one) [64 MiB]: past
-	// it, 429.
+	// the memory of the requests in flight, server-wide [64 MiB]: each
+	// holds its Content-Length (or MaxBodyBytes without one) while its
+	// body is read, then the body and what it decodes into (twice its
+	// strings' bytes and 512 bytes a JSON value) until it ends. Past it,
+	// 429.
 	MaxBodyBytes         int64
 	MaxInflightBodyBytes int64
 	// MaxResponseBytes is the byte budget of a response that carries
@@ -408,13 +410,12 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		done, ok := s.limits.startBody(r, s.cfg.MaxBodyBytes) // wraps r.Body: released once it is read
+		body, ok := s.limits.startBody(r, s.cfg.MaxBodyBytes) // r.Body: holds its share until the request ends
 		if !ok {
-			w.Header().Set("Retry-After", "1")
-			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: "the server is reading as many request bodies as it may; try again"})
+			s.decodeError(w, r, errBusy)
 			return
 		}
-		defer done()
+		defer body.end()
 		// Every request's work is bounded in time, the database's included:
 		// the longest wait a receive may ask for, plus WriteTimeout.
 		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), tokenIDKey{}, id), shardq.MaxReceiveWait+s.cfg.WriteTimeout)

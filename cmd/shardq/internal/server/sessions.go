@@ -3,9 +3,6 @@
 package server
 
 import (
-	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -108,14 +105,9 @@ func (s *Server) setGroupState(w http.ResponseWriter, r *http.Request, tenant st
 		s.fail(w, r, err)
 		return
 	}
-	st, err := io.ReadAll(r.Body) // bounded by the server's MaxBytesReader
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		s.decodeError(w, r, errBodyTooLarge{tooBig.Limit})
-		return
-	}
+	st, err := readBody(r.Body) // bounded by the server's MaxBytesReader
 	if err != nil {
-		s.fail(w, r, fmt.Errorf("read the state: %w", err))
+		s.decodeError(w, r, err)
 		return
 	}
 	if err := s.cfg.Receipts.SetGroupState(r.Context(), shardq.GroupRef{Tenant: tenant, Topic: r.PathValue("topic"), ConsumerGroup: r.PathValue("group")}, id, st); err != nil {

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/ident"
+)
+
+// A JSON request body is read whole into one buffer (bounded by
+// MaxBodyBytes), scanned token by token against the bounds below, and
+// only then decoded: what a body decodes into is then bounded by its size
+// and these counts, whatever it holds (8 MiB of "{}," would otherwise be
+// millions of structs). The scan stops at the first token over a bound.
+const (
+	// maxJSONDepth is the deepest nesting of any request: a publish's
+	// {"messages": [{"headers": {...}}]}.
+	maxJSONDepth = 4
+	// maxJSONElements bounds any array: messages, receipts, ack and
+	// offsets are each at most 1,000 a request.
+	maxJSONElements = 1000
+	// maxJSONMembers bounds any object: a message's headers, or a
+	// request's own fields (a name given twice counts twice).
+	maxJSONMembers = ident.MaxHeaders
+	// jsonValueCost is what a decoded value may hold besides its string's
+	// bytes (a struct, a map entry, the message built from it), charged
+	// with the body to the server's budget.
+	jsonValueCost = 512
+)
+
+// jsonOptions decode as encoding/json does (its v1 semantics: names
+// matched without regard to case, duplicate names and invalid UTF-8
+// allowed), refusing unknown fields, without copying the body first.
+var jsonOptions = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsonv2.RejectUnknownMembers(true))
+
+var scanners = sync.Pool{New: func() any { return new(jsontext.Decoder) }}
+
+// decodeJSON decodes exactly one JSON value of body into v, refusing
+// unknown fields, trailing data and anything past the bounds above with
+// a ValidationError naming the field. An empty body is {}. When body is
+// a request's budgetBody, what the decoded form may hold is charged to
+// the server's budget before it is decoded.
+func decodeJSON(body io.Reader, v any) error {
+	data, err := readBody(body)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		data = []byte("{}")
+	}
+	decoded, err := scanJSON(data)
+	if err != nil {
+		return err
+	}
+	if b, ok := body.(*budgetBody); ok {
+		if !b.hold(int64(cap(data)) + decoded) {
+			return errBusy
+		}
+		defer b.hold(decoded) // the buffer is garbage once decoded
+	}
+	if err := jsonv2.Unmarshal(data, v, jsonOptions); err != nil {
+		return &shardq.ValidationError{Field: "body", Rule: "malformed JSON: " + err.Error()}
+	}
+	return nil
+}
+
+// readBody reads body to its end, into one buffer of the size the request
+// announced when it is a budgetBody.
+func readBody(body io.Reader) ([]byte, error) {
+	var buf bytes.Buffer
+	if b, ok := body.(*budgetBody); ok && b.size > 0 {
+		buf.Grow(int(b.size) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(body)
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return nil, errBodyTooLarge{tooBig.Limit}
+	}
+	if err != nil { // the client went away, or sent a broken chunked body
+		return nil, &shardq.ValidationError{Field: "body", Rule: "could not be read: " + err.Error()}
+	}
+	return buf.Bytes(), nil
+}
+
+// scanJSON checks that data is one JSON value within the bounds, and
+// returns what decoding it may hold: its strings' bytes and a cost per
+// value.
+func scanJSON(data []byte) (int64, error) {
+	dec := scanners.Get().(*jsontext.Decoder)
+	defer func() { dec.Reset(http.NoBody); scanners.Put(dec) }() // not holding data
+	dec.Reset(bytes.NewBuffer(data), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	var held int64
+	for done := false; ; {
+		before := dec.InputOffset()
+		tok, err := dec.ReadToken()
+		if errors.Is(err, io.EOF) {
+			return held, nil
+		}
+		if err != nil {
+			return 0, &shardq.ValidationError{Field: "body", Rule: "malformed JSON: " + err.Error()}
+		}
+		if done {
+			return 0, &shardq.ValidationError{Field: "body", Rule: "one JSON object expected; found more after it"}
+		}
+		depth := dec.StackDepth()
+		done = depth == 0
+		switch kind := tok.Kind(); kind {
+		case '}', ']':
+			continue
+		case '"':
+			held += 2 * (dec.InputOffset() - before) // the string, and what it is turned into
+		case '{', '[':
+			if depth > maxJSONDepth {
+				return 0, &shardq.ValidationError{Field: jsonField(dec, depth-1), Rule: fmt.Sprintf("nested more than %d deep", maxJSONDepth)}
+			}
+			depth-- // the container it opened is counted in its parent
+		}
+		held += jsonValueCost
+		if depth == 0 {
+			continue
+		}
+		switch kind, n := dec.StackIndex(depth); kind {
+		case '[':
+			if n > maxJSONElements {
+				return 0, &shardq.ValidationError{Field: jsonField(dec, depth-1), Rule: fmt.Sprintf("more than %d elements, limit %d a request", maxJSONElements, maxJSONElements)}
+			}
+		case '{':
+			if (n+1)/2 > maxJSONMembers {
+				return 0, &shardq.ValidationError{Field: jsonField(dec, depth-1), Rule: fmt.Sprintf("more than %d members, limit %d", maxJSONMembers, maxJSONMembers)}
+			}
+		}
+	}
+}
+
+// jsonField names the container at depth (1: the body's own value) of
+// the value dec read last, as the API's fields are named:
+// "messages[3].headers".
+func jsonField(dec *jsontext.Decoder, depth int) string {
+	var b strings.Builder
+	i := 0
+	for tok := range dec.StackPointer().Tokens() {
+		if i++; i > depth {
+			break
+		}
+		if kind, _ := dec.StackIndex(i); kind == '[' {
+			if _, err := strconv.Atoi(tok); err == nil {
+				b.WriteString("[" + tok + "]")
+				continue
+			}
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(tok)
+	}
+	if b.Len() == 0 {
+		return "body"
+	}
+	return b.String()
+}
+
+type errBodyTooLarge struct{ limit int64 }
+
+func (e errBodyTooLarge) Error() string { return fmt.Sprintf("request body over %d bytes", e.limit) }
+
+// errBusy refuses a body whose decoded form the server's budget has no
+// room for now.
+var errBusy = errors.New("the server holds as many request bodies as it may; try again")
+
+// decodeError answers a body that could not be decoded.
+func (s *Server) decodeError(w http.ResponseWriter, r *http.Request, err error) {
+	var big errBodyTooLarge
+	switch {
+	case errors.As(err, &big):
+		writeProblem(w, problem{Type: typeTooLarge, Status: http.StatusRequestEntityTooLarge, Detail: big.Error()})
+	case errors.Is(err, errBusy):
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: errBusy.Error()})
+	default:
+		s.fail(w, r, err)
+	}
+}
