@@ -36,6 +36,11 @@ type DeferredRequest struct {
 	// DeadLetterExpired dead-letters an expired message (Message.TTL)
 	// instead of ending its deferral; neither hands it out.
 	DeadLetterExpired bool
+	// MaxBytes bounds what the messages handed out count, each by
+	// ReceiptOptions.MessageBytes [0: no bound]: the first is always
+	// handed out, and those that would pass it stay deferred, as they
+	// were, for a later call.
+	MaxBytes int64
 }
 
 func (r *DeferredRequest) check() error {
@@ -49,6 +54,9 @@ func (r *DeferredRequest) check() error {
 		if o <= 0 {
 			return &ident.Error{Field: fmt.Sprintf("offsets[%d]", i), Rule: fmt.Sprintf("%d: must be positive", o)}
 		}
+	}
+	if r.MaxBytes < 0 {
+		return &ident.Error{Field: "max_bytes", Rule: fmt.Sprintf("%d: want 0 (no bound) or more", r.MaxBytes)}
 	}
 	switch {
 	case r.Visibility == 0:
@@ -248,7 +256,7 @@ func (r *Receipts) ReceiveDeferred(ctx context.Context, rq DeferredRequest) ([]R
 	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
-	got, err := r.rt.ReceiveDeferred(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, rq.Offsets, rq.Visibility)
+	got, err := r.rt.ReceiveDeferred(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, rq.Offsets, rq.Visibility, rq.MaxBytes)
 	if err != nil {
 		return nil, err
 	}

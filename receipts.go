@@ -59,7 +59,18 @@ type ReceiptOptions struct {
 	// FeedPollInterval, as a safety net [DefaultFeedPollInterval].
 	PollInterval     time.Duration
 	FeedPollInterval time.Duration
-	Clock            func() time.Time
+	// MaxHold bounds how long ChangeVisibility may hold a message in all,
+	// from the receive that handed it out, as SQS does [MaxVisibility, 12
+	// h; no more, which is also how long a retired receipt key still
+	// verifies the receipts it signed].
+	MaxHold time.Duration
+	// MessageBytes is what a message counts against a receive's MaxBytes
+	// [its payload and header bytes]: a server that sends messages on in
+	// another form counts that form (shardq serve: their JSON), so that
+	// its responses keep to the budget. It is never less than those bytes,
+	// which the database sizes first.
+	MessageBytes func(StoredMessage) int64
+	Clock        func() time.Time
 }
 
 // Receipts receive with receipts, as SQS FIFO's ReceiveMessage does: a
@@ -88,6 +99,9 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 		return nil, fmt.Errorf("shardq: receipts: %w", err)
 	}
 	o.DLQSuffix = cmp.Or(o.DLQSuffix, DefaultDLQSuffix)
+	if o.MaxHold < 0 || o.MaxHold > MaxVisibility {
+		return nil, fmt.Errorf("shardq: receipts: %w", &ident.Error{Field: "max hold", Rule: fmt.Sprintf("%s: want 0 (the default) to %s", o.MaxHold, MaxVisibility)})
+	}
 	settings.Positive(&o.PollInterval, 100*time.Millisecond)
 	settings.Positive(&o.FeedPollInterval, DefaultFeedPollInterval)
 	if o.Clock == nil {
@@ -96,8 +110,16 @@ func (c *Client) Receipts(opts *ReceiptOptions) (*Receipts, error) {
 	return &Receipts{c: c, o: o, rt: receipts.New(c.drv, receipts.Config{Name: o.Name,
 		Settler: settle.Settler{Driver: c.drv, Policy: settle.Policy{MaxAttempts: o.MaxAttempts, DeadLetterExpired: o.DeadLetterExpired},
 			DLQSuffix: o.DLQSuffix, Clock: o.Clock}, Tel: c.tel,
-		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, MaxVisibility: MaxVisibility,
-		MaxMessageBytes: c.MaxMessageBytes(), LargeWriteTimeout: c.cfg.LargeWriteTimeout, LargeStalls: &c.stalls, Local: &c.local, Log: c.cfg.Logger})}, nil
+		PollInterval: o.PollInterval, FeedPollInterval: o.FeedPollInterval, MaxVisibility: MaxVisibility, MaxHold: o.MaxHold,
+		MaxMessageBytes: c.MaxMessageBytes(), Size: messageBytes(o.MessageBytes), LargeWriteTimeout: c.cfg.LargeWriteTimeout, LargeStalls: &c.stalls, Local: &c.local, Log: c.cfg.Logger})}, nil
+}
+
+// messageBytes is size on the runtime's message (nil: nil).
+func messageBytes(size func(StoredMessage) int64) func(*driver.Message) int64 {
+	if size == nil {
+		return nil
+	}
+	return func(m *driver.Message) int64 { return size(storedMessage(*m)) }
 }
 
 // ReceiveRequest is one receive. PartitionKey takes that message group;
@@ -441,10 +463,12 @@ func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts Na
 // message's claim then lapses at now+vis (0: another receive may take it
 // at once; the attempt stays counted). A message group's lease, the
 // whole receive's, lasts until now+vis; with 0 the group is given back at
-// once and its unacked messages are delivered again. Session ids may be
-// among receipts: the session's lease is renewed, or with 0 closed. Every
-// receipt is checked before anything changes, as in AckAll; it returns
-// the indexes of the stale receipts.
+// once and its unacked messages are delivered again. A message is held
+// at most ReceiptOptions.MaxHold from the receive that handed it out: a
+// change past that is refused (ErrInvalid), as SQS refuses one past 12
+// h. Session ids may be among receipts: the session's lease is renewed,
+// or with 0 closed. Every receipt is checked before anything changes, as
+// in AckAll; it returns the indexes of the stale receipts.
 func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []string, vis time.Duration) (stale []int, err error) {
 	if err := r.c.syncClock(ctx); err != nil {
 		return nil, fmt.Errorf("shardq: change visibility: %w", err)

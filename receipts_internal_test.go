@@ -76,7 +76,12 @@ func FuzzDecodeReceipt(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if back, err := r.decode(ctx, again, "t", "p", "g"); err != nil || back != rc {
+		back, err := r.decode(ctx, again, "t", "p", "g")
+		want := rc
+		if want.Issued == 0 && back.Issued > 0 { // of an earlier version: signing issues it
+			want.Issued = back.Issued
+		}
+		if err != nil || back != want {
 			t.Fatalf("re-signed receipt %+v decodes to %+v, %v", rc, back, err)
 		}
 	})

@@ -25,12 +25,18 @@ func (rc *Receipt) deferredClaim() driver.Claim {
 // ReceiveDeferred hands out those of offsets that group deferred, each
 // under a claim of its own until now+vis, with a receipt (Deferred) that
 // settles it. An expired one is settled and left out.
-func (r *Receipts) ReceiveDeferred(ctx context.Context, tenant, topic, group string, offsets []int64, vis time.Duration) (Result, error) {
+func (r *Receipts) ReceiveDeferred(ctx context.Context, tenant, topic, group string, offsets []int64, vis time.Duration, maxBytes int64) (Result, error) {
 	owner := ident.MemberID(r.cfg.Name)
 	now := r.now()
 	claims, err := r.drv.ClaimDeferred(ctx, driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, offsets, owner, now, vis)
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive deferred: %w", err)
+	}
+	if k, cut := r.fit(len(claims), func(i int) *driver.Message { return &claims[i].Message }, maxBytes); cut {
+		if err := r.releaseDeferred(ctx, claims[k:], nil); err != nil {
+			return Result{}, r.releaseDeferred(ctx, claims[:k], fmt.Errorf("shardq: receive deferred: %w", err))
+		}
+		claims = claims[:k]
 	}
 	var res Result
 	var expired []driver.Claim

@@ -53,6 +53,10 @@ type Receipt struct {
 	// Turn counts the receives in a row that went on with this group
 	// after an ack of the whole of the one before (goesOn).
 	Turn int `json:"u,omitempty"`
+	// Issued is when the receive that handed the message out signed it
+	// (Unix seconds; 0 in receipts of an earlier version): visibility
+	// changes hold a message at most Config.MaxHold from then.
+	Issued int64 `json:"i,omitempty"`
 }
 
 // Prefix starts every receipt this version signs; prefixJSON the
@@ -69,16 +73,19 @@ const (
 	flagHeld
 	flagSession
 	flagDeferred
-	flagsKnown byte = flagClaim | flagHeld | flagSession | flagDeferred
+	flagIssued
+	flagsKnown byte = flagClaim | flagHeld | flagSession | flagDeferred | flagIssued
 )
 
 // AppendBinary appends rc's binary body: a flags byte, then tenant,
 // topic, group, key and owner, each a uvarint length and its bytes, then
-// token, offset, last, end, attempts and turn as varints. A receipt is
+// token, offset, last, end, attempts and turn as varints, and issued when
+// its flag says so. A receipt is
 // signed once per message handed out and checked once per message
 // settled, so its form is one a decoder reads without reflection.
 func (rc *Receipt) AppendBinary(b []byte) []byte {
-	flags := flag(rc.Claim, flagClaim) | flag(rc.Held, flagHeld) | flag(rc.Session, flagSession) | flag(rc.Deferred, flagDeferred)
+	flags := flag(rc.Claim, flagClaim) | flag(rc.Held, flagHeld) | flag(rc.Session, flagSession) | flag(rc.Deferred, flagDeferred) |
+		flag(rc.Issued != 0, flagIssued)
 	b = append(b, flags)
 	for _, s := range [...]string{rc.Tenant, rc.Topic, rc.Group, rc.Key, rc.Owner} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
@@ -86,6 +93,9 @@ func (rc *Receipt) AppendBinary(b []byte) []byte {
 	}
 	for _, n := range [...]int64{rc.Token, rc.Offset, rc.Last, rc.End, int64(rc.Attempts), int64(rc.Turn)} {
 		b = binary.AppendVarint(b, n)
+	}
+	if rc.Issued != 0 {
+		b = binary.AppendVarint(b, rc.Issued)
 	}
 	return b
 }
@@ -121,12 +131,19 @@ func readBinary(b []byte) (rc Receipt, ok bool) {
 		*s, b = string(b[w:w+int(n)]), b[w+int(n):]
 	}
 	var attempts, turn int64
-	for _, p := range [...]*int64{&rc.Token, &rc.Offset, &rc.Last, &rc.End, &attempts, &turn} {
+	fields, n := [...]*int64{&rc.Token, &rc.Offset, &rc.Last, &rc.End, &attempts, &turn, &rc.Issued}, 6
+	if flags&flagIssued != 0 {
+		n++
+	}
+	for _, p := range fields[:n] {
 		n, w := binary.Varint(b)
 		if w <= 0 {
 			return rc, false
 		}
 		*p, b = n, b[w:]
+	}
+	if flags&flagIssued != 0 && rc.Issued <= 0 {
+		return rc, false
 	}
 	if attempts != int64(int32(attempts)) || turn != int64(int32(turn)) {
 		return rc, false
@@ -135,8 +152,12 @@ func readBinary(b []byte) (rc Receipt, ok bool) {
 	return rc, len(b) == 0
 }
 
-// Sign encodes rc with its MAC under the newest receipt key.
+// Sign encodes rc with its MAC under the newest receipt key; a receipt
+// not yet issued is issued now.
 func (r *Receipts) Sign(ctx context.Context, rc Receipt) (string, error) {
+	if rc.Issued == 0 {
+		rc.Issued = r.now().Unix()
+	}
 	var body [128]byte
 	raw := rc.AppendBinary(body[:0])
 	msg, sum, err := r.keys.Sign(ctx, func(id int64) []byte {
@@ -226,6 +247,9 @@ func parse(b []byte, binaryBody bool, field, tenant, topic, group string) (Recei
 	}
 	if !ok {
 		return r, bad("malformed")
+	}
+	if r.Issued < 0 {
+		return r, bad("inconsistent")
 	}
 	if r.Tenant != tenant || r.Topic != topic || r.Group != group {
 		return r, bad(fmt.Sprintf("belongs to tenant %q topic %q group %q, not this one", r.Tenant, r.Topic, r.Group))

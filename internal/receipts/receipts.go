@@ -45,9 +45,17 @@ type Config struct {
 	// MaxVisibility bounds a Nack's delay, and how long a retired key
 	// still verifies receipts.
 	MaxVisibility time.Duration
+	// MaxHold bounds how long visibility changes may hold a message in
+	// all, from the receive that handed it out (at most MaxVisibility,
+	// so that its receipt's key still verifies it; 0: MaxVisibility).
+	MaxHold time.Duration
 	// MaxMessageBytes is the most payload and header bytes one message
 	// can carry.
 	MaxMessageBytes int64
+	// Size is what a message counts against a receive's MaxBytes: the
+	// form a server sends it on in, never less than its payload and
+	// header bytes, which the database sizes first (nil: those bytes).
+	Size func(*driver.Message) int64
 	// LargeWriteTimeout is how long a large message's write may make no
 	// progress before a receive waiting for it gives it up (large.Waiter).
 	LargeWriteTimeout time.Duration
@@ -309,6 +317,34 @@ func (r *Receipts) budgeted(rq Request) bool {
 	return rq.MaxBytes > 0 && int64(rq.Max)*r.cfg.MaxMessageBytes > rq.MaxBytes
 }
 
+// rawSize is a message's payload and header bytes.
+func rawSize(m *driver.Message) int64 {
+	n := int64(len(m.Payload))
+	for k, v := range m.Headers {
+		n += int64(len(k) + len(v))
+	}
+	return n
+}
+
+// fit is how many of the n messages that at gives fit budget by
+// Config.Size (the first whatever its size); cut says it left some out.
+func (r *Receipts) fit(n int, at func(int) *driver.Message, budget int64) (k int, cut bool) {
+	if budget <= 0 {
+		return n, false
+	}
+	size := r.cfg.Size
+	if size == nil {
+		size = rawSize
+	}
+	var used int64
+	for i := range n {
+		if used += size(at(i)); i > 0 && used > budget {
+			return i, true
+		}
+	}
+	return n, false
+}
+
 func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, error) {
 	owner := ident.MemberID(r.cfg.Name)
 	limit := driver.ClaimLimit{Messages: rq.Max}
@@ -318,6 +354,12 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, er
 	claims, truncated, err := r.drv.ClaimMessages(ctx, driver.GroupRef{Tenant: rq.Tenant, Topic: rq.Topic, ConsumerGroup: rq.Group}, owner, r.now(), rq.Visibility, limit)
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive: %w", err)
+	}
+	if k, cut := r.fit(len(claims), func(i int) *driver.Message { return &claims[i].Message }, rq.MaxBytes); cut {
+		if err := r.releaseClaims(ctx, claims[k:], nil); err != nil {
+			return Result{}, r.releaseClaims(ctx, claims[:k], fmt.Errorf("shardq: receive: %w", err))
+		}
+		claims, truncated = claims[:k], true
 	}
 	res := Result{Truncated: truncated}
 	for _, c := range claims {
@@ -602,6 +644,9 @@ func (r *Receipts) ready(ctx context.Context, l driver.Lease, rq Request, now ti
 	}
 	if err != nil || len(msgs) == 0 {
 		return nil, nil, false, err
+	}
+	if k, cut := r.fit(len(msgs), func(i int) *driver.Message { return &msgs[i] }, rq.MaxBytes); cut {
+		msgs, truncated = msgs[:k], true
 	}
 	if states, err = r.drv.DeliveryStates(ctx, l.PartitionRef, l.Committed, msgs[len(msgs)-1].Offset); err != nil {
 		return nil, nil, false, err

@@ -3,6 +3,7 @@
 package receipts
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -129,6 +130,15 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, tenant, topic, group st
 		}
 	}
 	now := r.now()
+	hold := cmp.Or(r.cfg.MaxHold, r.cfg.MaxVisibility)
+	for i, rc := range rcs {
+		// A receipt of an earlier version carries no issue time: its
+		// key's grace ends it.
+		if until := time.Unix(rc.Issued, 0).Add(hold); vis > 0 && rc.Issued > 0 && !rc.Session && now.Add(vis).After(until) {
+			return nil, fmt.Errorf("shardq: change visibility: %w", &ident.Error{Field: fmt.Sprintf("receipts[%d]", i),
+				Rule: fmt.Sprintf("a message is held at most %s from its receive: until %s, %s from now", hold, until.UTC().Format(time.RFC3339), max(until.Sub(now), 0).Truncate(time.Second))})
+		}
+	}
 	type leaseID struct {
 		key, owner string
 		token      int64

@@ -33,7 +33,7 @@ type apiServer struct {
 }
 
 func (e *env) startAPI(ctx context.Context, c *shardq.Client, ns namespace) (*apiServer, error) {
-	rc, err := c.Receipts(&shardq.ReceiptOptions{Name: "bench-api"})
+	rc, err := c.Receipts(&shardq.ReceiptOptions{MessageBytes: server.MessageBytes, Name: "bench-api"})
 	if err != nil {
 		return nil, err
 	}

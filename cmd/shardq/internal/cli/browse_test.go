@@ -233,8 +233,49 @@ func TestConsumeLargeToOutputDir(t *testing.T) {
 
 func TestFileName(t *testing.T) {
 	for in, want := range map[string]string{"": "%", "%": "%25", ".": "%2E", "..": "%2E.", "a/b": "a%2Fb", "x.y": "x.y", "ok-_9": "ok-_9", "é": "%C3%A9"} {
-		if got := fileName(in); got != want {
-			t.Errorf("fileName(%q) = %q, want %q", in, got, want)
+		if got, long := fileName(in); got != want || long {
+			t.Errorf("fileName(%q) = %q, %t; want %q", in, got, long, want)
+		}
+	}
+	// A key of 200 '/' escapes to 600 bytes, past what a file system
+	// takes: it is hashed, and distinct long names stay distinct.
+	a, longA := fileName(strings.Repeat("/", 200))
+	b, longB := fileName(strings.Repeat("/", 199) + "x")
+	if !longA || !longB || a == b || len(a) > maxFileName || !strings.HasPrefix(a, "%%") {
+		t.Fatalf("long names %q (%t), %q (%t)", a, longA, b, longB)
+	}
+}
+
+// A message whose key and id escape past a file name's length is written
+// under their hashes, with each name in a side file, and its line names
+// the file: nothing retries for ever on "file name too long".
+func TestOutputDirLongNames(t *testing.T) {
+	env := map[string]string{"SHARDQ_DSN": "sqlite://" + filepath.Join(t.TempDir(), "q.db")}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	key, id := strings.Repeat("/", 200), strings.Repeat("é", 100)
+	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "files", "--key", key, "--id", id, "hello"); r.code != 0 {
+		t.Fatal(r)
+	}
+	dir := t.TempDir()
+	r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "files", "--group", "g", "--output-dir", dir, "--max", "1", "--idle-exit", "10s")
+	lines := jsonLines[map[string]any](t, r.stdout)
+	if r.code != 0 || len(lines) != 1 {
+		t.Fatalf("consume --output-dir of a long key: %+v", r)
+	}
+	keyName, _ := fileName(key)
+	idName, _ := fileName(id)
+	want := filepath.Join(dir, "acme", keyName, idName)
+	if lines[0]["file"] != want {
+		t.Fatalf("file %v, want %s", lines[0]["file"], want)
+	}
+	if got, err := os.ReadFile(want); err != nil || string(got) != "hello" {
+		t.Fatalf("%s: %q, %v", want, got, err)
+	}
+	for path, name := range map[string]string{filepath.Join(dir, "acme", keyName) + ".name": key, want + ".name": id} {
+		if got, err := os.ReadFile(path); err != nil || string(got) != name {
+			t.Fatalf("%s: %q, %v; want %q", path, got, err, name)
 		}
 	}
 }

@@ -79,7 +79,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	positiveDurationFlag(fl, &f.groupIdle, "group-idle", time.Second, "with --next-group: release a group after this long without a message and take the next")
 	fl.BoolVar(&f.assemble, "assemble", false, "with --key or --next-group: put large messages (publish --file) back together and write each payload raw "+
 		"to stdout (one JSON line about it on stderr); use --max 1 for one file")
-	fl.StringVar(&f.outputDir, "output-dir", "", "write each message's payload to DIR/TENANT/KEY/ID (escaped) instead of the JSON line, which names the file, "+
+	fl.StringVar(&f.outputDir, "output-dir", "", "write each message's payload to DIR/TENANT/KEY/ID (escaped; hashed when long) instead of the JSON line, which names the file, "+
 		"its size and SHA-256; the file appears under its name only once whole and checked. Needed for large messages outside --assemble")
 	fl.BoolVar(&f.ungrouped, "ungrouped", false, "take only ungrouped messages (empty partition key), competing with other members")
 	fl.Var(&f.start, "start", "where a group new to the topic starts: earliest or latest")

@@ -40,8 +40,8 @@ type fileLine struct {
 	SHA256       string            `json:"sha256"`
 }
 
-// writeFile writes d's payload to dir/TENANT/KEY/ID (each part escaped
-// by fileName) through a temporary file in the same directory, renamed
+// writeFile writes d's payload to dir/TENANT/KEY/ID (each part escaped,
+// or hashed when long, by fileName) through a temporary file in the same directory, renamed
 // only once the whole body is read and, for a large message, its size
 // and SHA-256 checked: a file under its final name is always whole. A
 // redelivery writes the same file again. The error of a failed read
@@ -49,7 +49,16 @@ type fileLine struct {
 func writeFile(dir string, d *shardq.Delivery) (fileLine, error) {
 	line := fileLine{Tenant: d.Tenant, Topic: d.Topic, PartitionKey: d.PartitionKey, Offset: d.Offset, ID: d.ID,
 		Attempt: d.Attempt, Headers: d.Headers, Chunks: d.Chunks}
-	sub := filepath.Join(dir, fileName(d.Tenant), fileName(d.PartitionKey))
+	sub := dir
+	for _, part := range []string{d.Tenant, d.PartitionKey} {
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			return line, fmt.Errorf("--output-dir: %w", err)
+		}
+		var err error
+		if sub, err = nameIn(sub, part); err != nil {
+			return line, fmt.Errorf("--output-dir: %w", err)
+		}
+	}
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		return line, fmt.Errorf("--output-dir: %w", err)
 	}
@@ -73,21 +82,30 @@ func writeFile(dir string, d *shardq.Delivery) (fileLine, error) {
 	case err != nil:
 		return line, fmt.Errorf("--output-dir: %w", err)
 	}
-	line.File, line.Bytes, line.SHA256 = filepath.Join(sub, fileName(d.ID)), n, hex.EncodeToString(sum.Sum(nil))
+	line.Bytes, line.SHA256 = n, hex.EncodeToString(sum.Sum(nil))
+	if line.File, err = nameIn(sub, d.ID); err != nil {
+		return line, fmt.Errorf("--output-dir: %w", err)
+	}
 	if err := os.Rename(tmp.Name(), line.File); err != nil {
 		return line, fmt.Errorf("--output-dir: %w", err)
 	}
 	return line, nil
 }
 
+// maxFileName bounds an escaped name: file systems take 255 bytes, and
+// the temporary file beside it needs none of them.
+const maxFileName = 200
+
 // fileName makes s one safe path element, the same for the same s and
 // different for different ones: every byte but ASCII letters, digits,
 // '-', '_' and a '.' that does not start it is written %XX, and "" is
 // "%" (which no escaped name is alone). So no id names "..", a hidden
-// file, or another directory.
-func fileName(s string) string {
+// file, or another directory. A name whose escaped form passes
+// maxFileName is "%%" and its SHA-256 in hex instead (no escaped name
+// starts "%%"); long reports it, and nameFile keeps s beside it.
+func fileName(s string) (name string, long bool) {
 	if s == "" {
-		return "%"
+		return "%", false
 	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
@@ -99,5 +117,21 @@ func fileName(s string) string {
 			fmt.Fprintf(&b, "%%%02X", c)
 		}
 	}
-	return b.String()
+	if b.Len() > maxFileName {
+		sum := sha256.Sum256([]byte(s))
+		return "%%" + hex.EncodeToString(sum[:]), true
+	}
+	return b.String(), false
+}
+
+// nameIn is fileName(s) in dir; a hashed name's s is written beside it,
+// to "NAME.name", so that a listing can be read back.
+func nameIn(dir, s string) (string, error) {
+	name, long := fileName(s)
+	if long {
+		if err := os.WriteFile(filepath.Join(dir, name+".name"), []byte(s), 0o644); err != nil {
+			return "", err
+		}
+	}
+	return filepath.Join(dir, name), nil
 }

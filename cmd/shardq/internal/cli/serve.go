@@ -30,6 +30,7 @@ type serveFlags struct {
 	maxBody, maxResponse        int64
 	maxInflightBody             int64
 	maxAttempts                 int
+	maxHold                     time.Duration
 	deadLetterExpired           bool
 	maxReceives, maxPerToken    int
 	maxConns                    int
@@ -88,6 +89,7 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.BoolVar(&f.secureCookies, "secure-cookies", false, "mark the dashboard's cookie Secure though TLS ends before this process (at a proxy)")
 	fl.BoolVar(&f.metricsAuth, "metrics-auth", false, "/metrics needs an admin token of the tenant named by ?tenant= (or serve it apart with --metrics-addr)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", shardq.DefaultMaxAttempts, "failed attempts (nacks) after which a received message is dead-lettered")
+	fl.DurationVar(&f.maxHold, "max-hold", shardq.MaxVisibility, "how long visibility changes may hold a received message in all, from its receive (at most 12h)")
 	fl.BoolVar(&f.deadLetterExpired, "dead-letter-expired", false, "dead-letter a message a receive finds expired (ttl) instead of passing over it")
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "how long a stop waits for requests in flight")
 	fl.DurationVar(&f.readTimeout, "read-timeout", 30*time.Second, "a request's headers and body must arrive within this (a body trickled slowly is cut off)")
@@ -156,7 +158,8 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		host, _ := os.Hostname()
 		name = fmt.Sprintf("serve-%s-%d", host, os.Getpid())
 	}
-	receipts, err := c.Receipts(&shardq.ReceiptOptions{Name: name, MaxAttempts: f.maxAttempts, DeadLetterExpired: f.deadLetterExpired})
+	receipts, err := c.Receipts(&shardq.ReceiptOptions{MessageBytes: server.MessageBytes, Name: name, MaxAttempts: f.maxAttempts, DeadLetterExpired: f.deadLetterExpired,
+		MaxHold: f.maxHold})
 	if err != nil {
 		return usageError{err}
 	}

@@ -200,12 +200,13 @@ func (s *Server) pagesWithin(limit int, budget int64, page func(n int, last *sha
 		if err != nil {
 			return nil, false, err
 		}
-		out = append(out, ms...)
-		for _, m := range ms {
-			used += int64(len(m.Payload))
-			for k, v := range m.Headers {
-				used += int64(len(k) + len(v))
+		for i, m := range ms {
+			// A page is sized by the largest message's bytes; its JSON may
+			// take more: what passes the budget is left for the next page.
+			if used += MessageBytes(m); used > budget && len(out) > 0 {
+				return out, true, nil
 			}
+			out = append(out, ms[i])
 		}
 		if len(ms) < n {
 			return out, false, nil

@@ -33,10 +33,10 @@ type deferredReceiveIn struct {
 	Visibility *float64 `json:"visibility"`
 }
 
-// maxDeferredOffsets is how many deferred messages one response may
-// carry: as many of the largest message as MaxResponseBytes holds (a
-// deferred receive names its messages, so it cannot stop early as a
-// receive does), at least one.
+// maxDeferredOffsets is how many deferred messages one request may name:
+// as many of the largest message as MaxResponseBytes holds, at least
+// one. Their JSON may take more (MessageBytes): those past the budget
+// are left deferred, and the answer lists only those handed out.
 func (s *Server) maxDeferredOffsets() int {
 	return int(min(int64(shardq.MaxDeferredOffsets), max(1, s.cfg.MaxResponseBytes/s.cfg.Client.MaxMessageBytes())))
 }
@@ -59,7 +59,8 @@ func (s *Server) receiveDeferred(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	got, err := s.cfg.Receipts.ReceiveDeferred(r.Context(), shardq.DeferredRequest{Tenant: tenant, Topic: r.PathValue("topic"),
-		ConsumerGroup: r.PathValue("group"), Offsets: in.Offsets, Visibility: vis})
+		ConsumerGroup: r.PathValue("group"), Offsets: in.Offsets, Visibility: vis,
+		MaxBytes: max(1, s.cfg.MaxResponseBytes-int64(len(in.Offsets))*responseBytesPerMessage)})
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -3,7 +3,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -135,6 +137,29 @@ func FuzzOpenSession(f *testing.F) {
 		}
 		if v != good || s.ID != "0123456789abcdef" {
 			t.Fatalf("opened %q as %+v: only the signed seed may open", v, s)
+		}
+	})
+}
+
+// FuzzJSONLen: a string's length as JSON is what the encoder a response
+// is written with (no HTML escapes) makes of it, for any bytes.
+func FuzzJSONLen(f *testing.F) {
+	for _, s := range []string{"", "plain", "\x01\x1f\b\f\n\r\t\"\\", "<&>", "\u2028\u2029", "é€𝄞", "\xff\xfe", "\xe2\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(s); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(buf.Len() - 1) // the newline
+		if got := jsonLen(s); got != want {
+			t.Fatalf("jsonLen(%q) = %d, encoded %d: %s", s, got, want, buf.Bytes())
+		}
+		if got := jsonBytesLen([]byte(s)); got != want {
+			t.Fatalf("jsonBytesLen(%q) = %d, encoded %d", s, got, want)
 		}
 	})
 }

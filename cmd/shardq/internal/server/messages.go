@@ -210,9 +210,64 @@ func messageOf(key, id string, offset int64, headers map[string]string, payload 
 	return m
 }
 
+// MessageBytes is what a message takes in a response, as messageOf
+// writes it: its key, id, headers and payload as JSON strings, escapes
+// included (a byte of \x01 is six), the payload as base64 when it is not
+// UTF-8. The Receipts a Server is given count messages by it
+// (shardq.ReceiptOptions.MessageBytes), so that a response keeps to
+// MaxResponseBytes whatever its messages hold.
+func MessageBytes(m shardq.StoredMessage) int64 {
+	n := jsonLen(m.PartitionKey) + jsonLen(m.ID)
+	if utf8.Valid(m.Payload) {
+		n += jsonBytesLen(m.Payload)
+	} else {
+		n += int64(base64.StdEncoding.EncodedLen(len(m.Payload))) + 2
+	}
+	for k, v := range m.Headers {
+		n += jsonLen(k) + jsonLen(v) + 2 // the colon and comma
+	}
+	return n
+}
+
+// jsonLen is the length of s as a JSON string, quotes included, as
+// encoding/json writes it without HTML escapes.
+func jsonLen(s string) int64 {
+	n := int64(2)
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		n += jsonRuneLen(r, size)
+		i += size
+	}
+	return n
+}
+
+// jsonBytesLen is jsonLen of b.
+func jsonBytesLen(b []byte) int64 {
+	n := int64(2)
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		n += jsonRuneLen(r, size)
+		i += size
+	}
+	return n
+}
+
+// jsonRuneLen is what r, size bytes of a string, takes in JSON: a quote,
+// a backslash and the short control escapes two bytes; other control
+// bytes, invalid UTF-8 and U+2028/U+2029 six (\uXXXX).
+func jsonRuneLen(r rune, size int) int64 {
+	switch {
+	case r == '"' || r == '\\' || r == '\b' || r == '\f' || r == '\n' || r == '\r' || r == '\t':
+		return 2
+	case r < 0x20 || r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029':
+		return 6
+	}
+	return int64(size)
+}
+
 // responseBytesPerMessage bounds what a received message adds to a
-// response besides its payload and headers: its receipt (at most 2 KiB),
-// key and id (255 bytes each) and the JSON around them.
+// response besides MessageBytes: its receipt (at most 2 KiB), offset,
+// times and the JSON around them.
 const responseBytesPerMessage = 4 << 10
 
 func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {

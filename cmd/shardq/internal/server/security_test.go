@@ -326,7 +326,7 @@ func TestLongPollWakesOnFeed(t *testing.T) {
 		}
 		defer c.Close()
 		const never = time.Hour
-		rc, err := c.Receipts(&shardq.ReceiptOptions{PollInterval: never, FeedPollInterval: never})
+		rc, err := c.Receipts(&shardq.ReceiptOptions{MessageBytes: MessageBytes, PollInterval: never, FeedPollInterval: never})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -586,6 +586,98 @@ func TestInflightBodiesCapped(t *testing.T) {
 			return res.StatusCode, nil
 		}(); code != 200 {
 			t.Fatalf("a body after the others ended: %d, want 200", code)
+		}
+	})
+}
+
+// A response's budget counts messages as they are written: a payload of
+// control bytes takes six bytes a byte in JSON. Receives (of a group, of
+// ungrouped messages, of deferred ones) and listings stop at the budget
+// by that measure, and nothing is lost: the rest come next.
+func TestResponseBudgetCountsEscapes(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		// Room for four of the largest messages' bytes, so that a deferred
+		// receive may name four; one of these takes 6 MB as JSON.
+		const budget = 13 << 19
+		h := newHarness(t, drv, harnessOptions{maxResponseBytes: budget})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		payload := strings.Repeat("\x01", 1_000_000)
+		for i := range 4 {
+			for _, key := range []string{"k", ""} {
+				if _, err := h.client.Publish(context.Background(), shardq.Message{Tenant: "acme", Topic: "orders", PartitionKey: key,
+					ID: fmt.Sprintf("%s%d", key, i), Payload: []byte(payload)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		one := int(MessageBytes(shardq.StoredMessage{PartitionKey: "k", ID: "k0", Payload: []byte(payload)}))
+		check := func(what string, r reply, n int) {
+			t.Helper()
+			if n != 1 || len(r.raw) > one+responseBytesPerMessage {
+				t.Fatalf("%s: %d messages, %d bytes: want one message of %d bytes (the budget, %d, holds none)", what, n, len(r.raw), one, budget)
+			}
+		}
+		var deferred []any
+		for _, mode := range []string{`"key":"k"`, `"ungrouped":true`} {
+			for i := range 4 {
+				r := h.call("POST", groupPath+"/receive", tok, `{`+mode+`,"max":4}`)
+				ms := received(r.body)
+				check(mode, r, len(ms))
+				if i < 3 && r.body["truncated"] != true {
+					t.Fatalf("%s: receive %d not truncated", mode, i)
+				}
+				if mode == `"ungrouped":true` {
+					deferred = append(deferred, ms[0]["offset"])
+					h.must(200, "POST", groupPath+"/defer", tok, map[string]any{"receipts": receipts(ms)})
+				} else {
+					h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
+				}
+			}
+		}
+		for len(deferred) > 0 {
+			r := h.call("POST", groupPath+"/deferred/receive", tok, map[string]any{"offsets": deferred})
+			ms := received(r.body)
+			check("deferred", r, len(ms))
+			deferred = deferred[1:]
+			h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
+		}
+		r := h.call("GET", topicPath+"/messages?limit=10", tok, nil)
+		check("browse", r, len(items(r.body)))
+	})
+}
+
+// A visibility change cannot hold a message past 12 h from the receive
+// that handed it out, however often it is repeated (SQS's cap, and the
+// receipt key's rotation grace): a change past it is refused before
+// anything changes; one within it goes on.
+func TestVisibilityHeldAtMostMaxHold(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		tok, _ := h.token(RoleAdmin, 0, "acme")
+		for _, key := range []string{"k", ""} {
+			h.must(200, "POST", topicPath+"/messages", tok, map[string]any{"key": key, "id": "m" + key})
+		}
+		for _, mode := range []string{`"key":"k"`, `"ungrouped":true`} {
+			ms := received(h.must(200, "POST", groupPath+"/receive", tok, `{`+mode+`,"visibility":43200}`))
+			h.clock.Add(time.Second) // MySQL counts an UPDATE that changes nothing as no row
+			change := func(vis float64) reply {
+				return h.call("POST", groupPath+"/visibility", tok, map[string]any{"receipts": receipts(ms), "visibility": vis})
+			}
+			if r := change(43200 - 1); r.status != 200 {
+				t.Fatalf("%s: 12 h from the receive: %d %s", mode, r.status, r.raw)
+			}
+			h.clock.Add(time.Hour)
+			if r := change(43200); r.status != 400 || r.body["field"] != "receipts[0]" {
+				t.Fatalf("%s: 12 h more an hour after the receive: %d %s", mode, r.status, r.raw)
+			}
+			if r := change(11*3600 - 1); r.status != 200 {
+				t.Fatalf("%s: up to 12 h from the receive: %d %s", mode, r.status, r.raw)
+			}
+			h.clock.Add(11 * time.Hour)
+			if r := change(1); r.status != 400 {
+				t.Fatalf("%s: a second past 12 h from the receive: %d %s", mode, r.status, r.raw)
+			}
+			h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
 		}
 	})
 }

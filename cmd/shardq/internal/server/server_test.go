@@ -84,7 +84,7 @@ func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	rc, err := c.Receipts(&shardq.ReceiptOptions{Name: "test", MaxAttempts: o.maxAttempts, PollInterval: 10 * time.Millisecond})
+	rc, err := c.Receipts(&shardq.ReceiptOptions{MessageBytes: MessageBytes, Name: "test", MaxAttempts: o.maxAttempts, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
