@@ -123,6 +123,10 @@ type Driver interface {
 	// size); the messages are sized in the database before their bodies
 	// are read. truncated reports a message the budget left out.
 	FetchWithin(ctx context.Context, p TopicPartition, after int64, limit int, budget int64) (msgs []Message, truncated bool, err error)
+	// CountBetween counts one partition's messages with offsets greater
+	// than after and at most upTo: whether a large message's chunks are
+	// all that lies between its chunk 0 and its end marker.
+	CountBetween(ctx context.Context, p TopicPartition, after, upTo int64) (int64, error)
 	// PartitionsWithWork lists the partitions of topic, in the given tenants
 	// only, whose head is past the consumer group's committed cursor.
 	PartitionsWithWork(ctx context.Context, g GroupScope) ([]Partition, error)

@@ -17,6 +17,7 @@ type adminSQL struct {
 	fetch          string // a partition's messages after a cursor, in offset order
 	fetchWithin    string // fetch's messages with their sizes, the large ones' bodies left out (sizedColumns)
 	fetchAt        string // a partition's messages at :offsets
+	countBetween   string // how many of a partition's messages lie in (:after, :up_to]
 	withWork       string // partitions whose head is past a group's cursor
 	withWorkMoved  string // withWork, of partitions whose head moved at or after :since
 	withWorkOf     string // withWork, of named partitions (:tenants × :keys)
@@ -141,6 +142,8 @@ func newAdminSQL(s Syntax) adminSQL {
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
 		fetchWithin: "SELECT " + s.sizedColumns() + " FROM queue_messages" + s.partitionOrder() + " " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after ORDER BY " + o + " LIMIT :limit",
+		countBetween: "SELECT COUNT(*) FROM queue_messages" + s.partitionOrder() + " " +
+			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " > :after AND " + o + " <= :up_to",
 		fetchAt: "SELECT " + o + ", id, headers, payload, created_at, not_before FROM queue_messages " +
 			"WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND " + o + " IN (:offsets)",
 		withWork: withWork("p.tenant IN (:tenants) AND p.topic = :topic") + " ORDER BY p.tenant, p.partition_key",

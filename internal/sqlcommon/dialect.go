@@ -72,6 +72,16 @@ func (d *Store) FetchAfter(ctx context.Context, p driver.TopicPartition, after i
 	return out, nil
 }
 
+// CountBetween counts one partition's messages in (after, upTo].
+func (d *Store) CountBetween(ctx context.Context, p driver.TopicPartition, after, upTo int64) (int64, error) {
+	var n int64
+	err := d.queryRow(ctx, d.Read, d.sql().admin.countBetween, Args{"tenant": p.Tenant, "topic": p.Topic, "key": p.PartitionKey, "after": after, "up_to": upTo}).Scan(&n)
+	if err != nil {
+		return 0, d.Wrap(fmt.Sprintf("count tenant %q topic %q partition %q between offsets %d and %d", p.Tenant, p.Topic, p.PartitionKey, after, upTo), err)
+	}
+	return n, nil
+}
+
 // FetchWithin reads what FetchAfter would, but no more than budget bytes
 // of payload and headers (the first message whatever its size), in one
 // statement when the messages are small: each row's body comes only when

@@ -19,6 +19,11 @@ SELECT `offset`, id, headers, payload, created_at, not_before
 FROM queue_messages
 WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND `offset` IN (:offsets);
 
+-- countBetween: how many of a partition's messages lie in (:after, :up_to]
+SELECT COUNT(*)
+FROM queue_messages FORCE INDEX (PRIMARY)
+WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND `offset` > :after AND `offset` <= :up_to;
+
 -- withWork: partitions whose head is past a group's cursor
 SELECT p.tenant, p.partition_key, p.head_offset, COALESCE(o.committed_offset, g.start_offset, 0)
 FROM queue_partitions p LEFT JOIN queue_offsets o ON o.tenant = p.tenant AND o.topic = p.topic AND o.partition_key = p.partition_key AND o.consumer_group = :group LEFT JOIN queue_consumer_groups g ON g.tenant = p.tenant AND g.topic = p.topic AND g.consumer_group = :group
