@@ -67,8 +67,11 @@ func (e runError) Unwrap() error { return e.err }
 // the exit code.
 func Main(ctx context.Context, args []string, env Env) int {
 	root := newRoot(env)
-	args, fromVars := withEnv(root, args, env.Getenv)
-	root.SetArgs(args)
+	e := withEnv(root, args, env.Getenv)
+	for _, name := range e.ignored {
+		fmt.Fprintf(env.Stderr, "warning: $%s is ignored: --%s is taken from the command line only (docs/cli.md)\n", envName(name), name)
+	}
+	root.SetArgs(e.args)
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
@@ -76,7 +79,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err == nil {
 		return 0
 	}
-	err = fromEnv(err, fromVars)
+	err = fromEnv(err, e.set)
 	// One line, whatever the error carries (an identifier with control
 	// bytes, a driver message with a newline).
 	fmt.Fprintln(env.Stderr, "error:", display(err.Error()))

@@ -420,6 +420,7 @@ func (a *app) receiptKeyCmd() *cobra.Command {
 		}),
 	}
 	rotate.Flags().BoolVar(&dropPrevious, "drop-previous", false, "delete every older key now (a leaked key)")
+	cmdLineOnly(rotate.Flags(), "drop-previous")
 	cmd.AddCommand(list, rotate)
 	return cmd
 }
