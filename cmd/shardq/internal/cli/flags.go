@@ -227,8 +227,10 @@ func isCmdLineOnly(f *pflag.Flag) bool {
 }
 
 // readsEnv names the flags that read their variable themselves, to name
-// it in their errors and keep a password out of --help.
-var readsEnv = map[string]bool{"dsn": true, "feed-dsn": true}
+// it in their errors and keep a password out of --help, and --tenants (of
+// bench and chaos), whose variable SHARDQ_TENANTS is the served tenant
+// list of every command instead.
+var readsEnv = map[string]bool{"dsn": true, "feed-dsn": true, "tenants": true}
 
 // envName is the environment variable of flag name.
 func envName(name string) string {
@@ -240,7 +242,7 @@ func envName(name string) string {
 func envFlags(cmd *cobra.Command) {
 	note := func(f *pflag.Flag) {
 		switch {
-		case f.Name == "help", strings.Contains(f.Usage, "$"+envName(f.Name)), strings.HasSuffix(f.Usage, cmdLineOnlyNote):
+		case f.Name == "help", readsEnv[f.Name], strings.Contains(f.Usage, "$"+envName(f.Name)), strings.HasSuffix(f.Usage, cmdLineOnlyNote):
 		case isCmdLineOnly(f):
 			f.Usage += cmdLineOnlyNote
 		default:

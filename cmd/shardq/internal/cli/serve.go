@@ -58,7 +58,7 @@ func (a *app) serveCmd() *cobra.Command {
 		Short: "Serve the HTTP API (/v1, described at /v1/openapi.json), /metrics and the web dashboard",
 		Long: "Serves shardq's HTTP/JSON API for any language: publish, receive with receipts (SQS FIFO's\n" +
 			"ReceiveMessage), ack and nack, and the admin reads and writes, under /v1/tenants/{tenant}/...; every\n" +
-			"request needs a bearer token of its tenant (shardq token create). MQ_TENANTS, when set, limits the\n" +
+			"request needs a bearer token of its tenant (shardq token create). SHARDQ_TENANTS, when set, limits the\n" +
 			"tenants served. / is the dashboard (sign in with an admin token); /healthz, /readyz and /metrics\n" +
 			"need no token. Several serve processes on one database share the work: nothing is held between\n" +
 			"requests but the database's leases and claims. SIGINT/SIGTERM: waiting receives answer at once,\n" +
@@ -160,11 +160,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return usageError{err}
 	}
-	var tenants []string
-	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
-		if tenants, err = shardq.ParseTenants("MQ_TENANTS", v); err != nil {
-			return usageError{err}
-		}
+	tenants, err := a.servedTenants()
+	if err != nil {
+		return usageError{err}
 	}
 	var metrics http.Handler
 	if a.metricsAddr == "" {
