@@ -266,6 +266,23 @@ func TestTokenFromEnv(t *testing.T) {
 					t.Fatalf("%s: %+v", name, r)
 				}
 			}
+			// An id names one token in every tenant: acme's (public) id with
+			// another secret is refused for another tenant too, naming the
+			// id, and nothing is stored there.
+			r = runCLI(t, map[string]string{"BOOT": other}, "", "--dsn", dsn, "token", "create", "--tenant", "evil", "--role", "admin", "--from-env", "BOOT")
+			if want := fmt.Sprintf("error: create token %q: the id is held by another token (make another token: shardq token new)\n", id); r.code != 1 || r.stderr != want {
+				t.Fatalf("acme's id with another secret for tenant evil: %+v; want exit 1, %q", r, want)
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "list", "--tenant", "evil"); r.code != 0 || strings.Count(r.stdout, "\n") != 1 {
+				t.Fatalf("tokens of evil after the refused create: %+v; want none", r)
+			}
+			// The same token may be given another tenant.
+			if r := runCLI(t, env, "", "--dsn", dsn, "token", "create", "--tenant", "globex", "--role", "operator", "--from-env", "BOOT"); r.code != 0 {
+				t.Fatalf("the bootstrap token for tenant globex too: %+v", r)
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "list"); strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stdout, "acme,globex") {
+				t.Fatalf("token list after giving the token globex: %+v", r)
+			}
 			srv := startServe(t, dsn)
 			if code, body := api(t, srv.base, tok, "PUT", "/v1/tenants/acme/limits", map[string]any{"publish_rate": 100}); code != 200 {
 				t.Fatalf("serve with the bootstrap operator token: %d %v", code, body)

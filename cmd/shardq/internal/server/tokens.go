@@ -87,7 +87,9 @@ var ErrTokenTaken = errors.New("a token of this id is stored with another secret
 // StoreToken stores the hash of token (made by MakeToken) for tenants with
 // roles and returns its id. Storing the same token with the same role and
 // tenants again changes nothing (a deployment's bootstrap runs at every
-// upgrade); another token of its id fails with ErrTokenTaken.
+// upgrade); another token of its id fails with ErrTokenTaken in the
+// tenants asked for, and with driver.ErrTokenIDTaken in any other: an id
+// names one token everywhere.
 func StoreToken(ctx context.Context, drv driver.Tokens, token string, tenants []string, roles []string, expires time.Duration, now time.Time) (string, error) {
 	if len(tenants) == 0 {
 		return "", &shardq.ValidationError{Field: "tenant", Rule: "at least one is required"}
@@ -133,8 +135,11 @@ func StoreToken(ctx context.Context, drv driver.Tokens, token string, tenants []
 	default:
 		return "", fmt.Errorf("store token %s: %w (some of its tenants have it)", id, ErrTokenTaken)
 	}
-	if err := drv.CreateToken(ctx, t); err != nil {
-		return "", fmt.Errorf("create token: %w", err)
+	switch err := drv.CreateToken(ctx, t); {
+	case errors.Is(err, driver.ErrTokenIDTaken):
+		return "", fmt.Errorf("%w (make another token: shardq token new)", err)
+	case err != nil:
+		return "", err
 	}
 	return id, nil
 }
