@@ -459,7 +459,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant str
 	var err error
 	switch {
 	case hasBearer:
-		id, roles, err = verify(r.Context(), s.tokens, tenant, tok, s.cfg.Clock())
+		id, roles, _, err = verify(r.Context(), s.tokens, tenant, tok, s.cfg.Clock())
 	case cookies && fromDashboard(r):
 		var sess session
 		if sess, err = s.session(r); err == nil {

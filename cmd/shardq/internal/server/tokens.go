@@ -182,30 +182,31 @@ var (
 )
 
 // verify checks tok for tenant: its row there, its secret (compared in
-// constant time), revocation and expiry. It returns the token's role.
-func verify(ctx context.Context, drv driver.Tokens, tenant, tok string, now time.Time) (id, role string, err error) {
+// constant time), revocation and expiry. It returns the token's id, role
+// and stored hash.
+func verify(ctx context.Context, drv driver.Tokens, tenant, tok string, now time.Time) (id, role string, hash []byte, err error) {
 	id, secret, ok := parseToken(tok)
 	if !ok {
-		return "", "", errTokenInvalid
+		return "", "", nil, errTokenInvalid
 	}
 	sum := sha256.Sum256(secret)
 	t, err := drv.TokenIn(ctx, tenant, id)
 	if errors.Is(err, driver.ErrNoToken) {
-		return id, "", errTokenTenant
+		return id, "", nil, errTokenTenant
 	}
 	if err != nil {
-		return id, "", err
+		return id, "", nil, err
 	}
 	if subtle.ConstantTimeCompare(sum[:], t.SecretHash) != 1 {
-		return id, "", errTokenInvalid
+		return id, "", nil, errTokenInvalid
 	}
 	switch {
 	case !t.RevokedAt.IsZero():
-		return id, "", errTokenRevoked
+		return id, "", nil, errTokenRevoked
 	case !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt):
-		return id, "", errTokenExpired
+		return id, "", nil, errTokenExpired
 	}
-	return id, t.Role, nil
+	return id, t.Role, t.SecretHash, nil
 }
 
 // allows reports whether a token of roles (as stored) may do what needs
