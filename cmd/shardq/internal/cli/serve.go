@@ -164,6 +164,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return usageError{err}
 	}
+	a.warnSharedTokenIDs(ctx, drv)
 	var metrics http.Handler
 	if a.metricsAddr == "" {
 		metrics = a.metrics
@@ -207,6 +208,26 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}
 	return nil
+}
+
+// warnSharedTokenIDs logs, at every start, each token id that several
+// tokens hold (stored before ids were checked across tenants): no
+// migration can rename an id that people hold, and refusing both tokens
+// would lock out the one that owned the id first. Each opens only its own
+// tenants, but they share the id's limits and revocation.
+func (a *app) warnSharedTokenIDs(ctx context.Context, drv driver.Tokens) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	shared, err := server.SharedTokenIDs(ctx, drv)
+	if err != nil {
+		a.logger().Warn("shardq serve: could not check token ids for ones several tokens hold", "err", err)
+		return
+	}
+	for _, s := range shared {
+		a.logger().Warn("shardq serve: several tokens hold one id; each opens only its own tenants, but they share the id's rate "+
+			"and limits, and token revoke revokes them all: revoke it and make new tokens (docs/server.md#tokens)",
+			"id", s.ID, "tenants", s.Tenants)
+	}
 }
 
 func checkAddr(flag, addr string) error {
@@ -339,11 +360,13 @@ func (a *app) tokenCmd() *cobra.Command {
 				return err
 			}
 			var n int64
-			for _, t := range toks {
+			for _, t := range toks { // several, when tokens share the id
 				if t.ID == args[0] {
-					if n, err = drv.RevokeToken(cmd.Context(), t.Tenants, t.ID, time.Now()); err != nil {
+					k, err := drv.RevokeToken(cmd.Context(), t.Tenants, t.ID, time.Now())
+					if err != nil {
 						return err
 					}
+					n += k
 				}
 			}
 			if n == 0 {

@@ -291,6 +291,36 @@ func TestTokenFromEnv(t *testing.T) {
 	}
 }
 
+// Tokens of one id stored before ids were checked across tenants (put in
+// by hand here): token list shows them apart, serve warns at start naming
+// the id and each token's tenants, and token revoke revokes both.
+func TestSharedTokenIDWarned(t *testing.T) {
+	for _, db := range databases {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			migrateDSN(t, dsn)
+			tok := createToken(t, dsn, "admin", "acme")
+			id, _, _ := strings.Cut(strings.TrimPrefix(tok, "sq_"), ".")
+			if _, err := openURL(t, dsn).DB().Exec("INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at) "+
+				"SELECT 'evil', token_id, ?, role, created_at FROM queue_api_tokens WHERE tenant = 'acme' AND token_id = ?",
+				[]byte("evil's hash, 32 bytes long......"), id); err != nil {
+				t.Fatal(err)
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "list"); r.code != 0 || strings.Count(r.stdout, id) != 2 || strings.Contains(r.stdout, "acme,evil") {
+				t.Fatalf("token list with two tokens of one id: %+v; want them listed apart", r)
+			}
+			srv := startServe(t, dsn)
+			out := srv.output()
+			if !strings.Contains(out, "several tokens hold one id") || !strings.Contains(out, "id="+id) || !strings.Contains(out, "[[acme] [evil]]") {
+				t.Fatalf("serve's start with two tokens of one id:\n%s\nwant a warning naming the id and the tenants of each", out)
+			}
+			if r := runCLI(t, nil, "", "--dsn", dsn, "token", "revoke", id); r.code != 0 || r.stdout != "revoked "+id+" in 2 tenants\n" {
+				t.Fatalf("token revoke of a shared id: %+v", r)
+			}
+		})
+	}
+}
+
 // Two serve processes share one consumer group; one is killed with
 // messages received and unsettled. Nothing is lost: the other server
 // delivers them again once their visibility times out, and every key's

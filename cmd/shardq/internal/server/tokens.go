@@ -144,6 +144,38 @@ func StoreToken(ctx context.Context, drv driver.Tokens, token string, tenants []
 	return id, nil
 }
 
+// SharedTokenID is a token id that several tokens hold: rows stored
+// before CreateToken checked ids across tenants. Such tokens open nothing
+// of each other's (every credential is checked against its own token's
+// hash), but they share what is counted per token id (its request rate,
+// receives and large transfers in flight), the access log names them
+// alike, and token revoke revokes them together.
+type SharedTokenID struct {
+	ID string
+	// Tenants holds the tenants of each token of the id.
+	Tenants [][]string
+}
+
+// SharedTokenIDs lists the ids that several tokens hold, reading every
+// tenant's tokens (serve checks at start).
+func SharedTokenIDs(ctx context.Context, drv driver.Tokens) ([]SharedTokenID, error) {
+	toks, err := drv.ListTokens(ctx, driver.Scope{AllTenants: true})
+	if err != nil {
+		return nil, err
+	}
+	var out []SharedTokenID
+	for i, t := range toks { // by id: the tokens of one id are adjacent
+		switch {
+		case i == 0 || toks[i-1].ID != t.ID:
+		case len(out) > 0 && out[len(out)-1].ID == t.ID:
+			out[len(out)-1].Tenants = append(out[len(out)-1].Tenants, t.Tenants)
+		default:
+			out = append(out, SharedTokenID{ID: t.ID, Tenants: [][]string{toks[i-1].Tenants, t.Tenants}})
+		}
+	}
+	return out, nil
+}
+
 // secretEncoding is strict: the spare bits of the last character must be
 // zero, so no two spellings carry one secret.
 var secretEncoding = base64.RawURLEncoding.Strict()
