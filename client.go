@@ -108,8 +108,9 @@ type Config struct {
 	// Tenants, when set, are the only tenants this client publishes to:
 	// Publish, PublishTx and transactional sends to any other tenant fail
 	// with a ValidationError before any SQL runs. When nil, the
-	// comma-separated MQ_TENANTS environment variable is read once at
-	// NewClient; when that is unset too, any tenant is accepted. On
+	// comma-separated SHARDQ_TENANTS environment variable is read once at
+	// NewClient (EnvTenants); when that is unset too, any tenant is
+	// accepted. On
 	// Vitess, this keeps a process on the shards it was deployed for.
 	Tenants []string
 

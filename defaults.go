@@ -82,20 +82,22 @@ const NoHandlerTimeout time.Duration = -1
 // moves it at once).
 const UnlimitedAttempts = settle.Unlimited
 
-// EnvTenants is MQ_TENANTS, the process's comma-separated tenant list,
+// EnvTenants is SHARDQ_TENANTS, the process's comma-separated tenant list,
 // read in this one place: set reports whether the variable is set at all
 // (a Client serves any tenant when it is not; consumers need a list), and
-// a set but invalid or empty list is an error naming MQ_TENANTS.
+// a set but invalid or empty list is an error naming it. MQ_TENANTS, its
+// former name, is read while SHARDQ_TENANTS is unset, for one release,
+// with a warning logged once (slog's default logger).
 func EnvTenants() (tenants []string, set bool, err error) { return settings.EnvTenants() }
 
-// ParseTenants reads a comma-separated tenant list as MQ_TENANTS is read:
+// ParseTenants reads a comma-separated tenant list as SHARDQ_TENANTS is read:
 // entries trimmed of spaces and tabs, each a valid tenant, no repeats, not
 // empty. field names the source in errors (the CLI passes its own).
 func ParseTenants(field, list string) ([]string, error) {
 	return ident.TenantList(field, list)
 }
 
-// consumerTenants is tenants when given, else MQ_TENANTS, which must then
+// consumerTenants is tenants when given, else SHARDQ_TENANTS, which must then
 // be set and valid: a consumer without a tenant list does not start.
 func consumerTenants(field string, tenants []string) ([]string, error) {
 	return settings.ConsumerTenants(field, tenants)

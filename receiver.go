@@ -184,7 +184,7 @@ func (c *Client) AcceptGroup(ctx context.Context, g GroupRef, partitionKey strin
 }
 
 // AcceptNextGroup takes a free message group of r.Topic in r.Tenants (or
-// MQ_TENANTS when empty), for r.ConsumerGroup, that has a message ready, the one whose
+// SHARDQ_TENANTS when empty), for r.ConsumerGroup, that has a message ready, the one whose
 // next message is oldest first. It never hands out an owned group. With no
 // group ready it fails with ErrNoReadyGroup, or with opts.Wait keeps
 // looking and then fails with ErrAcceptTimeout.
@@ -237,7 +237,7 @@ func validateGroupRef(tenant, topic, group string) error {
 	return ident.ConsumerGroup(group)
 }
 
-// tenantList is tenants, or MQ_TENANTS when tenants is empty, validated.
+// tenantList is tenants, or SHARDQ_TENANTS when tenants is empty, validated.
 func tenantList(tenants []string) ([]string, error) { return consumerTenants("tenants", tenants) }
 
 // GroupReceiver holds one message group exclusively and hands out its

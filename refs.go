@@ -22,7 +22,7 @@ type TopicRef struct {
 }
 
 // NextGroupRequest says where AcceptNextGroup looks for a free message
-// group: Topic in Tenants (MQ_TENANTS when empty), for ConsumerGroup.
+// group: Topic in Tenants (SHARDQ_TENANTS when empty), for ConsumerGroup.
 type NextGroupRequest struct {
 	Tenants              []string
 	Topic, ConsumerGroup string

@@ -149,7 +149,7 @@ type Cleaner struct {
 	svc *retention.Cleaner
 }
 
-// StartCleaner runs a retention pass over tenants (default MQ_TENANTS)
+// StartCleaner runs a retention pass over tenants (default SHARDQ_TENANTS)
 // every interval (default 5 m) until Stop. Several cleaners may run: the
 // per-topic claim keeps them from working one topic at once.
 func (c *Client) StartCleaner(ctx context.Context, tenants []string, interval time.Duration, cfg RetentionConfig) (*Cleaner, error) {

@@ -200,7 +200,7 @@ type SubscriberConfig struct {
 	ConsumerGroup string // required
 	Topic         string // required
 	// Tenants is the explicit list of tenants to serve. When empty, the
-	// comma-separated MQ_TENANTS environment variable is read once at
+	// comma-separated SHARDQ_TENANTS environment variable is read once at
 	// Subscribe; an empty list is an error.
 	Tenants []string
 	// Name names this member for people (default host-pid; at most 246

@@ -82,7 +82,7 @@ func (p ExhaustedPolicy) String() string {
 // TransactionProducerConfig configures a member of a producer group.
 type TransactionProducerConfig struct {
 	ProducerGroup string // required
-	// Tenants the producer sends to and checks (default MQ_TENANTS).
+	// Tenants the producer sends to and checks (default SHARDQ_TENANTS).
 	Tenants []string
 	Checker TransactionChecker // required
 	Name    string             // for people; half-message claims are owned by Name#random, new per producer [host-pid]

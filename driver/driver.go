@@ -923,18 +923,27 @@ type APIToken struct {
 // ErrNoToken means no token of that id may use that tenant.
 var ErrNoToken = errors.New("no such token")
 
+// ErrTokenIDTaken means a row of another token (another secret hash)
+// holds the id, in some tenant: a token id names one token.
+var ErrTokenIDTaken = errors.New("the id is held by another token")
+
 // Tokens stores the server's bearer tokens, a row per tenant a token may
 // use (sharded by tenant like every queue table).
 type Tokens interface {
 	// CreateToken stores t, a row for each of its tenants, in one
-	// transaction.
+	// transaction. A token id names one token in every tenant: when a row
+	// of t.ID in any tenant holds another SecretHash, it fails with
+	// ErrTokenIDTaken and stores nothing. Rows of t.ID with its hash are
+	// the same token, which t gives more tenants.
 	CreateToken(ctx context.Context, t APIToken) error
 	// TokenIn reads token id as stored for tenant (Tenants holds just
 	// tenant), or returns ErrNoToken.
 	TokenIn(ctx context.Context, tenant, id string) (APIToken, error)
 	// ListTokens lists the tokens stored in the scope's tenants (every
-	// shard when AllTenants), with the tenants of each in the scope, by
-	// id. Limit and After are not used: tokens are few.
+	// shard when AllTenants), with the tenants of each in the scope and
+	// its SecretHash, by id. Two tokens of one id (stored before
+	// CreateToken checked ids across tenants) are listed apart. Limit and
+	// After are not used: tokens are few.
 	ListTokens(ctx context.Context, s Scope) ([]APIToken, error)
 	// RevokeToken marks token id revoked in tenants (the shards of those
 	// tenants only; ListTokens finds a token's tenants) and returns the

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -762,7 +763,7 @@ func testNoSkipWithSlowConcurrentCommits(t *testing.T, open Open) {
 	}
 }
 
-// A client with a served tenant list (Config.Tenants or MQ_TENANTS)
+// A client with a served tenant list (Config.Tenants or SHARDQ_TENANTS)
 // refuses to publish elsewhere, naming the tenant and the list, and
 // stores nothing.
 func testServedTenantsOnly(t *testing.T, open Open) {
@@ -804,19 +805,37 @@ func testServedTenantsOnly(t *testing.T, open Open) {
 		t.Fatalf("tenant z has partitions %v, %v; nothing may be stored", heads, err)
 	}
 
-	t.Setenv("MQ_TENANTS", "a")
-	fromEnv, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
+	fromEnv := func(variable, served, unserved string) {
+		t.Helper()
+		c, err := shardq.NewClient(d, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: served, Topic: "x"}); err != nil {
+			t.Fatalf("publish to %s, served by %s: %v", served, variable, err)
+		}
+		if _, err := c.Publish(ctx, shardq.Message{Tenant: unserved, Topic: "x"}); err == nil || !strings.Contains(err.Error(), "SHARDQ_TENANTS") {
+			t.Fatalf("publish to %s, outside %s: %v", unserved, variable, err)
+		}
 	}
-	defer fromEnv.Close()
-	if _, err := fromEnv.Publish(ctx, shardq.Message{Tenant: "b", Topic: "x"}); err == nil || !strings.Contains(err.Error(), "MQ_TENANTS") {
-		t.Fatalf("publish outside MQ_TENANTS: %v", err)
+	t.Setenv("SHARDQ_TENANTS", "a")
+	fromEnv("SHARDQ_TENANTS", "a", "b")
+	t.Setenv("SHARDQ_TENANTS", "a,,b")
+	if _, err := shardq.NewClient(d, nil); !errors.Is(err, shardq.ErrInvalid) || !strings.Contains(err.Error(), "SHARDQ_TENANTS") {
+		t.Fatalf("NewClient with a malformed SHARDQ_TENANTS: %v", err)
 	}
-	t.Setenv("MQ_TENANTS", "a,,b")
-	if _, err := shardq.NewClient(d, nil); !errors.Is(err, shardq.ErrInvalid) {
+	// MQ_TENANTS, the former name, is read while SHARDQ_TENANTS is unset
+	// (for one release), and SHARDQ_TENANTS wins when both are set.
+	os.Unsetenv("SHARDQ_TENANTS") // t.Setenv restores it
+	t.Setenv("MQ_TENANTS", "b")
+	fromEnv("MQ_TENANTS", "b", "a")
+	t.Setenv("MQ_TENANTS", "b,,c")
+	if _, err := shardq.NewClient(d, nil); !errors.Is(err, shardq.ErrInvalid) || !strings.Contains(err.Error(), "MQ_TENANTS: entry 2") {
 		t.Fatalf("NewClient with a malformed MQ_TENANTS: %v", err)
 	}
+	t.Setenv("SHARDQ_TENANTS", "a")
+	fromEnv("SHARDQ_TENANTS over MQ_TENANTS", "a", "b")
 }
 
 // The largest legal messages publish in one call: 64 caller headers (the

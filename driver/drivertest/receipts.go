@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -422,7 +423,10 @@ func testReceiptsAny(t *testing.T, open Open) {
 	mustReceive(t, r, shardq.ReceiveRequest{Max: 10})
 }
 
-// A token's rows: one per tenant, listed merged, revoked everywhere.
+// A token's rows: one per tenant, listed merged, revoked everywhere. An
+// id names one token in every tenant: another secret under a stored id
+// is refused, in any tenant, before anything is stored; the same token
+// may be given more tenants.
 func testTokens(t *testing.T, open Open) {
 	d, _ := setup(t, open, nil)
 	ctx := context.Background()
@@ -443,18 +447,33 @@ func testTokens(t *testing.T, open Open) {
 	if err := d.CreateToken(ctx, tok); err == nil {
 		t.Fatal("a second token of one id was stored")
 	}
+	other := tok
+	other.Tenants, other.SecretHash = []string{"c", "d"}, []byte("another secret's hash, 32 bytes!")
+	if err := d.CreateToken(ctx, other); !errors.Is(err, driver.ErrTokenIDTaken) || !strings.Contains(err.Error(), `"id1"`) {
+		t.Fatalf("another token of id1 in tenants c, d: %v; want ErrTokenIDTaken naming the id", err)
+	}
+	for _, tenant := range other.Tenants {
+		if _, err := d.TokenIn(ctx, tenant, "id1"); !errors.Is(err, driver.ErrNoToken) {
+			t.Fatalf("the refused token is stored in %s: %v", tenant, err)
+		}
+	}
+	more := tok
+	more.Tenants = []string{"c"}
+	if err := d.CreateToken(ctx, more); err != nil {
+		t.Fatalf("the same token (its hash) for tenant c: %v", err)
+	}
 	list, err := d.ListTokens(ctx, driver.Scope{AllTenants: true})
-	if err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"a", "b"}) {
+	if err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"a", "b", "c"}) || string(list[0].SecretHash) != string(tok.SecretHash) {
 		t.Fatalf("list: %+v, %v", list, err)
 	}
-	if list, err := d.ListTokens(ctx, driver.Scope{Tenants: []string{"b", "c"}}); err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"b"}) {
-		t.Fatalf("list in b, c: %+v, %v", list, err)
+	if list, err := d.ListTokens(ctx, driver.Scope{Tenants: []string{"b", "d"}}); err != nil || len(list) != 1 || !slices.Equal(list[0].Tenants, []string{"b"}) {
+		t.Fatalf("list in b, d: %+v, %v", list, err)
 	}
-	if n, err := d.RevokeToken(ctx, []string{"c"}, "id1", now); err != nil || n != 0 {
-		t.Fatalf("revoke in c: %d, %v; want 0 rows", n, err)
+	if n, err := d.RevokeToken(ctx, []string{"d"}, "id1", now); err != nil || n != 0 {
+		t.Fatalf("revoke in d: %d, %v; want 0 rows", n, err)
 	}
-	if n, err := d.RevokeToken(ctx, []string{"a", "b"}, "id1", now); err != nil || n != 2 {
-		t.Fatalf("revoke: %d, %v; want 2 rows", n, err)
+	if n, err := d.RevokeToken(ctx, []string{"a", "b", "c"}, "id1", now); err != nil || n != 3 {
+		t.Fatalf("revoke: %d, %v; want 3 rows", n, err)
 	}
 	if got, err := d.TokenIn(ctx, "a", "id1"); err != nil || !got.RevokedAt.Equal(now) {
 		t.Fatalf("revoked token: %+v, %v", got, err)

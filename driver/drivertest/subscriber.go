@@ -334,13 +334,13 @@ func testHandlerResults(t *testing.T, open Open) {
 func testSubscribeValidates(t *testing.T, open Open) {
 	_, c := setup(t, open, nil)
 	h := func(context.Context, *shardq.Delivery) error { return nil }
-	t.Setenv("MQ_TENANTS", "")
+	t.Setenv("SHARDQ_TENANTS", "")
 	for _, tc := range []struct {
 		cfg  shardq.SubscriberConfig
 		want string
 	}{
 		{shardq.SubscriberConfig{Topic: "x", Tenants: []string{"t"}, Handler: h}, "consumer group: must not be empty"},
-		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Handler: h}, "MQ_TENANTS: empty tenant list"},
+		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Handler: h}, "SHARDQ_TENANTS: empty tenant list"},
 		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t", "t"}, Handler: h}, `tenants: entry 2: tenant "t" appears twice`},
 		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}}, "handler: set exactly one"},
 		{shardq.SubscriberConfig{ConsumerGroup: "g", Topic: fmt.Sprintf("%0252d", 0), Tenants: []string{"t"}, Handler: h}, "dead-letter topic"},
@@ -350,10 +350,10 @@ func testSubscribeValidates(t *testing.T, open Open) {
 			t.Errorf("Subscribe(%+v) = %v, want an ErrInvalid containing %q", tc.cfg, err, tc.want)
 		}
 	}
-	t.Setenv("MQ_TENANTS", " t1 , t2")
+	t.Setenv("SHARDQ_TENANTS", " t1 , t2")
 	s, err := c.Subscribe(context.Background(), fastConfig("g", "x", nil, h))
 	if err != nil {
-		t.Fatalf("tenants from MQ_TENANTS: %v", err)
+		t.Fatalf("tenants from SHARDQ_TENANTS: %v", err)
 	}
 	stopAll(t, s)
 }

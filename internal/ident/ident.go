@@ -231,7 +231,7 @@ func Payload(p []byte, limit int) error {
 	return nil
 }
 
-// TenantList parses a comma-separated tenant list (MQ_TENANTS): entries are
+// TenantList parses a comma-separated tenant list (SHARDQ_TENANTS): entries are
 // trimmed of surrounding spaces and tabs, each must be a valid tenant, a
 // repeat is an error, and the list must not be empty.
 func TenantList(field, s string) ([]string, error) {

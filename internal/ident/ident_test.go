@@ -170,18 +170,18 @@ func FuzzHeaders(f *testing.F) {
 }
 
 func TestTenantList(t *testing.T) {
-	got, err := TenantList("MQ_TENANTS", " acme, globex ,\tinitech")
+	got, err := TenantList("SHARDQ_TENANTS", " acme, globex ,\tinitech")
 	if err != nil || len(got) != 3 || got[0] != "acme" || got[1] != "globex" || got[2] != "initech" {
 		t.Fatalf("TenantList = %q, %v", got, err)
 	}
 	for in, want := range map[string]string{
-		"":          "MQ_TENANTS: empty tenant list",
-		"  ":        "MQ_TENANTS: empty tenant list",
-		"a,,b":      "MQ_TENANTS: entry 2: tenant: must not be empty",
-		"a,b,a":     `MQ_TENANTS: entry 3: tenant "a" appears twice`,
-		"a,caf\xc3": "MQ_TENANTS: entry 2: tenant: byte 0xc3 at index 3 is not ASCII",
+		"":          "SHARDQ_TENANTS: empty tenant list",
+		"  ":        "SHARDQ_TENANTS: empty tenant list",
+		"a,,b":      "SHARDQ_TENANTS: entry 2: tenant: must not be empty",
+		"a,b,a":     `SHARDQ_TENANTS: entry 3: tenant "a" appears twice`,
+		"a,caf\xc3": "SHARDQ_TENANTS: entry 2: tenant: byte 0xc3 at index 3 is not ASCII",
 	} {
-		if _, err := TenantList("MQ_TENANTS", in); err == nil || err.Error() != want {
+		if _, err := TenantList("SHARDQ_TENANTS", in); err == nil || err.Error() != want {
 			t.Errorf("TenantList(%q) = %v, want %q", in, err, want)
 		}
 	}
@@ -198,9 +198,9 @@ func FuzzTenantList(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		ts, err := TenantList("MQ_TENANTS", s)
+		ts, err := TenantList("SHARDQ_TENANTS", s)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "MQ_TENANTS: ") {
+			if !strings.HasPrefix(err.Error(), "SHARDQ_TENANTS: ") {
 				t.Fatalf("error %q does not name the field", err)
 			}
 			return

@@ -58,7 +58,7 @@ type Config struct {
 	Linger          time.Duration
 	Timeout         time.Duration // bounds one shared transaction
 	// Tenants, when not nil, are the only tenants served; nil reads
-	// MQ_TENANTS, and when that is unset too any tenant is served.
+	// SHARDQ_TENANTS, and when that is unset too any tenant is served.
 	Tenants []string
 	// ReservedPrefix starts the header names only shardq may set
 	// (large messages' chunks and end markers).
@@ -112,7 +112,7 @@ func (p *Publisher) Stored(ctx context.Context, ref driver.MessageRef) (*driver.
 // MaxPayloadBytes bounds one message's payload.
 func (p *Publisher) MaxPayloadBytes() int { return p.cfg.MaxPayloadBytes }
 
-// serve settles the served tenant list: Config.Tenants, else MQ_TENANTS
+// serve settles the served tenant list: Config.Tenants, else SHARDQ_TENANTS
 // when set, else none (any tenant).
 func (p *Publisher) serve() error {
 	ts := p.cfg.Tenants
@@ -136,7 +136,7 @@ func (p *Publisher) serve() error {
 // checkServed rejects a tenant outside the served list.
 func (p *Publisher) checkServed(tenant string) error {
 	if p.served != nil && !p.served[tenant] {
-		return &ident.Error{Field: "tenant", Rule: fmt.Sprintf("%q is not served by this client (served: %s; Config.Tenants or MQ_TENANTS)", tenant, p.servedList)}
+		return &ident.Error{Field: "tenant", Rule: fmt.Sprintf("%q is not served by this client (served: %s; Config.Tenants or SHARDQ_TENANTS)", tenant, p.servedList)}
 	}
 	return nil
 }

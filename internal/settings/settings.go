@@ -9,7 +9,9 @@ package settings
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq/internal/ident"
@@ -84,30 +86,70 @@ func Name(kind string) string {
 	return name
 }
 
-// EnvTenants reads MQ_TENANTS, the process's comma-separated tenant list:
-// set reports whether the variable is set at all, and a set but invalid
-// or empty list is an error naming MQ_TENANTS.
-func EnvTenants() (tenants []string, set bool, err error) {
-	v, set := os.LookupEnv("MQ_TENANTS")
-	if !set {
-		return nil, false, nil
+// The process's served tenants, comma-separated, are TenantsVar.
+// LegacyTenantsVar is its former name, read for one release while
+// TenantsVar is unset.
+const (
+	TenantsVar       = "SHARDQ_TENANTS"
+	LegacyTenantsVar = "MQ_TENANTS"
+)
+
+// LookupTenants reads the served tenant list through lookup (os.LookupEnv,
+// or a command's own environment): TenantsVar, else LegacyTenantsVar. name
+// is the variable read ("" when neither is set), and a set but invalid or
+// empty list is an error naming it. warning, when not empty, says that
+// LegacyTenantsVar is set and deprecated, and whether TenantsVar, set too,
+// overrides a different value.
+func LookupTenants(lookup func(string) (string, bool)) (tenants []string, name, warning string, err error) {
+	v, set := lookup(TenantsVar)
+	legacy, legacySet := lookup(LegacyTenantsVar)
+	switch {
+	case set && legacySet && legacy != v:
+		name, warning = TenantsVar, fmt.Sprintf("%s is deprecated and ignored: %s is set too, and differs from it (%s wins: %q, not %q)",
+			LegacyTenantsVar, TenantsVar, TenantsVar, v, legacy)
+	case set && legacySet:
+		name, warning = TenantsVar, fmt.Sprintf("%s is deprecated and ignored: %s is set too; remove %s", LegacyTenantsVar, TenantsVar, LegacyTenantsVar)
+	case set:
+		name = TenantsVar
+	case legacySet:
+		name, v, warning = LegacyTenantsVar, legacy, fmt.Sprintf("%s is deprecated: rename it %s (%s is read only while %s is unset, for one more release)",
+			LegacyTenantsVar, TenantsVar, LegacyTenantsVar, TenantsVar)
+	default:
+		return nil, "", "", nil
 	}
-	ts, err := ident.TenantList("MQ_TENANTS", v)
-	return ts, true, err
+	tenants, err = ident.TenantList(name, v)
+	return tenants, name, warning, err
 }
 
-// ConsumerTenants is tenants when given, else MQ_TENANTS, which must then
-// be set and valid: a consumer without a tenant list does not start.
+// legacyWarning logs LookupTenants' warning once per process: every
+// client, subscriber and cleaner reads the variables.
+var legacyWarning sync.Once
+
+// EnvTenants reads the process's served tenant list (LookupTenants):
+// set reports whether either variable is set at all, and a set but
+// invalid or empty list is an error naming the variable read. A
+// deprecation warning is logged once (slog's default logger).
+func EnvTenants() (tenants []string, set bool, err error) {
+	ts, name, warning, err := LookupTenants(os.LookupEnv)
+	if warning != "" {
+		legacyWarning.Do(func() { slog.Warn("shardq: " + warning) })
+	}
+	return ts, name != "", err
+}
+
+// ConsumerTenants is tenants when given, else the served tenant list
+// (EnvTenants), which must then be set and valid: a consumer without a
+// tenant list does not start.
 func ConsumerTenants(field string, tenants []string) ([]string, error) {
 	if len(tenants) > 0 {
 		return tenants, ident.Tenants(field, tenants)
 	}
 	ts, set, err := EnvTenants()
 	if err == nil && !set {
-		err = &ident.Error{Field: "MQ_TENANTS", Rule: "empty tenant list"}
+		err = &ident.Error{Field: TenantsVar, Rule: "empty tenant list"}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w (set %s or MQ_TENANTS)", err, field)
+		return nil, fmt.Errorf("%w (set %s or %s)", err, field, TenantsVar)
 	}
 	return ts, nil
 }

@@ -3,6 +3,7 @@
 package sqlcommon
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"database/sql"
@@ -17,10 +18,11 @@ import (
 // tokenSQL holds the statements of the server's bearer tokens
 // (driver.Tokens), whole, with named parameters (Bind).
 type tokenSQL struct {
-	insert string // a row per tenant (:rows)
-	get    string // one token's row in one tenant
-	list   scoped // the rows of some tenants or all, by token then tenant
-	revoke string // mark a token's rows in :tenants revoked
+	insert  string // a row per tenant (:rows)
+	get     string // one token's row in one tenant
+	holders string // the rows of one token id in every tenant (a scatter read on Vitess; token creation only)
+	list    scoped // the rows of some tenants or all, by token then tenant
+	revoke  string // mark a token's rows in :tenants revoked
 
 	keys      string // every receipt key
 	addKey    string // a receipt key, unless its id exists
@@ -29,10 +31,11 @@ type tokenSQL struct {
 
 func newTokenSQL(s Syntax) tokenSQL {
 	return tokenSQL{
-		insert: "INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at, expires_at, revoked_at) VALUES :rows",
-		get:    "SELECT secret_hash, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE tenant = :tenant AND token_id = :id",
-		list:   scopedOn("tenant", "SELECT token_id, tenant, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE {scope} ORDER BY token_id, tenant"),
-		revoke: "UPDATE queue_api_tokens SET revoked_at = :now WHERE tenant IN (:tenants) AND token_id = :id AND revoked_at IS NULL",
+		insert:  "INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at, expires_at, revoked_at) VALUES :rows",
+		get:     "SELECT secret_hash, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE tenant = :tenant AND token_id = :id",
+		holders: "SELECT tenant, secret_hash FROM queue_api_tokens WHERE token_id = :id",
+		list:    scopedOn("tenant", "SELECT token_id, tenant, secret_hash, role, created_at, expires_at, revoked_at FROM queue_api_tokens WHERE {scope} ORDER BY token_id, tenant"),
+		revoke:  "UPDATE queue_api_tokens SET revoked_at = :now WHERE tenant IN (:tenants) AND token_id = :id AND revoked_at IS NULL",
 
 		keys: "SELECT key_id, secret, created_at FROM shardq_receipt_keys ORDER BY key_id",
 		// created_at, not key_id: Vitess refuses an update of the vindex
@@ -42,9 +45,23 @@ func newTokenSQL(s Syntax) tokenSQL {
 	}
 }
 
-// CreateToken stores t's rows in one transaction.
+// CreateToken refuses an id that a row of another token holds in any
+// tenant, then stores t's rows in one transaction.
+//
+// The read is not in the insert's transaction, and no key can refuse a
+// second token of an id: the table is sharded by tenant, so a key spans
+// one shard, and locking every shard would serialise every token write.
+// Two tokens of one id created at the same instant could both pass. That
+// is accepted: ids are 64 random bits unless the token is given (token
+// create --from-env), and anyone choosing another's id learned it from a
+// row already stored, which the read finds. Whatever ids the table
+// holds, a token opens only the tenants whose row holds its hash (serve
+// checks the hash at every request and binds it into its sessions).
 func (d *Store) CreateToken(ctx context.Context, t driver.APIToken) error {
 	op := fmt.Sprintf("create token %q", t.ID)
+	if err := d.tokenIDFree(ctx, op, t); err != nil {
+		return err
+	}
 	rows := make(Rows, len(t.Tenants))
 	for i, tenant := range t.Tenants {
 		rows[i] = []any{tenant, t.ID, t.SecretHash, t.Role, d.EncodeTime(t.CreatedAt), d.encodeNotBefore(t.ExpiresAt), nil}
@@ -56,6 +73,30 @@ func (d *Store) CreateToken(ctx context.Context, t driver.APIToken) error {
 		return struct{}{}, nil
 	})
 	return err
+}
+
+// tokenIDFree fails with driver.ErrTokenIDTaken when a row of t.ID in
+// any tenant holds another secret hash.
+func (d *Store) tokenIDFree(ctx context.Context, op string, t driver.APIToken) error {
+	rows, err := d.query(ctx, d.Read, d.sql().token.holders, Args{"id": t.ID})
+	if err != nil {
+		return d.Wrap(op, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tenant string
+		var hash []byte
+		if err := rows.Scan(&tenant, &hash); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		if !bytes.Equal(hash, t.SecretHash) {
+			return fmt.Errorf("%s: %w", op, driver.ErrTokenIDTaken)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return d.Wrap(op, err)
+	}
+	return nil
 }
 
 // TokenIn reads one token's row in tenant.
@@ -83,7 +124,8 @@ func (d *Store) TokenIn(ctx context.Context, tenant, id string) (driver.APIToken
 	return t, rows.Err()
 }
 
-// ListTokens reads the rows in scope and merges each token's tenants.
+// ListTokens reads the rows in scope and merges each token's tenants: the
+// rows of one id and secret hash.
 func (d *Store) ListTokens(ctx context.Context, s driver.Scope) ([]driver.APIToken, error) {
 	const op = "list tokens"
 	q, args := d.sql().token.list.pick(s)
@@ -93,21 +135,24 @@ func (d *Store) ListTokens(ctx context.Context, s driver.Scope) ([]driver.APITok
 	}
 	defer rows.Close()
 	var out []driver.APIToken
+	at := map[[2]string]int{} // id and hash -> index in out
 	for rows.Next() {
 		var t driver.APIToken
 		var tenant string
 		var created, expires, revoked any
-		if err := rows.Scan(&t.ID, &tenant, &t.Role, &created, &expires, &revoked); err != nil {
+		if err := rows.Scan(&t.ID, &tenant, &t.SecretHash, &t.Role, &created, &expires, &revoked); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		if err := d.decodeTokenTimes(&t, created, expires, revoked); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
-		if n := len(out); n > 0 && out[n-1].ID == t.ID {
-			out[n-1].Tenants = append(out[n-1].Tenants, tenant)
+		k := [2]string{t.ID, string(t.SecretHash)}
+		if i, ok := at[k]; ok {
+			out[i].Tenants = append(out[i].Tenants, tenant)
 			continue
 		}
 		t.Tenants = []string{tenant}
+		at[k] = len(out)
 		out = append(out, t)
 	}
 	return out, rows.Err()

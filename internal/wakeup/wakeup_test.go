@@ -54,7 +54,7 @@ func TestCommittedWakesEveryTopicOnce(t *testing.T) {
 }
 
 // A consumer hears only of its tenants: a tenant outside them (outside
-// MQ_TENANTS) wakes nothing.
+// SHARDQ_TENANTS) wakes nothing.
 func TestDispatchFiltersTenants(t *testing.T) {
 	var r Registry
 	mine := &recorder{}

@@ -34,6 +34,7 @@ func (f *scopeFlags) add(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.all, "all-tenants", false, "every tenant (an explicit fleet-wide read)")
 	countFlag(cmd.Flags(), &f.limit, "limit", shardq.DefaultPageLimit, fmt.Sprintf("most rows to list (at most %d)", shardq.MaxPageLimit))
 	cmd.Flags().StringVar(&f.after, "after", "", `list after this sort key, a JSON array of strings (printed as "next page" when a page is full)`)
+	cmdLineOnly(cmd.Flags(), "all-tenants")
 }
 
 func (f scopeFlags) scope() (shardq.Scope, error) {
@@ -149,6 +150,7 @@ func (a *app) adminRetention() *cobra.Command {
 		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
 		durationFlag(fl, &cfg.PartitionIdle, "partition-idle", time.Hour, "remove a drained partition (no message, no live lease) once no publish touched it this long")
 		durationFlag(fl, &cfg.DedupWindow, "dedup-window", shardq.DefaultDedupWindow, "never delete a message younger than this, whatever --min and --max say: its id stays a duplicate (0: none)")
+		cmdLineOnly(fl, "dedup-window") // a floor under what is deleted (invariant 5)
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 		if cfg.DedupWindow == 0 {
 			cfg.DedupWindow = -1 // the flag's 0 is none, the library's the default
@@ -341,6 +343,7 @@ func (a *app) adminPause(paused bool) *cobra.Command {
 	cmd.Flags().BoolVar(&sf.all, "all-tenants", false, "every tenant with the topic")
 	cmd.Flags().StringVar(&topic, "topic", "", "topic (required)")
 	cmd.Flags().StringVar(&group, "group", "", "consumer group (required)")
+	cmdLineOnly(cmd.Flags(), "all-tenants")
 	cmd.MarkFlagRequired("topic")
 	cmd.MarkFlagRequired("group")
 	return cmd
@@ -376,6 +379,9 @@ func (a *app) adminGroupsDelete() *cobra.Command {
 	fl.StringVar(&group, "group", "", "consumer group (required)")
 	fl.BoolVar(&force, "force", false, "delete even while members are live, voiding their leases")
 	durationFlag(fl, &staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is not live")
+	// --stale-after decides which members are live, and so whether the
+	// delete needs --force.
+	cmdLineOnly(fl, "force", "stale-after")
 	for _, f := range []string{"tenant", "topic", "group"} {
 		cmd.MarkFlagRequired(f)
 	}
@@ -626,6 +632,7 @@ func (a *app) adminDLQ() *cobra.Command {
 	fl.StringVar(&ref.ID, "id", "", "message id")
 	fl.BoolVar(&all, "all", false, "requeue every dead letter of the topic")
 	fl.StringVar(&suffix, "suffix", shardq.DefaultDLQSuffix, "dead-letter topic suffix")
+	cmdLineOnly(fl, "all")
 	requeue.MarkFlagRequired("tenant")
 	requeue.MarkFlagRequired("topic")
 	cmd.AddCommand(list, requeue)
@@ -733,6 +740,7 @@ func (a *app) adminReset() *cobra.Command {
 	fl.BoolVar(&execute, "execute", false, "move the cursors (without it: a preview that changes nothing)")
 	fl.BoolVar(&r.Create, "create", false, "allow a group that has never read the topic")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object per partition")
+	cmdLineOnly(fl, "execute", "create", "force")
 	for _, f := range []string{"tenant", "topic", "group"} {
 		cmd.MarkFlagRequired(f)
 	}

@@ -110,6 +110,7 @@ func (a *app) benchCmd() *cobra.Command {
 	fl.StringVar(&p.VtgateVars, "vtgate-vars", "", "idle through vtgate: vtgate's /debug/vars URL, whose statement count replaces MySQL's Questions")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON line per scenario instead of a table")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write this process's CPU profile (go tool pprof) to the file")
+	cmdLineOnly(fl, "cpuprofile") // it replaces the file
 	cmd.AddCommand(a.benchWorkerCmd())
 	return cmd
 }

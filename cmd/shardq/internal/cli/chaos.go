@@ -81,6 +81,8 @@ func (a *app) chaosRunCmd() *cobra.Command {
 	fl.StringSliceVar(&faults, "faults", nil, "fault kinds to inject [all that apply]: kill, stop, cut, blackhole, delay, db-restart, disk-full, clock, reparent")
 	fl.StringSliceVar(&cfg.Tenants, "tenants", []string{chaos.Tenant}, "the tenants the run writes (each must hold no messages); on Vitess, name tenants of different shards")
 	fl.DurationVar(&cfg.ClockSync, "clock-sync", chaos.ClockSync, "the clients' ClockSync; negative leaves the clock fault's clients on their own clocks (to see what it does without the database's clock)")
+	// They kill the database server, move its primary, fill a disk.
+	cmdLineOnly(fl, "db-restart", "reparent", "full-disk")
 	return cmd
 }
 

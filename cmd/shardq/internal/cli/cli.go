@@ -32,6 +32,7 @@ import (
 	"github.com/shardq/shardq/internal/dsn"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/receiptkey"
+	"github.com/shardq/shardq/internal/settings"
 )
 
 // DefaultDSN is the database used when neither --dsn nor SHARDQ_DSN is set.
@@ -67,8 +68,11 @@ func (e runError) Unwrap() error { return e.err }
 // the exit code.
 func Main(ctx context.Context, args []string, env Env) int {
 	root := newRoot(env)
-	args, fromVars := withEnv(root, args, env.Getenv)
-	root.SetArgs(args)
+	e := withEnv(root, args, env.Getenv)
+	for _, name := range e.ignored {
+		fmt.Fprintf(env.Stderr, "warning: $%s is ignored: --%s is taken from the command line only (docs/cli.md)\n", envName(name), name)
+	}
+	root.SetArgs(e.args)
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
@@ -76,7 +80,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err == nil {
 		return 0
 	}
-	err = fromEnv(err, fromVars)
+	err = fromEnv(err, e.set)
 	// One line, whatever the error carries (an identifier with control
 	// bytes, a driver message with a newline).
 	fmt.Fprintln(env.Stderr, "error:", display(err.Error()))
@@ -123,6 +127,22 @@ type app struct {
 	logLevel  logLevelFlag
 	logOnce   sync.Once
 	log       *slog.Logger
+	// tenantsWarning says once that MQ_TENANTS is deprecated (servedTenants).
+	tenantsWarning sync.Once
+}
+
+// servedTenants is the command's served tenant list: SHARDQ_TENANTS, else
+// (for one release, with a warning on stderr) MQ_TENANTS; nil when
+// neither is set. A variable set to "" counts as unset, as for flags.
+func (a *app) servedTenants() ([]string, error) {
+	ts, _, warning, err := settings.LookupTenants(func(k string) (string, bool) {
+		v := a.env.Getenv(k)
+		return v, v != ""
+	})
+	if warning != "" {
+		a.tenantsWarning.Do(func() { fmt.Fprintln(a.env.Stderr, "warning:", warning) })
+	}
+	return ts, err
 }
 
 // dsn is --dsn, else SHARDQ_DSN, else DefaultDSN. The environment is not
@@ -235,15 +255,13 @@ func (a *app) open(create bool) (*shardq.Client, driver.Driver, func(), error) {
 		drv.Close()
 		return nil, nil, nil, usagef("--feed: %q must be auto or off", a.feedFlag)
 	}
-	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
-		// The served tenants: publishing elsewhere is refused before SQL.
-		ts, err := shardq.ParseTenants("MQ_TENANTS", v)
-		if err != nil {
-			drv.Close()
-			return nil, nil, nil, usageError{err}
-		}
-		cfg.Tenants = ts
+	// The served tenants: publishing elsewhere is refused before SQL.
+	ts, err := a.servedTenants()
+	if err != nil {
+		drv.Close()
+		return nil, nil, nil, usageError{err}
 	}
+	cfg.Tenants = ts
 	tel, err := a.startTelemetry(context.Background(), cfg)
 	if err != nil {
 		drv.Close()

@@ -298,16 +298,16 @@ func TestConsume(t *testing.T) {
 			if r.stderr != "" {
 				t.Fatalf("--max 40 ended with warnings: %s", r.stderr)
 			}
-			env["MQ_TENANTS"] = "acme"
+			env["SHARDQ_TENANTS"] = "acme"
 			if n := read(runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g", "--idle-exit", "1s")); n != 51 {
 				t.Fatalf("second run printed %d, want the remaining 51", n)
 			}
 			// Another group reads everything again.
-			delete(env, "MQ_TENANTS")
+			delete(env, "SHARDQ_TENANTS")
 			if r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "other", "--tenant", "acme", "--idle-exit", "1s"); strings.Count(r.stdout, "\n") != 91 {
 				t.Fatalf("group other printed %d lines", strings.Count(r.stdout, "\n"))
 			}
-			if r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g"); r.code != 2 || !strings.Contains(r.stderr, "MQ_TENANTS") {
+			if r := runCLI(t, env, "", "consume", "--topic", "orders", "--group", "g"); r.code != 2 || !strings.Contains(r.stderr, "no tenants: give --tenant or SHARDQ_TENANTS (SHARDQ_TENANTS is not set)") {
 				t.Fatalf("consume without tenants: %+v", r)
 			}
 		})
@@ -488,22 +488,40 @@ func TestAdminCommands(t *testing.T) {
 	}
 }
 
-// MQ_TENANTS is the served tenant list: publishing elsewhere is refused
-// before any SQL (exit 2), and nothing is stored.
+// SHARDQ_TENANTS is the served tenant list: publishing elsewhere is
+// refused before any SQL (exit 2), and nothing is stored. MQ_TENANTS, its
+// former name, is read while SHARDQ_TENANTS is unset, with a warning, and
+// loses to SHARDQ_TENANTS when both are set (the warning says so).
 func TestPublishOutsideServedTenants(t *testing.T) {
-	env := map[string]string{"SHARDQ_DSN": "sqlite://" + filepath.Join(t.TempDir(), "q.db"), "MQ_TENANTS": "acme"}
-	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+	dsn := "sqlite://" + filepath.Join(t.TempDir(), "q.db")
+	if r := runCLI(t, map[string]string{"SHARDQ_DSN": dsn}, "", "migrate"); r.code != 0 {
 		t.Fatal(r)
 	}
-	r := runCLI(t, env, "", "publish", "--tenant", "globex", "--topic", "orders", "hello")
-	if r.code != 2 || !strings.Contains(r.stderr, `"globex" is not served`) {
-		t.Fatalf("publish outside MQ_TENANTS: %+v", r)
-	}
-	if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "hello"); r.code != 0 {
-		t.Fatalf("publish to a served tenant: %+v", r)
-	}
-	if r := runCLI(t, env, "", "admin", "topics", "--tenant", "globex"); r.code != 0 || strings.Contains(r.stdout, "orders") {
-		t.Fatalf("globex after the refused publish: %+v", r)
+	for _, c := range []struct {
+		env              map[string]string
+		served, unserved string
+		warning          string
+	}{
+		{map[string]string{"SHARDQ_TENANTS": "acme"}, "acme", "globex", ""},
+		{map[string]string{"MQ_TENANTS": "acme"}, "acme", "globex", "warning: MQ_TENANTS is deprecated: rename it SHARDQ_TENANTS"},
+		{map[string]string{"SHARDQ_TENANTS": "globex", "MQ_TENANTS": "acme"}, "globex", "acme",
+			`warning: MQ_TENANTS is deprecated and ignored: SHARDQ_TENANTS is set too, and differs from it (SHARDQ_TENANTS wins: "globex", not "acme")`},
+	} {
+		env := map[string]string{"SHARDQ_DSN": dsn}
+		for k, v := range c.env {
+			env[k] = v
+		}
+		r := runCLI(t, env, "", "publish", "--tenant", c.unserved, "--topic", "refused", "hello")
+		if r.code != 2 || !strings.Contains(r.stderr, fmt.Sprintf("%q is not served", c.unserved)) || !strings.Contains(r.stderr, c.warning) {
+			t.Fatalf("%v: publish to %s: %+v; want it refused (exit 2)", c.env, c.unserved, r)
+		}
+		r = runCLI(t, env, "", "publish", "--tenant", c.served, "--topic", "orders", "hello")
+		if r.code != 0 || strings.Count(r.stderr, "warning:") != min(1, len(c.warning)) || !strings.Contains(r.stderr, c.warning) {
+			t.Fatalf("%v: publish to %s: %+v; want it stored, warned about at most once", c.env, c.served, r)
+		}
+		if r := runCLI(t, env, "", "admin", "topics", "--tenant", c.unserved); r.code != 0 || strings.Contains(r.stdout, "refused") {
+			t.Fatalf("%v: %s after the refused publish: %+v", c.env, c.unserved, r)
+		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/settings"
 )
 
 type consumeFlags struct {
@@ -45,7 +46,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "consume --topic X --group G [--tenant T ...] [--key K [--wait D] [--require-ready] | --next-group [--wait D] | --ungrouped] [--start earliest|latest] [--max N] [--idle-exit D] [--name S]",
 		Short: "Consume a topic as a member of a consumer group, printing one JSON line per message",
-		Long: "Joins consumer group G on topic X for the tenants given by --tenant (repeatable) or MQ_TENANTS\n" +
+		Long: "Joins consumer group G on topic X for the tenants given by --tenant (repeatable) or SHARDQ_TENANTS\n" +
 			"(comma-separated). Each message is printed as one JSON line and flushed before it is acked:\n" +
 			`{"tenant","topic","partition_key","offset","id","attempt","headers","payload"}` + "\n" +
 			"(payload as text when it is valid UTF-8, otherwise base64 in \"payload_base64\").\n" +
@@ -65,7 +66,7 @@ func (a *app) consumeCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.topic, "topic", "", "topic (required)")
 	fl.StringVar(&f.group, "group", "", "consumer group (required)")
-	fl.StringArrayVar(&f.tenants, "tenant", nil, "tenant to serve (repeatable; default MQ_TENANTS)")
+	fl.StringArrayVar(&f.tenants, "tenant", nil, "tenant to serve (repeatable; default $SHARDQ_TENANTS)")
 	countFlag(fl, &f.max, "max", 0, "exit after this many messages (0: no limit)")
 	durationFlag(fl, &f.idleExit, "idle-exit", 0, "exit after this long without a message (0: never)")
 	fl.StringVar(&f.name, "name", "", "member name, for people (default host-pid); the identity its leases show is NAME#random, new per run")
@@ -115,9 +116,12 @@ func newConsumeLine(d *shardq.Delivery) consumeLine {
 func (a *app) consume(cmd *cobra.Command, f consumeFlags) error {
 	tenants := f.tenants
 	if len(tenants) == 0 {
-		ts, err := shardq.ParseTenants("MQ_TENANTS", a.env.Getenv("MQ_TENANTS"))
+		ts, err := a.servedTenants()
+		if err == nil && ts == nil {
+			err = fmt.Errorf("%s is not set", settings.TenantsVar)
+		}
 		if err != nil {
-			return usagef("no tenants: give --tenant or MQ_TENANTS (%v)", err)
+			return usagef("no tenants: give --tenant or %s (%v)", settings.TenantsVar, err)
 		}
 		tenants = ts
 	}

@@ -125,6 +125,7 @@ func (a *app) adminDeferred() *cobra.Command {
 	fl.StringVar(&deadLetter, "dead-letter", "", "move them to the dead-letter topic with this reason")
 	fl.DurationVar(&rq.Visibility, "visibility", shardq.DefaultVisibilityTimeout, "how long they are held while printed")
 	fl.StringVar(&rq.DLQSuffix, "suffix", shardq.DefaultDLQSuffix, "dead-letter topic suffix")
+	cmdLineOnly(fl, "ack", "dead-letter") // without them the messages are given back, deferred still
 	receive.MarkFlagRequired("offset")
 	cmd.AddCommand(list, receive)
 	return cmd

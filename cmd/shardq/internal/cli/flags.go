@@ -198,10 +198,39 @@ func flagError(_ *cobra.Command, err error) error {
 // for containers and service managers; the command line wins. --help
 // names each variable. A value the flag refuses is a usage error naming
 // the variable.
+//
+// Except the flags marked commandLineOnly: those that make a command
+// act instead of preview, delete, overwrite a file, pass a safety check
+// or widen a command to every tenant or message. A variable exported for
+// one command stays set for the next, so one stray export would turn
+// every preview into an execution; such a variable is ignored with a
+// warning instead (refusing the command would break a script over a
+// variable it never meant to use).
+
+// commandLineOnly is the flag annotation that keeps a flag's variable
+// from setting it (withEnv).
+const commandLineOnly = "shardq_command_line_only"
+
+// cmdLineOnly marks flags of fl, which must exist, as commandLineOnly.
+func cmdLineOnly(fl *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		if err := fl.SetAnnotation(n, commandLineOnly, []string{"true"}); err != nil {
+			panic(fmt.Sprintf("cmdLineOnly: %v", err)) // a typo in the command tree
+		}
+	}
+}
+
+// isCmdLineOnly reports whether f is marked commandLineOnly.
+func isCmdLineOnly(f *pflag.Flag) bool {
+	_, ok := f.Annotations[commandLineOnly]
+	return ok
+}
 
 // readsEnv names the flags that read their variable themselves, to name
-// it in their errors and keep a password out of --help.
-var readsEnv = map[string]bool{"dsn": true, "feed-dsn": true}
+// it in their errors and keep a password out of --help, and --tenants (of
+// bench and chaos), whose variable SHARDQ_TENANTS is the served tenant
+// list of every command instead.
+var readsEnv = map[string]bool{"dsn": true, "feed-dsn": true, "tenants": true}
 
 // envName is the environment variable of flag name.
 func envName(name string) string {
@@ -212,7 +241,11 @@ func envName(name string) string {
 // command tree is built.
 func envFlags(cmd *cobra.Command) {
 	note := func(f *pflag.Flag) {
-		if f.Name != "help" && !strings.Contains(f.Usage, "$"+envName(f.Name)) {
+		switch {
+		case f.Name == "help", readsEnv[f.Name], strings.Contains(f.Usage, "$"+envName(f.Name)), strings.HasSuffix(f.Usage, cmdLineOnlyNote):
+		case isCmdLineOnly(f):
+			f.Usage += cmdLineOnlyNote
+		default:
 			f.Usage += " [$" + envName(f.Name) + "]"
 		}
 	}
@@ -223,15 +256,26 @@ func envFlags(cmd *cobra.Command) {
 	}
 }
 
+// cmdLineOnlyNote ends the help of a commandLineOnly flag.
+const cmdLineOnlyNote = " [command line only]"
+
+// envArgs is what withEnv made of the environment.
+type envArgs struct {
+	args []string // the command line with the variables' flags added
+	// set names the flags a variable set; ignored the commandLineOnly
+	// flags whose variable is set (and so ignored).
+	set, ignored []string
+}
+
 // withEnv is args with --flag=value added for each flag of the command
 // args name that they do not give and whose variable is set: before
 // parsing, so that a required flag is satisfied and a flag given on the
-// command line wins.
-// It returns the names of the flags it added.
-func withEnv(root *cobra.Command, args []string, getenv func(string) string) ([]string, []string) {
+// command line wins. A commandLineOnly flag's variable is never read into
+// a flag; when it is set, it is listed to be warned about.
+func withEnv(root *cobra.Command, args []string, getenv func(string) string) envArgs {
 	cmd, _, err := root.Find(args)
 	if err != nil {
-		return args, nil // cobra reports the unknown command
+		return envArgs{args: args} // cobra reports the unknown command
 	}
 	given := map[string]bool{}
 	for _, a := range args {
@@ -250,29 +294,42 @@ func withEnv(root *cobra.Command, args []string, getenv func(string) string) ([]
 			}
 		}
 	}
-	var extra, names []string
+	var extra []string
+	var e envArgs
 	visit := func(f *pflag.Flag) {
-		if f.Name == "help" || given[f.Name] || readsEnv[f.Name] {
+		if f.Name == "help" || readsEnv[f.Name] {
 			return
 		}
-		if v := getenv(envName(f.Name)); v != "" {
+		v := getenv(envName(f.Name))
+		switch {
+		case v == "":
+		case isCmdLineOnly(f):
+			// Warned about even when the command line gives the flag: the
+			// variable does nothing anywhere, and should go.
+			if !slices.Contains(e.ignored, f.Name) {
+				e.ignored = append(e.ignored, f.Name)
+			}
+		case !given[f.Name]:
 			given[f.Name] = true
 			extra = append(extra, "--"+f.Name+"="+v)
-			names = append(names, f.Name)
+			e.set = append(e.set, f.Name)
 		}
 	}
 	cmd.Flags().VisitAll(visit)
 	cmd.InheritedFlags().VisitAll(visit)
+	e.args = args
 	if len(extra) == 0 {
-		return args, nil
+		return e
 	}
 	out := slices.Clone(args)
 	for i, a := range args {
 		if a == "--" { // positional arguments follow: flags go before them
-			return slices.Concat(out[:i], extra, out[i:]), names
+			e.args = slices.Concat(out[:i], extra, out[i:])
+			return e
 		}
 	}
-	return append(out, extra...), names
+	e.args = append(out, extra...)
+	return e
 }
 
 // fromEnv says which variable set a flag an error names, when one did.

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -126,5 +128,134 @@ func TestLogFlags(t *testing.T) {
 		if r := runCLI(t, nil, "", args...); r.code != 2 || !strings.Contains(r.stderr, args[0]) {
 			t.Errorf("%v: %+v", args, r)
 		}
+	}
+}
+
+// destructiveName matches the names of flags that, by their name, act,
+// delete, overwrite, force or widen a command: each must be marked
+// commandLineOnly, wherever it appears.
+var destructiveName = regexp.MustCompile(`^(execute|force|create|yes|overwrite|delete|drop(-.+)?|purge|clear|wipe|truncate|remove|reset|apply|confirm|all|all-tenants|ack|dead-letter)$`)
+
+// No destructive flag takes its value from the environment: the command
+// tree is walked with every SHARDQ_ variable set, and every flag marked
+// commandLineOnly or named as destructive must be left unset (and its
+// variable reported, to be warned about), with --help saying so; the other
+// flags still take their variables.
+func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
+	root := newRoot(Env{Getenv: func(string) string { return "" }})
+	every := func(name string) string {
+		if strings.HasPrefix(name, "SHARDQ_") {
+			return "1"
+		}
+		return ""
+	}
+	var walk func(c *cobra.Command)
+	destructive, bound := map[string]bool{}, 0
+	walk = func(c *cobra.Command) {
+		path := strings.Fields(c.CommandPath())[1:] // without "shardq"
+		e := withEnv(root, path, every)
+		check := func(f *pflag.Flag) {
+			if f.Name == "help" {
+				return
+			}
+			where := strings.Join(append(path, "--"+f.Name), " ")
+			if !isCmdLineOnly(f) && !destructiveName.MatchString(f.Name) {
+				if slices.Contains(e.set, f.Name) {
+					bound++
+				}
+				return
+			}
+			destructive[where] = true
+			if !isCmdLineOnly(f) {
+				t.Errorf("%s: named as destructive but not marked commandLineOnly", where)
+			}
+			if slices.Contains(e.set, f.Name) {
+				t.Errorf("%s: set from $%s", where, envName(f.Name))
+			}
+			if !slices.Contains(e.ignored, f.Name) {
+				t.Errorf("%s: $%s is set but not reported as ignored", where, envName(f.Name))
+			}
+			if strings.Contains(f.Usage, "$"+envName(f.Name)) || !strings.HasSuffix(f.Usage, cmdLineOnlyNote) {
+				t.Errorf("%s: help %q; want it to end %q, naming no variable", where, f.Usage, cmdLineOnlyNote)
+			}
+		}
+		c.LocalFlags().VisitAll(check)
+		c.InheritedFlags().VisitAll(check)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	for _, want := range []string{"admin tenant delete --execute", "admin tenant delete --force", "admin reset-offsets --execute",
+		"admin reset-offsets --force", "admin reset-offsets --create", "admin groups delete --force", "admin dlq requeue --all",
+		"admin retention run --all-tenants", "admin pause --all-tenants", "receipt-key rotate --drop-previous", "admin tenant limits --max-bytes"} {
+		if !destructive[want] {
+			t.Errorf("%s: not among the destructive flags the walk found", want)
+		}
+	}
+	if len(destructive) < 30 || bound < 100 {
+		t.Fatalf("%d destructive flags and %d bound ones; the walk missed the command tree", len(destructive), bound)
+	}
+	t.Logf("%d destructive flags left to the command line; %d others bound to their variables", len(destructive), bound)
+}
+
+// SHARDQ_EXECUTE, SHARDQ_FORCE and SHARDQ_CREATE make no preview act: each
+// is ignored with a warning naming it, and only --execute on the command
+// line deletes or moves a cursor.
+func TestDestructiveVariablesIgnored(t *testing.T) {
+	env := map[string]string{"SHARDQ_DSN": "sqlite://" + filepath.Join(t.TempDir(), "q.db")}
+	if r := runCLI(t, env, "", "migrate"); r.code != 0 {
+		t.Fatal(r)
+	}
+	for _, key := range []string{"a", "b"} {
+		if r := runCLI(t, env, "", "publish", "--tenant", "acme", "--topic", "orders", "--key", key, "p"); r.code != 0 {
+			t.Fatal(r)
+		}
+	}
+	if r := runCLI(t, env, "", "consume", "--tenant", "acme", "--topic", "orders", "--group", "g", "--max", "2"); r.code != 0 {
+		t.Fatal(r)
+	}
+	env["SHARDQ_EXECUTE"], env["SHARDQ_FORCE"], env["SHARDQ_CREATE"] = "1", "true", "1"
+	warned := func(r result, vars ...string) bool {
+		for _, v := range vars {
+			if !strings.Contains(r.stderr, "warning: $"+v+" is ignored: --") {
+				return false
+			}
+		}
+		return true
+	}
+	r := runCLI(t, env, "", "admin", "tenant", "delete", "--tenant", "acme")
+	if r.code != 0 || !strings.Contains(r.stdout, "preview: nothing changed; run again with --execute to delete the") ||
+		!warned(r, "SHARDQ_EXECUTE", "SHARDQ_FORCE") {
+		t.Fatalf("admin tenant delete with SHARDQ_EXECUTE=1: %+v; want the preview and a warning per variable", r)
+	}
+	messages := func() int {
+		t.Helper()
+		r := runCLI(t, env, "", "admin", "messages", "--tenant", "acme", "--topic", "orders", "--json")
+		if r.code != 0 {
+			t.Fatal(r)
+		}
+		return len(jsonLines[map[string]any](t, r.stdout))
+	}
+	if n := messages(); n != 2 {
+		t.Fatalf("%d messages of acme after the preview; want 2", n)
+	}
+	reset := []string{"admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "g", "--to-earliest"}
+	if r := runCLI(t, env, "", reset...); r.code != 0 || !strings.Contains(r.stdout, "preview: nothing changed") || !warned(r, "SHARDQ_EXECUTE", "SHARDQ_FORCE", "SHARDQ_CREATE") {
+		t.Fatalf("reset-offsets with SHARDQ_EXECUTE=1: %+v", r)
+	}
+	if r := runCLI(t, env, "", "admin", "offsets", "--tenant", "acme", "--group", "g", "--json"); strings.Contains(r.stdout, `"committed_offset":0`) {
+		t.Fatalf("the preview moved a cursor: %+v", r)
+	}
+	typo := []string{"admin", "reset-offsets", "--tenant", "acme", "--topic", "orders", "--group", "typo", "--to-earliest", "--execute"}
+	if r := runCLI(t, env, "", typo...); r.code != 2 || !strings.Contains(r.stderr, `"typo" has never read`) {
+		t.Fatalf("reset of a group never seen with SHARDQ_CREATE=1: %+v; want it refused", r)
+	}
+	// The command line still acts.
+	if r := runCLI(t, env, "", "admin", "tenant", "delete", "--tenant", "acme", "--execute"); r.code != 0 || !strings.Contains(r.stdout, "\ndeleted ") || strings.Contains(r.stdout, "preview") {
+		t.Fatalf("admin tenant delete --execute: %+v", r)
+	}
+	if n := messages(); n != 0 {
+		t.Fatalf("%d messages of acme after --execute; want 0", n)
 	}
 }

@@ -59,7 +59,7 @@ func (a *app) serveCmd() *cobra.Command {
 		Short: "Serve the HTTP API (/v1, described at /v1/openapi.json), /metrics and the web dashboard",
 		Long: "Serves shardq's HTTP/JSON API for any language: publish, receive with receipts (SQS FIFO's\n" +
 			"ReceiveMessage), ack and nack, and the admin reads and writes, under /v1/tenants/{tenant}/...; every\n" +
-			"request needs a bearer token of its tenant (shardq token create). MQ_TENANTS, when set, limits the\n" +
+			"request needs a bearer token of its tenant (shardq token create). SHARDQ_TENANTS, when set, limits the\n" +
 			"tenants served. / is the dashboard (sign in with an admin token); /healthz, /readyz and /metrics\n" +
 			"need no token. Several serve processes on one database share the work: nothing is held between\n" +
 			"requests but the database's leases and claims. SIGINT/SIGTERM: waiting receives answer at once,\n" +
@@ -163,12 +163,11 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return usageError{err}
 	}
-	var tenants []string
-	if v := a.env.Getenv("MQ_TENANTS"); v != "" {
-		if tenants, err = shardq.ParseTenants("MQ_TENANTS", v); err != nil {
-			return usageError{err}
-		}
+	tenants, err := a.servedTenants()
+	if err != nil {
+		return usageError{err}
 	}
+	a.warnSharedTokenIDs(ctx, drv)
 	var metrics http.Handler
 	if a.metricsAddr == "" {
 		metrics = a.metrics
@@ -212,6 +211,26 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}
 	return nil
+}
+
+// warnSharedTokenIDs logs, at every start, each token id that several
+// tokens hold (stored before ids were checked across tenants): no
+// migration can rename an id that people hold, and refusing both tokens
+// would lock out the one that owned the id first. Each opens only its own
+// tenants, but they share the id's limits and revocation.
+func (a *app) warnSharedTokenIDs(ctx context.Context, drv driver.Tokens) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	shared, err := server.SharedTokenIDs(ctx, drv)
+	if err != nil {
+		a.logger().Warn("shardq serve: could not check token ids for ones several tokens hold", "err", err)
+		return
+	}
+	for _, s := range shared {
+		a.logger().Warn("shardq serve: several tokens hold one id; each opens only its own tenants, but they share the id's rate "+
+			"and limits, and token revoke revokes them all: revoke it and make new tokens (docs/server.md#tokens)",
+			"id", s.ID, "tenants", s.Tenants)
+	}
 }
 
 func checkAddr(flag, addr string) error {
@@ -344,11 +363,13 @@ func (a *app) tokenCmd() *cobra.Command {
 				return err
 			}
 			var n int64
-			for _, t := range toks {
+			for _, t := range toks { // several, when tokens share the id
 				if t.ID == args[0] {
-					if n, err = drv.RevokeToken(cmd.Context(), t.Tenants, t.ID, time.Now()); err != nil {
+					k, err := drv.RevokeToken(cmd.Context(), t.Tenants, t.ID, time.Now())
+					if err != nil {
 						return err
 					}
+					n += k
 				}
 			}
 			if n == 0 {
@@ -423,6 +444,7 @@ func (a *app) receiptKeyCmd() *cobra.Command {
 		}),
 	}
 	rotate.Flags().BoolVar(&dropPrevious, "drop-previous", false, "delete every older key now (a leaked key)")
+	cmdLineOnly(rotate.Flags(), "drop-previous")
 	cmd.AddCommand(list, rotate)
 	return cmd
 }

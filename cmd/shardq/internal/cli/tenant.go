@@ -204,6 +204,11 @@ func (a *app) adminTenantLimits() *cobra.Command {
 	fl.DurationVar(&maxRet, "max-retention", 0, "any message is deleted once this old (0: the cleaner's default)")
 	fl.BoolVar(&clear, "clear", false, "remove every limit first")
 	fl.BoolVar(&asJSON, "json", false, "print the limits as one JSON object")
+	// Without them the command only reads.
+	for _, f := range limitFlags {
+		cmdLineOnly(fl, f.name)
+	}
+	cmdLineOnly(fl, "min-retention", "max-retention", "clear")
 	return cmd
 }
 
@@ -268,6 +273,7 @@ func (a *app) adminTenantExport() *cobra.Command {
 	fl.StringVar(&output, "output", "", "file to write (default: standard output)")
 	fl.StringVar(&after, "after", "", "resume after the message line with this cursor")
 	fl.IntVar(&batch, "batch", shardq.DefaultExportBatch, "rows read per statement")
+	cmdLineOnly(fl, "output") // it replaces the file
 	cmd.MarkFlagRequired("tenant")
 	return cmd
 }
@@ -334,6 +340,7 @@ func (a *app) adminTenantDelete() *cobra.Command {
 	fl.IntVar(&batch, "batch", shardq.DefaultTenantBatch, "rows deleted per statement")
 	durationFlag(fl, &staleAfter, "stale-after", 9*time.Second, "a heartbeat older than this is not live")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object per table")
+	cmdLineOnly(fl, "execute", "force", "stale-after")
 	cmd.MarkFlagRequired("tenant")
 	return cmd
 }

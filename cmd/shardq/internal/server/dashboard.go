@@ -24,7 +24,8 @@ import (
 // small script for the lag chart: no build step, no CDN, nothing to fetch
 // at run time, and every page is a plain GET that a test (or curl) reads.
 // It signs in with an admin token; the cookie (HttpOnly, SameSite=Strict)
-// holds a signed session that names the token, never the token. Its
+// holds a signed session that names the token (its id and a digest of its
+// stored hash), never the token. Its
 // writes are form POSTs that http.CrossOriginProtection lets through only
 // from its own origin, checked before any body is read.
 
@@ -112,7 +113,7 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // login checks an admin token for a tenant and starts a session: a
-// signed cookie naming the token.
+// signed cookie naming the token by its id and a digest of its hash.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	tenant, tok := r.PostFormValue("tenant"), r.PostFormValue("token")
@@ -129,7 +130,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		backToSignIn(w, r, "rate")
 		return
 	}
-	id, role, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
+	id, role, hash, err := verify(r.Context(), s.cfg.Driver, tenant, tok, s.cfg.Clock())
 	switch {
 	case errors.Is(err, errTokenTenant):
 		attempt.failed()
@@ -152,7 +153,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exp := s.cfg.Clock().Add(SessionTTL)
-	v, err := signSession(r.Context(), s.keys, session{ID: id, Expires: exp.Unix()})
+	v, err := signSession(r.Context(), s.keys, session{ID: id, Token: tokenDigest(hash), Expires: exp.Unix()})
 	if err != nil {
 		s.log.Error("shardq serve: sign-in failed", "err", err)
 		backToSignIn(w, r, "failed")

@@ -240,7 +240,7 @@ func checkScreenshot(t *testing.T, name string, shot []byte) {
 	t.Logf("%s page screenshot: %s (%dx%d, %d bytes)", name, path, bounds.Dx(), bounds.Dy(), len(shot))
 }
 
-// With MQ_TENANTS the sign-in page offers the served tenants, and the
+// With SHARDQ_TENANTS the sign-in page offers the served tenants, and the
 // tenant switch refuses an invalid name before anything else.
 func TestSignInPageOffersServedTenants(t *testing.T) {
 	h := newHarness(t, testdb.Migrated(t, testdb.SQLite(t)), harnessOptions{tenants: []string{"acme", "beta"}})

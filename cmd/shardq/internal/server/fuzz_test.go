@@ -120,11 +120,11 @@ func FuzzParseToken(f *testing.F) {
 func FuzzOpenSession(f *testing.F) {
 	drv := testdb.Migrated(f, testdb.SQLite(f))
 	ring := receiptkey.New(drv, SessionTTL, time.Now)
-	good, err := signSession(context.Background(), ring, session{ID: "0123456789abcdef", Expires: time.Now().Add(time.Hour).Unix()})
+	good, err := signSession(context.Background(), ring, session{ID: "0123456789abcdef", Token: tokenDigest([]byte("hash")), Expires: time.Now().Add(time.Hour).Unix()})
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range []string{good, good[:len(good)-1] + "A", "s1.1.e30.AAAA", "s1.", "r2.1.e30.AAAA", strings.Replace(good, "s1.1.", "s1.2.", 1)} {
+	for _, s := range []string{good, good[:len(good)-1] + "A", "s2.1.e30.AAAA", "s2.", "s1.1.e30.AAAA", "r2.1.e30.AAAA", strings.Replace(good, "s2.1.", "s2.2.", 1)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {

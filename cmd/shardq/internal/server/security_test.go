@@ -4,8 +4,11 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -679,5 +682,121 @@ func TestVisibilityHeldAtMostMaxHold(t *testing.T) {
 			}
 			h.must(200, "POST", groupPath+"/ack", tok, map[string]any{"receipts": receipts(ms)})
 		}
+	})
+}
+
+// Issue 58: a token id chosen by someone else opened another tenant. evil
+// stores acme's (public) token id with a secret of its own; the store
+// refuses it. A row stored before ids were checked across tenants (put
+// in here by hand) still signs in to evil, but its session opens neither
+// acme's pages nor acme's API (export: 403), because a session binds its
+// token's hash, not only its id. acme's own session, and one of a token
+// of two tenants, open each of theirs; a session naming only an id opens
+// nothing.
+func TestSessionBindsItsToken(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		ctx := context.Background()
+		h := newHarness(t, drv, harnessOptions{})
+		acmeTok, acmeID := h.token(RoleAdmin, 0, "acme")
+		h.must(200, "POST", topicPath+"/messages", acmeTok, `{"key":"k","id":"acme-private","payload":"acme's"}`)
+
+		secret := make([]byte, 32)
+		rand.Read(secret)
+		evilTok := tokenPrefix + acmeID + "." + b64(secret)
+		_, err := StoreToken(ctx, drv, evilTok, []string{"evil"}, []string{RoleAdmin}, 0, h.clock.Now())
+		if !errors.Is(err, driver.ErrTokenIDTaken) || !strings.Contains(err.Error(), acmeID) {
+			t.Fatalf("storing acme's id with another secret for evil: %v; want ErrTokenIDTaken naming the id", err)
+		}
+		if _, err := drv.TokenIn(ctx, "evil", acmeID); !errors.Is(err, driver.ErrNoToken) {
+			t.Fatalf("the refused token has a row in evil: %v", err)
+		}
+		sum := sha256.Sum256(secret)
+		if _, err := drv.DB().ExecContext(ctx, "INSERT INTO queue_api_tokens (tenant, token_id, secret_hash, role, created_at) "+
+			"SELECT 'evil', token_id, ?, role, created_at FROM queue_api_tokens WHERE tenant = 'acme' AND token_id = ?", sum[:], acmeID); err != nil {
+			t.Fatal(err)
+		}
+
+		cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		signIn := func(tenant, tok string) *http.Cookie {
+			t.Helper()
+			req, _ := http.NewRequest("POST", h.http.URL+"/login", strings.NewReader(url.Values{"tenant": {tenant}, "token": {tok}}.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+			res, err := cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			for _, c := range res.Cookies() {
+				if c.Name == sessionCookie && res.Header.Get("Location") == "/ui/"+tenant {
+					return c
+				}
+			}
+			t.Fatalf("sign-in to %s: %d to %q, no session", tenant, res.StatusCode, res.Header.Get("Location"))
+			return nil
+		}
+		// get reads path with the session as the dashboard's own page or
+		// script does, and returns the status, Location and body.
+		get := func(path string, c *http.Cookie) (int, string, string) {
+			t.Helper()
+			req, _ := http.NewRequest("GET", h.http.URL+path, nil)
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+			req.AddCookie(c)
+			res, err := cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			return res.StatusCode, res.Header.Get("Location"), string(b)
+		}
+		opens := func(who string, c *http.Cookie, tenant string) {
+			t.Helper()
+			if code, _, body := get("/ui/"+tenant, c); code != 200 || !strings.Contains(body, tenant) {
+				t.Fatalf("%s's session on /ui/%s: %d; want the page", who, tenant, code)
+			}
+			if code, _, _ := get("/v1/tenants/"+tenant+"/export", c); code != 200 {
+				t.Fatalf("%s's session on %s's export: %d; want 200", who, tenant, code)
+			}
+		}
+		refused := func(who string, c *http.Cookie, tenant string, apiStatus int) {
+			t.Helper()
+			for _, page := range []string{"/ui/" + tenant, "/ui/" + tenant + "/topics/orders"} {
+				if code, loc, body := get(page, c); code != http.StatusSeeOther || loc != "/?error=session" || strings.Contains(body, "acme-private") {
+					t.Fatalf("%s's session on %s: %d to %q; want the sign-in", who, page, code, loc)
+				}
+			}
+			for _, api := range []string{"/export", "/topics", "/topics/orders/messages"} {
+				if code, _, body := get("/v1/tenants/"+tenant+api, c); code != apiStatus || strings.Contains(body, "acme-private") {
+					t.Fatalf("%s's session on %s's %s: %d %s; want %d", who, tenant, api, code, body, apiStatus)
+				}
+			}
+		}
+
+		evil := signIn("evil", evilTok)
+		opens("evil", evil, "evil")
+		refused("evil", evil, "acme", http.StatusForbidden)
+		if r := h.call("GET", "/v1/tenants/acme/export", evilTok, nil); r.status != http.StatusUnauthorized {
+			t.Fatalf("evil's token on acme's export: %d; want 401", r.status)
+		}
+
+		acme := signIn("acme", acmeTok)
+		opens("acme", acme, "acme")
+		if _, _, body := get("/v1/tenants/acme/export", acme); !strings.Contains(body, "acme-private") {
+			t.Fatalf("acme's export lacks its message:\n%s", body)
+		}
+		refused("acme", acme, "evil", http.StatusForbidden) // evil's row of the id is another token's
+
+		twoTok, _ := h.token(RoleAdmin, 0, "acme", "globex")
+		two := signIn("acme", twoTok)
+		opens("a token of two tenants", two, "acme")
+		opens("a token of two tenants", two, "globex")
+
+		// A session of the former form names only the id.
+		idOnly, err := signSession(ctx, h.srv.keys, session{ID: acmeID, Expires: h.clock.Now().Add(time.Hour).Unix()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused("an id-only", &http.Cookie{Name: sessionCookie, Value: idOnly}, "acme", http.StatusUnauthorized)
 	})
 }

@@ -33,7 +33,7 @@ type Config struct {
 	Client   *shardq.Client
 	Driver   driver.Driver
 	Receipts *shardq.Receipts
-	// Tenants, when set (MQ_TENANTS), are the only tenants served: any
+	// Tenants, when set (SHARDQ_TENANTS), are the only tenants served: any
 	// other is refused with 403 before any SQL runs.
 	Tenants []string
 	// Rate bounds each token's requests a second, with bursts of Burst
@@ -371,7 +371,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized checks, in this order and before any other SQL: the
-// tenant's form, the served tenants (MQ_TENANTS), the credential's form
+// tenant's form, the served tenants (SHARDQ_TENANTS), the credential's form
 // (a bearer token, or the dashboard's session on its own GETs), the
 // client address's rate of failed authentications, then the credential
 // itself (one row read) and its role, and only then the token's rate, so
@@ -385,7 +385,7 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 		}
 		if s.cfg.Tenants != nil && !slices.Contains(s.cfg.Tenants, tenant) {
 			writeProblem(w, problem{Type: typeForbidden, Status: http.StatusForbidden,
-				Detail: fmt.Sprintf("tenant %q is not served here (MQ_TENANTS)", tenant)})
+				Detail: fmt.Sprintf("tenant %q is not served here (SHARDQ_TENANTS)", tenant)})
 			return
 		}
 		id, got, ok := s.authenticate(w, r, tenant, true)
@@ -460,7 +460,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, tenant str
 	var err error
 	switch {
 	case hasBearer:
-		id, roles, err = verify(r.Context(), s.tokens, tenant, tok, s.cfg.Clock())
+		id, roles, _, err = verify(r.Context(), s.tokens, tenant, tok, s.cfg.Clock())
 	case cookies && fromDashboard(r):
 		var sess session
 		if sess, err = s.session(r); err == nil {

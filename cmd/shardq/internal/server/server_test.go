@@ -621,7 +621,7 @@ func TestTokenScope(t *testing.T) {
 	})
 }
 
-// TestServedTenantsRefusedBeforeSQL: with MQ_TENANTS set, another tenant
+// TestServedTenantsRefusedBeforeSQL: with SHARDQ_TENANTS set, another tenant
 // is refused even when the database is gone, so no SQL ran for it.
 func TestServedTenantsRefusedBeforeSQL(t *testing.T) {
 	drv := testdb.Migrated(t, testdb.SQLite(t))
@@ -632,8 +632,8 @@ func TestServedTenantsRefusedBeforeSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := h.call("POST", "/v1/tenants/other/topics/orders/messages", tok, `{"key":"k","id":"m"}`)
-	if r.status != 403 || !strings.Contains(r.body["detail"].(string), "MQ_TENANTS") {
-		t.Fatalf("tenant outside MQ_TENANTS: %d %v, want 403 naming MQ_TENANTS", r.status, r.body)
+	if r.status != 403 || !strings.Contains(r.body["detail"].(string), "SHARDQ_TENANTS") {
+		t.Fatalf("tenant outside SHARDQ_TENANTS: %d %v, want 403 naming SHARDQ_TENANTS", r.status, r.body)
 	}
 	if r := h.call("GET", "/v1/tenants/acme/topics", tok, nil); r.status == 403 || r.status == 200 {
 		t.Fatalf("served tenant on a closed database: %d, want a server error (the check reached SQL)", r.status)

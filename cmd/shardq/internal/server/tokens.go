@@ -87,7 +87,9 @@ var ErrTokenTaken = errors.New("a token of this id is stored with another secret
 // StoreToken stores the hash of token (made by MakeToken) for tenants with
 // roles and returns its id. Storing the same token with the same role and
 // tenants again changes nothing (a deployment's bootstrap runs at every
-// upgrade); another token of its id fails with ErrTokenTaken.
+// upgrade); another token of its id fails with ErrTokenTaken in the
+// tenants asked for, and with driver.ErrTokenIDTaken in any other: an id
+// names one token everywhere.
 func StoreToken(ctx context.Context, drv driver.Tokens, token string, tenants []string, roles []string, expires time.Duration, now time.Time) (string, error) {
 	if len(tenants) == 0 {
 		return "", &shardq.ValidationError{Field: "tenant", Rule: "at least one is required"}
@@ -133,10 +135,45 @@ func StoreToken(ctx context.Context, drv driver.Tokens, token string, tenants []
 	default:
 		return "", fmt.Errorf("store token %s: %w (some of its tenants have it)", id, ErrTokenTaken)
 	}
-	if err := drv.CreateToken(ctx, t); err != nil {
-		return "", fmt.Errorf("create token: %w", err)
+	switch err := drv.CreateToken(ctx, t); {
+	case errors.Is(err, driver.ErrTokenIDTaken):
+		return "", fmt.Errorf("%w (make another token: shardq token new)", err)
+	case err != nil:
+		return "", err
 	}
 	return id, nil
+}
+
+// SharedTokenID is a token id that several tokens hold: rows stored
+// before CreateToken checked ids across tenants. Such tokens open nothing
+// of each other's (every credential is checked against its own token's
+// hash), but they share what is counted per token id (its request rate,
+// receives and large transfers in flight), the access log names them
+// alike, and token revoke revokes them together.
+type SharedTokenID struct {
+	ID string
+	// Tenants holds the tenants of each token of the id.
+	Tenants [][]string
+}
+
+// SharedTokenIDs lists the ids that several tokens hold, reading every
+// tenant's tokens (serve checks at start).
+func SharedTokenIDs(ctx context.Context, drv driver.Tokens) ([]SharedTokenID, error) {
+	toks, err := drv.ListTokens(ctx, driver.Scope{AllTenants: true})
+	if err != nil {
+		return nil, err
+	}
+	var out []SharedTokenID
+	for i, t := range toks { // by id: the tokens of one id are adjacent
+		switch {
+		case i == 0 || toks[i-1].ID != t.ID:
+		case len(out) > 0 && out[len(out)-1].ID == t.ID:
+			out[len(out)-1].Tenants = append(out[len(out)-1].Tenants, t.Tenants)
+		default:
+			out = append(out, SharedTokenID{ID: t.ID, Tenants: [][]string{toks[i-1].Tenants, t.Tenants}})
+		}
+	}
+	return out, nil
 }
 
 // secretEncoding is strict: the spare bits of the last character must be
@@ -177,30 +214,31 @@ var (
 )
 
 // verify checks tok for tenant: its row there, its secret (compared in
-// constant time), revocation and expiry. It returns the token's role.
-func verify(ctx context.Context, drv driver.Tokens, tenant, tok string, now time.Time) (id, role string, err error) {
+// constant time), revocation and expiry. It returns the token's id, role
+// and stored hash.
+func verify(ctx context.Context, drv driver.Tokens, tenant, tok string, now time.Time) (id, role string, hash []byte, err error) {
 	id, secret, ok := parseToken(tok)
 	if !ok {
-		return "", "", errTokenInvalid
+		return "", "", nil, errTokenInvalid
 	}
 	sum := sha256.Sum256(secret)
 	t, err := drv.TokenIn(ctx, tenant, id)
 	if errors.Is(err, driver.ErrNoToken) {
-		return id, "", errTokenTenant
+		return id, "", nil, errTokenTenant
 	}
 	if err != nil {
-		return id, "", err
+		return id, "", nil, err
 	}
 	if subtle.ConstantTimeCompare(sum[:], t.SecretHash) != 1 {
-		return id, "", errTokenInvalid
+		return id, "", nil, errTokenInvalid
 	}
 	switch {
 	case !t.RevokedAt.IsZero():
-		return id, "", errTokenRevoked
+		return id, "", nil, errTokenRevoked
 	case !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt):
-		return id, "", errTokenExpired
+		return id, "", nil, errTokenExpired
 	}
-	return id, t.Role, nil
+	return id, t.Role, t.SecretHash, nil
 }
 
 // allows reports whether a token of roles (as stored) may do what needs

@@ -9,14 +9,19 @@ SELECT secret_hash, role, created_at, expires_at, revoked_at
 FROM queue_api_tokens
 WHERE tenant = :tenant AND token_id = :id;
 
+-- holders: the rows of one token id in every tenant (a scatter read on Vitess; token creation only)
+SELECT tenant, secret_hash
+FROM queue_api_tokens
+WHERE token_id = :id;
+
 -- list (some tenants): the rows of some tenants or all, by token then tenant
-SELECT token_id, tenant, role, created_at, expires_at, revoked_at
+SELECT token_id, tenant, secret_hash, role, created_at, expires_at, revoked_at
 FROM queue_api_tokens
 WHERE tenant IN (:tenants)
 ORDER BY token_id, tenant;
 
 -- list (all tenants): the rows of some tenants or all, by token then tenant
-SELECT token_id, tenant, role, created_at, expires_at, revoked_at
+SELECT token_id, tenant, secret_hash, role, created_at, expires_at, revoked_at
 FROM queue_api_tokens
 WHERE 1 = 1
 ORDER BY token_id, tenant;
