@@ -488,7 +488,7 @@ func (s *Subscriber) deliver(ctx context.Context, msgs []driver.Message, whole *
 	inTx := settle.InTxFrom(ctx)
 	if whole != nil {
 		d := wholeDelivery(whole, attempt) // alone, as a batch too
-		d.inTx, d.upTo = inTx, whole.End.Offset
+		d.inTx, d.upTo = inTx, whole.UpTo
 		ds = []*Delivery{d}
 	} else {
 		ds = make([]*Delivery, len(msgs))

@@ -69,7 +69,7 @@ func run(t *testing.T, open Open, parallel bool) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, budgetTests, settleTests) {
+	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, budgetTests, settleTests, largeTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			if parallel && !changesEnv[tc.name] {
 				t.Parallel()

@@ -66,14 +66,34 @@ func (w *worker) passOver(m *driver.Message, upTo int64, why string) bool {
 	return true
 }
 
-// open makes the large message that first (chunk 0, or end itself)
+// span is what settling the large message first (chunk 0, or end itself)
+// starts covers; false when the worker must stop.
+func (w *worker) span(first, end *driver.Message) (*large.Span, bool) {
+	for {
+		ctx, cancel := context.WithTimeout(w.ctx, dbTimeout)
+		span, err := large.SpanOf(ctx, w.s.drv, first, end)
+		cancel()
+		if err == nil {
+			return &span, true
+		}
+		if w.stopping() || w.ctx.Err() != nil {
+			return nil, false
+		}
+		w.s.log.Warn("shardq: reading a large message's span failed; retrying", w.logArgs("offset", first.Offset, "err", err)...)
+		if !w.wait(w.s.cfg.PollInterval) {
+			return nil, false
+		}
+	}
+}
+
+// open makes the large message that first (chunk 0, or its end marker)
 // starts: its body reads one chunk at a time, each read bounded on its own
 // and ended with the worker's lease.
-func (w *worker) open(first, end *driver.Message) *large.Whole {
-	if first.Offset == end.Offset {
+func (w *worker) open(first *driver.Message, span large.Span) *large.Whole {
+	if first.Offset == span.End.Offset {
 		first = nil
 	}
 	tp := driver.TopicPartition{Tenant: w.lease.Tenant, Topic: w.lease.Topic, PartitionKey: w.lease.PartitionKey}
-	whole := large.Open(first, end, large.FetchNext(w.ctx, w.s.drv, tp, dbTimeout), w.lease.PartitionRef)
+	whole := large.Open(first, span, large.FetchNext(w.ctx, w.s.drv, tp, dbTimeout), w.lease.PartitionRef)
 	return &whole
 }

@@ -483,25 +483,27 @@ func (w *worker) deliverOne(m *driver.Message, st driver.DeliveryState) (ok, mor
 	case end == nil:
 		w.blocked = true
 		return true, false
-	case end == m: // a large message without chunks
-		return w.settle([]driver.Message{*m}, end, st), true
 	case large.IsAborted(end):
 		// Chunk 0 only: the chunks after it are passed over one by one,
 		// so that a message published between them and the aborted end
 		// marker (after a writer's crash) is still delivered.
 		return w.passOver(m, m.Offset, "a large message whose write failed or was abandoned"), true
 	}
-	return w.settle([]driver.Message{*m}, end, st), true
+	span, ok := w.span(m, end)
+	if !ok {
+		return false, false
+	}
+	return w.settle([]driver.Message{*m}, span, st), true
 }
 
 // settle delivers msgs (one, or one batch) until acked or dead-lettered;
-// with end, msgs is a large message's chunk 0 (or end itself) and end its
-// end marker, the last offset it settles.
-func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.DeliveryState) bool {
+// with span, msgs is a large message's chunk 0 (or its end marker) and
+// span what settling it covers.
+func (w *worker) settle(msgs []driver.Message, span *large.Span, st driver.DeliveryState) bool {
 	s := w.s
 	first, last := msgs[0].Offset, msgs[len(msgs)-1].Offset
-	if end != nil {
-		last = end.Offset
+	if span != nil {
+		last = span.UpTo
 	}
 	attempt := st.Attempts + 1
 	// A retry waits for its time, and a delayed message for its
@@ -518,7 +520,7 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 		// Expiry is checked just before each attempt, by now's clock: a
 		// batch stops before an expired message, and one expired first is
 		// settled without delivery.
-		if end == nil {
+		if span == nil {
 			now := s.cfg.Clock()
 			if expiry.Expired(&msgs[0], now) {
 				return w.expire(msgs[0], attempt)
@@ -530,7 +532,7 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 				}
 			}
 		}
-		inTx, err := w.call(msgs, end, attempt)
+		inTx, err := w.call(msgs, span, attempt)
 		if err == nil {
 			w.cursor = last
 			return true
@@ -549,10 +551,10 @@ func (w *worker) settle(msgs []driver.Message, end *driver.Message, st driver.De
 		// The verdict is the batch's: its first message records the
 		// attempt, or every message is dead-lettered.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
-		v, serr := s.settler.Leased(ctx, w.leaseNow(), msgs[0], end, attempt, err)
+		v, serr := s.settler.Leased(ctx, w.leaseNow(), msgs[0], span, attempt, err)
 		cancel()
 		if v.DeadLetter {
-			if !w.deadLetter(msgs, end, attempt, v.Cause, serr) {
+			if !w.deadLetter(msgs, span, attempt, v.Cause, serr) {
 				return false
 			}
 			w.cursor = last
@@ -592,14 +594,14 @@ func (w *worker) committedNow() (int64, bool) {
 	return l.Committed, true
 }
 
-// call hands msgs to the handler as their attempt-th delivery; with end,
+// call hands msgs to the handler as their attempt-th delivery; with span,
 // the large message msgs[0] starts, whole, its body read afresh. It
 // returns the handler's result and what it could settle in its own
 // transaction.
-func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) (*settle.InTx, error) {
+func (w *worker) call(msgs []driver.Message, span *large.Span, attempt int) (*settle.InTx, error) {
 	var whole *large.Whole
-	if end != nil {
-		whole = w.open(&msgs[0], end)
+	if span != nil {
+		whole = w.open(&msgs[0], *span)
 	}
 	// The handler may settle in its own transaction (Delivery.AckTx):
 	// the cursor commit under this lease's fence joins it.
@@ -619,7 +621,7 @@ func (w *worker) call(msgs []driver.Message, end *driver.Message, attempt int) (
 // the first already, with the result err; after a failure it starts
 // again from the first (a dead letter is stored once, and a cursor never
 // moves back).
-func (w *worker) deadLetter(msgs []driver.Message, end *driver.Message, attempts int, cause, err error) bool {
+func (w *worker) deadLetter(msgs []driver.Message, span *large.Span, attempts int, cause, err error) bool {
 	s := w.s
 	for i, m := range msgs {
 		if i > 0 {
@@ -631,7 +633,7 @@ func (w *worker) deadLetter(msgs []driver.Message, end *driver.Message, attempts
 		}
 		if err != nil {
 			s.log.Warn("shardq: dead-lettering failed; retrying", w.logArgs("offset", m.Offset, "err", err)...)
-			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, end, attempts, cause, w.deadLetterOneOf(msgs[0], end, attempts, cause))
+			return w.wait(s.cfg.PollInterval) && w.deadLetter(msgs, span, attempts, cause, w.deadLetterOneOf(msgs[0], span, attempts, cause))
 		}
 		s.cfg.Metrics.DeadLettered(w.lease.Tenant, 1)
 		s.log.Warn("shardq: message dead-lettered", w.logArgs("offset", m.Offset, "id", m.ID, "attempts", attempts, "err", cause)...)
@@ -663,11 +665,11 @@ func (w *worker) deadLetterOne(m driver.Message, attempts int, cause error) erro
 	return w.deadLetterOneOf(m, nil, attempts, cause)
 }
 
-// deadLetterOneOf dead-letters m (with end, the large message m starts).
-func (w *worker) deadLetterOneOf(m driver.Message, end *driver.Message, attempts int, cause error) error {
+// deadLetterOneOf dead-letters m (with span, the large message m starts).
+func (w *worker) deadLetterOneOf(m driver.Message, span *large.Span, attempts int, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), dbTimeout)
 	defer cancel()
-	_, err := w.s.settler.Leased(ctx, w.leaseNow(), m, end, attempts, &settle.DeadLetterError{Err: cause})
+	_, err := w.s.settler.Leased(ctx, w.leaseNow(), m, span, attempts, &settle.DeadLetterError{Err: cause})
 	return err
 }
 

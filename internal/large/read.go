@@ -58,9 +58,47 @@ type Whole struct {
 	Body    io.Reader
 	Size    int64
 	Chunks  int
-	// End is the end marker: settling the message settles up to its
-	// offset, and dead-lettering copies it last.
+	// Span is what settling it covers; dead-lettering copies its end
+	// marker last.
+	Span
+}
+
+// Span is what settling a large message covers: its end marker, and
+// where the cursor goes.
+type Span struct {
 	End *driver.Message
+	// UpTo is the offset settling the message commits: its end
+	// marker's; or, when other messages were stored among its chunks
+	// (published to its key while it was written), its chunk 0's. Those
+	// messages then come after it, in order, and readers pass over its
+	// later chunks and end marker as over those of a write that failed:
+	// nothing stored is skipped.
+	UpTo int64
+}
+
+// Counter counts a partition's messages in an offset range
+// (driver.Driver.CountBetween).
+type Counter interface {
+	CountBetween(ctx context.Context, p driver.TopicPartition, after, upTo int64) (int64, error)
+}
+
+// SpanOf is the Span of the large message whose chunk 0 is first (nil, or
+// end itself, when it has none) and whose end marker is end: one count of
+// what lies between them.
+func SpanOf(ctx context.Context, c Counter, first, end *driver.Message) (Span, error) {
+	s := Span{End: end, UpTo: end.Offset}
+	chunks, err := strconv.Atoi(end.Headers[HeaderChunks])
+	if first == nil || first.Offset >= end.Offset || err != nil {
+		return s, nil // no chunks; or a corrupt marker, which the body's first read fails
+	}
+	n, err := c.CountBetween(ctx, driver.TopicPartition{Tenant: end.Tenant, Topic: end.Topic, PartitionKey: end.PartitionKey}, first.Offset, end.Offset)
+	if err != nil {
+		return Span{}, fmt.Errorf("shardq: large message %q: %w", end.ID, err)
+	}
+	if n != int64(chunks) { // its later chunks and the end marker, and more
+		s.UpTo = first.Offset
+	}
+	return s, nil
 }
 
 // Fetch reads the message after offset after in the large message's
@@ -77,11 +115,12 @@ type Fetch func(after int64) (m driver.Message, ok bool, err error)
 // message is a failed delivery like any other: the reader's handler
 // fails, and it is retried and dead-lettered. where names the partition
 // in errors.
-func Open(first *driver.Message, end *driver.Message, fetch Fetch, where fmt.Stringer) Whole {
+func Open(first *driver.Message, span Span, fetch Fetch, where fmt.Stringer) Whole {
+	end := span.End
 	chunks, err1 := strconv.Atoi(end.Headers[HeaderChunks])
 	size, err2 := strconv.ParseInt(end.Headers[HeaderBytes], 10, 64)
 	b := &body{fetch: fetch, where: where, id: end.ID, chunks: chunks, size: size, want: end.Headers[HeaderSHA256],
-		sum: sha256.New(), last: end.Offset}
+		sum: sha256.New(), last: end.Offset, end: end.Offset}
 	view := *end
 	view.Headers, view.Payload = maps.Clone(end.Headers), nil
 	switch {
@@ -98,7 +137,7 @@ func Open(first *driver.Message, end *driver.Message, fetch Fetch, where fmt.Str
 	if first != nil {
 		view.Offset = first.Offset
 	}
-	return Whole{Message: view, Body: b, Size: max(size, 0), Chunks: max(chunks, 0), End: end}
+	return Whole{Message: view, Body: b, Size: max(size, 0), Chunks: max(chunks, 0), Span: span}
 }
 
 // body reads a large message's chunks in order, one at a time.
@@ -111,6 +150,7 @@ type body struct {
 	want       string // the end marker's SHA-256
 	next       int    // the next chunk's number
 	last       int64  // the offset of the last chunk read
+	end        int64  // the end marker's
 	cur        []byte // what is left of the chunk being read
 	sum        hash.Hash
 	err        error // sticky
@@ -139,6 +179,11 @@ func (b *body) nextChunk() error {
 		return io.EOF
 	}
 	m, ok, err := b.fetch(b.last)
+	for err == nil && ok && m.Offset < b.end && m.Headers[HeaderID] != b.id {
+		// Another message, published to the key while this one was
+		// written: it comes after this one (Span).
+		m, ok, err = b.fetch(m.Offset)
+	}
 	if err != nil {
 		return fmt.Errorf("shardq: read large %s id %q chunk %d: %w", b.where, b.id, b.next, err)
 	}

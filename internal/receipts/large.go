@@ -66,7 +66,11 @@ func (r *Receipts) wholes(ctx context.Context, l *driver.Lease, rq Request, msgs
 		}
 		r.forget(l.PartitionRef)
 		if end != nil {
-			w := large.Open(firstOf(m, end), end, nil, l.PartitionRef)
+			span, err := large.SpanOf(ctx, r.drv, m, end)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			w := large.Open(firstOf(m, end), span, nil, l.PartitionRef)
 			return msgs[:1], states, &w, nil
 		}
 		if passed++; passed > maxPassOver {
@@ -186,5 +190,5 @@ func (r *Receipts) Body(ctx context.Context, tenant, topic, group, rcpt string) 
 	if err != nil {
 		return large.Whole{}, settled("read body of", rc, err)
 	}
-	return large.Open(firstOf(&ms[0], end), end, large.FetchNext(ctx, r.drv, tp, lifecycle.CallTimeout), rc.ref()), nil
+	return large.Open(firstOf(&ms[0], end), large.Span{End: end, UpTo: rc.upTo()}, large.FetchNext(ctx, r.drv, tp, lifecycle.CallTimeout), rc.ref()), nil
 }

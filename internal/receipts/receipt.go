@@ -34,7 +34,8 @@ type Receipt struct {
 	Offset int64  `json:"o"`
 	Last   int64  `json:"l,omitempty"` // grouped: the receive's last offset, whose ack gives the group back
 	// End is, for a large message (Offset its chunk 0, or End itself
-	// without chunks), its end marker's offset: what an ack commits.
+	// without chunks), its end marker's offset; Last is then where its
+	// ack commits the cursor (large.Span.UpTo).
 	End   int64 `json:"e,omitempty"`
 	Claim bool  `json:"c,omitempty"` // an ungrouped message's claim
 	// Held marks a message of a session: its ack does not give the
@@ -264,7 +265,7 @@ func parse(b []byte, binaryBody bool, field, tenant, topic, group string) (Recei
 			return r, bad("inconsistent")
 		}
 	case r.Claim != (r.Key == "") || r.Owner == "" || r.Token <= 0 || r.Offset <= 0 || (!r.Claim && r.Last < r.Offset) || r.Attempts < 0 ||
-		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last != r.End) || r.Held && r.Claim ||
+		r.End != 0 && (r.Claim || r.End < r.Offset || r.Last > r.End) || r.Held && r.Claim ||
 		r.Turn < 0 || r.Turn > MaxTurns || r.Turn != 0 && (r.Claim || r.Held):
 		return r, bad("inconsistent")
 	}

@@ -201,7 +201,18 @@ const MaxTurns = 10
 // may keep the group for the next receive: it settles the whole receive
 // (which would give the group back), outside a session, within MaxTurns.
 func (rc Receipt) goesOn() bool {
-	return !rc.Held && !rc.Claim && !rc.Deferred && max(rc.Offset, rc.End) == rc.Last && rc.Turn < MaxTurns
+	return !rc.Held && !rc.Claim && !rc.Deferred && rc.upTo() == rc.Last && rc.Turn < MaxTurns
+}
+
+// upTo is where an ack of rc, a message group's receipt, commits the
+// cursor: its message's offset; for a large message, Last, what settling
+// it covers (large.Span.UpTo; in receipts of an earlier version Last is
+// the end marker's offset, End).
+func (rc Receipt) upTo() int64 {
+	if rc.End > 0 {
+		return rc.Last
+	}
+	return rc.Offset
 }
 
 // keepFor is the lease a kept group goes on under: its owner (this
@@ -612,7 +623,7 @@ func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now 
 	}
 	last := msgs[len(msgs)-1].Offset
 	if whole != nil {
-		last = whole.End.Offset
+		last = whole.UpTo
 	}
 	res := Result{Messages: make([]Received, len(msgs)), Truncated: truncated && whole == nil}
 	for i, m := range msgs {
@@ -620,7 +631,7 @@ func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now 
 			Turn: rq.turn}
 		rec := Received{Message: m, Attempt: states[m.Offset].Attempts + 1}
 		if whole != nil {
-			rc.End = last
+			rc.End = whole.End.Offset
 			rec.Message = whole.Message
 			rec.Large = &Large{Size: whole.Size, Chunks: whole.Chunks, SHA256: whole.End.Headers[large.HeaderSHA256]}
 		}
@@ -688,7 +699,7 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 	// head: that would skip every message published up to it.
 	// (A receipt's Last only decides whether its ack gives the group back.)
 	l := rc.lease()
-	upTo := max(rc.Offset, rc.End) // a large message: its chunks and end marker
+	upTo := rc.upTo()
 	// The receive's last ack gives the group back in the same transaction.
 	err := r.drv.CommitReceived(ctx, l, upTo, upTo == rc.Last && !rc.Held, now)
 	return settled("ack", rc, pastHead(rc, err))
@@ -698,7 +709,7 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 // receive, keeping the group under keep when more of it is stored; nil
 // when it was given back.
 func (r *Receipts) commitKeep(ctx context.Context, rc Receipt, keep keepFor, now time.Time) (*kept, error) {
-	l, ok, err := r.drv.CommitReceivedKeep(ctx, rc.lease(), max(rc.Offset, rc.End), keep.owner, now, keep.ttl)
+	l, ok, err := r.drv.CommitReceivedKeep(ctx, rc.lease(), rc.upTo(), keep.owner, now, keep.ttl)
 	if err != nil && !errors.Is(err, driver.ErrLeaseLost) && !errors.Is(err, driver.ErrPastHead) {
 		// The commit's outcome may be unknown (a connection cut at
 		// COMMIT): a lease handed on that nobody knows of would hold the
@@ -956,17 +967,19 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	// messages must not be acked past this one (acks are cumulative), and
 	// a failure must not leave the group held for nackHold.
 	defer r.giveBack(ctx, rc)
-	var end *driver.Message
+	var span *large.Span
 	if rc.End > 0 {
-		if end, err = r.endAt(ctx, rc, m); err != nil {
+		end, err := r.endAt(ctx, rc, m)
+		if err != nil {
 			return settled("nack", rc, err)
 		}
+		span = &large.Span{End: end, UpTo: rc.upTo()}
 	}
 	states, err := r.drv.DeliveryStates(ctx, rc.ref(), rc.Offset-1, rc.Offset)
 	if err != nil {
 		return settled("nack", rc, err)
 	}
-	_, err = r.cfg.Settler.Leased(ctx, l, m, end, states[rc.Offset].Attempts+1, cause)
+	_, err = r.cfg.Settler.Leased(ctx, l, m, span, states[rc.Offset].Attempts+1, cause)
 	return settled("nack", rc, err)
 }
 

@@ -50,13 +50,13 @@ func (r *Receiver) ReceiveWhole(ctx context.Context) (Whole, error) {
 			}
 			return Whole{Message: m, Attempt: attempt, Size: int64(len(m.Payload))}, nil
 		case large.Chunk:
-			if err := r.passOver(ctx, m, nil, "a chunk of a large message that was passed over"); err != nil {
+			if err := r.passOver(ctx, m, "a chunk of a large message that was passed over"); err != nil {
 				return Whole{}, err
 			}
 			continue
 		case large.End:
 			if large.IsAborted(&m) || m.Headers[large.HeaderChunks] != "0" {
-				if err := r.passOver(ctx, m, nil, "an end marker without its chunks"); err != nil {
+				if err := r.passOver(ctx, m, "an end marker without its chunks"); err != nil {
 					return Whole{}, err
 				}
 				continue
@@ -76,21 +76,26 @@ func (r *Receiver) ReceiveWhole(ctx context.Context) (Whole, error) {
 				// Chunk 0 only: the rest are passed over one by one, so
 				// that a message published between them and the aborted
 				// end marker is still delivered.
-				if err := r.passOver(ctx, m, nil, "a large message whose write failed or was abandoned"); err != nil {
+				if err := r.passOver(ctx, m, "a large message whose write failed or was abandoned"); err != nil {
 					return Whole{}, err
 				}
 				continue
 			}
 		}
-		return r.whole(m, end, attempt), nil
+		span, err := large.SpanOf(ctx, r.drv, &m, end)
+		if err != nil {
+			r.unhold() // not handed out: the next call starts here again
+			return Whole{}, fmt.Errorf("shardq: receive large %s: %w", r.ref, err)
+		}
+		return r.whole(m, span, attempt), nil
 	}
 }
 
 // whole hands out the large message with end marker end, whose chunk 0
 // (or, without chunks, end itself) is m, the message in hand.
-func (r *Receiver) whole(m driver.Message, end *driver.Message, attempt int) Whole {
+func (r *Receiver) whole(m driver.Message, span large.Span, attempt int) Whole {
 	var first *driver.Message
-	if end.Offset != m.Offset {
+	if span.End.Offset != m.Offset {
 		first = &m
 	}
 	tp := driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}
@@ -98,7 +103,7 @@ func (r *Receiver) whole(m driver.Message, end *driver.Message, attempt int) Who
 	// The body is read after ReceiveWhole returns, so its reads are not
 	// bound by ctx (which bounds the wait): each is bounded by dbTimeout,
 	// and none starts once the receiver is closed.
-	w := large.Open(first, end, func(after int64) (driver.Message, bool, error) {
+	w := large.Open(first, span, func(after int64) (driver.Message, bool, error) {
 		select {
 		case <-r.closing:
 			_, err := r.current()
@@ -108,7 +113,7 @@ func (r *Receiver) whole(m driver.Message, end *driver.Message, attempt int) Who
 		return next(after)
 	}, r.ref)
 	r.mu.Lock()
-	r.heldEnd = end
+	r.heldSpan = &span
 	r.buf = nil // the body reads chunk by chunk; what was prefetched would only hold memory
 	r.stopHeldTimer()
 	r.startHeldTimer(m.Offset, attempt)
@@ -116,11 +121,11 @@ func (r *Receiver) whole(m driver.Message, end *driver.Message, attempt int) Who
 	return Whole{Message: w.Message, Attempt: attempt, Body: w.Body, Size: w.Size, Chunks: w.Chunks}
 }
 
-// passOver acks m, the message in hand, which no reader may be handed
-// (with end, the end marker the cursor passes to), and logs why.
-func (r *Receiver) passOver(ctx context.Context, m driver.Message, end *driver.Message, why string) error {
+// passOver acks m, the message in hand, which no reader may be handed,
+// and logs why.
+func (r *Receiver) passOver(ctx context.Context, m driver.Message, why string) error {
 	r.mu.Lock()
-	r.heldEnd = end
+	r.heldSpan = nil
 	r.mu.Unlock()
 	if err := r.Ack(ctx, m.Offset); err != nil {
 		return err
@@ -186,7 +191,7 @@ func (r *Receiver) unhold() {
 	defer r.mu.Unlock()
 	if r.held != nil {
 		r.buf = append([]driver.Message{*r.held}, r.buf...)
-		r.held, r.heldEnd, r.heldInTx = nil, nil, false
+		r.held, r.heldSpan, r.heldInTx = nil, nil, false
 		r.stopHeldTimer()
 	}
 }

@@ -194,10 +194,10 @@ type Receiver struct {
 	// expiring counts expiries running, which Close waits for.
 	heldTimer *time.Timer
 	expiring  sync.WaitGroup
-	// heldEnd is, while held is a large message's first chunk
-	// (ReceiveLarge), its end marker: what settling it settles (nil:
-	// none). Guarded by mu, as held is (the handler timeout reads them).
-	heldEnd *driver.Message
+	// heldSpan is, while held is a large message's first chunk
+	// (ReceiveLarge), what settling it covers (nil: none). Guarded by
+	// mu, as held is (the handler timeout reads them).
+	heldSpan *large.Span
 	// waiter waits for the end marker of a large message in hand; it
 	// lives as long as the receiver, so that calls with short contexts
 	// still add up to its LargeWriteTimeout.
@@ -449,7 +449,7 @@ func (r *Receiver) settled(cursor int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cursor = cursor
-	r.held, r.heldEnd, r.heldInTx = nil, nil, false
+	r.held, r.heldSpan, r.heldInTx = nil, nil, false
 	r.stopHeldTimer()
 	for len(r.buf) > 0 && r.buf[0].Offset <= cursor { // a large message's chunks
 		r.buf = r.buf[1:]
@@ -465,8 +465,8 @@ func (r *Receiver) Ack(ctx context.Context, offset int64) error {
 		return err
 	}
 	upTo := offset
-	if r.heldEnd != nil {
-		upTo = r.heldEnd.Offset // a large message: its chunks and end marker
+	if r.heldSpan != nil {
+		upTo = r.heldSpan.UpTo // a large message: its chunks and end marker
 	}
 	if err := r.drv.CommitOffset(ctx, l, upTo, r.now()); err != nil {
 		return r.fail("ack", err)
@@ -478,10 +478,10 @@ func (r *Receiver) Ack(ctx context.Context, offset int64) error {
 // settledInTx reports whether the cursor is past held (with end, the
 // large message it starts), read under l's fence: an AckTx whose
 // transaction committed. upTo is the offset that settles it.
-func (r *Receiver) settledInTx(ctx context.Context, l driver.Lease, held driver.Message, end *driver.Message) (upTo int64, done bool, err error) {
+func (r *Receiver) settledInTx(ctx context.Context, l driver.Lease, held driver.Message, span *large.Span) (upTo int64, done bool, err error) {
 	upTo = held.Offset
-	if end != nil {
-		upTo = end.Offset
+	if span != nil {
+		upTo = span.UpTo
 	}
 	cur, err := r.drv.ResumeLease(ctx, l, r.now(), r.cfg.LeaseTTL)
 	if err != nil {
@@ -517,8 +517,8 @@ func (r *Receiver) inTx(offset int64, op string, pass func(l driver.Lease, upTo 
 		return err
 	}
 	upTo := offset
-	if r.heldEnd != nil {
-		upTo = r.heldEnd.Offset
+	if r.heldSpan != nil {
+		upTo = r.heldSpan.UpTo
 	}
 	r.mu.Lock()
 	r.heldInTx = true
@@ -557,14 +557,14 @@ func (r *Receiver) DeadLetter(ctx context.Context, offset int64, reason error) e
 
 // settleFailure settles the message in hand as failed by cause (op: for errors).
 func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause error, op string) error {
-	held, end, attempt := *r.held, r.heldEnd, r.heldAttempt
+	held, span, attempt := *r.held, r.heldSpan, r.heldAttempt
 	r.mu.Lock()
 	inTx := r.heldInTx
 	r.mu.Unlock()
 	if inTx {
 		// Settled in the application's transaction: if that committed,
 		// the message is acked, whatever failed after.
-		upTo, done, err := r.settledInTx(ctx, l, held, end)
+		upTo, done, err := r.settledInTx(ctx, l, held, span)
 		if err != nil {
 			return r.fail(op, err)
 		}
@@ -573,7 +573,7 @@ func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause erro
 			return nil
 		}
 	}
-	v, err := r.cfg.Settler.Leased(ctx, l, held, end, attempt, cause)
+	v, err := r.cfg.Settler.Leased(ctx, l, held, span, attempt, cause)
 	if v.DeadLetter {
 		op = "dead-letter"
 	}
@@ -582,8 +582,8 @@ func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause erro
 	}
 	if v.DeadLetter {
 		upTo, id := held.Offset, held.ID
-		if end != nil {
-			upTo, id = end.Offset, end.ID
+		if span != nil {
+			upTo, id = span.UpTo, span.End.ID
 		}
 		r.metrics.DeadLettered(r.ref.Tenant, 1)
 		r.log.Warn("shardq: message dead-lettered", "offset", held.Offset, "id", id, "attempts", attempt, "err", v.Cause)
@@ -597,7 +597,7 @@ func (r *Receiver) settleFailure(ctx context.Context, l driver.Lease, cause erro
 		r.states = map[int64]driver.DeliveryState{}
 	}
 	r.states[held.Offset] = driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: settle.ErrText(cause)}
-	r.held, r.heldEnd, r.heldInTx = nil, nil, false
+	r.held, r.heldSpan, r.heldInTx = nil, nil, false
 	r.stopHeldTimer()
 	r.lastActive = r.now()
 	r.mu.Unlock()
@@ -685,7 +685,7 @@ func (r *Receiver) expireHeld(offset int64, attempt int) {
 		r.mu.Unlock()
 		return // settled meanwhile
 	}
-	held, end, l, inTx := *r.held, r.heldEnd, r.lease, r.heldInTx
+	held, span, l, inTx := *r.held, r.heldSpan, r.lease, r.heldInTx
 	r.heldTimer = nil
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
@@ -695,10 +695,10 @@ func (r *Receiver) expireHeld(offset int64, attempt int) {
 	var err error
 	done := false
 	if inTx { // settled in the application's transaction, if that committed
-		_, done, _ = r.settledInTx(ctx, l, held, end) // unknown: the attempt failed
+		_, done, _ = r.settledInTx(ctx, l, held, span) // unknown: the attempt failed
 	}
 	if !done {
-		v, err = r.cfg.Settler.Leased(ctx, l, held, end, attempt, cause)
+		v, err = r.cfg.Settler.Leased(ctx, l, held, span, attempt, cause)
 	}
 	switch {
 	case err == nil && v.DeadLetter:

@@ -170,32 +170,33 @@ type Settler struct {
 // Leased settles err, the failure of the attempt-th delivery of m, a
 // message of l's partition, under l's fence. A retry records the attempt
 // at m's offset (attempts, when it is due, err's text); a dead-letter
-// copies m to the dead-letter topic and moves the cursor to it. When end
-// is not nil, m is the first chunk of a large message (or end itself) and
-// end its end marker: the dead letter is the whole message, its chunks
-// copied first and end with the cursor last (copyChunks). A nil err is an ack, which
+// copies m to the dead-letter topic and moves the cursor to it. When span
+// is not nil, m is the first chunk of a large message (or its end marker)
+// and span what settling it covers: the dead letter is the whole message,
+// its chunks copied first and its end marker with the cursor (to
+// span.UpTo) last (copyChunks). A nil err is an ack, which
 // Leased leaves to the caller. It returns the verdict and the write's
 // error (driver.ErrLeaseLost when l is no longer current).
-func (s Settler) Leased(ctx context.Context, l driver.Lease, m driver.Message, end *driver.Message, attempt int, err error) (Verdict, error) {
+func (s Settler) Leased(ctx context.Context, l driver.Lease, m driver.Message, span *large.Span, attempt int, err error) (Verdict, error) {
 	v := s.Policy.Decide(err, attempt)
 	now := s.Clock()
 	switch {
 	case v.Ack:
 		return v, nil
 	case v.DeadLetter:
-		copied := m
-		if end != nil {
-			if err := s.copyChunks(ctx, m, end); err != nil {
+		copied, upTo := m, m.Offset
+		if span != nil {
+			if err := s.copyChunks(ctx, m, span.End); err != nil {
 				return v, err
 			}
-			copied = *end
+			copied, upTo = *span.End, span.UpTo
 			// The copy took as long as the message is large: the end
 			// marker's write gets a bound of its own.
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), lifecycle.CallTimeout)
 			defer cancel()
 		}
-		return v, s.Driver.DeadLetter(ctx, l, DeadLetterCopy(copied, s.DLQSuffix, attempt, v.Cause), copied.Offset, now)
+		return v, s.Driver.DeadLetter(ctx, l, DeadLetterCopy(copied, s.DLQSuffix, attempt, v.Cause), upTo, now)
 	}
 	v.Due = now.Add(v.Delay)
 	return v, s.Driver.RecordAttempt(ctx, l, m.Offset, driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: ErrText(err)}, now)
@@ -243,23 +244,30 @@ func (s Settler) copyChunks(ctx context.Context, first driver.Message, end *driv
 			return fmt.Errorf("dead-letter large %q: read chunks after offset %d: %w", end.ID, after, err)
 		}
 		var rows []*driver.InsertMessage
+		read := 0
 		for _, m := range ms {
 			if m.Offset >= end.Offset {
 				break
 			}
+			read++
+			if m.Headers[large.HeaderID] != end.ID {
+				continue // another message, stored among the chunks: it stays (large.Span)
+			}
 			rows = append(rows, &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic + s.DLQSuffix, PartitionKey: m.PartitionKey,
 				ID: m.ID, Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt})
 		}
-		if len(rows) == 0 {
+		if read == 0 {
 			return nil
 		}
-		sctx, cancel = step()
-		err = s.insert(sctx, rows)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("dead-letter large %q: copy chunks: %w", end.ID, err)
+		if len(rows) > 0 {
+			sctx, cancel = step()
+			err = s.insert(sctx, rows)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("dead-letter large %q: copy chunks: %w", end.ID, err)
+			}
 		}
-		after = ms[len(rows)-1].Offset
+		after = ms[read-1].Offset
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/large"
 )
 
 // The one settle policy, as partition workers, ungrouped claims and
@@ -117,7 +118,7 @@ func TestSettlerApplies(t *testing.T) {
 		Clock: func() time.Time { return now }}
 	ctx := context.Background()
 	first := driver.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big#0", Offset: 10}
-	end := &driver.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big", Offset: 14}
+	end := &large.Span{End: &driver.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "big", Offset: 14}, UpTo: 14}
 
 	if v, err := s.Leased(ctx, driver.Lease{}, first, end, 1, nil); err != nil || !v.Ack || rec.attempt != nil || rec.dlq != nil {
 		t.Fatalf("ack: %+v, %v; wrote %+v %+v", v, err, rec.attempt, rec.dlq)
@@ -131,6 +132,11 @@ func TestSettlerApplies(t *testing.T) {
 	if err != nil || !v.DeadLetter || rec.upTo != 14 || rec.dlq.ID != "big" || rec.dlq.Topic != "x.dlq" ||
 		rec.dlq.Headers[HeaderAttempts] != "3" || rec.dlq.Headers[HeaderLastError] != "boom" {
 		t.Fatalf("dead-letter: %+v, %v; copied %+v up to %d", v, err, rec.dlq, rec.upTo)
+	}
+	// Other messages stored among its chunks: the cursor stops at chunk 0.
+	end.UpTo = 10
+	if v, err = s.Leased(ctx, driver.Lease{}, first, end, 3, errors.New("boom")); err != nil || !v.DeadLetter || rec.upTo != 10 || rec.dlq.ID != "big" {
+		t.Fatalf("dead-letter among other messages: %+v, %v; copied %+v up to %d", v, err, rec.dlq, rec.upTo)
 	}
 
 	c := driver.Claim{Attempts: 1, Message: driver.Message{Tenant: "t", Topic: "x", ID: "u", Offset: 3}}
