@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,6 +33,7 @@ var subscriberTests = []struct {
 	{"TenantBacklogLeavesRoomForAnother", testTenantBacklogLeavesRoom},
 	{"LostLeaseCancelsHandler", testLostLeaseCancelsHandler},
 	{"ExpiryCancelsHandler", testExpiryCancelsHandler},
+	{"GiveUpCommitsSettled", testGiveUpCommitsSettled},
 	{"StaleHeartbeatCancelsHandler", testStaleHeartbeatCancelsHandler},
 	{"HardStopCancelsHandlers", testHardStopCancelsHandlers},
 	{"OwnLeaseWithoutWorkerIsTakenUp", testOwnLeaseWithoutWorkerIsTakenUp},
@@ -638,6 +640,64 @@ func testExpiryCancelsHandler(t *testing.T, open Open) {
 				t.Fatal("the handler ran on 30 s after its 3 s lease or claim expired unrenewed")
 			}
 		})
+	}
+}
+
+// batchCommitsFail is renewalsFail with the member's periodic cursor
+// commits failing too: a worker's own commit is then all that lands.
+type batchCommitsFail struct{ renewalsFail }
+
+func (batchCommitsFail) CommitOffsets(context.Context, []driver.OffsetCommit, time.Time) error {
+	return errInjectedUnreachable
+}
+
+// testGiveUpCommitsSettled: a worker that gives its lease up before the
+// expiry (its renewals fail) commits what its handlers settled, fenced by
+// the lease's token: while nobody took the partition the commit lands,
+// and the next holder (here the same member, again) starts after it
+// instead of delivering the settled messages again.
+func testGiveUpCommitsSettled(t *testing.T, open Open) {
+	d, publisher := setup(t, open, nil)
+	c, err := shardq.NewClient(batchCommitsFail{renewalsFail{d, new(atomic.Int64)}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mustPublish(t, publisher, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "a"},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "b"})
+	var mu sync.Mutex
+	var got []string
+	again := make(chan struct{})
+	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		got = append(got, dl.ID)
+		if dl.ID == "b" && slices.Contains(got[:len(got)-1], "b") {
+			close(again)
+		}
+		mu.Unlock()
+		if dl.ID == "a" {
+			return nil
+		}
+		<-ctx.Done() // b holds the partition until the lease is given up
+		return ctx.Err()
+	})
+	cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.HandlerTimeout = 3*time.Second, time.Second, 10*time.Minute
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	select {
+	case <-again:
+	case <-time.After(time.Minute):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("b was not delivered again after the give-up: %v", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"a", "b", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v: the give-up dropped a's settled cursor", got, want)
 	}
 }
 

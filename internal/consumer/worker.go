@@ -358,7 +358,13 @@ func (w *worker) commitCursor() bool {
 	return w.committed(w.cursor, w.s.drv.CommitOffset(ctx, w.leaseNow(), w.cursor, w.s.cfg.Clock()))
 }
 
-// finish commits and releases the lease, unless it was lost.
+// finish commits and releases the lease. A lease given up (its expiry
+// near, unrenewed) or lost still commits what its handlers settled: the
+// commit is fenced by the lease's token, not its expiry, so it lands
+// while nobody took the partition, and the next holder (this member
+// too) starts after it; a lease another took refuses it. The worker
+// stays among the member's until then, so the member does not take the
+// partition again first.
 func (w *worker) finish() {
 	s := w.s
 	lost := true
@@ -371,6 +377,7 @@ func (w *worker) finish() {
 	}()
 	select {
 	case <-w.lost:
+		w.commitCursor()
 		return
 	default:
 	}

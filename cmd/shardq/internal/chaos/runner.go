@@ -53,6 +53,10 @@ type RunConfig struct {
 	// file system (a tmpfs of the run's): the disk-full fault fills it for
 	// a few seconds.
 	FullDisk string
+	// Probe writes to the database and commits: a disk-full fault lasts
+	// until it succeeds (MariaDB, its binary log out of space, looks for
+	// free space again once a minute, holding every writer meanwhile).
+	Probe func(context.Context) error
 	// Faults are the kinds to inject [all that apply to the database].
 	Faults []string
 	// ClockSync is the clients' Config.ClockSync [ClockSync]; negative
@@ -489,13 +493,44 @@ func (r *runner) inject(ctx context.Context, kind string, timers *sync.WaitGroup
 		r.fault(Event{Fault: kind, Start: now, End: now + d.Nanoseconds()})
 		r.proxy.Delay(time.Duration(5+r.rng.IntN(50))*time.Millisecond, d)
 	case chaoscheck.FaultDiskFull:
+		// Recorded once over: from the fill's start until the database
+		// writes again, which may be a minute after the disk is freed.
 		d := time.Duration(1000+r.rng.IntN(4000)) * time.Millisecond
-		r.fault(Event{Fault: kind, Start: now, End: now + d.Nanoseconds()})
-		return fillDisk(ctx, r.cfg.FullDisk, d)
+		err := fillDisk(ctx, r.cfg.FullDisk, d)
+		if err == nil {
+			err = r.untilWritable(ctx)
+		}
+		r.fault(Event{Fault: kind, Start: now, End: time.Now().UnixNano()})
+		return err
 	case chaoscheck.FaultDBRestart:
 		return r.shell(ctx, kind, now, "restart the database", r.cfg.DBRestart)
 	}
 	return nil
+}
+
+// writableWithin bounds the wait for a database to write again after a
+// disk-full fault (MariaDB looks again once a minute).
+const writableWithin = 3 * time.Minute
+
+// untilWritable waits until the Probe write commits.
+func (r *runner) untilWritable(ctx context.Context) error {
+	if r.cfg.Probe == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, writableWithin)
+	defer cancel()
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.cfg.Probe(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("disk-full: the database did not write again within %s: %w", writableWithin, err)
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
 }
 
 // shell runs a fault's command and records the fault over its run.

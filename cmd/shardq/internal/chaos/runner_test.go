@@ -3,6 +3,8 @@
 package chaos
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,5 +38,28 @@ func TestPanicsFailTheRun(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "serve-0.1.log") || strings.Contains(err.Error(), "sub-0.1.log") {
 		t.Fatalf("panics: %v, names a clean log", err)
+	}
+}
+
+// TestDiskFullLastsUntilTheDatabaseWrites: the disk-full fault's window
+// ends only once the runner's probe write commits again, not when the
+// fill is freed: MariaDB holds writers for up to a minute after, and a
+// lease that lapses meanwhile is the fault's doing.
+func TestDiskFullLastsUntilTheDatabaseWrites(t *testing.T) {
+	probes := 0
+	r := &runner{cfg: RunConfig{Probe: func(context.Context) error {
+		if probes++; probes < 3 {
+			return errors.New("injected: the binary log waits for free space")
+		}
+		return nil
+	}}}
+	if err := r.untilWritable(context.Background()); err != nil || probes != 3 {
+		t.Fatalf("untilWritable = %v after %d probes, want nil after the third", err, probes)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r.cfg.Probe = func(context.Context) error { return errors.New("injected: still full") }
+	if err := r.untilWritable(ctx); err == nil {
+		t.Fatal("untilWritable returned nil while the probe never wrote")
 	}
 }

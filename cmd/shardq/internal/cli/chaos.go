@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -66,6 +67,8 @@ func (a *app) chaosRunCmd() *cobra.Command {
 				return fmt.Errorf("chaos: the %s driver stores no tokens, which the run's servers need", drv.Name())
 			}
 			cfg.Tokens = tokens
+			probe := driver.GroupScope{Tenants: []string{"chaos-probe"}, Topic: "probe", ConsumerGroup: "probe"}
+			cfg.Probe = func(ctx context.Context) error { return drv.Heartbeat(ctx, probe, "chaos-runner", time.Now()) }
 			_, err = chaos.Run(cmd.Context(), c, cfg)
 			return err
 		}),
