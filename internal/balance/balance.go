@@ -94,8 +94,12 @@ func Compute(in Input) Plan {
 		if mine {
 			s.mine = append(s.mine, l.PartitionRef)
 		}
-		if !h.inWork && (mine || l.ExpiresAt.After(in.Now)) {
-			s.active++ // held without work: still part of the share until idle release
+		// Held without work: still part of the share until idle release;
+		// so is an expired lease of a live member (a static member that
+		// stopped keeps its place for its next process): the peers' quotas
+		// stay, and none of their partitions moves meanwhile.
+		if !h.inWork && (mine || l.ExpiresAt.After(in.Now) || slices.Contains(in.Live[l.Tenant], l.Owner)) {
+			s.active++
 		}
 	}
 	plan := Plan{Quota: map[string]int{}}

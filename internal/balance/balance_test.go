@@ -127,6 +127,32 @@ func TestExpiredLeasesAreTakableAndTenantsSeparate(t *testing.T) {
 	}
 }
 
+// A static member that stopped gracefully keeps its place: its heartbeat
+// row stays live and its leases end in its name, with no work left. Its
+// partitions still count in the share, so that its peer hands back none
+// of its own, idle as they are, before the next process takes over.
+func TestStoppedStaticMemberKeepsItsShare(t *testing.T) {
+	ps := parts("t", 8)
+	var rows []driver.Lease
+	for i, p := range ps {
+		if i < 4 {
+			rows = append(rows, driver.Lease{PartitionRef: p, Owner: "b", ExpiresAt: now.Add(time.Minute)})
+		} else {
+			rows = append(rows, driver.Lease{PartitionRef: p, Owner: "a@1", ExpiresAt: now})
+		}
+	}
+	plan := Compute(Input{Me: "b", Live: map[string][]string{"t": {"a@1", "b"}}, Leases: rows, Now: now})
+	if plan.Quota["t"] != 4 || len(plan.Release) != 0 || len(plan.Acquire) != 0 {
+		t.Fatalf("plan %+v: want b to keep its 4 and take none", plan)
+	}
+	// Once the stopped member's row is stale (not live), its partitions
+	// leave the share: b's idle ones are its share alone.
+	plan = Compute(Input{Me: "b", Live: map[string][]string{"t": {"b"}}, Leases: rows, Now: now})
+	if plan.Quota["t"] != 4 || len(plan.Release) != 0 {
+		t.Fatalf("plan %+v with the stopped member gone", plan)
+	}
+}
+
 // go test -bench . -run '^$' ./internal/balance/
 // One subscriber's plan at 10,000 and 100,000 partitions with work, 8 live
 // members, a tenth of the partitions leased.
