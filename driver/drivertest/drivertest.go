@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package drivertest is the conformance suite every shardq driver passes
-// unchanged. A driver's tests call Run with a function that opens the driver
-// on a fresh, empty (not migrated) database for each test.
+// unchanged. A driver's tests call RunParallel with a function that opens
+// the driver on a fresh, empty (not migrated) database of the test's own.
 //
 //	func TestConformance(t *testing.T) {
-//		drivertest.Run(t, func(t *testing.T) driver.Driver { return openFresh(t) })
+//		drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return openFresh(t) })
 //	}
 package drivertest
 
@@ -29,21 +29,16 @@ import (
 // Open returns a driver on a fresh, empty database owned by t.
 type Open func(t *testing.T) driver.Driver
 
-// Run runs every conformance test against the driver open returns, one
-// after another: for drivers whose databases share state, as the tests of
-// one Vitess keyspace do.
-func Run(t *testing.T, open Open) { run(t, open, false) }
-
 // RunParallel runs the conformance tests side by side (t.Parallel), but
 // for those that change the process's environment: open must return a
-// database of the test's own each time.
-func RunParallel(t *testing.T, open Open) { run(t, open, true) }
+// database of the test's own (the same one again when a test calls it
+// twice, as Vitess's keyspace pool does, or another: either is fresh).
+func RunParallel(t *testing.T, open Open) {
 
 // changesEnv names the tests that set environment variables, which every
 // client of the process reads: they run alone, before the others start.
 var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates": true}
 
-func run(t *testing.T, open Open, parallel bool) {
 	tests := []struct {
 		name string
 		fn   func(*testing.T, Open)
@@ -71,7 +66,7 @@ func run(t *testing.T, open Open, parallel bool) {
 	}
 	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, budgetTests, settleTests, largeTests) {
 		t.Run(tc.name, func(t *testing.T) {
-			if parallel && !changesEnv[tc.name] {
+			if !changesEnv[tc.name] {
 				t.Parallel()
 			}
 			tc.fn(t, open)

@@ -61,8 +61,8 @@ func openRecorded(t *testing.T, log *statementLog) driver.Driver {
 
 // openRecordedBy is openRecorded with record called on each statement.
 func openRecordedBy(t *testing.T, record func(string)) *mysqldriver.Driver {
-	testdb.Vitess(t) // a clean keyspace (or a skip/fail with the reason)
-	cfg, err := mysql.ParseDSN(testdb.VitessDSN())
+	_, dsn := testdb.VitessIn(t) // a clean keyspace of t's own (or a skip/fail with the reason)
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func openRecordedBy(t *testing.T, record func(string)) *mysqldriver.Driver {
 func TestVitess(t *testing.T) {
 	var log statementLog
 	t.Run("Conformance", func(t *testing.T) {
-		drivertest.Run(t, func(t *testing.T) driver.Driver { return openRecorded(t, &log) })
+		drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return openRecorded(t, &log) })
 	})
 	t.Run("RoutingProof", func(t *testing.T) { testRoutingProof(t, log.all()) })
 }

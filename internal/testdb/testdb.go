@@ -17,9 +17,13 @@ import (
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -197,14 +201,99 @@ func SkipVitess(t testing.TB) {
 	}
 }
 
-// Vitess opens a driver on the test vtgate with every queue table dropped:
-// Vitess cannot create a database per test, so tests of this target share
-// the keyspace and run one after another. An unreachable vtgate fails the
-// test; outside CI, SHARDQ_TEST_VITESS=skip skips (CI never skips).
+// Vitess opens a driver on the test vtgate's keyspace (VitessDSN) with
+// every table dropped: Vitess cannot create a database per test, so the
+// tests that take it run one after another (VitessIn gives a test a
+// keyspace of its own). An unreachable vtgate fails the test; outside CI,
+// SHARDQ_TEST_VITESS=skip skips (CI never skips).
 func Vitess(t testing.TB) *mysqldriver.Driver {
 	t.Helper()
 	SkipVitess(t)
-	d, err := mysqldriver.Open(VitessDSN())
+	return vitessOn(t, VitessDSN())
+}
+
+// vitessPool holds the test vtgate's keyspaces that VitessIn hands out:
+// VitessDSN's and those named after it with "_2", "_3"... (scripts/vitess
+// starts shardq and shardq_2 to shardq_4), one test each at a time.
+var vitessPool struct {
+	once sync.Once
+	free chan string
+	err  error
+	held sync.Map // testing.TB -> its keyspace
+}
+
+// VitessIn is Vitess on a keyspace of t's own from the pool, held until t
+// ends (another call of t gets the same one, cleaned again), so that
+// tests of it run side by side; it returns the driver and the keyspace's
+// DSN.
+func VitessIn(t testing.TB) (*mysqldriver.Driver, string) {
+	t.Helper()
+	SkipVitess(t)
+	base, err := mysql.ParseDSN(VitessDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vitessPool.once.Do(func() {
+		var names []string
+		names, vitessPool.err = vitessKeyspaces(base)
+		vitessPool.free = make(chan string, len(names))
+		for _, n := range names {
+			vitessPool.free <- n
+		}
+	})
+	if vitessPool.err != nil {
+		t.Fatalf("vtgate %s: list keyspaces: %v (scripts/test starts it with scripts/vitess up; "+
+			"outside CI, SHARDQ_TEST_VITESS=skip skips these tests)", VitessDSN(), vitessPool.err)
+	}
+	ks, ok := vitessPool.held.Load(t)
+	if !ok {
+		ks = <-vitessPool.free
+		vitessPool.held.Store(t, ks)
+		t.Cleanup(func() { vitessPool.held.Delete(t); vitessPool.free <- ks.(string) })
+	}
+	cfg := base.Clone()
+	cfg.DBName = ks.(string)
+	dsn := cfg.FormatDSN()
+	return vitessOn(t, dsn), dsn
+}
+
+// vitessKeyspaces lists the pool's keyspaces that vtgate serves.
+func vitessKeyspaces(base *mysql.Config) ([]string, error) {
+	db, err := sql.Open("mysql", base.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rows, err := db.QueryContext(ctx, "SHOW DATABASES")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		if n, ok := strings.CutPrefix(name, base.DBName+"_"); name == base.DBName || ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			names = append(names, name)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !slices.Contains(names, base.DBName) {
+		return nil, fmt.Errorf("keyspace %q is not served", base.DBName)
+	}
+	return names, nil
+}
+
+// vitessOn opens a driver on the keyspace of dsn with every table dropped.
+func vitessOn(t testing.TB, dsn string) *mysqldriver.Driver {
+	t.Helper()
+	d, err := mysqldriver.Open(dsn)
 	if err != nil {
 		t.Fatalf("open vitess driver: %v", err)
 	}
@@ -213,7 +302,7 @@ func Vitess(t testing.TB) *mysqldriver.Driver {
 	defer cancel()
 	if err := d.DB().PingContext(ctx); err != nil {
 		t.Fatalf("vtgate %s unreachable: %v (scripts/test starts it with scripts/vitess up; "+
-			"outside CI, SHARDQ_TEST_VITESS=skip skips these tests)", VitessDSN(), err)
+			"outside CI, SHARDQ_TEST_VITESS=skip skips these tests)", dsn, err)
 	}
 	rows, err := d.DB().QueryContext(ctx, "SHOW TABLES")
 	if err != nil {
