@@ -27,9 +27,9 @@ var ErrQuotaExceeded = errors.New("tenant quota exceeded")
 // The quotas a QuotaExceededError names.
 const (
 	QuotaPublishRate     = "publish_rate"      // messages per second
-	QuotaPublishByteRate = "publish_byte_rate" // payload bytes per second
+	QuotaPublishByteRate = "publish_byte_rate" // message bytes per second (driver.MessageBytes)
 	QuotaMaxMessages     = "max_messages"      // messages stored
-	QuotaMaxBytes        = "max_bytes"         // payload bytes stored
+	QuotaMaxBytes        = "max_bytes"         // bytes stored (TopicUsage.Bytes)
 	QuotaMaxPartitions   = "max_partitions"    // partitions with a message
 )
 
@@ -135,9 +135,15 @@ func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver
 	if !hasQuota(s.limits) {
 		return nil
 	}
-	var n, bytes int64 = int64(len(rows)), 0
-	for _, r := range rows {
-		bytes += int64(len(r.Payload))
+	n, bytes := int64(len(rows)), int64(0)
+	if s.limits.PublishByteRate > 0 || s.limits.MaxBytes > 0 {
+		for _, r := range rows {
+			b, err := driver.MessageBytes(r)
+			if err != nil {
+				return fmt.Errorf("tenant %q: size a message for its quotas: %w", tenant, err)
+			}
+			bytes += b
+		}
 	}
 	// The rate first, given back when the storage check refuses: what
 	// that check admits counts as stored.

@@ -33,6 +33,7 @@ var tenantTests = []struct {
 	{"ExportTenant", testExportTenant},
 	{"TenantRateQuotas", testTenantRateQuotas},
 	{"TenantStorageQuotas", testTenantStorageQuotas},
+	{"TenantStoredBytes", testTenantStoredBytes},
 	{"TenantRetention", testTenantRetention},
 }
 
@@ -156,7 +157,9 @@ func testListTenants(t *testing.T, open Open) {
 			yield(fmt.Sprintf("%s:%d/%d/suspended=%t:%v", ti.Tenant, ti.Messages, ti.Bytes, !ti.SuspendedAt.IsZero(), ti.Topics))
 		}
 	}))
-	want := "[a:4/11/suspended=false:[{x 3 3 9} {y 1 1 2}] b:0/0/suspended=true:[] c:1/0/suspended=false:[{x 1 1 0}]]"
+	// A message's bytes: payload, headers as stored ({"queue_name":"a"}: 18),
+	// key and id.
+	want := "[a:4/93/suspended=false:[{x 3 3 70 0 0} {y 1 1 23 0 0}] b:0/0/suspended=true:[] c:1/21/suspended=false:[{x 1 1 21 0 0}]]"
 	if got != want {
 		t.Fatalf("tenants:\n got %s\nwant %s", got, want)
 	}
@@ -411,12 +414,14 @@ func testTenantStorageQuotas(t *testing.T, open Open) {
 	if n := stored(t, c, "t"); n != 2 {
 		t.Fatalf("%d stored after a refused call; want 2", n)
 	}
-	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: 12}); err != nil {
+	// Each stored message is 25 bytes: payload 5, headers
+	// {"queue_name":"t"} 18, key 1, id 1. "d" adds 2 + 18 + 1 + 1.
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: 72}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "d", Payload: []byte("123")})
-	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != 10 || qe.Call != 3 {
-		t.Fatalf("refusal %+v; want 10 bytes stored, 3 added", qe)
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != 50 || qe.Call != 23 {
+		t.Fatalf("refusal %+v; want 50 bytes stored, 23 added", qe)
 	}
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "d", Payload: []byte("12")})
 	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxPartitions: 2}); err != nil {
@@ -448,6 +453,80 @@ func testTenantStorageQuotas(t *testing.T, open Open) {
 	info, err := admin.Tenant(ctx, "t")
 	if err != nil || info.Limits.MaxPartitions != 2 || info.Partitions != 2 {
 		t.Fatalf("tenant %+v, %v", info, err)
+	}
+}
+
+// What a tenant stores is counted whole, the same in the client's check
+// and in Admin's measure: a message's payload, headers as stored, key and
+// id; a message group's state, key and group; a deferred row's key and
+// group. A message of empty payload and large headers is held to
+// max_bytes and publish_byte_rate as any other.
+func testTenantStoredBytes(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	admin := c.Admin()
+	// Multi-byte characters: the measure counts bytes, not characters.
+	headers := map[string]string{"h1": strings.Repeat("é", 100), "h2": "<&>"}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "clé", ID: "ü1", Headers: headers},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "clé", ID: "ü2", Payload: []byte("12345")})
+	var msgBytes int64
+	for _, m := range fetchAll(t, d, "t", "x", "clé") {
+		n, err := driver.MessageBytes(&driver.InsertMessage{PartitionKey: m.PartitionKey, ID: m.ID, Headers: m.Headers, Payload: m.Payload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgBytes += n
+	}
+	if len(`{"h1":"`+headers["h1"]+`","h2":"<&>","queue_name":"t"}`)+len("clé")+len("ü1") >= int(msgBytes) {
+		t.Fatalf("message bytes %d; want the headers, key and id counted in bytes", msgBytes)
+	}
+	usage := func() shardq.TenantInfo {
+		t.Helper()
+		info, err := admin.Tenant(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	if info := usage(); info.Bytes != msgBytes || len(info.Topics) != 1 || info.Topics[0].Bytes != msgBytes {
+		t.Fatalf("usage %+v; want %d bytes", info, msgBytes)
+	}
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "clé", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	state := []byte("state ü")
+	if err := r.SetState(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	dv, err := r.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Defer(ctx, dv); err != nil {
+		t.Fatal(err)
+	}
+	stateBytes, deferBytes := driver.GroupStateBytes("g", "clé", state), driver.DeferredBytes("g", "clé")
+	info := usage()
+	if u := info.Topics[0]; info.Bytes != msgBytes+stateBytes+deferBytes || u.Bytes != info.Bytes || u.StateBytes != stateBytes || u.DeferredBytes != deferBytes {
+		t.Fatalf("usage %+v; want %d of messages, %d of state, %d deferred", info, msgBytes, stateBytes, deferBytes)
+	}
+	// Headers count against both byte quotas.
+	empty := shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "e", Headers: map[string]string{"big": strings.Repeat("h", 500)}}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: info.Bytes + 100}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Publish(ctx, empty)
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != info.Bytes || qe.Call < 500 {
+		t.Fatalf("refusal %+v; want %d stored and the headers' bytes added", qe, info.Bytes)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{PublishByteRate: 400}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Publish(ctx, empty)
+	if qe := wantQuota(t, err, "t", shardq.QuotaPublishByteRate); qe.RetryAfter != 0 {
+		t.Fatalf("refusal %+v; want more than a second's worth", qe)
 	}
 }
 

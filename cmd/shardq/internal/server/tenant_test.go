@@ -26,7 +26,7 @@ func TestTenantRoutes(t *testing.T) {
 		h.must(200, "POST", "/v1/tenants/other/topics/orders/messages", other, `{"messages":[{"key":"k","id":"o1","payload":"x"}]}`)
 
 		info := h.must(200, "GET", "/v1/tenants/acme", adm, nil)
-		if info["messages"] != 3.0 || info["partitions"] != 2.0 || info["bytes"] != 11.0 || info["suspended_at"] != nil || len(info["topics"].([]any)) != 1 {
+		if info["messages"] != 3.0 || info["partitions"] != 2.0 || info["bytes"] != 83.0 || info["suspended_at"] != nil || len(info["topics"].([]any)) != 1 {
 			t.Fatalf("tenant: %v", info)
 		}
 		if r := h.call("GET", "/v1/tenants/acme", pub, nil); r.status != 403 {
