@@ -121,10 +121,12 @@ type Config struct {
 	TenantSettingsTTL time.Duration
 
 	// TenantUsageInterval is how old the measure of what a tenant stores
-	// may be when a publish is checked against the tenant's storage
-	// quotas (Admin.SetTenantLimits): older, it is measured again in the
-	// background, a count of the tenant's messages. A tenant may go over
-	// such a quota by what it publishes in this time. Default 30 s.
+	// may be when a write is checked against the tenant's storage quotas
+	// (Admin.SetTenantLimits): older, it is measured again in the
+	// background, a count of the tenant's messages and bytes. This
+	// client's own writes are held until a measure holds them; other
+	// clients' writes of this time are what a tenant may go over such a
+	// quota by (docs/tenants.md). Default 30 s.
 	TenantUsageInterval time.Duration
 
 	// ChangeFeed chooses how this client's consumers hear of messages

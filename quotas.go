@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/publish"
 	"github.com/shardq/shardq/internal/telemetry"
 )
 
@@ -65,7 +66,7 @@ func (e *QuotaExceededError) Is(target error) bool { return target == ErrQuotaEx
 const DefaultTenantUsageInterval = 30 * time.Second
 
 // quotaState is a tenant's rate limiters and last measured usage in one
-// client.
+// client, and what the client admitted that the measure may not hold.
 type quotaState struct {
 	mu              sync.Mutex
 	msgs, bytes     *rate.Limiter
@@ -74,7 +75,39 @@ type quotaState struct {
 	usage     atomic.Pointer[storedUsage]
 	measuring ctxMutex // held by the call measuring the first usage
 	refresh   atomic.Bool
-	admitting ctxMutex // orders the storage checks and what they add
+	admitting ctxMutex // orders the storage checks and what they admit
+
+	// acct guards what this client admitted: writes in flight (open),
+	// and ended ones by the last measure epoch that may miss them. A
+	// write is counted from its check until a measure that started after
+	// it ended lands, so no measure drops a write it cannot see.
+	acct  sync.Mutex
+	epoch int64 // measures started
+	open  usageSums
+	ended map[int64]usageSums
+	// keys are the partitions written to that a measure may not hold yet
+	// (only under a partitions quota), any of which may be new.
+	keys map[[2]string]*keyUse
+}
+
+// usageSums is what writes add to a tenant's stored usage.
+type usageSums struct{ messages, bytes int64 }
+
+func (u usageSums) plus(v usageSums) usageSums {
+	return usageSums{u.messages + v.messages, u.bytes + v.bytes}
+}
+
+func (u usageSums) minus(v usageSums) usageSums {
+	return usageSums{u.messages - v.messages, u.bytes - v.bytes}
+}
+
+// keyUse is one partition's writes since the measure: open is how many
+// are in flight; until the last measure epoch that may miss the ended
+// ones; exists that a check found its head row (it is not new).
+type keyUse struct {
+	open   int
+	until  int64
+	exists bool
 }
 
 // ctxMutex is a mutex whose Lock gives up when ctx ends: its holders may
@@ -92,27 +125,125 @@ func (m *ctxMutex) lock(ctx context.Context) error {
 	}
 }
 
-func (m *ctxMutex) tryLock() bool {
-	select {
-	case m.ch <- struct{}{}:
-		return true
-	default:
-		return false
+func (m *ctxMutex) unlock() { <-m.ch }
+
+// storedUsage is a measure of what a tenant stores, taken from epoch on:
+// it holds every write that ended before its epoch began.
+type storedUsage struct {
+	at                          time.Time
+	epoch                       int64
+	messages, bytes, partitions int64 // partitions: head rows
+}
+
+// admission is what a check admitted of one write: held against the
+// tenant's storage quotas from the check until its end, then until a
+// measure that started after the end lands.
+type admission struct {
+	q    *quotaState
+	sums usageSums
+	keys [][2]string
+	done atomic.Bool
+}
+
+// end records how the write ended (publish.End). A write that ends out of
+// sight is held until the second measure from now lands: at least
+// TenantUsageInterval, since measures start that far apart.
+func (a *admission) end(o publish.Outcome) {
+	if !a.done.CompareAndSwap(false, true) {
+		return
+	}
+	q := a.q
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	until := q.epoch
+	if o == publish.EndsUnseen {
+		until++
+	}
+	q.open = q.open.minus(a.sums)
+	if q.ended == nil {
+		q.ended = map[int64]usageSums{}
+	}
+	q.ended[until] = q.ended[until].plus(a.sums)
+	for _, k := range a.keys {
+		ku := q.keys[k]
+		ku.open--
+		ku.until = max(ku.until, until)
 	}
 }
 
-func (m *ctxMutex) unlock() { <-m.ch }
+// hold admits sums and keys (each once), in flight until their end;
+// exists are those of keys whose head rows a check found.
+func (q *quotaState) hold(sums usageSums, keys [][2]string, exists map[[2]string]bool) *admission {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	q.open = q.open.plus(sums)
+	if len(keys) > 0 && q.keys == nil {
+		q.keys = map[[2]string]*keyUse{}
+	}
+	for _, k := range keys {
+		ku := q.keys[k]
+		if ku == nil {
+			ku = &keyUse{until: -1}
+			q.keys[k] = ku
+		}
+		ku.open++
+		ku.exists = ku.exists || exists[k]
+	}
+	return &admission{q: q, sums: sums, keys: keys}
+}
 
-// storedUsage is a measure of what a tenant stores, plus what this client
-// admitted since (guarded by quotaState.admitting): its own publishes
-// count at once, other clients' at the next measure.
-type storedUsage struct {
-	at                          time.Time
-	messages, bytes, partitions int64 // partitions: head rows
-	added                       struct{ messages, bytes int64 }
-	// keys are the partitions this client published to since the
-	// measure, any of which may be new.
-	keys map[[2]string]struct{}
+// latest is u, or the measure that landed after it: what a later measure
+// holds is no longer counted beside it (q.acct held).
+func (q *quotaState) latest(u *storedUsage) *storedUsage {
+	if cur := q.usage.Load(); cur != nil && cur.epoch > u.epoch {
+		return cur
+	}
+	return u
+}
+
+// counted is the measure (u, or a later one) plus what this client
+// admitted that it may not hold.
+func (q *quotaState) counted(u *storedUsage) usageSums {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	u = q.latest(u)
+	sum := usageSums{u.messages, u.bytes}.plus(q.open)
+	for e, s := range q.ended {
+		if e >= u.epoch {
+			sum = sum.plus(s)
+		}
+	}
+	return sum
+}
+
+// startMeasure begins a measure's epoch: writes that end from now on may
+// be missing from it.
+func (q *quotaState) startMeasure() int64 {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	q.epoch++
+	return q.epoch
+}
+
+// land makes u the measure in use (unless a later one landed first) and
+// forgets the writes it holds.
+func (q *quotaState) land(u *storedUsage) {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	if cur := q.usage.Load(); cur != nil && cur.epoch > u.epoch {
+		return
+	}
+	q.usage.Store(u)
+	for e := range q.ended {
+		if e < u.epoch {
+			delete(q.ended, e)
+		}
+	}
+	for k, ku := range q.keys {
+		if ku.open == 0 && ku.until < u.epoch {
+			delete(q.keys, k)
+		}
+	}
 }
 
 // hasQuota reports whether l sets any quota (retention aside).
@@ -123,24 +254,24 @@ func hasQuota(l driver.TenantLimits) bool {
 // admit refuses rows (all of tenant) when the tenant is suspended or the
 // rows would take it over a quota. With wait, a rate quota delays the call
 // instead (a large message's chunks: the write goes on at the tenant's
-// rate).
-func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) error {
+// rate). What it admits is held against the storage quotas until end.
+func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) (publish.End, error) {
 	st, s, err := ts.read(ctx, tenant)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !s.suspendedAt.IsZero() {
-		return &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
+		return nil, &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
 	}
 	if !hasQuota(s.limits) {
-		return nil
+		return publish.NoEnd, nil
 	}
 	n, bytes := int64(len(rows)), int64(0)
 	if s.limits.PublishByteRate > 0 || s.limits.MaxBytes > 0 {
 		for _, r := range rows {
 			b, err := driver.MessageBytes(r)
 			if err != nil {
-				return fmt.Errorf("tenant %q: size a message for its quotas: %w", tenant, err)
+				return nil, fmt.Errorf("tenant %q: size a message for its quotas: %w", tenant, err)
 			}
 			bytes += b
 		}
@@ -148,16 +279,23 @@ func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver
 	// The rate first, given back when the storage check refuses: what
 	// that check admits counts as stored.
 	taken, err := ts.takeRate(ctx, tenant, &st.quota, s.limits, n, bytes, wait)
+	end := publish.NoEnd
 	if err == nil {
-		if err = ts.checkStored(ctx, tenant, &st.quota, s.limits, rows, n, bytes); err != nil {
+		var a *admission
+		if a, err = ts.checkStored(ctx, tenant, &st.quota, s.limits, rows, n, bytes); err != nil {
 			st.quota.giveBack(taken, ts.clock())
+		} else if a != nil {
+			end = a.end
 		}
 	}
 	var qe *QuotaExceededError
 	if errors.As(err, &qe) {
 		ts.tel.QuotaRefused(tenant, qe.Quota)
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return end, nil
 }
 
 func (q *quotaState) giveBack(taken []*rate.Reservation, now time.Time) {
@@ -245,83 +383,98 @@ func limiter(perSecond int64) *rate.Limiter {
 // checkStored refuses rows that would take the tenant past what it may
 // store: the last measure (at most TenantUsageInterval old, refreshed in
 // the background; the first one in the call) plus what this client
-// admitted since. So a tenant goes over only by what other clients
-// publish between measures. What it admits is counted whether or not its
-// transaction commits, until the next measure.
-func (ts *tenantStates) checkStored(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, rows []*driver.InsertMessage, n, bytes int64) error {
+// admitted that the measure may not hold (in flight, or ended after it
+// started). So one client never takes a tenant past its quota; a tenant
+// goes over only by what other clients write between their measures.
+func (ts *tenantStates) checkStored(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, rows []*driver.InsertMessage, n, bytes int64) (*admission, error) {
 	if l.MaxMessages == 0 && l.MaxBytes == 0 && l.MaxPartitions == 0 {
-		return nil
+		return nil, nil
 	}
 	u, err := ts.usage(ctx, tenant, q)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := q.admitting.lock(ctx); err != nil {
-		return fmt.Errorf("tenant %q: wait to check its quotas: %w", tenant, err)
+		return nil, fmt.Errorf("tenant %q: wait to check its quotas: %w", tenant, err)
 	}
 	defer q.admitting.unlock()
-	msgs, stored := u.messages+u.added.messages, u.bytes+u.added.bytes
-	if l.MaxMessages > 0 && msgs+n > l.MaxMessages {
-		return &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxMessages, Limit: l.MaxMessages, Usage: msgs, Call: n}
+	c := q.counted(u)
+	if l.MaxMessages > 0 && c.messages+n > l.MaxMessages {
+		return nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxMessages, Limit: l.MaxMessages, Usage: c.messages, Call: n}
 	}
-	if l.MaxBytes > 0 && stored+bytes > l.MaxBytes {
-		return &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxBytes, Limit: l.MaxBytes, Usage: stored, Call: bytes}
+	if l.MaxBytes > 0 && c.bytes+bytes > l.MaxBytes {
+		return nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxBytes, Limit: l.MaxBytes, Usage: c.bytes, Call: bytes}
 	}
-	if err := ts.checkPartitions(ctx, tenant, u, l, rows); err != nil {
-		return err
+	var keys [][2]string
+	var exists map[[2]string]bool
+	if l.MaxPartitions > 0 {
+		if keys, exists, err = ts.checkPartitions(ctx, tenant, q, u, l, rows); err != nil {
+			return nil, err
+		}
 	}
-	u.added.messages += n
-	u.added.bytes += bytes
-	return nil
+	return q.hold(usageSums{n, bytes}, keys, exists), nil
 }
 
 // checkPartitions refuses rows that would give the tenant more partitions
-// (head rows) than its quota. Far from the limit it reads nothing: the
-// measure plus every key published to since, each counted as new, stays
-// within it. Near the limit it counts the tenant's head rows and reads
-// which of the call's keys have none (two indexed reads).
-func (ts *tenantStates) checkPartitions(ctx context.Context, tenant string, u *storedUsage, l driver.TenantLimits, rows []*driver.InsertMessage) error {
-	if l.MaxPartitions == 0 {
-		return nil
-	}
-	keys := map[string][]string{} // per topic, each key once, not yet among u.keys
-	var unseen int64
+// (head rows) than its quota, and returns their keys (each once) and
+// those found to exist. Far from the limit it reads nothing: the measure
+// plus every key written to since, each counted as new, stays within
+// it. Near the limit it counts the tenant's head rows and reads which of
+// the call's keys have none (two indexed reads); the keys of writes in
+// flight not known to exist count as new too.
+func (ts *tenantStates) checkPartitions(ctx context.Context, tenant string, q *quotaState, u *storedUsage, l driver.TenantLimits, rows []*driver.InsertMessage) ([][2]string, map[[2]string]bool, error) {
+	var keys [][2]string
+	byTopic := map[string][]string{} // the call's keys, each once
 	for _, r := range rows {
 		k := [2]string{r.Topic, r.PartitionKey}
-		if _, ok := u.keys[k]; ok {
-			continue
+		if !slices.Contains(byTopic[r.Topic], r.PartitionKey) {
+			byTopic[r.Topic] = append(byTopic[r.Topic], r.PartitionKey)
+			keys = append(keys, k)
 		}
-		if !slices.Contains(keys[r.Topic], r.PartitionKey) {
-			keys[r.Topic] = append(keys[r.Topic], r.PartitionKey)
+	}
+	// Counted: the keys of writes that the measure may not hold; unseen:
+	// the call's other keys; inFlight: the keys of writes in flight,
+	// not the call's, not known to exist.
+	var counted, unseen, inFlight int64
+	q.acct.Lock()
+	u = q.latest(u)
+	for k, ku := range q.keys {
+		if ku.open > 0 || ku.until >= u.epoch {
+			counted++
+		}
+		if ku.open > 0 && !ku.exists && !slices.Contains(byTopic[k[0]], k[1]) {
+			inFlight++
+		}
+	}
+	for _, k := range keys {
+		if ku := q.keys[k]; ku == nil || ku.open == 0 && ku.until < u.epoch {
 			unseen++
 		}
 	}
-	if u.partitions+int64(len(u.keys))+unseen > l.MaxPartitions {
-		have, err := ts.drv.TenantPartitions(ctx, tenant)
+	q.acct.Unlock()
+	if u.partitions+counted+unseen <= l.MaxPartitions {
+		return keys, nil, nil
+	}
+	have, err := ts.drv.TenantPartitions(ctx, tenant)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
+	}
+	exists := map[[2]string]bool{}
+	var added int64
+	for topic, ks := range byTopic {
+		heads, err := ts.drv.HeadsOf(ctx, topic, []string{tenant}, ks)
 		if err != nil {
-			return fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
+			return nil, nil, fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
 		}
-		var added int64
-		for topic, ks := range keys {
-			heads, err := ts.drv.HeadsOf(ctx, topic, []string{tenant}, ks)
-			if err != nil {
-				return fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
-			}
-			added += int64(len(ks) - len(heads))
+		for h := range heads {
+			exists[[2]string{topic, h.PartitionKey}] = true
 		}
-		if added > 0 && have+added > l.MaxPartitions {
-			return &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxPartitions, Limit: l.MaxPartitions, Usage: have, Call: added}
-		}
+		added += int64(len(ks) - len(heads))
 	}
-	if u.keys == nil {
-		u.keys = map[[2]string]struct{}{}
+	if added > 0 && have+inFlight+added > l.MaxPartitions {
+		return nil, nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxPartitions, Limit: l.MaxPartitions, Usage: have + inFlight, Call: added}
 	}
-	for topic, ks := range keys {
-		for _, k := range ks {
-			u.keys[[2]string{topic, k}] = struct{}{}
-		}
-	}
-	return nil
+	return keys, exists, nil
 }
 
 // usage is the tenant's stored usage as last measured: measured in the
@@ -337,20 +490,20 @@ func (ts *tenantStates) usage(ctx context.Context, tenant string, q *quotaState)
 		if u = q.usage.Load(); u != nil {
 			return u, nil
 		}
-		u, err := ts.measure(ctx, tenant)
+		u, err := ts.measure(ctx, tenant, q)
 		if err != nil {
 			return nil, err
 		}
-		q.usage.Store(u)
-		return u, nil
+		q.land(u)
+		return q.usage.Load(), nil
 	}
 	if ts.clock().Sub(u.at) >= ts.usageEvery && q.refresh.CompareAndSwap(false, true) {
 		ts.goBackground(func() {
 			defer q.refresh.Store(false)
 			ctx, cancel := context.WithTimeout(ts.life, lifecycle.CallTimeout)
 			defer cancel()
-			if u, err := ts.measure(ctx, tenant); err == nil {
-				q.usage.Store(u)
+			if u, err := ts.measure(ctx, tenant, q); err == nil {
+				q.land(u)
 			} else if ts.life.Err() == nil {
 				ts.log.Warn("shardq: measure a tenant's usage for its quotas; the last measure stands", "tenant", tenant, "err", err)
 			}
@@ -374,8 +527,9 @@ func (ts *tenantStates) goBackground(fn, closed func()) {
 	}()
 }
 
-func (ts *tenantStates) measure(ctx context.Context, tenant string) (*storedUsage, error) {
-	at := ts.clock()
+// measure reads what the tenant stores, in a new epoch of q.
+func (ts *tenantStates) measure(ctx context.Context, tenant string, q *quotaState) (*storedUsage, error) {
+	at, epoch := ts.clock(), q.startMeasure()
 	topics, err := ts.drv.TenantUsage(ctx, tenant)
 	var heads int64
 	if err == nil {
@@ -384,7 +538,7 @@ func (ts *tenantStates) measure(ctx context.Context, tenant string) (*storedUsag
 	if err != nil {
 		return nil, fmt.Errorf("tenant %q: measure what it stores for its quotas: %w", tenant, err)
 	}
-	u := &storedUsage{at: at, partitions: heads}
+	u := &storedUsage{at: at, epoch: epoch, partitions: heads}
 	for _, t := range topics {
 		u.messages += t.Messages
 		u.bytes += t.Bytes
@@ -413,15 +567,8 @@ func (ts *tenantStates) quotaUses() []telemetry.QuotaUse {
 		}
 		u := k.st.quota.usage.Load()
 		if u != nil {
-			// admitting may be held across a read: not under ts.mu, and
-			// a collection skips what it cannot read at once.
-			if !k.st.quota.admitting.tryLock() {
-				u = nil
-			} else {
-				v := storedUsage{messages: u.messages + u.added.messages, bytes: u.bytes + u.added.bytes, partitions: u.partitions}
-				k.st.quota.admitting.unlock()
-				u = &v
-			}
+			c := k.st.quota.counted(u)
+			u = &storedUsage{messages: c.messages, bytes: c.bytes, partitions: u.partitions}
 		}
 		l := s.limits
 		for _, q := range []struct {
