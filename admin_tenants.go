@@ -131,9 +131,13 @@ func (a *Admin) DeleteTenant(ctx context.Context, tenant string, opts DeleteTena
 	return deleted, nil
 }
 
-// SuspendTenant suspends a tenant: its publishes, receives and accepts fail
-// with ErrTenantSuspended, its members release its partitions after the
-// message in hand and take no more, and nothing stored changes. It takes
+// SuspendTenant suspends a tenant: its publishes, receives and accepts,
+// and its consumers' other writes (a group's state, a deferral, a receive
+// of deferred messages, a longer visibility) fail with
+// ErrTenantSuspended, its members release its partitions after the
+// message in hand and take no more, and nothing stored changes. Settling
+// what was handed out (ack, nack, dead-letter, a visibility of 0) goes
+// on. It takes
 // effect in this client at once, in other clients within their
 // Config.TenantSettingsTTL and in members at their next rebalance tick
 // (DiscoveryInterval). A transactional message sent before the suspension

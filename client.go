@@ -242,6 +242,8 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 	}
 	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
 	cl.tenants = newTenantStates(drv, cl.cfg, cl.tel)
+	// Consumers' state and deferral writes pass their tenants' checks.
+	cl.drv = tenantWrites{Driver: drv, ts: cl.tenants}
 	cl.tel.SetQuotas(cl.tenants.quotaUses)
 	if l, ok := drv.(driver.Logged); ok {
 		l.UseLogger(cl.cfg.Logger)

@@ -380,6 +380,38 @@ func limiter(perSecond int64) *rate.Limiter {
 	return rate.NewLimiter(rate.Limit(perSecond), int(min(perSecond, math.MaxInt32)))
 }
 
+// admitStored refuses a consumer's write of bytes to tenant's stores (a
+// message group's state, a deferred row) when the tenant is suspended or
+// the bytes would take it past MaxBytes (they are not messages, nor
+// publishes: the other quotas leave them alone). What it admits is held
+// as a publish's is, until end.
+func (ts *tenantStates) admitStored(ctx context.Context, tenant string, bytes int64) (publish.End, error) {
+	st, s, err := ts.read(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	if !s.suspendedAt.IsZero() {
+		return nil, &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
+	}
+	l, q := s.limits.MaxBytes, &st.quota
+	if l == 0 {
+		return publish.NoEnd, nil
+	}
+	u, err := ts.usage(ctx, tenant, q)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.admitting.lock(ctx); err != nil {
+		return nil, fmt.Errorf("tenant %q: wait to check its quotas: %w", tenant, err)
+	}
+	defer q.admitting.unlock()
+	if c := q.counted(u); c.bytes+bytes > l {
+		ts.tel.QuotaRefused(tenant, QuotaMaxBytes)
+		return nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxBytes, Limit: l, Usage: c.bytes, Call: bytes}
+	}
+	return q.hold(usageSums{bytes: bytes}, nil, nil).end, nil
+}
+
 // checkStored refuses rows that would take the tenant past what it may
 // store: the last measure (at most TenantUsageInterval old, refreshed in
 // the background; the first one in the call) plus what this client

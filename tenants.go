@@ -17,7 +17,9 @@ import (
 )
 
 // ErrTenantSuspended refuses a publish, receive or accept in a suspended
-// tenant (Admin.SuspendTenant); the error is a *TenantSuspendedError.
+// tenant, and a consumer's write that keeps or adds something (a group's
+// state, a deferral, a longer visibility) (Admin.SuspendTenant); the
+// error is a *TenantSuspendedError.
 var ErrTenantSuspended = errors.New("tenant is suspended")
 
 // TenantSuspendedError names the suspended tenant and since when.

@@ -29,6 +29,7 @@ var tenantTests = []struct {
 	{"SuspendTenant", testSuspendTenant},
 	{"SuspendGivesBackClaims", testSuspendGivesBackClaims},
 	{"SuspendStopsRetries", testSuspendStopsRetries},
+	{"SuspendStopsConsumerWrites", testSuspendStopsConsumerWrites},
 	{"ListTenants", testListTenants},
 	{"ExportTenant", testExportTenant},
 	{"TenantRateQuotas", testTenantRateQuotas},
@@ -123,6 +124,115 @@ func testSuspendTenant(t *testing.T, open Open) {
 	}
 	if err := c.Admin().SuspendTenant(ctx, "bad tenant "); err == nil || !strings.Contains(err.Error(), "tenant") {
 		t.Fatalf("suspending a malformed tenant: %v", err)
+	}
+}
+
+// A suspended tenant's consumers write nothing more: a message group's
+// state, a deferral, a longer visibility, a receive of deferred messages
+// are refused (ErrTenantSuspended) and change nothing, through a group
+// receiver, receipts and a subscriber's handler alike. Settling what is
+// in hand goes on: acks (a receive's too), nacks, a visibility of 0 and
+// closing a session.
+func testSuspendStopsConsumerWrites(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	admin := c.Admin()
+	publishGroup(t, c, "a", "a1", "a2")
+	publishGroup(t, c, "b", "b1", "b2")
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"})
+	g := shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+	gr, err := c.AcceptGroup(ctx, g, "a", receiverOpts("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gr.Stop(ctx)
+	held, err := gr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.Receipts(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", PartitionKey: "b", Hold: true, Max: 1})
+	if err != nil || sess.Session == nil || len(sess.Messages) != 1 {
+		t.Fatalf("session: %+v, %v", sess, err)
+	}
+	ung, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Ungrouped: true, Max: 2})
+	if err != nil || len(ung.Messages) != 2 {
+		t.Fatalf("ungrouped: %+v, %v", ung, err)
+	}
+	if err := admin.SuspendTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	suspended := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, shardq.ErrTenantSuspended) {
+			t.Fatalf("%s in a suspended tenant: %v; want ErrTenantSuspended", what, err)
+		}
+	}
+	suspended("GroupReceiver.SetState", gr.SetState(ctx, []byte("no")))
+	suspended("GroupReceiver.Defer", gr.Defer(ctx, held))
+	suspended("Receipts.SetGroupState", rc.SetGroupState(ctx, g, sess.Session.ID, []byte("no")))
+	_, err = rc.Defer(ctx, g, []string{ung.Messages[0].Receipt})
+	suspended("Receipts.Defer", err)
+	_, err = rc.ChangeVisibility(ctx, g, []string{ung.Messages[0].Receipt, sess.Session.ID}, time.Minute)
+	suspended("Receipts.ChangeVisibility", err)
+	_, err = c.ReceiveDeferred(ctx, shardq.DeferredRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Offsets: []int64{1}})
+	suspended("ReceiveDeferred", err)
+	_, err = rc.ReceiveDeferred(ctx, shardq.DeferredRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Offsets: []int64{1}})
+	suspended("Receipts.ReceiveDeferred", err)
+	if st, err := gr.State(ctx); err != nil || st != nil {
+		t.Fatalf("state after refused writes: %q, %v", st, err)
+	}
+	if ds, err := admin.Deferred(ctx, g, 0, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("deferred after refused deferrals: %+v, %v", ds, err)
+	}
+	// Settling goes on.
+	if err := gr.Ack(ctx, held); err != nil {
+		t.Fatalf("GroupReceiver.Ack while suspended: %v", err)
+	}
+	res, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Ungrouped: true, Ack: []string{ung.Messages[0].Receipt}})
+	suspended("a receive that acks", err)
+	if res.Acked != 1 || len(res.Stale) != 0 || len(res.Messages) != 0 {
+		t.Fatalf("a receive that acks while suspended: %+v; want its ack settled and nothing received", res)
+	}
+	if err := rc.Nack(ctx, g, ung.Messages[1].Receipt, shardq.NackOptions{}); err != nil {
+		t.Fatalf("Nack while suspended: %v", err)
+	}
+	if stale, err := rc.ChangeVisibility(ctx, g, []string{sess.Session.ID}, 0); err != nil || len(stale) != 0 {
+		t.Fatalf("visibility 0 while suspended: %v %v", stale, err)
+	}
+	if err := admin.ResumeTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	// A subscriber's handler holds its message when the suspension comes:
+	// its deferral is refused too (and the message comes again).
+	deferred := make(chan error, 1)
+	var once atomic.Bool
+	s, err := c.Subscribe(ctx, fastConfig("h", "x", []string{"t"}, func(ctx context.Context, dv *shardq.Delivery) error {
+		if dv.PartitionKey != "a" || !once.CompareAndSwap(false, true) {
+			return nil
+		}
+		if err := admin.SuspendTenant(ctx, "t"); err != nil {
+			deferred <- err
+			return nil
+		}
+		deferred <- dv.Defer(ctx)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	select {
+	case err := <-deferred:
+		suspended("Delivery.Defer in a subscriber's handler", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the subscriber delivered nothing")
+	}
+	if ds, err := admin.Deferred(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "h"}, 0, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("deferred after a refused deferral: %+v, %v", ds, err)
 	}
 }
 
@@ -527,6 +637,29 @@ func testTenantStoredBytes(t *testing.T, open Open) {
 	_, err = c.Publish(ctx, empty)
 	if qe := wantQuota(t, err, "t", shardq.QuotaPublishByteRate); qe.RetryAfter != 0 {
 		t.Fatalf("refusal %+v; want more than a second's worth", qe)
+	}
+	// A state and a deferral are held to max_bytes, and store nothing when
+	// refused.
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: info.Bytes + 10}); err != nil {
+		t.Fatal(err)
+	}
+	err = r.SetState(ctx, make([]byte, 100))
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != info.Bytes || qe.Call != 100+int64(len("g")+len("clé")) {
+		t.Fatalf("state refusal %+v; want %d stored", qe, info.Bytes)
+	}
+	if st, err := r.State(ctx); err != nil || string(st) != string(state) {
+		t.Fatalf("state after a refused write: %q, %v", st, err)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: info.Bytes + 1}); err != nil {
+		t.Fatal(err)
+	}
+	dv, err = r.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantQuota(t, r.Defer(ctx, dv), "t", shardq.QuotaMaxBytes)
+	if got := usage(); got.Bytes != info.Bytes {
+		t.Fatalf("usage after a refused deferral %+v; want %d bytes", got, info.Bytes)
 	}
 }
 
