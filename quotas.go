@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/lifecycle"
 	"github.com/shardq/shardq/internal/publish"
@@ -69,8 +67,8 @@ const DefaultTenantUsageInterval = 30 * time.Second
 // client, and what the client admitted that the measure may not hold.
 type quotaState struct {
 	mu              sync.Mutex
-	msgs, bytes     *rate.Limiter
-	msgRate, byteRt int64 // what the limiters were made for
+	msgs, bytes     *bucket
+	msgRate, byteRt int64 // what the buckets were made for
 
 	usage     atomic.Pointer[storedUsage]
 	measuring ctxMutex // held by the call measuring the first usage
@@ -298,60 +296,103 @@ func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver
 	return end, nil
 }
 
-func (q *quotaState) giveBack(taken []*rate.Reservation, now time.Time) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for _, r := range taken {
-		r.CancelAt(now)
+// bucket is a token bucket of rate tokens a second that holds at most a
+// second's worth. A take may leave it in debt (the caller waits it out),
+// and a take given back before it was used is returned whole, as if it
+// never happened: so a write given up while it waited keeps nothing of
+// the rate it reserved. (A limiter of reservations that returns one only
+// as far as no later one holds tokens would keep the earlier pieces of a
+// take larger than a second's worth.)
+type bucket struct {
+	rate, tokens float64
+	last         time.Time
+}
+
+func newBucket(perSecond int64, now time.Time) *bucket {
+	return &bucket{rate: float64(perSecond), tokens: float64(perSecond), last: now}
+}
+
+func (b *bucket) refill(now time.Time) {
+	if now.After(b.last) {
+		b.tokens = min(b.rate, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+		b.last = now
 	}
 }
 
-// takeRate takes n messages and bytes from the tenant's rate limiters
+// take takes n at now and says how long the caller must wait until the
+// bucket would have held them.
+func (b *bucket) take(n int64, now time.Time) time.Duration {
+	b.refill(now)
+	b.tokens -= float64(n)
+	if b.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(-b.tokens / b.rate * float64(time.Second)))
+}
+
+// giveBack returns n that a take took and the caller did not use.
+func (b *bucket) giveBack(n int64, now time.Time) {
+	b.refill(now)
+	b.tokens = min(b.rate, b.tokens+float64(n))
+}
+
+// rateTake is what one call took of the tenant's buckets.
+type rateTake struct {
+	b *bucket
+	n int64
+}
+
+func (q *quotaState) giveBack(taken []rateTake, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, t := range taken {
+		t.b.giveBack(t.n, now)
+	}
+}
+
+// takeRate takes n messages and bytes from the tenant's rate buckets
 // (per client, as Kafka's quotas are per broker), each allowing a
-// second's worth at once. With wait, a call over a second's worth is
-// taken in pieces of a second's worth, and the call waits for the last.
-func (ts *tenantStates) takeRate(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, n, bytes int64, wait bool) ([]*rate.Reservation, error) {
+// second's worth at once. Without wait, a call that would wait is
+// refused with when it would fit, and one over a second's worth for
+// good; with wait, the call waits (a large message's chunks: at the
+// tenant's rate), and gives back what it took when ctx ends first.
+func (ts *tenantStates) takeRate(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, n, bytes int64, wait bool) ([]rateTake, error) {
 	if l.PublishRate == 0 && l.PublishByteRate == 0 {
 		return nil, nil
 	}
 	q.mu.Lock()
 	now := ts.clock()
 	if q.msgs == nil || q.msgRate != l.PublishRate {
-		q.msgs, q.msgRate = limiter(l.PublishRate), l.PublishRate
+		q.msgs, q.msgRate = newBucket(l.PublishRate, now), l.PublishRate
 	}
 	if q.bytes == nil || q.byteRt != l.PublishByteRate {
-		q.bytes, q.byteRt = limiter(l.PublishByteRate), l.PublishByteRate
-	}
-	type take struct {
-		quota    string
-		limit, n int64
-		lim      *rate.Limiter
+		q.bytes, q.byteRt = newBucket(l.PublishByteRate, now), l.PublishByteRate
 	}
 	var delay time.Duration
 	var worst *QuotaExceededError
-	var taken []*rate.Reservation
-	for _, t := range []take{{QuotaPublishRate, l.PublishRate, n, q.msgs}, {QuotaPublishByteRate, l.PublishByteRate, bytes, q.bytes}} {
-		if t.limit == 0 {
+	var taken []rateTake
+	for _, t := range []struct {
+		quota    string
+		limit, n int64
+		b        *bucket
+	}{{QuotaPublishRate, l.PublishRate, n, q.msgs}, {QuotaPublishByteRate, l.PublishByteRate, bytes, q.bytes}} {
+		if t.limit == 0 || t.n == 0 {
 			continue
 		}
 		if t.n > t.limit && !wait {
 			worst = &QuotaExceededError{Tenant: tenant, Quota: t.quota, Limit: t.limit, Usage: t.n, Call: t.n}
+			delay = 0
 			break
 		}
-		for left := t.n; left > 0; {
-			piece := min(left, int64(t.lim.Burst()))
-			left -= piece
-			r := t.lim.ReserveN(now, int(piece)) // within the burst: always OK
-			taken = append(taken, r)
-			if d := r.DelayFrom(now); d > delay {
-				delay = d
-				worst = &QuotaExceededError{Tenant: tenant, Quota: t.quota, Limit: t.limit, Usage: t.n, Call: t.n, RetryAfter: d}
-			}
+		taken = append(taken, rateTake{t.b, t.n})
+		if d := t.b.take(t.n, now); d > delay {
+			delay = d
+			worst = &QuotaExceededError{Tenant: tenant, Quota: t.quota, Limit: t.limit, Usage: t.n, Call: t.n, RetryAfter: d}
 		}
 	}
 	if worst != nil && (worst.RetryAfter == 0 || !wait) {
-		for _, r := range taken {
-			r.CancelAt(now)
+		for _, t := range taken {
+			t.b.giveBack(t.n, now)
 		}
 		q.mu.Unlock()
 		return nil, worst
@@ -369,15 +410,6 @@ func (ts *tenantStates) takeRate(ctx context.Context, tenant string, q *quotaSta
 		q.giveBack(taken, ts.clock())
 		return nil, fmt.Errorf("tenant %q: waiting for its publish rate quota: %w", tenant, ctx.Err())
 	}
-}
-
-// limiter allows perSecond a second, a second's worth at once (perSecond
-// fits an int: the limits are checked against the burst first).
-func limiter(perSecond int64) *rate.Limiter {
-	if perSecond == 0 {
-		return nil
-	}
-	return rate.NewLimiter(rate.Limit(perSecond), int(min(perSecond, math.MaxInt32)))
 }
 
 // admitStored refuses a consumer's write of bytes to tenant's stores (a

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -227,4 +228,51 @@ func TestPartitionsQuotaCountsNewKeysInFlight(t *testing.T) {
 		t.Fatalf("a new key once the other write ended unstored: %v", err)
 	}
 	end(publish.Ended)
+}
+
+// A large write given up while it waits for the byte rate gives back
+// all it reserved, not only its last second's worth: the next publish is
+// not refused for the rate of chunks never written.
+func TestLargeWriteGivenUpGivesTheRateBack(t *testing.T) {
+	clock := testdb.NewClock(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
+	c, err := NewClient(testdb.Migrated(t, testdb.SQLite(t)), &Config{Clock: clock.Now, TenantSettingsTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const rate = 64 << 10
+	if err := c.Admin().SetTenantLimits(ctx, "t", TenantLimits{PublishByteRate: rate}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, Message{Tenant: "t", Topic: "x", PartitionKey: "k"}); err != nil { // reads the limits
+		t.Fatal(err)
+	}
+	// Eight seconds' worth in one chunk transaction; the client goes away
+	// once it has sent it, while the write waits for the rate.
+	body := readerFunc(bytes.NewReader(make([]byte, 8*rate)), cancel)
+	_, err = c.PublishLarge(ctx, Message{Tenant: "t", Topic: "files", PartitionKey: "f", ID: "big"}, body, &LargeOptions{ChunkSize: rate, ChunksPerTx: 16})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("large write given up: %v", err)
+	}
+	if _, err := c.Publish(context.Background(), Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: make([]byte, rate/2)}); err != nil {
+		t.Fatalf("a publish after the write was given up: %v; want the rate it reserved given back", err)
+	}
+}
+
+// readerFunc reads r and calls atEOF when it is drained.
+func readerFunc(r io.Reader, atEOF func()) io.Reader { return &eofReader{r: r, atEOF: atEOF} }
+
+type eofReader struct {
+	r     io.Reader
+	atEOF func()
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.atEOF()
+	}
+	return n, err
 }
