@@ -187,7 +187,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message, reserved bool) 
 	}
 	defer end(Ended)
 	sent = rows
-	if err := p.batcher.Submit(ctx, rows[0].Tenant, rows); err != nil {
+	wait := ctx
+	if reserved {
+		// A large message's rows, once admitted, are waited for whatever
+		// ctx does (the transaction has its own timeout): returning first
+		// would let the write's aborted end marker commit ahead of its
+		// chunks, which readers would then take for a write in progress.
+		wait = context.WithoutCancel(ctx)
+	}
+	if err := p.batcher.Submit(wait, rows[0].Tenant, rows); err != nil {
 		if errors.Is(err, coalesce.ErrClosed) {
 			return nil, lifecycle.ErrClosed
 		}
