@@ -131,9 +131,13 @@ func (a *Admin) DeleteTenant(ctx context.Context, tenant string, opts DeleteTena
 	return deleted, nil
 }
 
-// SuspendTenant suspends a tenant: its publishes, receives and accepts fail
-// with ErrTenantSuspended, its members release its partitions after the
-// message in hand and take no more, and nothing stored changes. It takes
+// SuspendTenant suspends a tenant: its publishes, receives and accepts,
+// and its consumers' other writes (a group's state, a deferral, a receive
+// of deferred messages, a longer visibility) fail with
+// ErrTenantSuspended, its members release its partitions after the
+// message in hand and take no more, and nothing stored changes. Settling
+// what was handed out (ack, nack, dead-letter, a visibility of 0) goes
+// on. It takes
 // effect in this client at once, in other clients within their
 // Config.TenantSettingsTTL and in members at their next rebalance tick
 // (DiscoveryInterval). A transactional message sent before the suspension
@@ -166,7 +170,7 @@ type TenantInfo struct {
 	Limits      TenantLimits
 	Messages    int64 // in every topic
 	Partitions  int64 // with a message, in every topic
-	Bytes       int64 // of payload, in every topic
+	Bytes       int64 // stored, in every topic (TopicUsage.Bytes): what MaxBytes bounds
 	Topics      []TopicUsage
 }
 
@@ -177,9 +181,9 @@ type TenantInfo struct {
 // against a measure at most Config.TenantUsageInterval old.
 type TenantLimits struct {
 	PublishRate     int64 // messages per second
-	PublishByteRate int64 // payload bytes per second
+	PublishByteRate int64 // message bytes per second (payload, headers, key and id)
 	MaxMessages     int64 // messages stored
-	MaxBytes        int64 // payload bytes stored
+	MaxBytes        int64 // bytes stored: messages', message-group states' and deferred rows' (TopicUsage.Bytes)
 	MaxPartitions   int64 // partitions with a message
 	// Retention is the tenant's default, between RetentionConfig.Default
 	// and a topic's own (RetentionConfig.Topics); dead-letter topics keep
@@ -252,17 +256,24 @@ func (a *Admin) SetTenantLimits(ctx context.Context, tenant string, limits Tenan
 	return nil
 }
 
-// TopicUsage is what one topic of a tenant stores.
+// TopicUsage is what one topic of a tenant stores. Bytes is what
+// TenantLimits.MaxBytes counts: each message's payload, headers (as
+// stored: JSON), partition key and id; each message-group state's state,
+// partition key and consumer group (StateBytes); each deferred row's
+// partition key and consumer group (DeferredBytes; the message it keeps
+// counts as a message).
 type TopicUsage struct {
-	Topic      string
-	Messages   int64
-	Partitions int64 // with a message
-	Bytes      int64 // of payload
+	Topic         string
+	Messages      int64
+	Partitions    int64 // with a message
+	Bytes         int64 // all of the below, and the messages'
+	StateBytes    int64 // of message-group states
+	DeferredBytes int64 // of deferred rows
 }
 
 // Tenants lists up to limit tenants after after, in order: those with a
 // partition or a settings row (a suspension), each with its messages and
-// payload bytes per topic. Listing the tenants reads every shard; counting
+// stored bytes per topic (TopicUsage). Listing the tenants reads every shard; counting
 // one tenant's messages reads all of them on its shard (a full count, not
 // an estimate), so keep pages small on large databases. limit 0 means
 // DefaultTenantPage.

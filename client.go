@@ -121,10 +121,12 @@ type Config struct {
 	TenantSettingsTTL time.Duration
 
 	// TenantUsageInterval is how old the measure of what a tenant stores
-	// may be when a publish is checked against the tenant's storage
-	// quotas (Admin.SetTenantLimits): older, it is measured again in the
-	// background, a count of the tenant's messages. A tenant may go over
-	// such a quota by what it publishes in this time. Default 30 s.
+	// may be when a write is checked against the tenant's storage quotas
+	// (Admin.SetTenantLimits): older, it is measured again in the
+	// background, a count of the tenant's messages and bytes. This
+	// client's own writes are held until a measure holds them; other
+	// clients' writes of this time are what a tenant may go over such a
+	// quota by (docs/tenants.md). Default 30 s.
 	TenantUsageInterval time.Duration
 
 	// ChangeFeed chooses how this client's consumers hear of messages
@@ -240,6 +242,8 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 	}
 	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
 	cl.tenants = newTenantStates(drv, cl.cfg, cl.tel)
+	// Consumers' state and deferral writes pass their tenants' checks.
+	cl.drv = tenantWrites{Driver: drv, ts: cl.tenants}
 	cl.tel.SetQuotas(cl.tenants.quotaUses)
 	if l, ok := drv.(driver.Logged); ok {
 		l.UseLogger(cl.cfg.Logger)

@@ -393,7 +393,7 @@ func ExampleAdmin_SuspendTenant() {
 	fmt.Println("exported", n, "messages")
 	// Output:
 	// suspended: true
-	// acme stores 2 messages, 8 bytes
+	// acme stores 2 messages, 77 bytes
 	// tenant
 	// message paid
 	// message shipped

@@ -10,7 +10,6 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	go.uber.org/goleak v1.3.0
-	golang.org/x/time v0.16.0
 	modernc.org/sqlite v1.62.0
 )
 

@@ -12,10 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/lifecycle"
+	"github.com/shardq/shardq/internal/publish"
 	"github.com/shardq/shardq/internal/telemetry"
 )
 
@@ -27,9 +26,9 @@ var ErrQuotaExceeded = errors.New("tenant quota exceeded")
 // The quotas a QuotaExceededError names.
 const (
 	QuotaPublishRate     = "publish_rate"      // messages per second
-	QuotaPublishByteRate = "publish_byte_rate" // payload bytes per second
+	QuotaPublishByteRate = "publish_byte_rate" // message bytes per second (driver.MessageBytes)
 	QuotaMaxMessages     = "max_messages"      // messages stored
-	QuotaMaxBytes        = "max_bytes"         // payload bytes stored
+	QuotaMaxBytes        = "max_bytes"         // bytes stored (TopicUsage.Bytes)
 	QuotaMaxPartitions   = "max_partitions"    // partitions with a message
 )
 
@@ -65,16 +64,48 @@ func (e *QuotaExceededError) Is(target error) bool { return target == ErrQuotaEx
 const DefaultTenantUsageInterval = 30 * time.Second
 
 // quotaState is a tenant's rate limiters and last measured usage in one
-// client.
+// client, and what the client admitted that the measure may not hold.
 type quotaState struct {
 	mu              sync.Mutex
-	msgs, bytes     *rate.Limiter
-	msgRate, byteRt int64 // what the limiters were made for
+	msgs, bytes     *bucket
+	msgRate, byteRt int64 // what the buckets were made for
 
 	usage     atomic.Pointer[storedUsage]
 	measuring ctxMutex // held by the call measuring the first usage
 	refresh   atomic.Bool
-	admitting ctxMutex // orders the storage checks and what they add
+	admitting ctxMutex // orders the storage checks and what they admit
+
+	// acct guards what this client admitted: writes in flight (open),
+	// and ended ones by the last measure epoch that may miss them. A
+	// write is counted from its check until a measure that started after
+	// it ended lands, so no measure drops a write it cannot see.
+	acct  sync.Mutex
+	epoch int64 // measures started
+	open  usageSums
+	ended map[int64]usageSums
+	// keys are the partitions written to that a measure may not hold yet
+	// (only under a partitions quota), any of which may be new.
+	keys map[[2]string]*keyUse
+}
+
+// usageSums is what writes add to a tenant's stored usage.
+type usageSums struct{ messages, bytes int64 }
+
+func (u usageSums) plus(v usageSums) usageSums {
+	return usageSums{u.messages + v.messages, u.bytes + v.bytes}
+}
+
+func (u usageSums) minus(v usageSums) usageSums {
+	return usageSums{u.messages - v.messages, u.bytes - v.bytes}
+}
+
+// keyUse is one partition's writes since the measure: open is how many
+// are in flight; until the last measure epoch that may miss the ended
+// ones; exists that a check found its head row (it is not new).
+type keyUse struct {
+	open   int
+	until  int64
+	exists bool
 }
 
 // ctxMutex is a mutex whose Lock gives up when ctx ends: its holders may
@@ -92,27 +123,125 @@ func (m *ctxMutex) lock(ctx context.Context) error {
 	}
 }
 
-func (m *ctxMutex) tryLock() bool {
-	select {
-	case m.ch <- struct{}{}:
-		return true
-	default:
-		return false
+func (m *ctxMutex) unlock() { <-m.ch }
+
+// storedUsage is a measure of what a tenant stores, taken from epoch on:
+// it holds every write that ended before its epoch began.
+type storedUsage struct {
+	at                          time.Time
+	epoch                       int64
+	messages, bytes, partitions int64 // partitions: head rows
+}
+
+// admission is what a check admitted of one write: held against the
+// tenant's storage quotas from the check until its end, then until a
+// measure that started after the end lands.
+type admission struct {
+	q    *quotaState
+	sums usageSums
+	keys [][2]string
+	done atomic.Bool
+}
+
+// end records how the write ended (publish.End). A write that ends out of
+// sight is held until the second measure from now lands: at least
+// TenantUsageInterval, since measures start that far apart.
+func (a *admission) end(o publish.Outcome) {
+	if !a.done.CompareAndSwap(false, true) {
+		return
+	}
+	q := a.q
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	until := q.epoch
+	if o == publish.EndsUnseen {
+		until++
+	}
+	q.open = q.open.minus(a.sums)
+	if q.ended == nil {
+		q.ended = map[int64]usageSums{}
+	}
+	q.ended[until] = q.ended[until].plus(a.sums)
+	for _, k := range a.keys {
+		ku := q.keys[k]
+		ku.open--
+		ku.until = max(ku.until, until)
 	}
 }
 
-func (m *ctxMutex) unlock() { <-m.ch }
+// hold admits sums and keys (each once), in flight until their end;
+// exists are those of keys whose head rows a check found.
+func (q *quotaState) hold(sums usageSums, keys [][2]string, exists map[[2]string]bool) *admission {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	q.open = q.open.plus(sums)
+	if len(keys) > 0 && q.keys == nil {
+		q.keys = map[[2]string]*keyUse{}
+	}
+	for _, k := range keys {
+		ku := q.keys[k]
+		if ku == nil {
+			ku = &keyUse{until: -1}
+			q.keys[k] = ku
+		}
+		ku.open++
+		ku.exists = ku.exists || exists[k]
+	}
+	return &admission{q: q, sums: sums, keys: keys}
+}
 
-// storedUsage is a measure of what a tenant stores, plus what this client
-// admitted since (guarded by quotaState.admitting): its own publishes
-// count at once, other clients' at the next measure.
-type storedUsage struct {
-	at                          time.Time
-	messages, bytes, partitions int64 // partitions: head rows
-	added                       struct{ messages, bytes int64 }
-	// keys are the partitions this client published to since the
-	// measure, any of which may be new.
-	keys map[[2]string]struct{}
+// latest is u, or the measure that landed after it: what a later measure
+// holds is no longer counted beside it (q.acct held).
+func (q *quotaState) latest(u *storedUsage) *storedUsage {
+	if cur := q.usage.Load(); cur != nil && cur.epoch > u.epoch {
+		return cur
+	}
+	return u
+}
+
+// counted is the measure (u, or a later one) plus what this client
+// admitted that it may not hold.
+func (q *quotaState) counted(u *storedUsage) usageSums {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	u = q.latest(u)
+	sum := usageSums{u.messages, u.bytes}.plus(q.open)
+	for e, s := range q.ended {
+		if e >= u.epoch {
+			sum = sum.plus(s)
+		}
+	}
+	return sum
+}
+
+// startMeasure begins a measure's epoch: writes that end from now on may
+// be missing from it.
+func (q *quotaState) startMeasure() int64 {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	q.epoch++
+	return q.epoch
+}
+
+// land makes u the measure in use (unless a later one landed first) and
+// forgets the writes it holds.
+func (q *quotaState) land(u *storedUsage) {
+	q.acct.Lock()
+	defer q.acct.Unlock()
+	if cur := q.usage.Load(); cur != nil && cur.epoch > u.epoch {
+		return
+	}
+	q.usage.Store(u)
+	for e := range q.ended {
+		if e < u.epoch {
+			delete(q.ended, e)
+		}
+	}
+	for k, ku := range q.keys {
+		if ku.open == 0 && ku.until < u.epoch {
+			delete(q.keys, k)
+		}
+	}
 }
 
 // hasQuota reports whether l sets any quota (retention aside).
@@ -123,91 +252,147 @@ func hasQuota(l driver.TenantLimits) bool {
 // admit refuses rows (all of tenant) when the tenant is suspended or the
 // rows would take it over a quota. With wait, a rate quota delays the call
 // instead (a large message's chunks: the write goes on at the tenant's
-// rate).
-func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) error {
+// rate). What it admits is held against the storage quotas until end.
+func (ts *tenantStates) admit(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) (publish.End, error) {
 	st, s, err := ts.read(ctx, tenant)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !s.suspendedAt.IsZero() {
-		return &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
+		return nil, &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
 	}
 	if !hasQuota(s.limits) {
-		return nil
+		return publish.NoEnd, nil
 	}
-	var n, bytes int64 = int64(len(rows)), 0
-	for _, r := range rows {
-		bytes += int64(len(r.Payload))
+	n, bytes := int64(len(rows)), int64(0)
+	if s.limits.PublishByteRate > 0 || s.limits.MaxBytes > 0 {
+		for _, r := range rows {
+			b, err := driver.MessageBytes(r)
+			if err != nil {
+				return nil, fmt.Errorf("tenant %q: size a message for its quotas: %w", tenant, err)
+			}
+			bytes += b
+		}
 	}
 	// The rate first, given back when the storage check refuses: what
 	// that check admits counts as stored.
 	taken, err := ts.takeRate(ctx, tenant, &st.quota, s.limits, n, bytes, wait)
+	end := publish.NoEnd
 	if err == nil {
-		if err = ts.checkStored(ctx, tenant, &st.quota, s.limits, rows, n, bytes); err != nil {
+		var a *admission
+		if a, err = ts.checkStored(ctx, tenant, &st.quota, s.limits, rows, n, bytes); err != nil {
 			st.quota.giveBack(taken, ts.clock())
+		} else if a != nil {
+			end = a.end
 		}
 	}
 	var qe *QuotaExceededError
 	if errors.As(err, &qe) {
 		ts.tel.QuotaRefused(tenant, qe.Quota)
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return end, nil
 }
 
-func (q *quotaState) giveBack(taken []*rate.Reservation, now time.Time) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for _, r := range taken {
-		r.CancelAt(now)
+// bucket is a token bucket of rate tokens a second that holds at most a
+// second's worth. A take may leave it in debt (the caller waits it out),
+// and a take given back before it was used is returned whole, as if it
+// never happened: so a write given up while it waited keeps nothing of
+// the rate it reserved. (A limiter of reservations that returns one only
+// as far as no later one holds tokens would keep the earlier pieces of a
+// take larger than a second's worth.)
+type bucket struct {
+	rate, tokens float64
+	last         time.Time
+}
+
+func newBucket(perSecond int64, now time.Time) *bucket {
+	return &bucket{rate: float64(perSecond), tokens: float64(perSecond), last: now}
+}
+
+func (b *bucket) refill(now time.Time) {
+	if now.After(b.last) {
+		b.tokens = min(b.rate, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+		b.last = now
 	}
 }
 
-// takeRate takes n messages and bytes from the tenant's rate limiters
+// take takes n at now and says how long the caller must wait until the
+// bucket would have held them.
+func (b *bucket) take(n int64, now time.Time) time.Duration {
+	b.refill(now)
+	b.tokens -= float64(n)
+	if b.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(-b.tokens / b.rate * float64(time.Second)))
+}
+
+// giveBack returns n that a take took and the caller did not use.
+func (b *bucket) giveBack(n int64, now time.Time) {
+	b.refill(now)
+	b.tokens = min(b.rate, b.tokens+float64(n))
+}
+
+// rateTake is what one call took of the tenant's buckets.
+type rateTake struct {
+	b *bucket
+	n int64
+}
+
+func (q *quotaState) giveBack(taken []rateTake, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, t := range taken {
+		t.b.giveBack(t.n, now)
+	}
+}
+
+// takeRate takes n messages and bytes from the tenant's rate buckets
 // (per client, as Kafka's quotas are per broker), each allowing a
-// second's worth at once. With wait, a call over a second's worth is
-// taken in pieces of a second's worth, and the call waits for the last.
-func (ts *tenantStates) takeRate(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, n, bytes int64, wait bool) ([]*rate.Reservation, error) {
+// second's worth at once. Without wait, a call that would wait is
+// refused with when it would fit, and one over a second's worth for
+// good; with wait, the call waits (a large message's chunks: at the
+// tenant's rate), and gives back what it took when ctx ends first.
+func (ts *tenantStates) takeRate(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, n, bytes int64, wait bool) ([]rateTake, error) {
 	if l.PublishRate == 0 && l.PublishByteRate == 0 {
 		return nil, nil
 	}
 	q.mu.Lock()
 	now := ts.clock()
 	if q.msgs == nil || q.msgRate != l.PublishRate {
-		q.msgs, q.msgRate = limiter(l.PublishRate), l.PublishRate
+		q.msgs, q.msgRate = newBucket(l.PublishRate, now), l.PublishRate
 	}
 	if q.bytes == nil || q.byteRt != l.PublishByteRate {
-		q.bytes, q.byteRt = limiter(l.PublishByteRate), l.PublishByteRate
-	}
-	type take struct {
-		quota    string
-		limit, n int64
-		lim      *rate.Limiter
+		q.bytes, q.byteRt = newBucket(l.PublishByteRate, now), l.PublishByteRate
 	}
 	var delay time.Duration
 	var worst *QuotaExceededError
-	var taken []*rate.Reservation
-	for _, t := range []take{{QuotaPublishRate, l.PublishRate, n, q.msgs}, {QuotaPublishByteRate, l.PublishByteRate, bytes, q.bytes}} {
-		if t.limit == 0 {
+	var taken []rateTake
+	for _, t := range []struct {
+		quota    string
+		limit, n int64
+		b        *bucket
+	}{{QuotaPublishRate, l.PublishRate, n, q.msgs}, {QuotaPublishByteRate, l.PublishByteRate, bytes, q.bytes}} {
+		if t.limit == 0 || t.n == 0 {
 			continue
 		}
 		if t.n > t.limit && !wait {
 			worst = &QuotaExceededError{Tenant: tenant, Quota: t.quota, Limit: t.limit, Usage: t.n, Call: t.n}
+			delay = 0
 			break
 		}
-		for left := t.n; left > 0; {
-			piece := min(left, int64(t.lim.Burst()))
-			left -= piece
-			r := t.lim.ReserveN(now, int(piece)) // within the burst: always OK
-			taken = append(taken, r)
-			if d := r.DelayFrom(now); d > delay {
-				delay = d
-				worst = &QuotaExceededError{Tenant: tenant, Quota: t.quota, Limit: t.limit, Usage: t.n, Call: t.n, RetryAfter: d}
-			}
+		taken = append(taken, rateTake{t.b, t.n})
+		if d := t.b.take(t.n, now); d > delay {
+			delay = d
+			worst = &QuotaExceededError{Tenant: tenant, Quota: t.quota, Limit: t.limit, Usage: t.n, Call: t.n, RetryAfter: d}
 		}
 	}
 	if worst != nil && (worst.RetryAfter == 0 || !wait) {
-		for _, r := range taken {
-			r.CancelAt(now)
+		for _, t := range taken {
+			t.b.giveBack(t.n, now)
 		}
 		q.mu.Unlock()
 		return nil, worst
@@ -227,95 +412,133 @@ func (ts *tenantStates) takeRate(ctx context.Context, tenant string, q *quotaSta
 	}
 }
 
-// limiter allows perSecond a second, a second's worth at once (perSecond
-// fits an int: the limits are checked against the burst first).
-func limiter(perSecond int64) *rate.Limiter {
-	if perSecond == 0 {
-		return nil
+// admitStored refuses a consumer's write of bytes to tenant's stores (a
+// message group's state, a deferred row) when the tenant is suspended or
+// the bytes would take it past MaxBytes (they are not messages, nor
+// publishes: the other quotas leave them alone). What it admits is held
+// as a publish's is, until end.
+func (ts *tenantStates) admitStored(ctx context.Context, tenant string, bytes int64) (publish.End, error) {
+	st, s, err := ts.read(ctx, tenant)
+	if err != nil {
+		return nil, err
 	}
-	return rate.NewLimiter(rate.Limit(perSecond), int(min(perSecond, math.MaxInt32)))
+	if !s.suspendedAt.IsZero() {
+		return nil, &TenantSuspendedError{Tenant: tenant, Since: s.suspendedAt}
+	}
+	l, q := s.limits.MaxBytes, &st.quota
+	if l == 0 {
+		return publish.NoEnd, nil
+	}
+	u, err := ts.usage(ctx, tenant, q)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.admitting.lock(ctx); err != nil {
+		return nil, fmt.Errorf("tenant %q: wait to check its quotas: %w", tenant, err)
+	}
+	defer q.admitting.unlock()
+	if c := q.counted(u); c.bytes+bytes > l {
+		ts.tel.QuotaRefused(tenant, QuotaMaxBytes)
+		return nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxBytes, Limit: l, Usage: c.bytes, Call: bytes}
+	}
+	return q.hold(usageSums{bytes: bytes}, nil, nil).end, nil
 }
 
 // checkStored refuses rows that would take the tenant past what it may
 // store: the last measure (at most TenantUsageInterval old, refreshed in
 // the background; the first one in the call) plus what this client
-// admitted since. So a tenant goes over only by what other clients
-// publish between measures. What it admits is counted whether or not its
-// transaction commits, until the next measure.
-func (ts *tenantStates) checkStored(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, rows []*driver.InsertMessage, n, bytes int64) error {
+// admitted that the measure may not hold (in flight, or ended after it
+// started). So one client never takes a tenant past its quota; a tenant
+// goes over only by what other clients write between their measures.
+func (ts *tenantStates) checkStored(ctx context.Context, tenant string, q *quotaState, l driver.TenantLimits, rows []*driver.InsertMessage, n, bytes int64) (*admission, error) {
 	if l.MaxMessages == 0 && l.MaxBytes == 0 && l.MaxPartitions == 0 {
-		return nil
+		return nil, nil
 	}
 	u, err := ts.usage(ctx, tenant, q)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := q.admitting.lock(ctx); err != nil {
-		return fmt.Errorf("tenant %q: wait to check its quotas: %w", tenant, err)
+		return nil, fmt.Errorf("tenant %q: wait to check its quotas: %w", tenant, err)
 	}
 	defer q.admitting.unlock()
-	msgs, stored := u.messages+u.added.messages, u.bytes+u.added.bytes
-	if l.MaxMessages > 0 && msgs+n > l.MaxMessages {
-		return &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxMessages, Limit: l.MaxMessages, Usage: msgs, Call: n}
+	c := q.counted(u)
+	if l.MaxMessages > 0 && c.messages+n > l.MaxMessages {
+		return nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxMessages, Limit: l.MaxMessages, Usage: c.messages, Call: n}
 	}
-	if l.MaxBytes > 0 && stored+bytes > l.MaxBytes {
-		return &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxBytes, Limit: l.MaxBytes, Usage: stored, Call: bytes}
+	if l.MaxBytes > 0 && c.bytes+bytes > l.MaxBytes {
+		return nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxBytes, Limit: l.MaxBytes, Usage: c.bytes, Call: bytes}
 	}
-	if err := ts.checkPartitions(ctx, tenant, u, l, rows); err != nil {
-		return err
+	var keys [][2]string
+	var exists map[[2]string]bool
+	if l.MaxPartitions > 0 {
+		if keys, exists, err = ts.checkPartitions(ctx, tenant, q, u, l, rows); err != nil {
+			return nil, err
+		}
 	}
-	u.added.messages += n
-	u.added.bytes += bytes
-	return nil
+	return q.hold(usageSums{n, bytes}, keys, exists), nil
 }
 
 // checkPartitions refuses rows that would give the tenant more partitions
-// (head rows) than its quota. Far from the limit it reads nothing: the
-// measure plus every key published to since, each counted as new, stays
-// within it. Near the limit it counts the tenant's head rows and reads
-// which of the call's keys have none (two indexed reads).
-func (ts *tenantStates) checkPartitions(ctx context.Context, tenant string, u *storedUsage, l driver.TenantLimits, rows []*driver.InsertMessage) error {
-	if l.MaxPartitions == 0 {
-		return nil
-	}
-	keys := map[string][]string{} // per topic, each key once, not yet among u.keys
-	var unseen int64
+// (head rows) than its quota, and returns their keys (each once) and
+// those found to exist. Far from the limit it reads nothing: the measure
+// plus every key written to since, each counted as new, stays within
+// it. Near the limit it counts the tenant's head rows and reads which of
+// the call's keys have none (two indexed reads); the keys of writes in
+// flight not known to exist count as new too.
+func (ts *tenantStates) checkPartitions(ctx context.Context, tenant string, q *quotaState, u *storedUsage, l driver.TenantLimits, rows []*driver.InsertMessage) ([][2]string, map[[2]string]bool, error) {
+	var keys [][2]string
+	byTopic := map[string][]string{} // the call's keys, each once
 	for _, r := range rows {
 		k := [2]string{r.Topic, r.PartitionKey}
-		if _, ok := u.keys[k]; ok {
-			continue
+		if !slices.Contains(byTopic[r.Topic], r.PartitionKey) {
+			byTopic[r.Topic] = append(byTopic[r.Topic], r.PartitionKey)
+			keys = append(keys, k)
 		}
-		if !slices.Contains(keys[r.Topic], r.PartitionKey) {
-			keys[r.Topic] = append(keys[r.Topic], r.PartitionKey)
+	}
+	// Counted: the keys of writes that the measure may not hold; unseen:
+	// the call's other keys; inFlight: the keys of writes in flight,
+	// not the call's, not known to exist.
+	var counted, unseen, inFlight int64
+	q.acct.Lock()
+	u = q.latest(u)
+	for k, ku := range q.keys {
+		if ku.open > 0 || ku.until >= u.epoch {
+			counted++
+		}
+		if ku.open > 0 && !ku.exists && !slices.Contains(byTopic[k[0]], k[1]) {
+			inFlight++
+		}
+	}
+	for _, k := range keys {
+		if ku := q.keys[k]; ku == nil || ku.open == 0 && ku.until < u.epoch {
 			unseen++
 		}
 	}
-	if u.partitions+int64(len(u.keys))+unseen > l.MaxPartitions {
-		have, err := ts.drv.TenantPartitions(ctx, tenant)
+	q.acct.Unlock()
+	if u.partitions+counted+unseen <= l.MaxPartitions {
+		return keys, nil, nil
+	}
+	have, err := ts.drv.TenantPartitions(ctx, tenant)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
+	}
+	exists := map[[2]string]bool{}
+	var added int64
+	for topic, ks := range byTopic {
+		heads, err := ts.drv.HeadsOf(ctx, topic, []string{tenant}, ks)
 		if err != nil {
-			return fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
+			return nil, nil, fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
 		}
-		var added int64
-		for topic, ks := range keys {
-			heads, err := ts.drv.HeadsOf(ctx, topic, []string{tenant}, ks)
-			if err != nil {
-				return fmt.Errorf("tenant %q: check its partitions quota: %w", tenant, err)
-			}
-			added += int64(len(ks) - len(heads))
+		for h := range heads {
+			exists[[2]string{topic, h.PartitionKey}] = true
 		}
-		if added > 0 && have+added > l.MaxPartitions {
-			return &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxPartitions, Limit: l.MaxPartitions, Usage: have, Call: added}
-		}
+		added += int64(len(ks) - len(heads))
 	}
-	if u.keys == nil {
-		u.keys = map[[2]string]struct{}{}
+	if added > 0 && have+inFlight+added > l.MaxPartitions {
+		return nil, nil, &QuotaExceededError{Tenant: tenant, Quota: QuotaMaxPartitions, Limit: l.MaxPartitions, Usage: have + inFlight, Call: added}
 	}
-	for topic, ks := range keys {
-		for _, k := range ks {
-			u.keys[[2]string{topic, k}] = struct{}{}
-		}
-	}
-	return nil
+	return keys, exists, nil
 }
 
 // usage is the tenant's stored usage as last measured: measured in the
@@ -331,20 +554,20 @@ func (ts *tenantStates) usage(ctx context.Context, tenant string, q *quotaState)
 		if u = q.usage.Load(); u != nil {
 			return u, nil
 		}
-		u, err := ts.measure(ctx, tenant)
+		u, err := ts.measure(ctx, tenant, q)
 		if err != nil {
 			return nil, err
 		}
-		q.usage.Store(u)
-		return u, nil
+		q.land(u)
+		return q.usage.Load(), nil
 	}
 	if ts.clock().Sub(u.at) >= ts.usageEvery && q.refresh.CompareAndSwap(false, true) {
 		ts.goBackground(func() {
 			defer q.refresh.Store(false)
 			ctx, cancel := context.WithTimeout(ts.life, lifecycle.CallTimeout)
 			defer cancel()
-			if u, err := ts.measure(ctx, tenant); err == nil {
-				q.usage.Store(u)
+			if u, err := ts.measure(ctx, tenant, q); err == nil {
+				q.land(u)
 			} else if ts.life.Err() == nil {
 				ts.log.Warn("shardq: measure a tenant's usage for its quotas; the last measure stands", "tenant", tenant, "err", err)
 			}
@@ -368,8 +591,9 @@ func (ts *tenantStates) goBackground(fn, closed func()) {
 	}()
 }
 
-func (ts *tenantStates) measure(ctx context.Context, tenant string) (*storedUsage, error) {
-	at := ts.clock()
+// measure reads what the tenant stores, in a new epoch of q.
+func (ts *tenantStates) measure(ctx context.Context, tenant string, q *quotaState) (*storedUsage, error) {
+	at, epoch := ts.clock(), q.startMeasure()
 	topics, err := ts.drv.TenantUsage(ctx, tenant)
 	var heads int64
 	if err == nil {
@@ -378,7 +602,7 @@ func (ts *tenantStates) measure(ctx context.Context, tenant string) (*storedUsag
 	if err != nil {
 		return nil, fmt.Errorf("tenant %q: measure what it stores for its quotas: %w", tenant, err)
 	}
-	u := &storedUsage{at: at, partitions: heads}
+	u := &storedUsage{at: at, epoch: epoch, partitions: heads}
 	for _, t := range topics {
 		u.messages += t.Messages
 		u.bytes += t.Bytes
@@ -407,15 +631,8 @@ func (ts *tenantStates) quotaUses() []telemetry.QuotaUse {
 		}
 		u := k.st.quota.usage.Load()
 		if u != nil {
-			// admitting may be held across a read: not under ts.mu, and
-			// a collection skips what it cannot read at once.
-			if !k.st.quota.admitting.tryLock() {
-				u = nil
-			} else {
-				v := storedUsage{messages: u.messages + u.added.messages, bytes: u.bytes + u.added.bytes, partitions: u.partitions}
-				k.st.quota.admitting.unlock()
-				u = &v
-			}
+			c := k.st.quota.counted(u)
+			u = &storedUsage{messages: c.messages, bytes: c.bytes, partitions: u.partitions}
 		}
 		l := s.limits
 		for _, q := range []struct {

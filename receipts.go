@@ -310,7 +310,8 @@ func (rq *ReceiveRequest) check() error {
 // other receive gets that group meanwhile); or ungrouped ones, each under
 // its own claim. With rq.Wait it keeps looking that long while there is
 // none, woken by the change feed when the topic's partitions move. No
-// message: an empty Messages.
+// message: an empty Messages. In a suspended tenant it fails with
+// ErrTenantSuspended, having acknowledged rq.Ack all the same.
 func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResult, error) {
 	if err := r.checkRequest(&rq); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
@@ -319,7 +320,7 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
 	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
-		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
+		return r.ackSuspended(ctx, rq, fmt.Errorf("shardq: receive: %w", err))
 	}
 	if err := r.c.registerGroup(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, StartEarliest, r.o.Clock()); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
@@ -327,13 +328,8 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 	got, err := r.rt.Receive(ctx, receipts.Request{Tenant: rq.Tenant, Topic: rq.Topic, Group: rq.ConsumerGroup, Key: rq.PartitionKey,
 		NextGroup: rq.NextGroup, Ungrouped: rq.Ungrouped, Hold: rq.Hold, RequireReady: rq.RequireReady, Session: rq.Session, Max: rq.Max, Wait: rq.Wait,
 		Visibility: rq.Visibility, MaxBytes: rq.MaxBytes, Done: rq.Done, Ack: rq.Ack})
-	if bad := (*ident.Error)(nil); len(rq.Ack) > 0 && errors.As(err, &bad) {
-		// A receipt of Ack: named as the request's field.
-		if rest, ok := strings.CutPrefix(bad.Field, "receipts"); ok {
-			bad.Field = "ack" + rest
-		} else if bad.Field == "receipt" {
-			bad.Field = "ack"
-		}
+	if len(rq.Ack) > 0 {
+		err = ackField(err)
 	}
 	res := ReceiveResult{Messages: make([]ReceivedMessage, len(got.Messages)), Truncated: got.Truncated, Acked: got.Acked, Stale: got.Stale}
 	if s := got.Session; s != nil {
@@ -352,6 +348,33 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 		}
 	}
 	return res, err
+}
+
+// ackSuspended settles rq.Ack of a receive that err refuses when the
+// tenant is suspended: what is in hand is still settled there, only the
+// receive is not.
+func (r *Receipts) ackSuspended(ctx context.Context, rq ReceiveRequest, err error) (ReceiveResult, error) {
+	if len(rq.Ack) == 0 || !errors.Is(err, ErrTenantSuspended) {
+		return ReceiveResult{}, err
+	}
+	stale, aerr := r.rt.AckAll(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, rq.Ack)
+	if aerr != nil {
+		return ReceiveResult{}, ackField(aerr)
+	}
+	return ReceiveResult{Acked: len(rq.Ack) - len(stale), Stale: stale}, err
+}
+
+// ackField names a receipt of ReceiveRequest.Ack in err as the request's
+// field.
+func ackField(err error) error {
+	if bad := (*ident.Error)(nil); errors.As(err, &bad) {
+		if rest, ok := strings.CutPrefix(bad.Field, "receipts"); ok {
+			bad.Field = "ack" + rest
+		} else if bad.Field == "receipt" {
+			bad.Field = "ack"
+		}
+	}
+	return err
 }
 
 // LargeBody is the body of a large message handed out by a receipt.
@@ -468,10 +491,22 @@ func (r *Receipts) Nack(ctx context.Context, g GroupRef, receipt string, opts Na
 // change past that is refused (ErrInvalid), as SQS refuses one past 12
 // h. Session ids may be among receipts: the session's lease is renewed,
 // or with 0 closed. Every receipt is checked before anything changes, as
-// in AckAll; it returns the indexes of the stale receipts.
+// in AckAll; it returns the indexes of the stale receipts. In a suspended
+// tenant a change to more than 0 fails with ErrTenantSuspended.
 func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []string, vis time.Duration) (stale []int, err error) {
 	if err := r.c.syncClock(ctx); err != nil {
 		return nil, fmt.Errorf("shardq: change visibility: %w", err)
+	}
+	if vis > 0 {
+		// Holding on is refused in a suspended tenant; giving back (0)
+		// is settling, which goes on.
+		err := validateGroupRef(g.Tenant, g.Topic, g.ConsumerGroup)
+		if err == nil {
+			err = r.c.tenants.check(ctx, g.Tenant)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("shardq: change visibility: %w", err)
+		}
 	}
 	return r.rt.ChangeVisibility(ctx, g.Tenant, g.Topic, g.ConsumerGroup, receipts, vis)
 }

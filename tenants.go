@@ -17,7 +17,9 @@ import (
 )
 
 // ErrTenantSuspended refuses a publish, receive or accept in a suspended
-// tenant (Admin.SuspendTenant); the error is a *TenantSuspendedError.
+// tenant, and a consumer's write that keeps or adds something (a group's
+// state, a deferral, a longer visibility) (Admin.SuspendTenant); the
+// error is a *TenantSuspendedError.
 var ErrTenantSuspended = errors.New("tenant is suspended")
 
 // TenantSuspendedError names the suspended tenant and since when.
@@ -125,11 +127,17 @@ func (ts *tenantStates) evict() {
 	}
 }
 
-// forget drops what is known of tenant: the next check reads its row.
+// forget drops what is known of tenant's row and stores: the next check
+// reads the row and measures again. What this client admitted stays
+// counted until a measure holds it.
 func (ts *tenantStates) forget(tenant string) {
 	ts.mu.Lock()
-	delete(ts.known, tenant)
+	st := ts.known[tenant]
 	ts.mu.Unlock()
+	if st != nil {
+		st.snap.Store(nil)
+		st.quota.usage.Store(nil)
+	}
 }
 
 // check fails with a *TenantSuspendedError when tenant is suspended, as

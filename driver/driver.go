@@ -611,7 +611,9 @@ type Admin interface {
 	// drained ones included, in every topic (an index range).
 	TenantPartitions(ctx context.Context, tenant string) (int64, error)
 	// TenantUsage counts the tenant's messages, partitions with messages
-	// and payload bytes per topic, in topic order.
+	// and stored bytes per topic (MessageBytes of its messages,
+	// GroupStateBytes of its message-group states, DeferredBytes of its
+	// deferred rows), in topic order: a topic with any of them.
 	TenantUsage(ctx context.Context, tenant string) ([]TopicUsage, error)
 	// ExportMessages reads up to limit of the tenant's messages after
 	// the position after, in (topic, partition key, offset) order.
@@ -635,15 +637,18 @@ type TenantSettings struct {
 // TenantLimits are a tenant's quotas and retention; zero is no limit (the
 // retention's default).
 type TenantLimits struct {
-	PublishRate, PublishByteRate         int64 // messages, payload bytes per second
+	PublishRate, PublishByteRate         int64 // messages, bytes (MessageBytes) per second
 	MaxMessages, MaxBytes, MaxPartitions int64 // stored
 	MinRetention, MaxRetention           time.Duration
 }
 
 // TopicUsage is what one topic of a tenant stores.
 type TopicUsage struct {
-	Topic                       string
-	Messages, Partitions, Bytes int64
+	Topic                string
+	Messages, Partitions int64
+	// Bytes is all the topic's stored bytes, StateBytes and
+	// DeferredBytes included.
+	Bytes, StateBytes, DeferredBytes int64
 }
 
 // ExportPosition is where a tenant's export of messages stands: after

@@ -29,10 +29,12 @@ var tenantTests = []struct {
 	{"SuspendTenant", testSuspendTenant},
 	{"SuspendGivesBackClaims", testSuspendGivesBackClaims},
 	{"SuspendStopsRetries", testSuspendStopsRetries},
+	{"SuspendStopsConsumerWrites", testSuspendStopsConsumerWrites},
 	{"ListTenants", testListTenants},
 	{"ExportTenant", testExportTenant},
 	{"TenantRateQuotas", testTenantRateQuotas},
 	{"TenantStorageQuotas", testTenantStorageQuotas},
+	{"TenantStoredBytes", testTenantStoredBytes},
 	{"TenantRetention", testTenantRetention},
 }
 
@@ -125,6 +127,115 @@ func testSuspendTenant(t *testing.T, open Open) {
 	}
 }
 
+// A suspended tenant's consumers write nothing more: a message group's
+// state, a deferral, a longer visibility, a receive of deferred messages
+// are refused (ErrTenantSuspended) and change nothing, through a group
+// receiver, receipts and a subscriber's handler alike. Settling what is
+// in hand goes on: acks (a receive's too), nacks, a visibility of 0 and
+// closing a session.
+func testSuspendStopsConsumerWrites(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	ctx := context.Background()
+	admin := c.Admin()
+	publishGroup(t, c, "a", "a1", "a2")
+	publishGroup(t, c, "b", "b1", "b2")
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"})
+	g := shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
+	gr, err := c.AcceptGroup(ctx, g, "a", receiverOpts("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gr.Stop(ctx)
+	held, err := gr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.Receipts(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", PartitionKey: "b", Hold: true, Max: 1})
+	if err != nil || sess.Session == nil || len(sess.Messages) != 1 {
+		t.Fatalf("session: %+v, %v", sess, err)
+	}
+	ung, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Ungrouped: true, Max: 2})
+	if err != nil || len(ung.Messages) != 2 {
+		t.Fatalf("ungrouped: %+v, %v", ung, err)
+	}
+	if err := admin.SuspendTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	suspended := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, shardq.ErrTenantSuspended) {
+			t.Fatalf("%s in a suspended tenant: %v; want ErrTenantSuspended", what, err)
+		}
+	}
+	suspended("GroupReceiver.SetState", gr.SetState(ctx, []byte("no")))
+	suspended("GroupReceiver.Defer", gr.Defer(ctx, held))
+	suspended("Receipts.SetGroupState", rc.SetGroupState(ctx, g, sess.Session.ID, []byte("no")))
+	_, err = rc.Defer(ctx, g, []string{ung.Messages[0].Receipt})
+	suspended("Receipts.Defer", err)
+	_, err = rc.ChangeVisibility(ctx, g, []string{ung.Messages[0].Receipt, sess.Session.ID}, time.Minute)
+	suspended("Receipts.ChangeVisibility", err)
+	_, err = c.ReceiveDeferred(ctx, shardq.DeferredRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Offsets: []int64{1}})
+	suspended("ReceiveDeferred", err)
+	_, err = rc.ReceiveDeferred(ctx, shardq.DeferredRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Offsets: []int64{1}})
+	suspended("Receipts.ReceiveDeferred", err)
+	if st, err := gr.State(ctx); err != nil || st != nil {
+		t.Fatalf("state after refused writes: %q, %v", st, err)
+	}
+	if ds, err := admin.Deferred(ctx, g, 0, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("deferred after refused deferrals: %+v, %v", ds, err)
+	}
+	// Settling goes on.
+	if err := gr.Ack(ctx, held); err != nil {
+		t.Fatalf("GroupReceiver.Ack while suspended: %v", err)
+	}
+	res, err := rc.Receive(ctx, shardq.ReceiveRequest{Tenant: "t", Topic: "x", ConsumerGroup: "g", Ungrouped: true, Ack: []string{ung.Messages[0].Receipt}})
+	suspended("a receive that acks", err)
+	if res.Acked != 1 || len(res.Stale) != 0 || len(res.Messages) != 0 {
+		t.Fatalf("a receive that acks while suspended: %+v; want its ack settled and nothing received", res)
+	}
+	if err := rc.Nack(ctx, g, ung.Messages[1].Receipt, shardq.NackOptions{}); err != nil {
+		t.Fatalf("Nack while suspended: %v", err)
+	}
+	if stale, err := rc.ChangeVisibility(ctx, g, []string{sess.Session.ID}, 0); err != nil || len(stale) != 0 {
+		t.Fatalf("visibility 0 while suspended: %v %v", stale, err)
+	}
+	if err := admin.ResumeTenant(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	// A subscriber's handler holds its message when the suspension comes:
+	// its deferral is refused too (and the message comes again).
+	deferred := make(chan error, 1)
+	var once atomic.Bool
+	s, err := c.Subscribe(ctx, fastConfig("h", "x", []string{"t"}, func(ctx context.Context, dv *shardq.Delivery) error {
+		if dv.PartitionKey != "a" || !once.CompareAndSwap(false, true) {
+			return nil
+		}
+		if err := admin.SuspendTenant(ctx, "t"); err != nil {
+			deferred <- err
+			return nil
+		}
+		deferred <- dv.Defer(ctx)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	select {
+	case err := <-deferred:
+		suspended("Delivery.Defer in a subscriber's handler", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the subscriber delivered nothing")
+	}
+	if ds, err := admin.Deferred(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "h"}, 0, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("deferred after a refused deferral: %+v, %v", ds, err)
+	}
+}
+
 func cursor(raw string) string { return base64.RawURLEncoding.EncodeToString([]byte(raw)) }
 
 // delivered reports whether a message of id reached the handler.
@@ -156,7 +267,9 @@ func testListTenants(t *testing.T, open Open) {
 			yield(fmt.Sprintf("%s:%d/%d/suspended=%t:%v", ti.Tenant, ti.Messages, ti.Bytes, !ti.SuspendedAt.IsZero(), ti.Topics))
 		}
 	}))
-	want := "[a:4/11/suspended=false:[{x 3 3 9} {y 1 1 2}] b:0/0/suspended=true:[] c:1/0/suspended=false:[{x 1 1 0}]]"
+	// A message's bytes: payload, headers as stored ({"queue_name":"a"}: 18),
+	// key and id.
+	want := "[a:4/93/suspended=false:[{x 3 3 70 0 0} {y 1 1 23 0 0}] b:0/0/suspended=true:[] c:1/21/suspended=false:[{x 1 1 21 0 0}]]"
 	if got != want {
 		t.Fatalf("tenants:\n got %s\nwant %s", got, want)
 	}
@@ -411,12 +524,14 @@ func testTenantStorageQuotas(t *testing.T, open Open) {
 	if n := stored(t, c, "t"); n != 2 {
 		t.Fatalf("%d stored after a refused call; want 2", n)
 	}
-	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: 12}); err != nil {
+	// Each stored message is 25 bytes: payload 5, headers
+	// {"queue_name":"t"} 18, key 1, id 1. "d" adds 2 + 18 + 1 + 1.
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: 72}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "d", Payload: []byte("123")})
-	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != 10 || qe.Call != 3 {
-		t.Fatalf("refusal %+v; want 10 bytes stored, 3 added", qe)
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != 50 || qe.Call != 23 {
+		t.Fatalf("refusal %+v; want 50 bytes stored, 23 added", qe)
 	}
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "d", Payload: []byte("12")})
 	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxPartitions: 2}); err != nil {
@@ -448,6 +563,103 @@ func testTenantStorageQuotas(t *testing.T, open Open) {
 	info, err := admin.Tenant(ctx, "t")
 	if err != nil || info.Limits.MaxPartitions != 2 || info.Partitions != 2 {
 		t.Fatalf("tenant %+v, %v", info, err)
+	}
+}
+
+// What a tenant stores is counted whole, the same in the client's check
+// and in Admin's measure: a message's payload, headers as stored, key and
+// id; a message group's state, key and group; a deferred row's key and
+// group. A message of empty payload and large headers is held to
+// max_bytes and publish_byte_rate as any other.
+func testTenantStoredBytes(t *testing.T, open Open) {
+	d, c := setup(t, open, nil)
+	ctx := context.Background()
+	admin := c.Admin()
+	// Multi-byte characters: the measure counts bytes, not characters.
+	headers := map[string]string{"h1": strings.Repeat("é", 100), "h2": "<&>"}
+	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "clé", ID: "ü1", Headers: headers},
+		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "clé", ID: "ü2", Payload: []byte("12345")})
+	var msgBytes int64
+	for _, m := range fetchAll(t, d, "t", "x", "clé") {
+		n, err := driver.MessageBytes(&driver.InsertMessage{PartitionKey: m.PartitionKey, ID: m.ID, Headers: m.Headers, Payload: m.Payload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgBytes += n
+	}
+	if len(`{"h1":"`+headers["h1"]+`","h2":"<&>","queue_name":"t"}`)+len("clé")+len("ü1") >= int(msgBytes) {
+		t.Fatalf("message bytes %d; want the headers, key and id counted in bytes", msgBytes)
+	}
+	usage := func() shardq.TenantInfo {
+		t.Helper()
+		info, err := admin.Tenant(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	if info := usage(); info.Bytes != msgBytes || len(info.Topics) != 1 || info.Topics[0].Bytes != msgBytes {
+		t.Fatalf("usage %+v; want %d bytes", info, msgBytes)
+	}
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "clé", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	state := []byte("state ü")
+	if err := r.SetState(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	dv, err := r.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Defer(ctx, dv); err != nil {
+		t.Fatal(err)
+	}
+	stateBytes, deferBytes := driver.GroupStateBytes("g", "clé", state), driver.DeferredBytes("g", "clé")
+	info := usage()
+	if u := info.Topics[0]; info.Bytes != msgBytes+stateBytes+deferBytes || u.Bytes != info.Bytes || u.StateBytes != stateBytes || u.DeferredBytes != deferBytes {
+		t.Fatalf("usage %+v; want %d of messages, %d of state, %d deferred", info, msgBytes, stateBytes, deferBytes)
+	}
+	// Headers count against both byte quotas.
+	empty := shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "e", Headers: map[string]string{"big": strings.Repeat("h", 500)}}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: info.Bytes + 100}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Publish(ctx, empty)
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != info.Bytes || qe.Call < 500 {
+		t.Fatalf("refusal %+v; want %d stored and the headers' bytes added", qe, info.Bytes)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{PublishByteRate: 400}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Publish(ctx, empty)
+	if qe := wantQuota(t, err, "t", shardq.QuotaPublishByteRate); qe.RetryAfter != 0 {
+		t.Fatalf("refusal %+v; want more than a second's worth", qe)
+	}
+	// A state and a deferral are held to max_bytes, and store nothing when
+	// refused.
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: info.Bytes + 10}); err != nil {
+		t.Fatal(err)
+	}
+	err = r.SetState(ctx, make([]byte, 100))
+	if qe := wantQuota(t, err, "t", shardq.QuotaMaxBytes); qe.Usage != info.Bytes || qe.Call != 100+int64(len("g")+len("clé")) {
+		t.Fatalf("state refusal %+v; want %d stored", qe, info.Bytes)
+	}
+	if st, err := r.State(ctx); err != nil || string(st) != string(state) {
+		t.Fatalf("state after a refused write: %q, %v", st, err)
+	}
+	if err := admin.SetTenantLimits(ctx, "t", shardq.TenantLimits{MaxBytes: info.Bytes + 1}); err != nil {
+		t.Fatal(err)
+	}
+	dv, err = r.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantQuota(t, r.Defer(ctx, dv), "t", shardq.QuotaMaxBytes)
+	if got := usage(); got.Bytes != info.Bytes {
+		t.Fatalf("usage after a refused deferral %+v; want %d bytes", got, info.Bytes)
 	}
 }
 

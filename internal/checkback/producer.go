@@ -151,13 +151,19 @@ func (p *Producer) Send(ctx context.Context, msg publish.Message, twoSelectors b
 		return Result{}, fmt.Errorf("shardq: send in transaction: %w", &ident.Error{Field: "tenant",
 			Rule: fmt.Sprintf("%q is not among producer group %q's tenants, whose check-back would never see it", row.Tenant, p.cfg.Group)})
 	}
-	if err := p.pub.Admit(ctx, rows, false); err != nil {
+	end, err := p.pub.Admit(ctx, rows, false)
+	if err != nil {
 		return Result{}, fmt.Errorf("shardq: send in transaction: %w", err)
 	}
+	// The message is held against the tenant's quotas until it is a
+	// message or gone; one left to the check-back ends out of sight.
+	outcome := publish.EndsUnseen
+	defer func() { end(outcome) }()
 	half := &driver.HalfMessage{InsertMessage: *row, ProducerGroup: p.cfg.Group, NextCheckAt: p.cfg.Clock().Add(p.cfg.TransactionTimeout)}
 	res := Result{Tenant: row.Tenant, Topic: row.Topic, PartitionKey: row.PartitionKey, ID: row.ID}
 	sent = rows
 	if err := p.drv.InsertHalf(ctx, half); err != nil {
+		outcome = publish.Ended
 		return res, fmt.Errorf("shardq: send in transaction: %w", err)
 	}
 	state, lerr := run(ctx, local, half)
@@ -167,12 +173,14 @@ func (p *Producer) Send(ctx context.Context, msg publish.Message, twoSelectors b
 		if err != nil {
 			return res, fmt.Errorf("shardq: send in transaction: %w", err)
 		}
+		outcome = publish.Ended
 		p.committed.Add(1)
 		res.State, res.Offset = Commit, m.Offset
 	case Rollback:
 		if err := p.drv.RollbackHalf(ctx, half.Ref(), 0); err != nil {
 			return res, fmt.Errorf("shardq: send in transaction: %w", err)
 		}
+		outcome = publish.Ended
 		p.rolledBack.Add(1)
 		res.State = Rollback
 	default:

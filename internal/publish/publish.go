@@ -70,9 +70,31 @@ type Config struct {
 	MessageError func(i int, err error) error
 	// Admit refuses rows of one tenant that it may not publish now (a
 	// suspended tenant, or one over a quota), before anything is stored.
-	// With wait, a rate quota may delay the call instead.
-	Admit func(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) error
+	// With wait, a rate quota may delay the call instead. What it admits
+	// is held against the tenant's quotas until end says how the write
+	// ended.
+	Admit func(ctx context.Context, tenant string, rows []*driver.InsertMessage, wait bool) (end End, err error)
 }
+
+// Outcome is how an admitted write ended.
+type Outcome int
+
+const (
+	// Ended: the write's transaction ended, committed or not, before end
+	// was called.
+	Ended Outcome = iota
+	// EndsUnseen: the rows are in a transaction that ends later, out of
+	// this process's sight (the caller's, of PublishTx; a transactional
+	// message left to the check-back).
+	EndsUnseen
+)
+
+// End reports how a write that Admit admitted ended; a second call does
+// nothing.
+type End func(Outcome)
+
+// NoEnd is the End of a write that holds nothing.
+func NoEnd(Outcome) {}
 
 // Publisher writes messages to one database.
 type Publisher struct {
@@ -159,11 +181,21 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message, reserved bool) 
 				Rule: fmt.Sprintf("%q differs from message 0's %q; one Publish call writes one tenant", r.Tenant, rows[0].Tenant)})
 		}
 	}
-	if err := p.Admit(ctx, rows, reserved); err != nil {
+	end, err := p.Admit(ctx, rows, reserved)
+	if err != nil {
 		return nil, fmt.Errorf("shardq: publish: %w", err)
 	}
+	defer end(Ended)
 	sent = rows
-	if err := p.batcher.Submit(ctx, rows[0].Tenant, rows); err != nil {
+	wait := ctx
+	if reserved {
+		// A large message's rows, once admitted, are waited for whatever
+		// ctx does (the transaction has its own timeout): returning first
+		// would let the write's aborted end marker commit ahead of its
+		// chunks, which readers would then take for a write in progress.
+		wait = context.WithoutCancel(ctx)
+	}
+	if err := p.batcher.Submit(wait, rows[0].Tenant, rows); err != nil {
 		if errors.Is(err, coalesce.ErrClosed) {
 			return nil, lifecycle.ErrClosed
 		}
@@ -188,35 +220,47 @@ func (p *Publisher) PublishTx(ctx context.Context, tx *sql.Tx, msgs []Message) (
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	if err := p.Admit(ctx, rows, false); err != nil {
+	end, err := p.Admit(ctx, rows, false)
+	if err != nil {
 		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
 	}
 	// The caller's pool is the caller's: whatever it is set to do, shardq's
 	// statements run prepared on tx, their values bound, never spliced.
 	if err := p.drv.InsertMessages(ctx, driver.PreparedTx(tx), rows); err != nil {
+		end(Ended) // the caller must roll tx back
 		return nil, fmt.Errorf("shardq: publish in transaction: %w", err)
 	}
+	end(EndsUnseen)
 	return rows, nil
 }
 
 // Admit checks that each tenant of rows may publish its rows now
 // (Config.Admit); wait: large messages' chunks, which wait for a rate
-// quota rather than fail part of the way.
-func (p *Publisher) Admit(ctx context.Context, rows []*driver.InsertMessage, wait bool) error {
+// quota rather than fail part of the way. Call end once the write ended.
+func (p *Publisher) Admit(ctx context.Context, rows []*driver.InsertMessage, wait bool) (end End, err error) {
 	if p.cfg.Admit == nil {
-		return nil
+		return NoEnd, nil
+	}
+	var ends []End
+	end = func(o Outcome) {
+		for _, e := range ends {
+			e(o)
+		}
 	}
 	for i := 0; i < len(rows); {
 		j := i + 1
 		for j < len(rows) && rows[j].Tenant == rows[i].Tenant {
 			j++
 		}
-		if err := p.cfg.Admit(ctx, rows[i].Tenant, rows[i:j], wait); err != nil {
-			return err
+		e, err := p.cfg.Admit(ctx, rows[i].Tenant, rows[i:j], wait)
+		if err != nil {
+			end(Ended) // nothing was written
+			return nil, err
 		}
+		ends = append(ends, e)
 		i = j
 	}
-	return nil
+	return end, nil
 }
 
 // Prepare validates every message, runs selectors, fills ids, headers and

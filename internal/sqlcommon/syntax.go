@@ -47,6 +47,24 @@ func (s Syntax) forShare() string {
 	return ""
 }
 
+// octets is the length of col in bytes: MySQL's LENGTH counts bytes,
+// SQLite's counts characters of TEXT (bytes only of a BLOB).
+func (s Syntax) octets(col string) string {
+	if s == MySQL {
+		return "LENGTH(" + col + ")"
+	}
+	return "LENGTH(CAST(" + col + " AS BLOB))"
+}
+
+// octetSum is the sum of cols' lengths in bytes.
+func (s Syntax) octetSum(cols ...string) string {
+	parts := make([]string, len(cols))
+	for i, c := range cols {
+		parts[i] = s.octets(c)
+	}
+	return strings.Join(parts, " + ")
+}
+
 // greatest is the two-argument maximum function.
 func (s Syntax) greatest() string {
 	if s == MySQL {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -189,23 +190,62 @@ func (d *Store) ListTenants(ctx context.Context, after string, limit int) ([]str
 	return out[:min(len(out), limit)], nil
 }
 
-// TenantUsage counts the tenant's messages, partitions and bytes per topic.
+// TenantUsage counts the tenant's messages, partitions and stored bytes
+// per topic: three statements (messages, message-group states, deferred
+// rows), merged by topic.
 func (d *Store) TenantUsage(ctx context.Context, tenant string) ([]driver.TopicUsage, error) {
-	op := fmt.Sprintf("count the messages of tenant %q", tenant)
-	rows, err := d.query(ctx, d.Read, d.sql().tenant.usage, Args{"tenant": tenant})
+	op := fmt.Sprintf("count the messages and bytes of tenant %q", tenant)
+	st := &d.sql().tenant
+	byTopic := map[string]*driver.TopicUsage{}
+	var out []driver.TopicUsage
+	topic := func(name string) *driver.TopicUsage {
+		if u := byTopic[name]; u != nil {
+			return u
+		}
+		u := &driver.TopicUsage{Topic: name}
+		byTopic[name] = u
+		return u
+	}
+	err := d.each(ctx, st.usage, Args{"tenant": tenant}, func(rows *sql.Rows) error {
+		var name string
+		var msgs, parts, n int64
+		if err := rows.Scan(&name, &msgs, &parts, &n); err != nil {
+			return err
+		}
+		u := topic(name)
+		u.Messages, u.Partitions, u.Bytes = msgs, parts, u.Bytes+n
+		return nil
+	})
+	for _, q := range []struct {
+		stmt string
+		into func(*driver.TopicUsage) *int64
+	}{
+		{st.stateUsage, func(u *driver.TopicUsage) *int64 { return &u.StateBytes }},
+		{st.deferUsage, func(u *driver.TopicUsage) *int64 { return &u.DeferredBytes }},
+	} {
+		if err != nil {
+			break
+		}
+		err = d.each(ctx, q.stmt, Args{"tenant": tenant}, func(rows *sql.Rows) error {
+			var name string
+			var n int64
+			if err := rows.Scan(&name, &n); err != nil {
+				return err
+			}
+			u := topic(name)
+			*q.into(u) += n
+			u.Bytes += n
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, d.Wrap(op, err)
 	}
-	defer rows.Close()
-	var out []driver.TopicUsage
-	for rows.Next() {
-		var u driver.TopicUsage
-		if err := rows.Scan(&u.Topic, &u.Messages, &u.Partitions, &u.Bytes); err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
-		}
-		out = append(out, u)
+	for _, u := range byTopic {
+		out = append(out, *u)
 	}
-	return out, d.wrapNil(op, rows.Err())
+	slices.SortFunc(out, func(a, b driver.TopicUsage) int { return strings.Compare(a.Topic, b.Topic) })
+	return out, nil
 }
 
 // TenantPartitions counts the tenant's head rows.

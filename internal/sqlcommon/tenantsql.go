@@ -31,7 +31,9 @@ type tenantSQL struct {
 	resume      string   // clear the suspension of the tenant's settings row, if it has one
 	list        string   // up to :limit tenants after :after with a head row (a scatter read on Vitess)
 	listSet     string   // up to :limit tenants after :after with a settings row (a scatter read on Vitess)
-	usage       string   // the tenant's messages and their bytes per topic
+	usage       string   // the tenant's messages and their bytes (driver.MessageBytes) per topic
+	stateUsage  string   // the bytes of the tenant's message-group states (driver.GroupStateBytes) per topic
+	deferUsage  string   // the bytes of the tenant's deferred rows (driver.DeferredBytes) per topic
 	heads       string   // the tenant's head rows
 	exportMsgs  string   // up to :limit of the tenant's messages after (:a0, :a1, :a2) = (topic, key, offset)
 	exportGroup string   // up to :limit of the tenant's group registry rows after (topic, group)
@@ -108,8 +110,12 @@ func newTenantSQL(s Syntax) tenantSQL {
 		list:    "SELECT DISTINCT tenant FROM queue_partitions WHERE 1 = 1 AND tenant > :after ORDER BY tenant LIMIT :limit",
 		listSet: "SELECT tenant FROM queue_tenants WHERE 1 = 1 AND tenant > :after ORDER BY tenant LIMIT :limit",
 		heads:   "SELECT COUNT(*) FROM queue_partitions WHERE tenant = :tenant",
-		usage: "SELECT topic, COUNT(*), COUNT(DISTINCT partition_key), COALESCE(SUM(LENGTH(payload)), 0) FROM queue_messages" +
-			" WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+		usage: "SELECT topic, COUNT(*), COUNT(DISTINCT partition_key), COALESCE(SUM(" + s.octetSum("payload", "headers", "partition_key", "id") + "), 0)" +
+			" FROM queue_messages WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+		stateUsage: "SELECT topic, COALESCE(SUM(" + s.octetSum("state", "partition_key", "consumer_group") + "), 0)" +
+			" FROM queue_group_state WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+		deferUsage: "SELECT topic, COALESCE(SUM(" + s.octetSum("partition_key", "consumer_group") + "), 0)" +
+			" FROM queue_deferred WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
 		// Keyset pages in primary-key order, each after the last row of
 		// the page before (:a0, :a1, :a2).
 		exportMsgs: "SELECT " + s.offset() + ", tenant, topic, partition_key, id, headers, payload, created_at, not_before FROM queue_messages" +

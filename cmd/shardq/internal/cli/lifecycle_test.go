@@ -259,7 +259,7 @@ func TestAdminTenantLifecycle(t *testing.T) {
 				t.Fatal(r)
 			}
 			got := jsonLines[tenantLine](t, r.stdout)
-			if len(got) != 2 || got[0].Tenant != "acme" || got[0].SuspendedAt == "" || got[0].Messages != 3 || got[0].Bytes != 15 ||
+			if len(got) != 2 || got[0].Tenant != "acme" || got[0].SuspendedAt == "" || got[0].Messages != 3 || got[0].Bytes != int64(3*(5+len(`{"queue_name":"acme"}`)+1+36)) ||
 				len(got[0].Topics) != 1 || got[0].Topics[0].Topic != "orders" || got[1].Tenant != "other" || got[1].SuspendedAt != "" {
 				t.Fatalf("admin tenants: %+v", got)
 			}

@@ -39,7 +39,11 @@ type serveFlags struct {
 	readTimeout, writeTimeout   time.Duration
 	maxLarge                    int64
 	maxLargeTransfers           int
+	maxTransfersPerToken        int
+	maxTransfersPerTenant       int
 	largeTimeout                time.Duration
+	minTransferRate             int64
+	transferRateWindow          time.Duration
 	tokenCache                  time.Duration
 	shutdown                    time.Duration
 }
@@ -96,7 +100,15 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "a response must be sent within this; a long poll has its wait on top")
 	fl.Int64Var(&f.maxLarge, "max-large-bytes", server.DefaultMaxLargeBytes, "largest large-message upload (POST …/large) in bytes")
 	fl.IntVar(&f.maxLargeTransfers, "max-large-transfers", server.DefaultMaxLargeTransfers,
-		"large-message uploads and body downloads in flight on this server (each holds 4 MiB); past it, 429")
+		"large-message uploads, body downloads and exports in flight on this server (each holds 4 MiB); past it, 429")
+	fl.IntVar(&f.maxTransfersPerToken, "max-large-transfers-per-token", 0,
+		"of --max-large-transfers, how many one token may hold; past it, 429 (0: half of them, at least 1)")
+	fl.IntVar(&f.maxTransfersPerTenant, "max-large-transfers-per-tenant", 0,
+		"of --max-large-transfers, how many one tenant's tokens may hold together; past it, 429 (0: half of them, at least 1)")
+	fl.Int64Var(&f.minTransferRate, "min-transfer-rate", server.DefaultMinTransferRate,
+		"bytes a large-message transfer must move in each --transfer-rate-window, or it is cut and its slot freed (0: no minimum)")
+	fl.DurationVar(&f.transferRateWindow, "transfer-rate-window", server.DefaultTransferRateWindow,
+		"the window of --min-transfer-rate")
 	fl.DurationVar(&f.tokenCache, "token-cache", server.DefaultTokenCacheTTL,
 		"how long a token's stored row is reused before it is read again: a revocation reaches this server within it (0: read at every request)")
 	fl.DurationVar(&f.largeTimeout, "large-transfer-timeout", server.DefaultLargeTransferTimeout,
@@ -111,6 +123,15 @@ func tokenCacheTTL(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// minTransferRate is --min-transfer-rate as server.Config takes it: 0
+// there is the default, and no minimum is negative.
+func minTransferRate(n int64) int64 {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 func (a *app) serve(ctx context.Context, f serveFlags) error {
@@ -128,6 +149,18 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		mustBePositive("--auth-fail-rate", f.authFailRate > 0), mustBePositive("--read-timeout", f.readTimeout > 0),
 		mustBePositive("--write-timeout", f.writeTimeout > 0), mustBePositive("--max-large-bytes", f.maxLarge > 0),
 		mustBePositive("--max-large-transfers", f.maxLargeTransfers > 0), mustBePositive("--large-transfer-timeout", f.largeTimeout > 0),
+		mustBePositive("--transfer-rate-window", f.transferRateWindow > 0),
+		func() error {
+			switch {
+			case f.maxTransfersPerToken < 0 || f.maxTransfersPerToken > f.maxLargeTransfers:
+				return usagef("--max-large-transfers-per-token: %d: want 0 (half) to --max-large-transfers (%d)", f.maxTransfersPerToken, f.maxLargeTransfers)
+			case f.maxTransfersPerTenant < 0 || f.maxTransfersPerTenant > f.maxLargeTransfers:
+				return usagef("--max-large-transfers-per-tenant: %d: want 0 (half) to --max-large-transfers (%d)", f.maxTransfersPerTenant, f.maxLargeTransfers)
+			case f.minTransferRate < 0:
+				return usagef("--min-transfer-rate: must not be negative (0: no minimum)")
+			}
+			return nil
+		}(),
 		mustBePositive("--max-attempts", f.maxAttempts > 0), mustBePositive("--shutdown-timeout", f.shutdown > 0),
 		func() error {
 			if f.tokenCache < 0 {
@@ -175,7 +208,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
 		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxInflightBodyBytes: f.maxInflightBody, MaxResponseBytes: f.maxResponse,
 		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, ReadTimeout: f.readTimeout,
-		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, LargeTransferTimeout: f.largeTimeout, TokenCacheTTL: tokenCacheTTL(f.tokenCache), Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
+		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, MaxLargeTransfersPerToken: f.maxTransfersPerToken,
+		MaxLargeTransfersPerTenant: f.maxTransfersPerTenant, MinTransferRate: minTransferRate(f.minTransferRate), TransferRateWindow: f.transferRateWindow,
+		LargeTransferTimeout: f.largeTimeout, TokenCacheTTL: tokenCacheTTL(f.tokenCache), Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
 		MeterProvider: a.meterProvider, Logger: a.logger()})
 	if err != nil {
 		return usageError{err}

@@ -136,3 +136,23 @@ func TestReceiptKeyCommands(t *testing.T) {
 		})
 	}
 }
+
+// The transfer limits' flags are checked before anything starts: the
+// per-token and per-tenant slots within --max-large-transfers, a minimum
+// rate not negative, a window that is one.
+func TestServeTransferFlags(t *testing.T) {
+	env := map[string]string{"SHARDQ_DSN": "sqlite://" + t.TempDir() + "/q.db"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-large-transfers", "4", "--max-large-transfers-per-token", "5"}, "--max-large-transfers-per-token: 5: want 0 (half) to --max-large-transfers (4)"},
+		{[]string{"--max-large-transfers-per-tenant", "-1"}, "--max-large-transfers-per-tenant: -1"},
+		{[]string{"--min-transfer-rate", "-1"}, "--min-transfer-rate: must not be negative"},
+		{[]string{"--transfer-rate-window", "0s"}, "--transfer-rate-window"},
+	} {
+		if r := runCLI(t, env, "", append([]string{"serve"}, c.args...)...); r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("serve %v: %+v; want exit 2 naming %q", c.args, r, c.want)
+		}
+	}
+}

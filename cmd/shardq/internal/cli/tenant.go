@@ -29,9 +29,9 @@ func (a *app) adminTenants() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "tenants [--after T] [--limit N] [--json]",
-		Short: "List the tenants with partitions or a suspension, with their messages and payload bytes per topic",
+		Short: "List the tenants with partitions or a suspension, with their messages and stored bytes per topic",
 		Long: "Lists up to --limit tenants after --after, in order, reading every shard for the names; then counts each\n" +
-			"tenant's messages and payload bytes per topic on its shard (a full count: keep pages small on large databases).",
+			"tenant's messages and stored bytes (what --max-bytes counts) per topic on its shard (a full count: keep pages small on large databases).",
 		Args: cobra.NoArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			c, done, err := a.client()
@@ -115,9 +115,9 @@ func (a *app) adminTenantSuspend(suspend bool) *cobra.Command {
 // limitFlags are `admin tenant limits`' flags, in TenantLimits' order.
 var limitFlags = []struct{ name, usage string }{
 	{"publish-rate", "messages per second, per client process (0: no limit)"},
-	{"publish-byte-rate", "payload bytes per second, per client process (0: no limit)"},
+	{"publish-byte-rate", "message bytes (payload, headers, key, id) per second, per client process (0: no limit)"},
 	{"max-messages", "messages stored (0: no limit)"},
-	{"max-bytes", "payload bytes stored (0: no limit)"},
+	{"max-bytes", "bytes stored: messages (payload, headers, key, id), group states, deferred rows (0: no limit)"},
 	{"max-partitions", "partitions with a message (0: no limit)"},
 }
 

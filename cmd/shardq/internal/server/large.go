@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq"
@@ -33,6 +34,8 @@ const (
 	DefaultMaxLargeBytes        = 4 << 30
 	DefaultMaxLargeTransfers    = 8
 	DefaultLargeTransferTimeout = time.Hour
+	DefaultMinTransferRate      = 64 << 10
+	DefaultTransferRateWindow   = 10 * time.Second
 )
 
 // largeOut describes a large message in a receive's answer.
@@ -82,6 +85,12 @@ func wantedDigest(h http.Header) ([]byte, error) {
 // its client sent.
 var errDigestMismatch = errors.New("the body does not match its Repr-Digest")
 
+// errBodyCut fails an upload whose body ended before it was whole: short
+// of its Content-Length, or a chunked body without its last chunk (the
+// client shut its side, or the connection broke). Read as the end of the
+// body, it would store a truncated message as complete.
+var errBodyCut = errors.New("the body ended before it was complete")
+
 // uploadBody reads an upload: it pushes the connection's read deadline on
 // at each read, and at EOF checks the client's digest, failing the read
 // (and so the write, which stores an aborted end marker) on a mismatch.
@@ -91,6 +100,7 @@ type uploadBody struct {
 	idle    time.Duration
 	want    []byte
 	sum     hash.Hash
+	n       int64
 	limited bool // the body passed MaxLargeBytes
 }
 
@@ -98,9 +108,14 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 	b.rc.SetReadDeadline(time.Now().Add(b.idle)) //nolint:errcheck // not every writer has deadlines
 	n, err := b.r.Read(p)
 	b.sum.Write(p[:n])
+	b.n += int64(n)
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		b.limited = true
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		// Not wrapped: PublishLarge takes an unexpected EOF for the end.
+		return n, fmt.Errorf("%w (%v)", errBodyCut, err)
 	}
 	if err == io.EOF && b.want != nil && !bytes.Equal(b.sum.Sum(nil), b.want) {
 		return n, errDigestMismatch
@@ -154,12 +169,31 @@ func (s *Server) publishLarge(w http.ResponseWriter, r *http.Request, tenant str
 	// The connection's write deadline was set when the request began: the
 	// answer gets its own.
 	rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) //nolint:errcheck // not every writer has deadlines
+	const aborted = "nothing was stored (the chunks so far are marked aborted)"
 	switch {
 	case body.limited:
 		writeProblem(w, problem{Type: typeTooLarge, Status: http.StatusRequestEntityTooLarge,
-			Detail: fmt.Sprintf("the body passed this server's %d bytes; nothing was stored (the chunks so far are marked aborted)", s.cfg.MaxLargeBytes)})
+			Detail: fmt.Sprintf("the body passed this server's %d bytes; %s", s.cfg.MaxLargeBytes, aborted)})
 	case errors.Is(err, errDigestMismatch):
 		writeProblem(w, invalid("Repr-Digest", "the body's SHA-256 differs; nothing was stored (the chunks are marked aborted)"))
+	case errors.Is(err, errTransferTooSlow):
+		w.Header().Set("Connection", "close")
+		writeProblem(w, problem{Type: typeTooSlow, Status: http.StatusRequestTimeout, Detail: fmt.Sprintf("%s; %s", s.tooSlow(), aborted)})
+	case errors.Is(err, errBodyCut):
+		w.Header().Set("Connection", "close")
+		writeProblem(w, problem{Type: typeIncomplete, Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("the body ended after %d bytes, before it was complete (its Content-Length, or a chunked body's last chunk); %s", body.n, aborted)})
+	case err != nil && errors.Is(r.Context().Err(), context.DeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		writeProblem(w, problem{Type: typeTooSlow, Status: http.StatusRequestTimeout,
+			Detail: fmt.Sprintf("the upload took longer than this server's %s (--large-transfer-timeout); %s", s.cfg.LargeTransferTimeout, aborted)})
+	case err != nil && r.Context().Err() != nil:
+		// The server cancels a request whose client shuts its side of
+		// the connection: a client that still reads gets an error, never
+		// an empty 200.
+		w.Header().Set("Connection", "close")
+		writeProblem(w, problem{Type: typeIncomplete, Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("the client shut its side of the connection before the upload was stored (after %d bytes); %s", body.n, aborted)})
 	case errors.Is(err, shardq.ErrLargeIDTaken), errors.Is(err, shardq.ErrLargeAbandoned):
 		writeProblem(w, problem{Type: typeConflict, Status: http.StatusConflict, Detail: err.Error()})
 	case err != nil:
@@ -292,46 +326,159 @@ func (b *bodySeeker) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// transfer bounds a large upload or download: it holds one of
-// MaxLargeTransfers slots, of which one token holds at most half (429
-// past either), and lasts at most LargeTransferTimeout.
+// transfer bounds a large upload, body download or export: it holds one
+// of MaxLargeTransfers slots, of which one token holds at most
+// MaxLargeTransfersPerToken and one tenant MaxLargeTransfersPerTenant
+// (429 past any), lasts at most LargeTransferTimeout, and is cut once it
+// moves fewer than MinTransferRate bytes in a TransferRateWindow (its
+// reads and writes fail, errTransferTooSlow), so that slow clients give
+// their slots back.
 func (s *Server) transfer(next func(http.ResponseWriter, *http.Request, string)) func(http.ResponseWriter, *http.Request, string) {
 	return func(w http.ResponseWriter, r *http.Request, tenant string) {
 		id, _ := r.Context().Value(tokenIDKey{}).(string)
-		if !s.startTransfer(id) {
+		if detail := s.startTransfer(id, tenant); detail != "" {
 			w.Header().Set("Retry-After", "1")
-			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests,
-				Detail: fmt.Sprintf("too many large-message transfers in flight (at most %d on this server, %d per token); try again",
-					s.cfg.MaxLargeTransfers, s.perTokenTransfers())})
+			writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: detail})
 			return
 		}
-		defer s.endTransfer(id)
+		defer s.endTransfer(id, tenant)
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.LargeTransferTimeout)
 		defer cancel()
-		next(w, r.WithContext(ctx), tenant)
+		// Each way on its own: an upload's answer, written once its body
+		// is read, is not held to the pace of the body.
+		in := &meter{clock: s.cfg.Clock, min: s.cfg.MinTransferRate, window: s.cfg.TransferRateWindow}
+		out := &meter{clock: s.cfg.Clock, min: s.cfg.MinTransferRate, window: s.cfg.TransferRateWindow}
+		r = r.WithContext(ctx)
+		r.Body = meteredBody{r.Body, in}
+		next(meteredWriter{w, out}, r, tenant)
+		if in.wasCut() || out.wasCut() {
+			s.log.Info("shardq serve: a large-message transfer was cut for its pace", "route", r.Pattern, "tenant", tenant, "token_id", id,
+				"min_bytes", s.cfg.MinTransferRate, "window", s.cfg.TransferRateWindow)
+		}
 	}
 }
 
-// perTokenTransfers is how many transfers one token may hold: half the
-// server's, at least one, so that one client cannot take them all.
-func (s *Server) perTokenTransfers() int { return max(1, s.cfg.MaxLargeTransfers/2) }
-
-func (s *Server) startTransfer(token string) bool {
+// startTransfer takes a slot for token in tenant, or says why not.
+func (s *Server) startTransfer(token, tenant string) string {
 	s.transferMu.Lock()
 	defer s.transferMu.Unlock()
-	if s.transferring >= s.cfg.MaxLargeTransfers || s.transfersOf[token] >= s.perTokenTransfers() {
-		return false
+	switch {
+	case s.transferring >= s.cfg.MaxLargeTransfers:
+		return fmt.Sprintf("all %d large-message transfers of this server are in use (uploads, body downloads, exports); try again", s.cfg.MaxLargeTransfers)
+	case s.byToken[token] >= s.cfg.MaxLargeTransfersPerToken:
+		return fmt.Sprintf("this token holds %d large-message transfers, the most one token may (--max-large-transfers-per-token); try again when one ends", s.byToken[token])
+	case s.byTenant[tenant] >= s.cfg.MaxLargeTransfersPerTenant:
+		return fmt.Sprintf("tenant %q holds %d large-message transfers, the most one tenant may (--max-large-transfers-per-tenant); try again when one ends", tenant, s.byTenant[tenant])
 	}
 	s.transferring++
-	s.transfersOf[token]++
-	return true
+	s.byToken[token]++
+	s.byTenant[tenant]++
+	return ""
 }
 
-func (s *Server) endTransfer(token string) {
+func (s *Server) endTransfer(token, tenant string) {
 	s.transferMu.Lock()
 	defer s.transferMu.Unlock()
 	s.transferring--
-	if s.transfersOf[token]--; s.transfersOf[token] == 0 {
-		delete(s.transfersOf, token)
+	for m, k := range map[*map[string]int]string{&s.byToken: token, &s.byTenant: tenant} {
+		if (*m)[k]--; (*m)[k] == 0 {
+			delete(*m, k)
+		}
 	}
 }
+
+// errTransferTooSlow fails a transfer's reads and writes once it moved
+// fewer than MinTransferRate bytes in a TransferRateWindow.
+var errTransferTooSlow = errors.New("the transfer is too slow")
+
+// tooSlow says why a transfer was cut.
+func (s *Server) tooSlow() string {
+	return fmt.Sprintf("the transfer moved fewer than %d bytes in %s, this server's least (--min-transfer-rate, --transfer-rate-window): it was cut",
+		s.cfg.MinTransferRate, s.cfg.TransferRateWindow)
+}
+
+// meter is a transfer's progress one way, checked at each read or write
+// from the first: once a window has passed since the last check that
+// passed, the bytes moved since must be at least min per window, on
+// average. Whatever slows the transfer counts (the client, the database,
+// the tenant's own publish_byte_rate): a slot is held only by a transfer
+// that moves. A transfer that does not move at all is cut by its read or
+// write deadline (ReadTimeout, WriteTimeout).
+type meter struct {
+	clock  func() time.Time
+	min    int64 // < 0: no minimum
+	window time.Duration
+
+	mu    sync.Mutex
+	start time.Time
+	moved int64
+	cut   bool
+}
+
+// add counts n bytes moved and reports whether the transfer is cut.
+func (m *meter) add(n int) bool {
+	if m.min < 0 {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cut {
+		return true
+	}
+	now := m.clock()
+	if m.start.IsZero() {
+		m.start, m.moved = now, int64(n)
+		return false
+	}
+	m.moved += int64(n)
+	elapsed := now.Sub(m.start)
+	if elapsed < m.window {
+		return false
+	}
+	if float64(m.moved) < float64(m.min)*elapsed.Seconds()/m.window.Seconds() {
+		m.cut = true
+		return true
+	}
+	m.start, m.moved = now, 0
+	return false
+}
+
+func (m *meter) wasCut() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cut
+}
+
+// meteredBody is a transfer's request body, cut when it is too slow.
+type meteredBody struct {
+	io.ReadCloser
+	m *meter
+}
+
+func (b meteredBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if b.m.add(n) {
+		return n, errTransferTooSlow
+	}
+	return n, err
+}
+
+// meteredWriter is a transfer's response, cut when it is too slow: the
+// response falls short of its length, which tells the client.
+type meteredWriter struct {
+	http.ResponseWriter
+	m *meter
+}
+
+func (w meteredWriter) Write(b []byte) (int, error) {
+	if w.m.add(0) {
+		return 0, errTransferTooSlow
+	}
+	n, err := w.ResponseWriter.Write(b)
+	if err == nil && w.m.add(n) {
+		return n, errTransferTooSlow
+	}
+	return n, err
+}
+
+func (w meteredWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

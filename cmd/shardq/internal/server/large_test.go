@@ -143,7 +143,7 @@ func TestLargeMessageOverHTTP(t *testing.T) {
 // or comes without the publish role stores nothing a reader sees.
 func TestLargeUploadRefused(t *testing.T) {
 	eachDB(t, func(t *testing.T, drv driver.Driver) {
-		h := newHarness(t, drv, harnessOptions{maxLargeBytes: 1 << 20, maxLargeTransfers: 2})
+		h := newHarness(t, drv, harnessOptions{maxLargeBytes: 1 << 20, maxLargeTransfers: 2, maxTransfersPerTenant: 2})
 		pub, _ := h.token(RolePublish, 0, "acme")
 		con, _ := h.token(RoleConsume, 0, "acme")
 		data := bytes.Repeat([]byte("z"), 600<<10)

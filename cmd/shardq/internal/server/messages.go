@@ -319,6 +319,12 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 			Settled: settled.Acked, Stale: settled.Stale})
 		return
 	}
+	if errors.Is(err, shardq.ErrTenantSuspended) && settled.Acked != nil {
+		// Settling goes on in a suspended tenant: the acks stand.
+		writeProblem(w, problem{Type: typeSuspended, Status: http.StatusForbidden, Title: "tenant suspended", Detail: err.Error(),
+			Settled: settled.Acked, Stale: settled.Stale})
+		return
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

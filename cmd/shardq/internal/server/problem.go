@@ -48,6 +48,8 @@ const (
 	typeUnavail    = "urn:shardq:problem:unavailable"
 	typeSuspended  = "urn:shardq:problem:tenant-suspended"
 	typeQuota      = "urn:shardq:problem:quota-exceeded"
+	typeTooSlow    = "urn:shardq:problem:transfer-too-slow"
+	typeIncomplete = "urn:shardq:problem:incomplete-request"
 )
 
 func writeProblem(w http.ResponseWriter, p problem) {
@@ -113,7 +115,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, shardq.ErrNotMigrated):
 		writeProblem(w, problem{Type: typeUnavail, Status: http.StatusServiceUnavailable, Detail: "the database is not migrated: run `shardq migrate`"})
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		// The client left: nobody reads an answer.
+		// The client shut its side of the connection (or left): one that
+		// still reads must not take an empty 200 for success.
+		writeProblem(w, problem{Type: typeIncomplete, Status: http.StatusBadRequest,
+			Detail: "the client shut its side of the connection before the request was served: it was cut short"})
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, shardq.ErrClosed):
 		writeProblem(w, problem{Type: typeUnavail, Status: http.StatusServiceUnavailable, Detail: "the database did not answer in time; try again"})
 	default:

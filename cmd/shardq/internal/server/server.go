@@ -77,12 +77,22 @@ type Config struct {
 	// its read deadline on by this at each read [30s].
 	ReadTimeout time.Duration
 	// MaxLargeBytes bounds one large message's upload [4 GiB];
-	// MaxLargeTransfers the uploads and body downloads in flight,
-	// server-wide [8] (each holds one transaction's chunks, 4 MiB); and
-	// LargeTransferTimeout how long one may take in all [1h].
-	MaxLargeBytes        int64
-	MaxLargeTransfers    int
-	LargeTransferTimeout time.Duration
+	// MaxLargeTransfers the uploads, body downloads and exports in
+	// flight, server-wide [8] (each holds one transaction's chunks, 4
+	// MiB), of which one token holds at most MaxLargeTransfersPerToken and
+	// one tenant at most MaxLargeTransfersPerTenant [each half of
+	// MaxLargeTransfers, at least 1]; and LargeTransferTimeout how long
+	// one may take in all [1h].
+	MaxLargeBytes              int64
+	MaxLargeTransfers          int
+	MaxLargeTransfersPerToken  int
+	MaxLargeTransfersPerTenant int
+	LargeTransferTimeout       time.Duration
+	// MinTransferRate is the fewest bytes a transfer must move in each
+	// TransferRateWindow [64 KiB in 10 s], whatever slows it: one that
+	// moves fewer is cut and its slot freed. Negative: no minimum.
+	MinTransferRate    int64
+	TransferRateWindow time.Duration
 	// SecureCookies marks the dashboard's cookie Secure even when TLS ends
 	// before this process (at a proxy); it is Secure anyway under TLS.
 	SecureCookies bool
@@ -113,10 +123,11 @@ type Server struct {
 	http   httpMetrics
 
 	// transferring counts the large uploads and downloads in flight,
-	// transfersOf them by token (large.go).
+	// byToken and byTenant them by token and by tenant (large.go).
 	transferMu   sync.Mutex
 	transferring int
-	transfersOf  map[string]int
+	byToken      map[string]int
+	byTenant     map[string]int
 	draining     chan struct{} // closed by Drain: long polls answer at once
 	drainOnce    sync.Once
 }
@@ -170,7 +181,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = 30 * time.Second
 	}
-	if cfg.MaxLargeBytes < 0 || cfg.MaxLargeTransfers < 0 || cfg.LargeTransferTimeout < 0 {
+	if cfg.MaxLargeBytes < 0 || cfg.MaxLargeTransfers < 0 || cfg.MaxLargeTransfersPerToken < 0 || cfg.MaxLargeTransfersPerTenant < 0 ||
+		cfg.LargeTransferTimeout < 0 || cfg.TransferRateWindow < 0 {
 		return nil, &shardq.ValidationError{Field: "max large bytes", Rule: "large-message limits must not be negative"}
 	}
 	if cfg.MaxLargeBytes == 0 {
@@ -179,8 +191,28 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxLargeTransfers == 0 {
 		cfg.MaxLargeTransfers = DefaultMaxLargeTransfers
 	}
+	// Half each by default, so that one token or tenant leaves the other
+	// half to the rest.
+	half := max(1, cfg.MaxLargeTransfers/2)
+	for _, f := range []struct {
+		v     *int
+		field string
+	}{{&cfg.MaxLargeTransfersPerToken, "max large transfers per token"}, {&cfg.MaxLargeTransfersPerTenant, "max large transfers per tenant"}} {
+		switch {
+		case *f.v == 0:
+			*f.v = half
+		case *f.v > cfg.MaxLargeTransfers:
+			return nil, &shardq.ValidationError{Field: f.field, Rule: fmt.Sprintf("%d is more than the server's %d", *f.v, cfg.MaxLargeTransfers)}
+		}
+	}
 	if cfg.LargeTransferTimeout == 0 {
 		cfg.LargeTransferTimeout = DefaultLargeTransferTimeout
+	}
+	if cfg.MinTransferRate == 0 {
+		cfg.MinTransferRate = DefaultMinTransferRate
+	}
+	if cfg.TransferRateWindow == 0 {
+		cfg.TransferRateWindow = DefaultTransferRateWindow
 	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
@@ -211,7 +243,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), admin: cfg.Client.Admin(), limits: newLimits(cfg),
 		tokens: newCachedTokens(cfg.Driver, cfg.TokenCacheTTL, cfg.Clock),
 		keys:   receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{}),
-		transfersOf: map[string]int{}}
+		byToken: map[string]int{}, byTenant: map[string]int{}}
 	var err error
 	if s.http, err = newHTTPMetrics(cfg.MeterProvider); err != nil {
 		return nil, err

@@ -69,7 +69,12 @@ type harnessOptions struct {
 	maxInflightBody   int64
 	maxLargeBytes     int64
 	maxLargeTransfers int
-	tokenCacheTTL     time.Duration
+	// Per token, per tenant; the least bytes per window of a transfer.
+	maxTransfersPerToken  int
+	maxTransfersPerTenant int
+	minTransferRate       int64
+	transferRateWindow    time.Duration
+	tokenCacheTTL         time.Duration
 }
 
 func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
@@ -93,7 +98,8 @@ func newHarness(t *testing.T, drv driver.Driver, o harnessOptions) *harness {
 	}
 	srv, err := New(Config{Client: c, Driver: drv, Receipts: rc, Tenants: o.tenants, Rate: o.rate, Burst: o.burst, AuthFailRate: o.authFailRate,
 		MaxBodyBytes: o.maxBody, MaxInflightBodyBytes: o.maxInflightBody, MaxResponseBytes: o.maxResponseBytes, MaxReceives: o.maxReceives, MaxReceivesPerToken: o.maxPerToken,
-		MaxLargeBytes: o.maxLargeBytes, MaxLargeTransfers: o.maxLargeTransfers, TokenCacheTTL: o.tokenCacheTTL, Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
+		MaxLargeBytes: o.maxLargeBytes, MaxLargeTransfers: o.maxLargeTransfers, MaxLargeTransfersPerToken: o.maxTransfersPerToken,
+		MaxLargeTransfersPerTenant: o.maxTransfersPerTenant, MinTransferRate: o.minTransferRate, TransferRateWindow: o.transferRateWindow, TokenCacheTTL: o.tokenCacheTTL, Metrics: testMetrics, MetricsAuth: o.metricsAuth, Logger: log, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,10 +86,12 @@ func (s *Server) setLimits(w http.ResponseWriter, r *http.Request, tenant string
 }
 
 type topicUsageOut struct {
-	Topic      string `json:"topic"`
-	Messages   int64  `json:"messages"`
-	Partitions int64  `json:"partitions"`
-	Bytes      int64  `json:"bytes"`
+	Topic         string `json:"topic"`
+	Messages      int64  `json:"messages"`
+	Partitions    int64  `json:"partitions"`
+	Bytes         int64  `json:"bytes"`
+	StateBytes    int64  `json:"state_bytes"`
+	DeferredBytes int64  `json:"deferred_bytes"`
 }
 
 // onlyParams refuses a query parameter outside allowed.
@@ -122,7 +124,7 @@ func (s *Server) tenant(w http.ResponseWriter, r *http.Request, tenant string) {
 		out.SuspendedAt = &at
 	}
 	for _, u := range info.Topics {
-		out.Topics = append(out.Topics, topicUsageOut{u.Topic, u.Messages, u.Partitions, u.Bytes})
+		out.Topics = append(out.Topics, topicUsageOut{u.Topic, u.Messages, u.Partitions, u.Bytes, u.StateBytes, u.DeferredBytes})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,7 +27,7 @@ func TestTenantRoutes(t *testing.T) {
 		h.must(200, "POST", "/v1/tenants/other/topics/orders/messages", other, `{"messages":[{"key":"k","id":"o1","payload":"x"}]}`)
 
 		info := h.must(200, "GET", "/v1/tenants/acme", adm, nil)
-		if info["messages"] != 3.0 || info["partitions"] != 2.0 || info["bytes"] != 11.0 || info["suspended_at"] != nil || len(info["topics"].([]any)) != 1 {
+		if info["messages"] != 3.0 || info["partitions"] != 2.0 || info["bytes"] != 83.0 || info["suspended_at"] != nil || len(info["topics"].([]any)) != 1 {
 			t.Fatalf("tenant: %v", info)
 		}
 		if r := h.call("GET", "/v1/tenants/acme", pub, nil); r.status != 403 {
@@ -175,6 +176,73 @@ func TestTenantLimitsRoutes(t *testing.T) {
 		}
 		if info := h.must(200, "GET", "/v1/tenants/acme", adm, nil); info["messages"] != 2.0 || info["limits"].(map[string]any)["max_messages"] != 2.0 {
 			t.Fatalf("tenant after refused publishes: %v", info)
+		}
+	})
+}
+
+// A suspended tenant's every write is refused, 403 tenant-suspended, and
+// changes nothing: publish, large upload, receive, receive of deferred
+// messages, defer, a longer visibility, a group state. What settles what
+// is in hand goes on: ack (a receive's ack too, whose answer says so),
+// nack, a visibility of 0, closing a session; and reads (the state, the
+// deferred list).
+func TestSuspendedTenantRoutes(t *testing.T) {
+	eachDB(t, func(t *testing.T, drv driver.Driver) {
+		h := newHarness(t, drv, harnessOptions{})
+		op, _ := h.token(RoleOperator, 0, "acme")
+		pub, _ := h.token(RolePublish, 0, "acme")
+		con, _ := h.token(RoleConsume, 0, "acme")
+		h.must(200, "POST", topicPath+"/messages", pub, `{"messages":[{"key":"a","id":"a1","payload":"1"},{"key":"b","id":"b1","payload":"2"},`+
+			`{"key":"c","id":"c1","payload":"3"},{"key":"d","id":"d1","payload":"4"},{"id":"u1","payload":"5"},{"id":"u2","payload":"6"}]}`)
+		ra := received(h.must(200, "POST", groupPath+"/receive", con, `{"key":"a"}`))
+		held := h.must(200, "POST", groupPath+"/receive", con, `{"key":"b","hold":true}`)
+		session := held["session"].(map[string]any)["id"].(string)
+		rc := received(h.must(200, "POST", groupPath+"/receive", con, `{"key":"c"}`))
+		rd := received(h.must(200, "POST", groupPath+"/receive", con, `{"key":"d"}`))
+		h.must(200, "POST", groupPath+"/defer", con, map[string]any{"receipts": receipts(rd)})
+		ru := received(h.must(200, "POST", groupPath+"/receive", con, `{"ungrouped":true,"max":2}`))
+		if len(ra) != 1 || len(rc) != 1 || len(ru) != 2 {
+			t.Fatalf("receives: %v %v %v", ra, rc, ru)
+		}
+		h.must(200, "PUT", "/v1/tenants/acme/limits", op, `{}`) // a settings row
+		h.must(200, "POST", "/v1/tenants/acme/suspend", op, nil)
+
+		refused := func(what string, r reply) {
+			t.Helper()
+			if r.status != 403 || r.body["type"] != typeSuspended {
+				t.Fatalf("%s while suspended: %d %s; want 403 tenant-suspended", what, r.status, r.raw)
+			}
+		}
+		refused("publish", h.call("POST", topicPath+"/messages", pub, `{"key":"a","id":"no"}`))
+		refused("large upload", h.upload(topicPath+"/large?key=big", pub, strings.NewReader("body"), nil))
+		refused("receive", h.call("POST", groupPath+"/receive", con, `{"ungrouped":true}`))
+		refused("state", h.state("PUT", con, session, "no"))
+		refused("defer", h.call("POST", groupPath+"/defer", con, map[string]any{"receipts": receipts(rc)}))
+		refused("visibility", h.call("POST", groupPath+"/visibility", con, map[string]any{"receipts": []string{ru[0]["receipt"].(string), session}, "visibility": 60}))
+		refused("deferred receive", h.call("POST", groupPath+"/deferred/receive", con, map[string]any{"offsets": []any{rd[0]["offset"]}}))
+		r := h.call("POST", groupPath+"/receive", con, map[string]any{"ungrouped": true, "ack": receipts(ra)})
+		refused("receive with ack", r)
+		if r.body["settled"] != 1.0 {
+			t.Fatalf("receive with ack while suspended: %s; want its ack settled", r.raw)
+		}
+
+		if st := h.state("GET", con, session, ""); st.status != 200 || st.raw != "" {
+			t.Fatalf("state read while suspended: %d %q", st.status, st.raw)
+		}
+		if list := h.must(200, "GET", groupPath+"/deferred", con, nil)["deferred"].([]any); len(list) != 1 {
+			t.Fatalf("deferred while suspended: %v; want d1 alone", list)
+		}
+		h.must(200, "POST", groupPath+"/ack", con, map[string]any{"receipts": []string{ru[0]["receipt"].(string)}})
+		h.must(200, "POST", groupPath+"/nack", con, map[string]any{"receipts": []string{ru[1]["receipt"].(string)}})
+		h.must(200, "POST", groupPath+"/visibility", con, map[string]any{"receipts": receipts(rc), "visibility": 0})
+		h.must(200, "POST", groupPath+"/session/close", con, map[string]any{"session": session})
+
+		h.must(200, "POST", "/v1/tenants/acme/resume", op, nil)
+		if got := received(h.must(200, "POST", groupPath+"/receive", con, `{"key":"a"}`)); len(got) != 0 {
+			t.Fatalf("after the resume, key a: %v; want nothing (acked while suspended)", ids(got))
+		}
+		if got := received(h.must(200, "POST", groupPath+"/receive", con, `{"key":"c"}`)); !slices.Equal(ids(got), []string{"c1"}) {
+			t.Fatalf("after the resume, key c: %v; want c1 (given back, not deferred)", ids(got))
 		}
 	})
 }

@@ -192,9 +192,23 @@ WHERE 1 = 1 AND tenant > :after
 ORDER BY tenant
 LIMIT :limit;
 
--- usage: the tenant's messages and their bytes per topic
-SELECT topic, COUNT(*), COUNT(DISTINCT partition_key), COALESCE(SUM(LENGTH(payload)), 0)
+-- usage: the tenant's messages and their bytes (driver.MessageBytes) per topic
+SELECT topic, COUNT(*), COUNT(DISTINCT partition_key), COALESCE(SUM(LENGTH(CAST(payload AS BLOB)) + LENGTH(CAST(headers AS BLOB)) + LENGTH(CAST(partition_key AS BLOB)) + LENGTH(CAST(id AS BLOB))), 0)
 FROM queue_messages
+WHERE tenant = :tenant
+GROUP BY topic
+ORDER BY topic;
+
+-- stateUsage: the bytes of the tenant's message-group states (driver.GroupStateBytes) per topic
+SELECT topic, COALESCE(SUM(LENGTH(CAST(state AS BLOB)) + LENGTH(CAST(partition_key AS BLOB)) + LENGTH(CAST(consumer_group AS BLOB))), 0)
+FROM queue_group_state
+WHERE tenant = :tenant
+GROUP BY topic
+ORDER BY topic;
+
+-- deferUsage: the bytes of the tenant's deferred rows (driver.DeferredBytes) per topic
+SELECT topic, COALESCE(SUM(LENGTH(CAST(partition_key AS BLOB)) + LENGTH(CAST(consumer_group AS BLOB))), 0)
+FROM queue_deferred
 WHERE tenant = :tenant
 GROUP BY topic
 ORDER BY topic;
