@@ -318,6 +318,15 @@ func TestLargeMessageIsAllOrNothing(t *testing.T) {
 		if err == nil {
 			t.Fatal("PublishLarge with a failing body succeeded")
 		}
+		// A body that reports being cut short (as an HTTP body that ends
+		// before its length does) is a failure, not the end: the part
+		// that came is not stored as the whole message.
+		_, err = c.PublishLarge(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "cut"},
+			io.MultiReader(payload(64<<10+100, 6), readerFunc(func([]byte) (int, error) { return 0, io.ErrUnexpectedEOF })),
+			&shardq.LargeOptions{ChunkSize: 64 << 10, ChunksPerTx: 1})
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("PublishLarge of a body cut short = %v; want it failed with io.ErrUnexpectedEOF", err)
+		}
 		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "after", Payload: []byte("hi")}); err != nil {
 			t.Fatal(err)
 		}

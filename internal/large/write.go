@@ -79,7 +79,7 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 		return err
 	}
 	for {
-		n, rerr := io.ReadFull(body, buf)
+		n, end, rerr := readChunk(body, buf)
 		if n > 0 {
 			chunk := make([]byte, n)
 			copy(chunk, buf[:n])
@@ -95,11 +95,11 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 				}
 			}
 		}
-		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-			break
-		}
 		if rerr != nil {
 			return res, abort(ctx, p, msg, res, fmt.Errorf("read the payload: %w", rerr))
+		}
+		if end {
+			break
 		}
 	}
 	if err := flush(); err != nil {
@@ -128,6 +128,24 @@ func Write(ctx context.Context, p *publish.Publisher, msg publish.Message, body 
 	}
 	res.EndOffset = stored[0].Offset
 	return res, nil
+}
+
+// readChunk fills buf from r as io.ReadFull does, but only io.EOF ends
+// the body (end): a reader that reports being cut short
+// (io.ErrUnexpectedEOF, as an HTTP body that ends before its length does)
+// fails the write instead of storing what came as the whole message.
+func readChunk(r io.Reader, buf []byte) (n int, end bool, err error) {
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err == io.EOF { //nolint:errorlint // io.EOF is returned as is, never wrapped (io.Reader's contract)
+			return n, true, nil
+		}
+		if err != nil {
+			return n, false, err
+		}
+	}
+	return n, false, nil
 }
 
 // ownDuplicates checks that the chunks among rows that came back
