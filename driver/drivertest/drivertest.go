@@ -35,9 +35,9 @@ type Open func(t *testing.T) driver.Driver
 // twice, as Vitess's keyspace pool does, or another: either is fresh).
 func RunParallel(t *testing.T, open Open) {
 
-// changesEnv names the tests that set environment variables, which every
-// client of the process reads: they run alone, before the others start.
-var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates": true}
+	// changesEnv names the tests that set environment variables, which every
+	// client of the process reads: they run alone, before the others start.
+	var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates": true}
 
 	tests := []struct {
 		name string
