@@ -29,16 +29,15 @@ import (
 // Open returns a driver on a fresh, empty database owned by t.
 type Open func(t *testing.T) driver.Driver
 
+// changesEnv names the tests that set environment variables, which every
+// client of the process reads: they run alone, before the others start.
+var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates": true}
+
 // RunParallel runs the conformance tests side by side (t.Parallel), but
 // for those that change the process's environment: open must return a
 // database of the test's own (the same one again when a test calls it
 // twice, as Vitess's keyspace pool does, or another: either is fresh).
 func RunParallel(t *testing.T, open Open) {
-
-	// changesEnv names the tests that set environment variables, which every
-	// client of the process reads: they run alone, before the others start.
-	var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates": true}
-
 	tests := []struct {
 		name string
 		fn   func(*testing.T, Open)
