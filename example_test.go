@@ -425,3 +425,36 @@ func ExampleAdmin_SetTenantLimits() {
 	// Output:
 	// refused by max_messages of 2
 }
+
+// A Producer publishes without waiting for each commit: messages are
+// written in batches behind the caller's back, each key's in the order
+// they were handed in.
+func ExampleProducer() {
+	ctx := context.Background()
+	client, _, done := openExample()
+	defer done()
+
+	p, err := client.Producer(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var futures []*shardq.PublishFuture
+	for i := range 3 {
+		futures = append(futures, p.Publish(ctx, shardq.Message{Tenant: "acme", Topic: "events", PartitionKey: "user-7",
+			ID: fmt.Sprintf("event-%d", i), Payload: []byte("clicked")}))
+	}
+	for _, f := range futures {
+		res, err := f.Wait(ctx)
+		if err != nil {
+			log.Fatal(err) // and every later message of user-7 fails too, until p.Resume
+		}
+		fmt.Println(res.ID, "at offset", res.Offset)
+	}
+	if err := p.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// event-0 at offset 1
+	// event-1 at offset 2
+	// event-2 at offset 3
+}

@@ -63,7 +63,7 @@ func RunParallel(t *testing.T, open Open) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, budgetTests, settleTests, largeTests) {
+	for _, tc := range slices.Concat(tests, leaseTests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, budgetTests, settleTests, largeTests, producerTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			if !changesEnv[tc.name] {
 				t.Parallel()

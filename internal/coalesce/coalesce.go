@@ -39,6 +39,8 @@ type Batcher[K comparable, T any] struct {
 	maxInflight int
 	linger      time.Duration
 	timeout     time.Duration
+	maxBytes    int64         // with size: bounds a merged flush's bytes too (WithBytes)
+	size        func(T) int64 // an item's bytes
 
 	mu     sync.Mutex
 	queues map[K]*queue[T]
@@ -53,6 +55,7 @@ type queue[T any] struct {
 
 type request[T any] struct {
 	items []T
+	bytes int64       // of items, by size
 	done  func(error) // called once, with the flush's result
 }
 
@@ -71,6 +74,14 @@ func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, lin
 		queues:      map[K]*queue[T]{},
 		life:        lifecycle.New(context.Background()),
 	}
+}
+
+// WithBytes bounds a merged flush by the items' bytes too, each counted
+// by size (a larger submission is flushed alone); call it before any
+// submission.
+func (b *Batcher[K, T]) WithBytes(maxBytes int64, size func(T) int64) *Batcher[K, T] {
+	b.maxBytes, b.size = maxBytes, size
+	return b
 }
 
 // Submit queues items under key and waits until they are flushed or ctx is
@@ -93,6 +104,11 @@ func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {
 // block). Close waits for it.
 func (b *Batcher[K, T]) Enqueue(key K, items []T, done func(error)) error {
 	r := &request[T]{items: items, done: done}
+	if b.size != nil {
+		for _, it := range items {
+			r.bytes += b.size(it)
+		}
+	}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -125,9 +141,10 @@ func (b *Batcher[K, T]) drain(key K, q *queue[T]) {
 			b.mu.Unlock()
 			return
 		}
-		n, items := 1, len(q.pending[0].items)
-		for n < len(q.pending) && items+len(q.pending[n].items) <= b.maxItems {
+		n, items, bytes := 1, len(q.pending[0].items), q.pending[0].bytes
+		for n < len(q.pending) && items+len(q.pending[n].items) <= b.maxItems && (b.size == nil || bytes+q.pending[n].bytes <= b.maxBytes) {
 			items += len(q.pending[n].items)
+			bytes += q.pending[n].bytes
 			n++
 		}
 		reqs := q.pending[:n:n]

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -28,7 +29,7 @@ import (
 )
 
 // Scenarios are the names Run accepts.
-var Scenarios = []string{"raw", "publish", "consume", "latency", "ungrouped", "discovery", "idle", "api", "large", "noisy"}
+var Scenarios = []string{"raw", "publish", "async", "consume", "latency", "ungrouped", "discovery", "idle", "api", "large", "noisy"}
 
 // Params are a run's knobs; zero values take the defaults of Defaults.
 type Params struct {
@@ -215,6 +216,31 @@ func (r *Runner) Run(ctx context.Context, scenario string, p Params) ([]Result, 
 			floor.Ratio = floor.MsgsPerSec / out[0].MsgsPerSec
 		}
 		return []Result{out[0], floor, out[1]}, nil
+	case "async":
+		// One goroutine through a Producer, against one connection's
+		// single-row INSERT loop and one connection's INSERTs of 100 rows.
+		e.p.Publishers = 1
+		single, err := e.repeat(ctx, e.rawInsertCase(1))
+		if err != nil {
+			return nil, err
+		}
+		batch := e.p.Batch
+		e.p.Batch = 100
+		multi, err := e.repeat(ctx, e.rawMultiRowCase())
+		e.p.Batch = batch
+		if err != nil {
+			return nil, err
+		}
+		async, err := e.repeat(ctx, scenCase{"publish-async", e.publishAsync})
+		if err != nil {
+			return nil, err
+		}
+		async.Baseline, async.BaselineMsgsPerSec = single.Scenario, single.MsgsPerSec
+		if single.MsgsPerSec > 0 && multi.MsgsPerSec > 0 {
+			async.Ratio = async.MsgsPerSec / single.MsgsPerSec
+			async.Params["vs_raw_multirow_100"] = math.Round(async.MsgsPerSec/multi.MsgsPerSec*100) / 100
+		}
+		return []Result{single, multi, async}, nil
 	case "consume":
 		return e.compare(ctx, e.rawConsumeCase(), scenCase{"consume", e.consume}, false)
 	case "ungrouped":

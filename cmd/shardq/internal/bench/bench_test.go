@@ -50,6 +50,7 @@ func TestScenarios(t *testing.T) {
 					[]string{"raw-insert-1conn", "raw-append-1conn", "raw-insert-4conn", "raw-append-4conn", "raw-multirow-50", "raw-ordered-consume"}},
 				{"publish", func(p Params) Params { return p }, []string{"raw-insert-4conn", "raw-append-4conn", "publish"}},
 				{"publish", func(p Params) Params { p.Batch = 50; return p }, []string{"raw-multirow-50", "publish"}},
+				{"async", func(p Params) Params { return p }, []string{"raw-insert-1conn", "raw-multirow-100", "publish-async"}},
 				{"consume", func(p Params) Params { return p }, []string{"raw-ordered-consume", "consume"}},
 				{"latency", func(p Params) Params { return p }, []string{"raw-insert-1conn", "latency"}},
 				{"ungrouped", func(p Params) Params { p.HandlerDelay = time.Millisecond; return p }, []string{"raw-claim-delete", "ungrouped"}},
@@ -83,7 +84,7 @@ func TestScenarios(t *testing.T) {
 				// publish both against raw-insert).
 				seen := map[string]bool{}
 				for i, res := range results {
-					if c.scenario != "raw" && i%2 == 1 || c.scenario == "publish" && i > 0 {
+					if c.scenario != "raw" && c.scenario != "async" && i%2 == 1 || c.scenario == "publish" && i > 0 || c.scenario == "async" && i == 2 {
 						if !seen[res.Baseline] || res.Ratio <= 0 {
 							t.Errorf("%s/%s: baseline %q ratio %v", c.scenario, res.Scenario, res.Baseline, res.Ratio)
 						}

@@ -42,6 +42,40 @@ func (e *env) publish(ctx context.Context, ns namespace) (rep, error) {
 	})
 }
 
+// publishAsync is one goroutine handing --messages to a Producer over
+// --partitions keys, then waiting for the last; read back.
+func (e *env) publishAsync(ctx context.Context, ns namespace) (rep, error) {
+	c, err := e.client()
+	if err != nil {
+		return rep{}, err
+	}
+	defer c.Close()
+	p, err := c.Producer(nil)
+	if err != nil {
+		return rep{}, err
+	}
+	defer p.Stop(context.WithoutCancel(ctx))
+	seqs := map[int]uint64{}
+	futures := make([]*shardq.PublishFuture, 0, e.p.Messages)
+	start := time.Now()
+	for i := range e.p.Messages {
+		k := i % e.p.Partitions
+		tenant, key := ns.partition(k)
+		futures = append(futures, p.Publish(ctx, shardq.Message{Tenant: tenant, Topic: ns.topic, PartitionKey: key,
+			Payload: payload(e.p.Size, seqs[k], time.Now(), 0)}))
+		seqs[k]++
+	}
+	for _, f := range futures {
+		if _, err := f.Wait(ctx); err != nil {
+			return rep{}, err
+		}
+	}
+	elapsed := time.Since(start)
+	r, err := e.readBack(ctx, ns)
+	r.elapsed = elapsed
+	return r, err
+}
+
 // publishWith is publish's loop with send as the call: timed, then read
 // back.
 func (e *env) publishWith(ctx context.Context, ns namespace, send func(msgs []shardq.Message) error) (rep, error) {

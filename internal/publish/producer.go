@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/coalesce"
+	"github.com/shardq/shardq/internal/lifecycle"
+)
+
+// A Producer publishes behind the caller's back: Publish validates a
+// message, hands it to a lane and returns a Future at once; the lane
+// writes what was handed to it in transactions of up to MaxBatch
+// messages, one at a time, its batch growing while the one before is in
+// flight. The messages of one key always take one lane, so they are
+// stored in the order they were handed in. A write that fails fails
+// every message of it and pauses their keys: a later message of a paused
+// key fails at once (ErrKeyPaused), never stored ahead of one that failed,
+// until Resume. Ungrouped messages ("") have no order and never pause.
+//
+//	Publish ──► validate, admit (quotas), wait for room ──► lane queue
+//	lane: ──► batch (MaxBatch, MaxBatchBytes, Linger) ──► one transaction
+//	           ├─ committed: each Future gets its offset
+//	           └─ failed:    each Future gets the error; its keys pause
+//	Resume(key) ──► the key takes messages again
+type Producer struct {
+	p     *Publisher
+	cfg   ProducerConfig
+	lanes *coalesce.Batcher[lane, *pending]
+	seed  maphash.Seed
+
+	mu      sync.Mutex
+	paused  map[keyRef]error
+	pending map[*Future]struct{} // handed in, not yet resolved (Flush)
+	msgs    int                  // buffered, with their bytes
+	bytes   int64
+	room    chan struct{} // closed when msgs or bytes fall; then replaced
+	closed  bool
+}
+
+// ProducerConfig shapes a Producer; every field is set.
+type ProducerConfig struct {
+	MaxBatch         int
+	MaxBatchBytes    int64
+	Linger           time.Duration
+	Lanes            int
+	MaxBuffered      int
+	MaxBufferedBytes int64
+	FailFast         bool
+}
+
+// ErrKeyPaused fails a message of a key whose earlier message failed,
+// until the key is resumed.
+var ErrKeyPaused = errors.New("the key is paused: an earlier message of it failed")
+
+// ErrFull fails a message that finds the producer's buffer full, with
+// FailFast.
+var ErrFull = errors.New("the producer's buffer is full")
+
+type lane struct {
+	tenant string
+	n      int
+}
+
+type keyRef struct{ tenant, topic, key string }
+
+// pending is one message in a lane.
+type pending struct {
+	row *driver.InsertMessage
+	f   *Future
+	end End
+}
+
+// Future is a message handed to a Producer: Done is closed once it is
+// stored or has failed.
+type Future struct {
+	done  chan struct{}
+	row   *driver.InsertMessage
+	err   error
+	size  int64
+	ctx   context.Context // the send span's
+	span  trace.Span
+	start time.Time
+}
+
+// Done is closed once the message is stored or has failed.
+func (f *Future) Done() <-chan struct{} { return f.done }
+
+// Wait waits until the message is stored (its row, offset filled) or has
+// failed, or ctx ends.
+func (f *Future) Wait(ctx context.Context) (*driver.InsertMessage, error) {
+	select {
+	case <-f.done:
+		return f.row, f.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// NewProducer returns a producer writing through p.
+func NewProducer(p *Publisher, cfg ProducerConfig) *Producer {
+	pr := &Producer{p: p, cfg: cfg, seed: maphash.MakeSeed(), paused: map[keyRef]error{}, pending: map[*Future]struct{}{}, room: make(chan struct{})}
+	pr.lanes = coalesce.New[lane](pr.write, cfg.MaxBatch, 1, cfg.Linger, p.cfg.Timeout).
+		WithBytes(cfg.MaxBatchBytes, func(m *pending) int64 { return m.f.size })
+	return pr
+}
+
+// Publish hands msg to its lane and returns its Future: failed already
+// when msg is invalid, its key paused, the tenant over a quota, the
+// buffer full with FailFast, ctx ended while it waited for room, or the
+// producer closed.
+func (pr *Producer) Publish(ctx context.Context, msg Message) *Future {
+	f := &Future{done: make(chan struct{}), start: time.Now()}
+	f.ctx, f.span = pr.p.tel.StartSend(ctx, false)
+	rows, err := pr.p.Prepare(f.ctx, []Message{msg}, false)
+	if err != nil {
+		pr.resolve(f, nil, err)
+		return f
+	}
+	row := rows[0]
+	f.row, f.size = row, rowBytes(row)
+	if err := pr.pausedErr(row); err != nil {
+		pr.resolve(f, nil, err)
+		return f
+	}
+	if err := pr.reserve(ctx, f); err != nil {
+		pr.resolve(f, nil, err)
+		return f
+	}
+	end, err := pr.p.Admit(ctx, rows, false)
+	if err != nil {
+		pr.unreserve(f)
+		pr.resolve(f, nil, fmt.Errorf("shardq: publish: %w", err))
+		return f
+	}
+	l := lane{tenant: row.Tenant, n: int(maphash.String(pr.seed, row.Topic+"\x00"+row.PartitionKey) % uint64(pr.cfg.Lanes))}
+	if err := pr.lanes.Enqueue(l, []*pending{{row: row, f: f, end: end}}, func(error) {}); err != nil {
+		end(Ended)
+		pr.unreserve(f)
+		pr.resolve(f, nil, lifecycle.ErrClosed)
+	}
+	return f
+}
+
+// rowBytes is what a row counts against the buffer and a batch.
+func rowBytes(r *driver.InsertMessage) int64 {
+	n := int64(len(r.Payload) + len(r.PartitionKey) + len(r.ID))
+	for k, v := range r.Headers {
+		n += int64(len(k) + len(v))
+	}
+	return n
+}
+
+// pausedErr is the error a message of row's key fails with while the key
+// is paused (nil: it is not).
+func (pr *Producer) pausedErr(row *driver.InsertMessage) error {
+	if row.PartitionKey == "" {
+		return nil
+	}
+	pr.mu.Lock()
+	cause := pr.paused[keyRef{row.Tenant, row.Topic, row.PartitionKey}]
+	pr.mu.Unlock()
+	if cause == nil {
+		return nil
+	}
+	return fmt.Errorf("shardq: publish tenant %q topic %q partition %q: %w (%w)", row.Tenant, row.Topic, row.PartitionKey, ErrKeyPaused, cause)
+}
+
+// reserve takes f's room in the buffer, waiting for it unless FailFast;
+// it registers f as pending.
+func (pr *Producer) reserve(ctx context.Context, f *Future) error {
+	for {
+		pr.mu.Lock()
+		switch {
+		case pr.closed:
+			pr.mu.Unlock()
+			return lifecycle.ErrClosed
+		case pr.msgs == 0 || pr.msgs < pr.cfg.MaxBuffered && pr.bytes+f.size <= pr.cfg.MaxBufferedBytes:
+			// An empty buffer takes one message whatever its size.
+			pr.msgs++
+			pr.bytes += f.size
+			pr.pending[f] = struct{}{}
+			pr.mu.Unlock()
+			return nil
+		case pr.cfg.FailFast:
+			pr.mu.Unlock()
+			return fmt.Errorf("shardq: publish: %w (%d messages, %d bytes)", ErrFull, pr.cfg.MaxBuffered, pr.cfg.MaxBufferedBytes)
+		}
+		room := pr.room
+		pr.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return fmt.Errorf("shardq: publish: waiting for room in the producer's buffer: %w", ctx.Err())
+		}
+	}
+}
+
+// unreserve gives f's room back.
+func (pr *Producer) unreserve(f *Future) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if _, ok := pr.pending[f]; !ok {
+		return
+	}
+	delete(pr.pending, f)
+	pr.msgs--
+	pr.bytes -= f.size
+	close(pr.room)
+	pr.room = make(chan struct{})
+}
+
+// resolve ends f with row stored, or err.
+func (pr *Producer) resolve(f *Future, row *driver.InsertMessage, err error) {
+	f.err = err
+	if err != nil {
+		f.row = nil
+	} else {
+		f.row = row
+	}
+	var sent []*driver.InsertMessage
+	if row != nil {
+		sent = []*driver.InsertMessage{row}
+	}
+	pr.p.tel.EndSend(f.ctx, f.span, f.start, sent, err)
+	close(f.done)
+}
+
+// write is a lane's flush: the messages of paused keys fail, the others
+// go in one transaction (run again on a retryable error); when it fails,
+// every message of it fails and its keys pause. Each message is resolved
+// here: the lane sees no error, so it never splits a batch.
+func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
+	live := batch[:0:0]
+	for _, m := range batch {
+		if err := pr.pausedErr(m.row); err != nil {
+			pr.settle(m, err)
+			continue
+		}
+		live = append(live, m)
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	rows := make([]*driver.InsertMessage, len(live))
+	for i, m := range live {
+		rows[i] = m.row
+	}
+	err := pr.p.writeBatch(ctx, rows, len(rows))
+	if err != nil {
+		err = fmt.Errorf("shardq: publish: %w", err)
+		pr.mu.Lock()
+		for _, m := range live {
+			if k := (keyRef{m.row.Tenant, m.row.Topic, m.row.PartitionKey}); k.key != "" && pr.paused[k] == nil {
+				pr.paused[k] = err
+			}
+		}
+		pr.mu.Unlock()
+	}
+	for _, m := range live {
+		pr.settle(m, err)
+	}
+	return nil
+}
+
+// settle resolves a message of a lane with err (nil: stored).
+func (pr *Producer) settle(m *pending, err error) {
+	m.end(Ended)
+	pr.unreserve(m.f)
+	if err != nil {
+		pr.resolve(m.f, nil, err)
+		return
+	}
+	pr.resolve(m.f, m.row, nil)
+}
+
+// Resume lets a paused key take messages again.
+func (pr *Producer) Resume(tenant, topic, key string) {
+	pr.mu.Lock()
+	delete(pr.paused, keyRef{tenant, topic, key})
+	pr.mu.Unlock()
+}
+
+// Flush waits until every message handed in before it is stored or has
+// failed, or ctx ends.
+func (pr *Producer) Flush(ctx context.Context) error {
+	pr.mu.Lock()
+	waiting := make([]*Future, 0, len(pr.pending))
+	for f := range pr.pending {
+		waiting = append(waiting, f)
+	}
+	pr.mu.Unlock()
+	for _, f := range waiting {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return fmt.Errorf("shardq: producer flush: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Close refuses new messages, waits until those handed in are stored or
+// have failed (or ctx ends), and stops the lanes. Messages still in
+// flight when ctx ends are written all the same: the lanes stop once
+// they are.
+func (pr *Producer) Close(ctx context.Context) error {
+	pr.mu.Lock()
+	pr.closed = true
+	close(pr.room) // waiters for room see the close
+	pr.room = make(chan struct{})
+	pr.mu.Unlock()
+	err := pr.Flush(ctx)
+	if err == nil {
+		pr.lanes.Close()
+	} else {
+		go pr.lanes.Close()
+	}
+	return err
+}
+
+// FailedFuture is a Future that failed with err before it reached a
+// producer.
+func FailedFuture(err error) *Future {
+	f := &Future{done: make(chan struct{}), err: err}
+	close(f.done)
+	return f
+}
