@@ -116,7 +116,9 @@ func (p *Producer) Publish(ctx context.Context, msg Message) *PublishFuture {
 }
 
 // Resume lets a paused key of t take messages again.
-func (p *Producer) Resume(t TopicRef, partitionKey string) { p.p.Resume(t.Tenant, t.Topic, partitionKey) }
+func (p *Producer) Resume(t TopicRef, partitionKey string) {
+	p.p.Resume(t.Tenant, t.Topic, partitionKey)
+}
 
 // Flush waits until every message handed in before it is stored or has
 // failed, or ctx ends.
