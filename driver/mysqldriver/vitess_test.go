@@ -52,16 +52,17 @@ func (l *statementLog) all() []string {
 	return out
 }
 
-// openRecorded is testdb.Vitess with every statement the driver sends
-// recorded: connections as Open makes them through vtgate (transactions
-// begun at their first execution) under a recorder.
-func openRecorded(t *testing.T, log *statementLog) driver.Driver {
-	return openRecordedBy(t, log.record)
+// openRecordedBy is testdb.Vitess with record called on every statement
+// the driver sends: connections as Open makes them through vtgate
+// (transactions begun at their first execution) under a recorder.
+func openRecordedBy(t *testing.T, record func(string)) *mysqldriver.Driver {
+	testdb.Vitess(t) // a clean keyspace (or a skip/fail with the reason)
+	return openRecordedOn(t, testdb.VitessDSN(), record)
 }
 
-// openRecordedBy is openRecorded with record called on each statement.
-func openRecordedBy(t *testing.T, record func(string)) *mysqldriver.Driver {
-	_, dsn := testdb.VitessIn(t) // a clean keyspace of t's own (or a skip/fail with the reason)
+// openRecordedOn is openRecordedBy on the keyspace of dsn, cleaned by the
+// caller.
+func openRecordedOn(t *testing.T, dsn string, record func(string)) *mysqldriver.Driver {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +87,10 @@ func openRecordedBy(t *testing.T, record func(string)) *mysqldriver.Driver {
 func TestVitess(t *testing.T) {
 	var log statementLog
 	t.Run("Conformance", func(t *testing.T) {
-		drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return openRecorded(t, &log) })
+		drivertest.RunParallel(t, func(t *testing.T) driver.Driver {
+			_, dsn := testdb.VitessIn(t) // a clean keyspace of t's own
+			return openRecordedOn(t, dsn, log.record)
+		})
 	})
 	t.Run("RoutingProof", func(t *testing.T) { testRoutingProof(t, log.all()) })
 }
