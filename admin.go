@@ -233,6 +233,9 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 	if err := checkRef(ref); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
 	}
+	if err := a.c.tenants.check(ctx, ref.Tenant); err != nil { // a requeue is a publish
+		return nil, fmt.Errorf("shardq: admin: requeue: %w", err)
+	}
 	dl := ref
 	dl.Topic = ref.Topic + suffix
 	im, err := admin.Requeue(ctx, a.c.drv, dl.toDriver(), ref.Topic)
@@ -252,6 +255,9 @@ func (a *Admin) RequeueAll(ctx context.Context, t TopicRef, suffix string) (int,
 	if err := firstInvalid(ident.Tenant(t.Tenant), ident.Topic(t.Topic), ident.Topic(t.Topic+suffix)); err != nil {
 		return 0, fmt.Errorf("shardq: admin: %w", err)
 	}
+	if err := a.c.tenants.check(ctx, t.Tenant); err != nil {
+		return 0, fmt.Errorf("shardq: admin: requeue: %w", err)
+	}
 	return admin.RequeueAll(ctx, a.c.drv, t.Tenant, t.Topic, suffix, func() { a.advance(1) })
 }
 
@@ -261,6 +267,9 @@ func (a *Admin) RequeueAll(ctx context.Context, t TopicRef, suffix string) (int,
 func (a *Admin) CommitHalf(ctx context.Context, ref MessageRef) (*PublishResult, error) {
 	if err := checkRef(ref); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
+	}
+	if err := a.c.tenants.check(ctx, ref.Tenant); err != nil { // it enters its partition: a publish
+		return nil, fmt.Errorf("shardq: admin: commit half: %w", err)
 	}
 	m, err := a.c.drv.CommitHalf(ctx, ref.toDriver(), 0)
 	if err != nil {

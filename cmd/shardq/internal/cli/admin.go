@@ -150,7 +150,9 @@ func (a *app) adminRetention() *cobra.Command {
 		countFlag(fl, &cfg.BatchSize, "batch", 1000, "rows per DELETE statement")
 		durationFlag(fl, &cfg.PartitionIdle, "partition-idle", time.Hour, "remove a drained partition (no message, no live lease) once no publish touched it this long")
 		durationFlag(fl, &cfg.DedupWindow, "dedup-window", shardq.DefaultDedupWindow, "never delete a message younger than this, whatever --min and --max say: its id stays a duplicate (0: none)")
-		cmdLineOnly(fl, "dedup-window") // a floor under what is deleted (invariant 5)
+		// What decides which messages are deleted, and the floor under it
+		// (invariant 5): never from a stray variable.
+		cmdLineOnly(fl, "min", "max", "dlq-max", "partition-idle", "dedup-window")
 	}, func(cmd *cobra.Command, s shardq.Scope, admin *shardq.Admin, asJSON bool) error {
 		if cfg.DedupWindow == 0 {
 			cfg.DedupWindow = -1 // the flag's 0 is none, the library's the default

@@ -136,6 +136,12 @@ func TestLogFlags(t *testing.T) {
 // commandLineOnly, wherever it appears.
 var destructiveName = regexp.MustCompile(`^(execute|force|create|yes|overwrite|delete|drop(-.+)?|purge|clear|wipe|truncate|remove|reset|apply|confirm|all|all-tenants|ack|dead-letter)$`)
 
+// deletionThresholds are flags that decide what a command deletes, by
+// command: command-line only, whatever their names.
+var deletionThresholds = map[string][]string{
+	"admin retention run": {"min", "max", "dlq-max", "partition-idle", "dedup-window"},
+}
+
 // No destructive flag takes its value from the environment: the command
 // tree is walked with every SHARDQ_ variable set, and every flag marked
 // commandLineOnly or named as destructive must be left unset (and its
@@ -159,6 +165,9 @@ func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
 				return
 			}
 			where := strings.Join(append(path, "--"+f.Name), " ")
+			if slices.Contains(deletionThresholds[strings.Join(path, " ")], f.Name) && !isCmdLineOnly(f) {
+				t.Errorf("%s: decides what is deleted but is not marked commandLineOnly", where)
+			}
 			if !isCmdLineOnly(f) && !destructiveName.MatchString(f.Name) {
 				if slices.Contains(e.set, f.Name) {
 					bound++

@@ -220,6 +220,7 @@ func TestSuspendedTenantRoutes(t *testing.T) {
 		refused("defer", h.call("POST", groupPath+"/defer", con, map[string]any{"receipts": receipts(rc)}))
 		refused("visibility", h.call("POST", groupPath+"/visibility", con, map[string]any{"receipts": []string{ru[0]["receipt"].(string), session}, "visibility": 60}))
 		refused("deferred receive", h.call("POST", groupPath+"/deferred/receive", con, map[string]any{"offsets": []any{rd[0]["offset"]}}))
+		refused("requeue", h.call("POST", topicPath+"/dead-letters/requeue", op, `{"all":true}`))
 		r := h.call("POST", groupPath+"/receive", con, map[string]any{"ungrouped": true, "ack": receipts(ra)})
 		refused("receive with ack", r)
 		if r.body["settled"] != 1.0 {
