@@ -328,3 +328,25 @@ func BenchmarkReceipt(b *testing.B) {
 		}
 	})
 }
+
+// The longest receipt a receive can hand out (every identifier at its
+// limit, the key 255 characters of four bytes each) is signed and read
+// back: a receipt too long to be read would leave its message unsettled
+// for ever.
+func TestLongestReceiptSettles(t *testing.T) {
+	drv := testdb.Migrated(t, testdb.SQLite(t))
+	_, r := newTestReceipts(t, drv)
+	ctx := context.Background()
+	long := func(s string, n int) string { return strings.Repeat(s, n) }
+	rc := receipt{Tenant: long("t", 255), Topic: long("p", 255), Group: long("g", 255), Key: long("\U00010000", 255),
+		Owner: long("o", 246) + "#12345678", Token: 1<<63 - 1, Offset: 1<<63 - 1, Last: 1<<63 - 1, End: 1<<63 - 1, Attempts: 1<<31 - 1,
+		Issued: 1<<63 - 1}
+	s, err := r.sign(ctx, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := r.decode(ctx, s, rc.Tenant, rc.Topic, rc.Group)
+	if err != nil || back != rc {
+		t.Fatalf("a receipt of %d bytes: %+v, %v", len(s), back, err)
+	}
+}

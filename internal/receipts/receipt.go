@@ -61,11 +61,14 @@ type Receipt struct {
 }
 
 // Prefix starts every receipt this version signs; prefixJSON the
-// receipts of the JSON form it still reads. maxBytes bounds one.
+// receipts of the JSON form it still reads. maxBytes bounds one: the
+// longest receipt this version signs (five identifiers at their limits,
+// the key 255 characters of four bytes: about 2,900 bytes) fits it, and
+// Sign refuses to make one that would not.
 const (
 	Prefix     = "r3."
 	prefixJSON = "r2."
-	maxBytes   = 2048
+	maxBytes   = 4096
 )
 
 // The flags byte of a binary receipt; any other bit refuses it.
@@ -172,7 +175,11 @@ func (r *Receipts) Sign(ctx context.Context, rc Receipt) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("sign receipt: %w", err)
 	}
-	return string(base64.RawURLEncoding.AppendEncode(append(msg, '.'), sum)), nil
+	out := string(base64.RawURLEncoding.AppendEncode(append(msg, '.'), sum))
+	if len(out) > maxBytes {
+		return "", fmt.Errorf("sign receipt: %d bytes, more than the %d a receipt may take", len(out), maxBytes)
+	}
+	return out, nil
 }
 
 // split splits a receipt into its key id, the signed text, the body it
