@@ -28,6 +28,7 @@ type serveFlags struct {
 	rate, authFailRate          float64
 	burst                       int
 	maxBody, maxResponse        int64
+	maxInflightBodyPerTenant    int64
 	maxInflightBody             int64
 	maxAttempts                 int
 	maxHold                     time.Duration
@@ -80,7 +81,9 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.IntVar(&f.burst, "burst", server.DefaultBurst, "burst of requests allowed per token above --rate")
 	fl.Int64Var(&f.maxBody, "max-body", server.DefaultMaxBodyBytes, "largest request body in bytes")
 	fl.Int64Var(&f.maxInflightBody, "max-inflight-body", server.DefaultMaxInflightBodyBytes,
-		"request body bytes read and decoded at once, server-wide (each counted at its Content-Length); past it, 429")
+		"memory of the request bodies in flight, server-wide: each holds its bytes as they arrive, then what it decodes into; past it, 429")
+	fl.Int64Var(&f.maxInflightBodyPerTenant, "max-inflight-body-per-tenant", 0,
+		"what one tenant's requests may hold of --max-inflight-body together (default half of it); a request needing more gets 413")
 	fl.Int64Var(&f.maxResponse, "max-response-bytes", server.DefaultMaxResponseBytes,
 		"byte budget of a response that carries messages (receive, dead letters, browse, dashboard): it stops adding messages there, always carrying one")
 	fl.IntVar(&f.maxReceives, "max-receives", server.DefaultMaxReceives, "receives in flight (long polls included) on this server; past it, 429")
@@ -206,7 +209,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		metrics = a.metrics
 	}
 	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: receipts, Tenants: tenants, Rate: f.rate, Burst: f.burst,
-		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxInflightBodyBytes: f.maxInflightBody, MaxResponseBytes: f.maxResponse,
+		AuthFailRate: f.authFailRate, ClientAddrHeader: f.clientAddrHeader, MaxBodyBytes: f.maxBody, MaxInflightBodyBytes: f.maxInflightBody, MaxInflightBodyBytesPerTenant: f.maxInflightBodyPerTenant, MaxResponseBytes: f.maxResponse,
 		MaxReceives: f.maxReceives, MaxReceivesPerToken: f.maxPerToken, WriteTimeout: f.writeTimeout, ReadTimeout: f.readTimeout,
 		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, MaxLargeTransfersPerToken: f.maxTransfersPerToken,
 		MaxLargeTransfersPerTenant: f.maxTransfersPerTenant, MinTransferRate: minTransferRate(f.minTransferRate), TransferRateWindow: f.transferRateWindow,

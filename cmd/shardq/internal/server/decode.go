@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 )
 
 // A JSON request body is read whole into one buffer (bounded by
-// MaxBodyBytes), scanned token by token against the bounds below, and
+// MaxBodyBytes, charged as it grows), scanned token by token against the bounds below, and
 // only then decoded: what a body decodes into is then bounded by its size
 // and these counts, whatever it holds (8 MiB of "{}," would otherwise be
 // millions of structs). The scan stops at the first token over a bound.
@@ -36,14 +37,15 @@ const (
 	// request's own fields (a name given twice counts twice).
 	maxJSONMembers = ident.MaxHeaders
 	// jsonValueCost is what a decoded value may hold besides its string's
-	// bytes (a struct, a map entry, the message built from it), charged
-	// with the body to the server's budget.
-	jsonValueCost = 512
+	// bytes (its share of a struct, a map entry, the message built from
+	// it), charged with the body to the server's budget.
+	jsonValueCost = 256
 )
 
 // jsonOptions decode as encoding/json does (its v1 semantics: names
-// matched without regard to case, duplicate names and invalid UTF-8
-// allowed), refusing unknown fields, without copying the body first.
+// matched without regard to case), refusing unknown fields, without
+// copying the body first; the scan has refused duplicate names and
+// invalid UTF-8 already.
 var jsonOptions = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsonv2.RejectUnknownMembers(true))
 
 var scanners = sync.Pool{New: func() any { return new(jsontext.Decoder) }}
@@ -66,10 +68,10 @@ func decodeJSON(body io.Reader, v any) error {
 		return err
 	}
 	if b, ok := body.(*budgetBody); ok {
-		if !b.hold(int64(cap(data)) + decoded) {
-			return errBusy
+		if err := b.hold(int64(cap(data)) + decoded); err != nil {
+			return err
 		}
-		defer b.hold(decoded) // the buffer is garbage once decoded
+		defer b.hold(decoded) //nolint:errcheck // less than it holds: the buffer is garbage once decoded
 	}
 	if err := jsonv2.Unmarshal(data, v, jsonOptions); err != nil {
 		return &shardq.ValidationError{Field: "body", Rule: "malformed JSON: " + err.Error()}
@@ -77,22 +79,43 @@ func decodeJSON(body io.Reader, v any) error {
 	return nil
 }
 
-// readBody reads body to its end, into one buffer of the size the request
-// announced when it is a budgetBody.
+// readBody reads body to its end. A budgetBody is charged for the buffer
+// as it grows, so that a body holds what has arrived, not what it
+// announced.
 func readBody(body io.Reader) ([]byte, error) {
-	var buf bytes.Buffer
-	if b, ok := body.(*budgetBody); ok && b.size > 0 {
-		buf.Grow(int(b.size) + bytes.MinRead)
+	b, _ := body.(*budgetBody)
+	data := make([]byte, 0, 512)
+	if b != nil {
+		if err := b.hold(int64(cap(data))); err != nil {
+			return nil, err
+		}
 	}
-	_, err := buf.ReadFrom(body)
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		return nil, errBodyTooLarge{tooBig.Limit}
+	for {
+		if len(data) == cap(data) {
+			more := cap(data) // doubled
+			if b != nil {
+				more = int(min(int64(more), b.limit+1-int64(cap(data)))) // the limit's last byte says it is passed
+			}
+			grown := slices.Grow(data, max(more, 1))
+			if b != nil {
+				if err := b.hold(int64(cap(grown))); err != nil {
+					return nil, err
+				}
+			}
+			data = grown
+		}
+		n, err := body.Read(data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.Is(err, io.EOF):
+			return data, nil
+		case errors.As(err, &tooBig):
+			return nil, errBodyTooLarge{tooBig.Limit}
+		case err != nil: // the client went away, or sent a broken chunked body
+			return nil, &shardq.ValidationError{Field: "body", Rule: "could not be read: " + err.Error()}
+		}
 	}
-	if err != nil { // the client went away, or sent a broken chunked body
-		return nil, &shardq.ValidationError{Field: "body", Rule: "could not be read: " + err.Error()}
-	}
-	return buf.Bytes(), nil
 }
 
 // scanJSON checks that data is one JSON value within the bounds, and
@@ -101,7 +124,11 @@ func readBody(body io.Reader) ([]byte, error) {
 func scanJSON(data []byte) (int64, error) {
 	dec := scanners.Get().(*jsontext.Decoder)
 	defer func() { dec.Reset(http.NoBody); scanners.Put(dec) }() // not holding data
-	dec.Reset(bytes.NewBuffer(data), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	// A name given twice, and bytes that are not UTF-8, are refused: the
+	// first would charge for values the decoder drops, the second decode
+	// into three bytes a byte (U+FFFD), and neither says anything a client
+	// means (RFC 8259: UTF-8; names should be unique).
+	dec.Reset(bytes.NewBuffer(data))
 	var held int64
 	for done := false; ; {
 		before := dec.InputOffset()
@@ -122,6 +149,9 @@ func scanJSON(data []byte) (int64, error) {
 			continue
 		case '"':
 			held += 2 * (dec.InputOffset() - before) // the string, and what it is turned into
+			if k, n := dec.StackIndex(depth); k == '{' && n%2 == 1 {
+				continue // a name: its bytes are all it holds
+			}
 		case '{', '[':
 			if depth > maxJSONDepth {
 				return 0, &shardq.ValidationError{Field: jsonField(dec, depth-1), Rule: fmt.Sprintf("nested more than %d deep", maxJSONDepth)}
@@ -183,9 +213,12 @@ var errBusy = errors.New("the server holds as many request bodies as it may; try
 // decodeError answers a body that could not be decoded.
 func (s *Server) decodeError(w http.ResponseWriter, r *http.Request, err error) {
 	var big errBodyTooLarge
+	var never errNeverFits
 	switch {
 	case errors.As(err, &big):
 		writeProblem(w, problem{Type: typeTooLarge, Status: http.StatusRequestEntityTooLarge, Detail: big.Error()})
+	case errors.As(err, &never):
+		writeProblem(w, problem{Type: typeTooLarge, Status: http.StatusRequestEntityTooLarge, Detail: never.Error()})
 	case errors.Is(err, errBusy):
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, problem{Type: typeRate, Status: http.StatusTooManyRequests, Detail: errBusy.Error()})

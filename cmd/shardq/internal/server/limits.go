@@ -3,6 +3,7 @@
 package server
 
 import (
+	"fmt"
 	"crypto/sha256"
 	"io"
 	"net/http"
@@ -31,6 +32,10 @@ type limits struct {
 
 	bodies   *semaphore.Weighted // request body bytes being read and decoded, server-wide
 	reading  atomic.Int64        // what bodies holds (the semaphore does not say)
+	// tenantBody is what each tenant's bodies hold of bodies (under mu),
+	// at most perTenantBody.
+	tenantBody    map[string]int64
+	perTenantBody int64
 	receives chan struct{}       // a slot per receive in flight, server-wide
 	perToken int
 	mu       sync.Mutex
@@ -45,7 +50,7 @@ func newLimits(cfg Config) *limits {
 	failures, _ := lru.New[string, *addrLimiter](limiterEntries)
 	verified, _ := lru.New[[32]byte, time.Time](limiterEntries)
 	return &limits{rate: rate.Limit(cfg.Rate), burst: cfg.Burst, tokens: tokens, failRate: rate.Limit(cfg.AuthFailRate), failures: failures, verified: verified,
-		bodies: semaphore.NewWeighted(cfg.MaxInflightBodyBytes), receives: make(chan struct{}, cfg.MaxReceives), perToken: cfg.MaxReceivesPerToken, inFlight: map[string]int{}}
+		bodies: semaphore.NewWeighted(cfg.MaxInflightBodyBytes), tenantBody: map[string]int64{}, perTenantBody: cfg.MaxInflightBodyBytesPerTenant, receives: make(chan struct{}, cfg.MaxReceives), perToken: cfg.MaxReceivesPerToken, inFlight: map[string]int{}}
 }
 
 // limiter is key's limiter in c, made on first use (concurrent first
@@ -179,53 +184,69 @@ func (l *limits) startReceive(id string) (func(), bool) {
 }
 
 // budgetBody is a request's body with the share of the server's budget
-// it holds: its Content-Length (or the body limit without one) while it
-// is read, then the buffer it was read into and what decodeJSON decodes
-// it into, until the request ends (end).
+// it holds: the buffer it is read into, charged as its bytes arrive (a
+// body that stalls holds only what came), then what decodeJSON decodes it
+// into, until the request ends (end). One tenant's requests hold at most
+// perTenant of the budget together, so that no tenant's bodies shut the
+// others out.
 type budgetBody struct {
 	io.ReadCloser
-	l    *limits
-	size int64 // the Content-Length; -1 when unknown
-	mu   sync.Mutex
-	held int64
+	l      *limits
+	tenant string
+	limit  int64 // the body's bound: its buffer grows no further
+	mu     sync.Mutex
+	held   int64
+}
+
+// errNeverFits refuses a body whose decoded form would need more than a
+// tenant's share of the budget: it would never be served.
+type errNeverFits struct{ need, share int64 }
+
+func (e errNeverFits) Error() string {
+	return fmt.Sprintf("the request needs %d bytes of the server's memory for bodies; a tenant's requests may hold %d", e.need, e.share)
 }
 
 // hold makes what b holds n bytes: it takes more from the budget or
-// gives some back. false: the budget has no room for more; b holds what
-// it held.
-func (b *budgetBody) hold(n int64) bool {
+// gives some back. errNeverFits: n is over a tenant's share; errBusy: the
+// budget, or the tenant's share, has no room for it now. Either way b
+// holds what it held.
+func (b *budgetBody) hold(n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch d := n - b.held; {
-	case d > 0 && !b.l.bodies.TryAcquire(d):
-		return false
-	case d > 0:
-	case d < 0:
-		b.l.bodies.Release(-d)
+	l := b.l
+	d := n - b.held
+	if d > 0 {
+		if n > l.perTenantBody {
+			return errNeverFits{need: n, share: l.perTenantBody}
+		}
+		l.mu.Lock()
+		over := l.tenantBody[b.tenant]+d > l.perTenantBody
+		l.mu.Unlock()
+		if over || !l.bodies.TryAcquire(d) {
+			return errBusy
+		}
+	} else if d < 0 {
+		l.bodies.Release(-d)
 	}
-	b.l.reading.Add(n - b.held)
+	l.mu.Lock()
+	if l.tenantBody[b.tenant] += d; l.tenantBody[b.tenant] == 0 {
+		delete(l.tenantBody, b.tenant)
+	}
+	l.mu.Unlock()
+	l.reading.Add(d)
 	b.held = n
-	return true
+	return nil
 }
 
 // end gives back everything the request held.
-func (b *budgetBody) end() { b.hold(0) }
+func (b *budgetBody) end() { b.hold(0) } //nolint:errcheck // giving back cannot fail
 
-// startBody reserves what r's body may take (its Content-Length, or the
-// body limit when it has none) and installs the budgetBody that holds it
-// as r.Body; the caller ends it when the request ends. false: the server
-// holds as many bodies as it may.
-func (l *limits) startBody(r *http.Request, limit int64) (*budgetBody, bool) {
-	n := limit
-	if r.ContentLength >= 0 && r.ContentLength < limit {
-		n = r.ContentLength
-	}
-	b := &budgetBody{ReadCloser: r.Body, l: l, size: r.ContentLength}
-	if !b.hold(n) {
-		return nil, false
-	}
+// startBody installs the budgetBody of tenant's request r, bounded by
+// limit, as r.Body; the caller ends it when the request ends.
+func (l *limits) startBody(r *http.Request, tenant string, limit int64) *budgetBody {
+	b := &budgetBody{ReadCloser: r.Body, l: l, tenant: tenant, limit: limit}
 	r.Body = b
-	return b, true
+	return b
 }
 
 // clientAddr is the address failed authentications are counted against:

@@ -495,27 +495,33 @@ func TestMetricsAuth(t *testing.T) {
 	})
 }
 
-// Request bodies being read are capped server-wide: a client that opens
-// many large publishes and sends them slowly gets 429 past the cap
-// instead of growing the server's memory.
+// Request bodies are charged to the server's budget as their bytes
+// arrive, not by what they announce: bodies that stall hold only what came
+// and shut nobody out. One tenant's requests hold at most half the
+// budget: its bodies, however many and however slow, leave the rest to
+// the other tenants; a request that would need more than that share gets
+// 413, not a 429 it could never get past.
 func TestInflightBodiesCapped(t *testing.T) {
 	eachDB(t, func(t *testing.T, drv driver.Driver) {
 		const body = 1 << 20
-		h := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: 2 * body})
-		tok, _ := h.token(RolePublish, 0, "acme")
-		post := func(r io.Reader) (*http.Response, error) {
-			req, _ := http.NewRequest("POST", h.http.URL+topicPath+"/messages", r)
+		h := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: 4 * body})
+		evil, _ := h.token(RoleAdmin, 0, "evil")
+		acme, _ := h.token(RolePublish, 0, "acme")
+		post := func(tok, tenant string, r io.Reader, n int64) (*http.Response, error) {
+			req, _ := http.NewRequest("POST", h.http.URL+"/v1/tenants/"+tenant+"/topics/orders/messages", r)
 			req.Header.Set("Authorization", "Bearer "+tok)
-			req.ContentLength = body
+			req.ContentLength = n
 			return h.http.Client().Do(req)
 		}
+		// Eight slow bodies announcing 1 MiB each, twice the budget, send a
+		// few bytes and stall.
 		var pipes []*io.PipeWriter
-		results := make(chan int, 2)
-		for range 2 {
+		results := make(chan int, 8)
+		for range 8 {
 			pr, pw := io.Pipe()
 			pipes = append(pipes, pw)
 			go func() {
-				res, err := post(pr)
+				res, err := post(evil, "evil", pr, body)
 				if err != nil {
 					results <- 0
 					return
@@ -525,70 +531,42 @@ func TestInflightBodiesCapped(t *testing.T) {
 			}()
 			pw.Write([]byte(`{"id":"x","payload":"`)) // a start, then nothing for a while
 		}
-		for deadline := time.Now().Add(10 * time.Second); h.srv.limits.reading.Load() < 2*body; time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); h.srv.limits.reading.Load() == 0; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("the two slow bodies never held their room (%d bytes held)", h.srv.limits.reading.Load())
+				t.Fatal("the slow bodies were never read")
 			}
 		}
-		res, err := post(strings.NewReader(strings.Repeat(" ", body)))
+		if held := h.srv.limits.reading.Load(); held > 8*4096 {
+			t.Fatalf("eight stalled bodies hold %d bytes; want what came", held)
+		}
+		// Another tenant's publish goes through.
+		res, err := post(acme, "acme", strings.NewReader(`{"id":"y","payload":"`+strings.Repeat("y", body/4)+`"}`), -1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		res.Body.Close()
-		if res.StatusCode != 429 || res.Header.Get("Retry-After") == "" {
-			t.Fatalf("a third 1 MiB body while two are being read, with room for two: %d, want 429", res.StatusCode)
+		if res.StatusCode != 200 {
+			t.Fatalf("acme's publish beside evil's stalled bodies: %d, want 200", res.StatusCode)
 		}
 		for _, pw := range pipes {
 			pw.CloseWithError(io.ErrUnexpectedEOF)
 		}
-		h.http.CloseClientConnections() // the slow senders are gone
-		for range 2 {
+		h.http.CloseClientConnections()
+		for range 8 {
 			<-results
 		}
-		// A long poll does not hold its body's room while it waits: once
-		// its body is read, the room is back.
-		h.srv.Drain()
-		hold := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: body})
-		consumer, _ := hold.token(RoleAdmin, 0, "acme")
-		waiting := make(chan int, 1)
-		go func() {
-			req, _ := http.NewRequest("POST", hold.http.URL+groupPath+"/receive", io.NopCloser(strings.NewReader(`{"key":"k","wait":20}`)))
-			req.Header.Set("Authorization", "Bearer "+consumer)
-			req.ContentLength = -1 // chunked: it reserves the whole body limit
-			res, err := hold.http.Client().Do(req)
-			if err != nil {
-				waiting <- 0
-				return
-			}
-			res.Body.Close()
-			waiting <- res.StatusCode
-		}()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			hold.srv.limits.mu.Lock()
-			n := len(hold.srv.limits.inFlight)
-			hold.srv.limits.mu.Unlock()
-			if n == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the long poll never started")
-			}
+
+		// A tenant's share is half the budget (2 MiB here): one body whose
+		// decoded form needs more (its buffer and twice its strings) can
+		// never be served: 413.
+		h2 := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: 2 * body})
+		tok2, _ := h2.token(RolePublish, 0, "acme")
+		r := h2.call("POST", topicPath+"/messages", tok2, `{"id":"z","payload":"`+strings.Repeat("z", body-40)+`"}`)
+		if r.status != http.StatusRequestEntityTooLarge {
+			t.Fatalf("a body needing more than a tenant's share: %d %s, want 413", r.status, r.raw)
 		}
-		hold.must(200, "POST", topicPath+"/messages", consumer, `{"key":"other","id":"p"}`)
-		hold.srv.Drain()
-		if code := <-waiting; code != 200 {
-			t.Fatalf("the long poll: %d", code)
-		}
-		// The room is back.
-		if code, _ := func() (int, error) {
-			res, err := post(strings.NewReader(`{"id":"y"}` + strings.Repeat(" ", body-10)))
-			if err != nil {
-				return 0, err
-			}
-			res.Body.Close()
-			return res.StatusCode, nil
-		}(); code != 200 {
-			t.Fatalf("a body after the others ended: %d, want 200", code)
+		if held := h2.srv.limits.reading.Load(); held != 0 {
+			t.Fatalf("%d bytes held after the requests ended", held)
 		}
 	})
 }

@@ -51,12 +51,14 @@ type Config struct {
 	ClientAddrHeader string
 	// MaxBodyBytes bounds a request body [8 MiB]; MaxInflightBodyBytes
 	// the memory of the requests in flight, server-wide [64 MiB]: each
-	// holds its Content-Length (or MaxBodyBytes without one) while its
-	// body is read, then the body and what it decodes into (twice its
-	// strings' bytes and 512 bytes a JSON value) until it ends. Past it,
-	// 429.
-	MaxBodyBytes         int64
-	MaxInflightBodyBytes int64
+	// holds its body's buffer as the bytes arrive, then the body and what
+	// it decodes into (twice its strings' bytes and 512 bytes a JSON
+	// value) until it ends. Past it, 429. One tenant's requests hold at
+	// most MaxInflightBodyBytesPerTenant of it [half]; a request that
+	// would need more gets 413.
+	MaxBodyBytes                  int64
+	MaxInflightBodyBytes          int64
+	MaxInflightBodyBytesPerTenant int64
 	// MaxResponseBytes is the byte budget of a response that carries
 	// messages (receive, dead letters, browse, the dashboard's topic
 	// page): it stops adding messages there, always carrying at least one,
@@ -228,6 +230,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	// One body of the largest size must fit among those in flight.
 	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, cfg.MaxBodyBytes)
+	switch {
+	case cfg.MaxInflightBodyBytesPerTenant < 0:
+		return nil, &shardq.ValidationError{Field: "max inflight body per tenant", Rule: "must not be negative"}
+	case cfg.MaxInflightBodyBytesPerTenant == 0:
+		cfg.MaxInflightBodyBytesPerTenant = cfg.MaxInflightBodyBytes / 2
+	}
+	cfg.MaxInflightBodyBytesPerTenant = min(cfg.MaxInflightBodyBytesPerTenant, cfg.MaxInflightBodyBytes)
 	if cfg.StaleAfter == 0 {
 		cfg.StaleAfter = 15 * time.Second
 	}
@@ -442,12 +451,7 @@ func (s *Server) authorized(role string, next func(http.ResponseWriter, *http.Re
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		body, ok := s.limits.startBody(r, s.cfg.MaxBodyBytes) // r.Body: holds its share until the request ends
-		if !ok {
-			s.decodeError(w, r, errBusy)
-			return
-		}
-		defer body.end()
+		defer s.limits.startBody(r, tenant, s.cfg.MaxBodyBytes).end() // r.Body: holds its share until the request ends
 		// Every request's work is bounded in time, the database's included:
 		// the longest wait a receive may ask for, plus WriteTimeout.
 		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), tokenIDKey{}, id), shardq.MaxReceiveWait+s.cfg.WriteTimeout)
