@@ -3,8 +3,8 @@
 package server
 
 import (
-	"fmt"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -30,16 +30,16 @@ type limits struct {
 	failures *lru.Cache[string, *addrLimiter] // by client address
 	verified *lru.Cache[[32]byte, time.Time]  // SHA-256 of credentials that verified lately, and when
 
-	bodies   *semaphore.Weighted // request body bytes being read and decoded, server-wide
-	reading  atomic.Int64        // what bodies holds (the semaphore does not say)
+	bodies  *semaphore.Weighted // request body bytes being read and decoded, server-wide
+	reading atomic.Int64        // what bodies holds (the semaphore does not say)
 	// tenantBody is what each tenant's bodies hold of bodies (under mu),
 	// at most perTenantBody.
 	tenantBody    map[string]int64
 	perTenantBody int64
-	receives chan struct{}       // a slot per receive in flight, server-wide
-	perToken int
-	mu       sync.Mutex
-	inFlight map[string]int // receives in flight by token id
+	receives      chan struct{} // a slot per receive in flight, server-wide
+	perToken      int
+	mu            sync.Mutex
+	inFlight      map[string]int // receives in flight by token id
 }
 
 // limiterEntries bounds each limiter map.
