@@ -261,7 +261,9 @@ func (a *Admin) SetTenantLimits(ctx context.Context, tenant string, limits Tenan
 // stored: JSON), partition key and id; each message-group state's state,
 // partition key and consumer group (StateBytes); each deferred row's
 // partition key and consumer group (DeferredBytes; the message it keeps
-// counts as a message).
+// counts as a message); the consumer groups' bookkeeping, which consuming
+// makes (GroupBytes: each lease's, cursor's and registry row's partition
+// key, consumer group and owner, and 32 bytes of its other columns).
 type TopicUsage struct {
 	Topic         string
 	Messages      int64
@@ -269,6 +271,7 @@ type TopicUsage struct {
 	Bytes         int64 // all of the below, and the messages'
 	StateBytes    int64 // of message-group states
 	DeferredBytes int64 // of deferred rows
+	GroupBytes    int64 // of leases, cursors and registry rows
 }
 
 // Tenants lists up to limit tenants after after, in order: those with a

@@ -444,6 +444,24 @@ func (ts *tenantStates) admitStored(ctx context.Context, tenant string, bytes in
 	return q.hold(usageSums{bytes: bytes}, nil, nil).end, nil
 }
 
+// full reports whether tenant stores what its MaxBytes allows, or more
+// (false when it has none): the bookkeeping of new message groups, which
+// holds no message, is refused then (tenantWrites.AcquireLease).
+func (ts *tenantStates) full(ctx context.Context, tenant string) (limit, stored int64, err error) {
+	st, s, err := ts.read(ctx, tenant)
+	if err != nil || s.limits.MaxBytes == 0 {
+		return 0, 0, err
+	}
+	u, err := ts.usage(ctx, tenant, &st.quota)
+	if err != nil {
+		return 0, 0, err
+	}
+	if c := st.quota.counted(u); c.bytes >= s.limits.MaxBytes {
+		return s.limits.MaxBytes, c.bytes, nil
+	}
+	return 0, 0, nil
+}
+
 // checkStored refuses rows that would take the tenant past what it may
 // store: the last measure (at most TenantUsageInterval old, refreshed in
 // the background; the first one in the call) plus what this client

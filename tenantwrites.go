@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -13,10 +14,12 @@ import (
 )
 
 // tenantWrites is the client's driver with its tenants' checks on the
-// writes a consumer makes besides settling: a message group's state and
-// a deferral. Both add to what the tenant stores, so both are refused in
-// a suspended tenant and held to its MaxBytes, whichever runtime makes
-// them (subscriber, group receiver, receipts): the check sits at the
+// writes a consumer makes besides settling: a message group's state, a
+// deferral, and the lease of a message group that holds no message (a
+// group accepted by name before anything is published to it). Each adds
+// to what the tenant stores, so each is refused in a suspended tenant
+// (the state and the deferral) or past its MaxBytes, whichever runtime
+// makes it (subscriber, group receiver, receipts): the check sits at the
 // write.
 type tenantWrites struct {
 	driver.Driver
@@ -41,4 +44,26 @@ func (d tenantWrites) DeferTx(ctx context.Context, tx *sql.Tx, group string, m d
 	// The row commits with tx, which its caller ends.
 	end(publish.EndsUnseen)
 	return err
+}
+
+// AcquireLease refuses, in a tenant that stores what its MaxBytes allows,
+// the lease of a partition that holds no message: a group accepted by a
+// name nothing was published to makes rows that hold nothing to consume.
+// The leases of partitions with messages, which consuming needs, go on.
+func (d tenantWrites) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
+	if strings.HasPrefix(p.ConsumerGroup, "$") { // shardq's own (retention's claim): it frees what the tenant stores
+		return d.Driver.AcquireLease(ctx, p, owner, now, ttl)
+	}
+	limit, stored, err := d.ts.full(ctx, p.Tenant)
+	if err == nil && limit > 0 {
+		var heads map[driver.HeadKey]int64
+		if heads, err = d.Driver.HeadsOf(ctx, p.Topic, []string{p.Tenant}, []string{p.PartitionKey}); err == nil && len(heads) == 0 {
+			err = &QuotaExceededError{Tenant: p.Tenant, Quota: QuotaMaxBytes, Limit: limit, Usage: stored,
+				Call: driver.BookkeepingBytes(p.ConsumerGroup, p.PartitionKey, owner)}
+		}
+	}
+	if err != nil {
+		return driver.Lease{}, fmt.Errorf("acquire the lease of %s: %w", p, err)
+	}
+	return d.Driver.AcquireLease(ctx, p, owner, now, ttl)
 }

@@ -646,9 +646,13 @@ type TenantLimits struct {
 type TopicUsage struct {
 	Topic                string
 	Messages, Partitions int64
-	// Bytes is all the topic's stored bytes, StateBytes and
-	// DeferredBytes included.
+	// Bytes is all the topic's stored bytes, StateBytes, DeferredBytes
+	// and GroupBytes included.
 	Bytes, StateBytes, DeferredBytes int64
+	// GroupBytes is the consumer groups' bookkeeping in the topic, which
+	// anyone who consumes makes: leases, cursors and registry rows
+	// (BookkeepingBytes).
+	GroupBytes int64
 }
 
 // ExportPosition is where a tenant's export of messages stands: after

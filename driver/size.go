@@ -50,3 +50,15 @@ func GroupStateBytes(group, key string, state []byte) int64 {
 // DeferredBytes is a deferred row's size: the partition key and the
 // consumer group (the message it keeps is counted as a message).
 func DeferredBytes(group, key string) int64 { return int64(len(key) + len(group)) }
+
+// BookkeepingBytes is a consumer group's row of bookkeeping in a topic (a
+// lease, a cursor, a registry row): the names it holds, its partition
+// key and consumer group (a lease's owner too), and its other columns'
+// BookkeepingRowBytes.
+func BookkeepingBytes(group, key, owner string) int64 {
+	return int64(len(group)+len(key)+len(owner)) + BookkeepingRowBytes
+}
+
+// BookkeepingRowBytes is what a bookkeeping row holds besides its names:
+// offsets, tokens and times.
+const BookkeepingRowBytes = 32

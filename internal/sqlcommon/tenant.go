@@ -216,13 +216,18 @@ func (d *Store) TenantUsage(ctx context.Context, tenant string) ([]driver.TopicU
 		u.Messages, u.Partitions, u.Bytes = msgs, parts, u.Bytes+n
 		return nil
 	})
-	for _, q := range []struct {
+	type sum struct {
 		stmt string
 		into func(*driver.TopicUsage) *int64
-	}{
+	}
+	sums := []sum{
 		{st.stateUsage, func(u *driver.TopicUsage) *int64 { return &u.StateBytes }},
 		{st.deferUsage, func(u *driver.TopicUsage) *int64 { return &u.DeferredBytes }},
-	} {
+	}
+	for _, stmt := range st.groupUsage {
+		sums = append(sums, sum{stmt, func(u *driver.TopicUsage) *int64 { return &u.GroupBytes }})
+	}
+	for _, q := range sums {
 		if err != nil {
 			break
 		}

@@ -5,6 +5,8 @@ package sqlcommon
 import (
 	"strconv"
 	"strings"
+
+	"github.com/shardq/shardq/driver"
 )
 
 // TenantTables are the tables that hold a tenant's rows, in the order a
@@ -34,6 +36,7 @@ type tenantSQL struct {
 	usage       string   // the tenant's messages and their bytes (driver.MessageBytes) per topic
 	stateUsage  string   // the bytes of the tenant's message-group states (driver.GroupStateBytes) per topic
 	deferUsage  string   // the bytes of the tenant's deferred rows (driver.DeferredBytes) per topic
+	groupUsage  []string // the bytes of the tenant's leases, cursors and registry rows (driver.BookkeepingBytes) per topic
 	heads       string   // the tenant's head rows
 	exportMsgs  string   // up to :limit of the tenant's messages after (:a0, :a1, :a2) = (topic, key, offset)
 	exportGroup string   // up to :limit of the tenant's group registry rows after (topic, group)
@@ -94,6 +97,7 @@ var primaryKeys = map[string]string{
 }
 
 func newTenantSQL(s Syntax) tenantSQL {
+	rowBytes := strconv.Itoa(driver.BookkeepingRowBytes)
 	st := tenantSQL{
 		liveMembers: "SELECT DISTINCT subscriber_name FROM queue_subscriber_heartbeats WHERE tenant = :tenant AND heartbeat_at >= :since ORDER BY subscriber_name",
 		liveLeases:  "SELECT COUNT(*) FROM queue_partition_leases WHERE tenant = :tenant AND owner <> '' AND expires_at > :now",
@@ -116,6 +120,14 @@ func newTenantSQL(s Syntax) tenantSQL {
 			" FROM queue_group_state WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
 		deferUsage: "SELECT topic, COALESCE(SUM(" + s.octetSum("partition_key", "consumer_group") + "), 0)" +
 			" FROM queue_deferred WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+		groupUsage: []string{
+			"SELECT topic, COALESCE(SUM(" + s.octetSum("partition_key", "consumer_group", "owner") + " + " + rowBytes + "), 0)" +
+				" FROM queue_partition_leases WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+			"SELECT topic, COALESCE(SUM(" + s.octetSum("partition_key", "consumer_group") + " + " + rowBytes + "), 0)" +
+				" FROM queue_offsets WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+			"SELECT topic, COALESCE(SUM(" + s.octetSum("consumer_group") + " + " + rowBytes + "), 0)" +
+				" FROM queue_consumer_groups WHERE tenant = :tenant GROUP BY topic ORDER BY topic",
+		},
 		// Keyset pages in primary-key order, each after the last row of
 		// the page before (:a0, :a1, :a2).
 		exportMsgs: "SELECT " + s.offset() + ", tenant, topic, partition_key, id, headers, payload, created_at, not_before FROM queue_messages" +

@@ -92,6 +92,7 @@ type topicUsageOut struct {
 	Bytes         int64  `json:"bytes"`
 	StateBytes    int64  `json:"state_bytes"`
 	DeferredBytes int64  `json:"deferred_bytes"`
+	GroupBytes    int64  `json:"group_bytes"`
 }
 
 // onlyParams refuses a query parameter outside allowed.
@@ -124,7 +125,7 @@ func (s *Server) tenant(w http.ResponseWriter, r *http.Request, tenant string) {
 		out.SuspendedAt = &at
 	}
 	for _, u := range info.Topics {
-		out.Topics = append(out.Topics, topicUsageOut{u.Topic, u.Messages, u.Partitions, u.Bytes, u.StateBytes, u.DeferredBytes})
+		out.Topics = append(out.Topics, topicUsageOut{u.Topic, u.Messages, u.Partitions, u.Bytes, u.StateBytes, u.DeferredBytes, u.GroupBytes})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -213,6 +213,27 @@ WHERE tenant = :tenant
 GROUP BY topic
 ORDER BY topic;
 
+-- groupUsage[0]: the bytes of the tenant's leases, cursors and registry rows (driver.BookkeepingBytes) per topic
+SELECT topic, COALESCE(SUM(LENGTH(CAST(partition_key AS BLOB)) + LENGTH(CAST(consumer_group AS BLOB)) + LENGTH(CAST(owner AS BLOB)) + 32), 0)
+FROM queue_partition_leases
+WHERE tenant = :tenant
+GROUP BY topic
+ORDER BY topic;
+
+-- groupUsage[1]: the bytes of the tenant's leases, cursors and registry rows (driver.BookkeepingBytes) per topic
+SELECT topic, COALESCE(SUM(LENGTH(CAST(partition_key AS BLOB)) + LENGTH(CAST(consumer_group AS BLOB)) + 32), 0)
+FROM queue_offsets
+WHERE tenant = :tenant
+GROUP BY topic
+ORDER BY topic;
+
+-- groupUsage[2]: the bytes of the tenant's leases, cursors and registry rows (driver.BookkeepingBytes) per topic
+SELECT topic, COALESCE(SUM(LENGTH(CAST(consumer_group AS BLOB)) + 32), 0)
+FROM queue_consumer_groups
+WHERE tenant = :tenant
+GROUP BY topic
+ORDER BY topic;
+
 -- heads: the tenant's head rows
 SELECT COUNT(*)
 FROM queue_partitions
