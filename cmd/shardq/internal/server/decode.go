@@ -36,10 +36,15 @@ const (
 	// maxJSONMembers bounds any object: a message's headers, or a
 	// request's own fields (a name given twice counts twice).
 	maxJSONMembers = ident.MaxHeaders
-	// jsonValueCost is what a decoded value may hold besides its string's
-	// bytes (its share of a struct, a map entry, the message built from
-	// it), charged with the body to the server's budget.
-	jsonValueCost = 256
+	// What a decoded value may hold besides twice its string's bytes (its
+	// share of a struct, a map entry, the message built from it), charged
+	// with the body to the server's budget: an object or array (a struct,
+	// a map, a slice), a string value, a name (a map's key), a number or
+	// literal.
+	jsonContainerCost = 256
+	jsonStringCost    = 64
+	jsonNameCost      = 16
+	jsonScalarCost    = 16
 )
 
 // jsonOptions decode as encoding/json does (its v1 semantics: names
@@ -150,15 +155,19 @@ func scanJSON(data []byte) (int64, error) {
 		case '"':
 			held += 2 * (dec.InputOffset() - before) // the string, and what it is turned into
 			if k, n := dec.StackIndex(depth); k == '{' && n%2 == 1 {
-				continue // a name: its bytes are all it holds
+				held += jsonNameCost
+			} else {
+				held += jsonStringCost
 			}
 		case '{', '[':
 			if depth > maxJSONDepth {
 				return 0, &shardq.ValidationError{Field: jsonField(dec, depth-1), Rule: fmt.Sprintf("nested more than %d deep", maxJSONDepth)}
 			}
 			depth-- // the container it opened is counted in its parent
+			held += jsonContainerCost
+		default:
+			held += jsonScalarCost
 		}
-		held += jsonValueCost
 		if depth == 0 {
 			continue
 		}

@@ -36,6 +36,7 @@ type limits struct {
 	// at most perTenantBody.
 	tenantBody    map[string]int64
 	perTenantBody int64
+	budget        int64 // MaxInflightBodyBytes
 	receives      chan struct{} // a slot per receive in flight, server-wide
 	perToken      int
 	mu            sync.Mutex
@@ -50,7 +51,7 @@ func newLimits(cfg Config) *limits {
 	failures, _ := lru.New[string, *addrLimiter](limiterEntries)
 	verified, _ := lru.New[[32]byte, time.Time](limiterEntries)
 	return &limits{rate: rate.Limit(cfg.Rate), burst: cfg.Burst, tokens: tokens, failRate: rate.Limit(cfg.AuthFailRate), failures: failures, verified: verified,
-		bodies: semaphore.NewWeighted(cfg.MaxInflightBodyBytes), tenantBody: map[string]int64{}, perTenantBody: cfg.MaxInflightBodyBytesPerTenant, receives: make(chan struct{}, cfg.MaxReceives), perToken: cfg.MaxReceivesPerToken, inFlight: map[string]int{}}
+		bodies: semaphore.NewWeighted(cfg.MaxInflightBodyBytes), tenantBody: map[string]int64{}, perTenantBody: cfg.MaxInflightBodyBytesPerTenant, budget: cfg.MaxInflightBodyBytes, receives: make(chan struct{}, cfg.MaxReceives), perToken: cfg.MaxReceivesPerToken, inFlight: map[string]int{}}
 }
 
 // limiter is key's limiter in c, made on first use (concurrent first
@@ -198,44 +199,59 @@ type budgetBody struct {
 	held   int64
 }
 
-// errNeverFits refuses a body whose decoded form would need more than a
-// tenant's share of the budget: it would never be served.
-type errNeverFits struct{ need, share int64 }
+// errNeverFits refuses a body whose decoded form would need more than the
+// whole budget: it would never be served.
+type errNeverFits struct{ need, budget int64 }
 
 func (e errNeverFits) Error() string {
-	return fmt.Sprintf("the request needs %d bytes of the server's memory for bodies; a tenant's requests may hold %d", e.need, e.share)
+	return fmt.Sprintf("the request needs %d bytes of the server's memory for bodies, more than all of it (%d)", e.need, e.budget)
 }
 
 // hold makes what b holds n bytes: it takes more from the budget or
-// gives some back. errNeverFits: n is over a tenant's share; errBusy: the
-// budget, or the tenant's share, has no room for it now. Either way b
-// holds what it held.
+// gives some back. A tenant's requests hold at most perTenantBody
+// together, but one alone may take the whole budget (as the largest body
+// needs). errNeverFits: n is over the budget; errBusy: the budget, or the
+// tenant's share, has no room for it now. Either way b holds what it
+// held.
 func (b *budgetBody) hold(n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	l := b.l
 	d := n - b.held
-	if d > 0 {
-		if n > l.perTenantBody {
-			return errNeverFits{need: n, share: l.perTenantBody}
-		}
+	switch {
+	case d > 0 && n > l.budget:
+		return errNeverFits{need: n, budget: l.budget}
+	case d > 0:
+		// The share is checked and taken in one step: concurrent requests
+		// of a tenant see each other's.
 		l.mu.Lock()
-		over := l.tenantBody[b.tenant]+d > l.perTenantBody
-		l.mu.Unlock()
-		if over || !l.bodies.TryAcquire(d) {
+		held := l.tenantBody[b.tenant]
+		if others := held - b.held; others > 0 && held+d > l.perTenantBody {
+			l.mu.Unlock()
 			return errBusy
 		}
-	} else if d < 0 {
+		l.tenantBody[b.tenant] = held + d
+		l.mu.Unlock()
+		if !l.bodies.TryAcquire(d) {
+			l.untake(b.tenant, d)
+			return errBusy
+		}
+	case d < 0:
 		l.bodies.Release(-d)
+		l.untake(b.tenant, -d)
 	}
-	l.mu.Lock()
-	if l.tenantBody[b.tenant] += d; l.tenantBody[b.tenant] == 0 {
-		delete(l.tenantBody, b.tenant)
-	}
-	l.mu.Unlock()
 	l.reading.Add(d)
 	b.held = n
 	return nil
+}
+
+// untake gives d bytes of tenant's share back.
+func (l *limits) untake(tenant string, d int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tenantBody[tenant] -= d; l.tenantBody[tenant] <= 0 {
+		delete(l.tenantBody, tenant)
+	}
 }
 
 // end gives back everything the request held.

@@ -556,14 +556,19 @@ func TestInflightBodiesCapped(t *testing.T) {
 			<-results
 		}
 
-		// A tenant's share is half the budget (2 MiB here): one body whose
-		// decoded form needs more (its buffer and twice its strings) can
-		// never be served: 413.
+		// A tenant's share is half the budget (1 MiB of 2 here), but a
+		// request alone may take the whole budget: one that needs 1.5 MiB
+		// goes through. One whose decoded form needs more than the whole
+		// budget (its buffer and twice its strings) can never be served:
+		// 413.
 		h2 := newHarness(t, drv, harnessOptions{maxBody: body, maxInflightBody: 2 * body})
 		tok2, _ := h2.token(RolePublish, 0, "acme")
+		if r := h2.call("POST", topicPath+"/messages", tok2, `{"id":"w","payload":"`+strings.Repeat("w", body/3)+`"}`); r.status != 200 {
+			t.Fatalf("a body needing more than a tenant's share, alone: %d %s, want 200", r.status, r.raw)
+		}
 		r := h2.call("POST", topicPath+"/messages", tok2, `{"id":"z","payload":"`+strings.Repeat("z", body-40)+`"}`)
 		if r.status != http.StatusRequestEntityTooLarge {
-			t.Fatalf("a body needing more than a tenant's share: %d %s, want 413", r.status, r.raw)
+			t.Fatalf("a body needing more than the whole budget: %d %s, want 413", r.status, r.raw)
 		}
 		if held := h2.srv.limits.reading.Load(); held != 0 {
 			t.Fatalf("%d bytes held after the requests ended", held)

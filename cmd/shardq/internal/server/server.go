@@ -52,10 +52,12 @@ type Config struct {
 	// MaxBodyBytes bounds a request body [8 MiB]; MaxInflightBodyBytes
 	// the memory of the requests in flight, server-wide [64 MiB]: each
 	// holds its body's buffer as the bytes arrive, then the body and what
-	// it decodes into (twice its strings' bytes and 512 bytes a JSON
-	// value) until it ends. Past it, 429. One tenant's requests hold at
-	// most MaxInflightBodyBytesPerTenant of it [half]; a request that
-	// would need more gets 413.
+	// it decodes into (twice its strings' bytes, and 16 to 256 bytes a
+	// JSON value) until it ends. Past it, 429. It is at least three of the
+	// largest body and 16 MiB, so that one such request fits. One tenant's
+	// requests hold at most MaxInflightBodyBytesPerTenant of it together
+	// [half], though one alone may take it all; a request that would need
+	// more than all of it gets 413.
 	MaxBodyBytes                  int64
 	MaxInflightBodyBytes          int64
 	MaxInflightBodyBytesPerTenant int64
