@@ -36,7 +36,7 @@ type limits struct {
 	// at most perTenantBody.
 	tenantBody    map[string]int64
 	perTenantBody int64
-	budget        int64 // MaxInflightBodyBytes
+	budget        int64         // MaxInflightBodyBytes
 	receives      chan struct{} // a slot per receive in flight, server-wide
 	perToken      int
 	mu            sync.Mutex
