@@ -21,6 +21,7 @@ var producerTests = []struct {
 }{
 	{"ProducerKeepsKeyOrder", testProducerKeepsKeyOrder},
 	{"ProducerStopWritesWhatWasHandedIn", testProducerStopWritesWhatWasHandedIn},
+	{"ProducerResumeFailsWhatWaited", testProducerResumeFailsWhatWaited},
 }
 
 // insertFails is the real database with the inserts of any batch that
@@ -217,5 +218,108 @@ func testProducerStopWritesWhatWasHandedIn(t *testing.T, open Open) {
 		if err := full.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// scriptedInserts is the real database with the batches that hold the
+// message id fail failing, and those that hold hold waiting for release.
+type scriptedInserts struct {
+	driver.Driver
+	fail, hold string
+	release    chan struct{}
+}
+
+func (d scriptedInserts) InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error {
+	for _, m := range msgs {
+		switch m.ID {
+		case d.fail:
+			return errInjectedInsert
+		case d.hold:
+			select {
+			case <-d.release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return d.Driver.InsertMessages(ctx, tx, msgs)
+}
+
+// A message of a key that waited in its lane behind the key's failure
+// fails when the key is resumed, even if its turn comes after: stored
+// then, it would come after what the caller publishes again once it
+// resumed. A failure at hand-in (here a full buffer) pauses its key too.
+func testProducerResumeFailsWhatWaited(t *testing.T, open Open) {
+	d, _ := setup(t, open, nil)
+	release := make(chan struct{})
+	c, err := shardq.NewClient(scriptedInserts{Driver: d, fail: "a", hold: "x", release: release}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	p, err := c.Producer(&shardq.ProducerOptions{MaxBatch: 1, Lanes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop(ctx)
+	msg := func(key, id string) shardq.Message {
+		return shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, ID: id}
+	}
+	a := p.Publish(ctx, msg("k", "a")) // fails
+	x := p.Publish(ctx, msg("j", "x")) // held: the lane waits behind it
+	b := p.Publish(ctx, msg("k", "b")) // waits behind x
+	if _, err := a.Wait(ctx); !errors.Is(err, errInjectedInsert) {
+		t.Fatalf("a: %v, want the injected failure", err)
+	}
+	p.Resume(shardq.TopicRef{Tenant: "t", Topic: "x"}, "k")
+	again := p.Publish(ctx, msg("k", "a-again"))
+	close(release)
+	if _, err := x.Wait(ctx); err != nil {
+		t.Fatalf("x: %v", err)
+	}
+	if _, err := b.Wait(ctx); !errors.Is(err, shardq.ErrKeyPaused) {
+		t.Fatalf("b, handed in before a failed and resumed while it waited: %v, want ErrKeyPaused", err)
+	}
+	if _, err := again.Wait(ctx); err != nil {
+		t.Fatalf("a-again after Resume: %v", err)
+	}
+	var got []string
+	for _, m := range fetchAll(t, d, "t", "x", "k") {
+		got = append(got, m.ID)
+	}
+	if !slices.Equal(got, []string{"a-again"}) {
+		t.Fatalf("key k stored %v, want [a-again]", got)
+	}
+	// A full buffer (FailFast) fails a message at hand-in, and pauses its
+	// key as a failed write does.
+	full, err := c.Producer(&shardq.ProducerOptions{MaxBuffered: 1, FailFast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Stop(ctx)
+	held := make(chan struct{})
+	gated, err := shardq.NewClient(insertHeld{d, held}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gated.Close()
+	fp, err := gated.Producer(&shardq.ProducerOptions{MaxBuffered: 1, FailFast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := fp.Publish(ctx, msg("m", "first"))
+	if _, err := fp.Publish(ctx, msg("n", "refused")).Wait(ctx); !errors.Is(err, shardq.ErrProducerFull) {
+		t.Fatalf("into a full buffer: %v, want ErrProducerFull", err)
+	}
+	held <- struct{}{}
+	if _, err := first.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fp.Publish(ctx, msg("n", "after")).Wait(ctx); !errors.Is(err, shardq.ErrKeyPaused) || !errors.Is(err, shardq.ErrProducerFull) {
+		t.Fatalf("the key of a message refused at hand-in: %v, want ErrKeyPaused (ErrProducerFull)", err)
+	}
+	if err := fp.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -358,13 +358,8 @@ func (w *worker) commitCursor() bool {
 	return w.committed(w.cursor, w.s.drv.CommitOffset(ctx, w.leaseNow(), w.cursor, w.s.cfg.Clock()))
 }
 
-// finish commits and releases the lease. A lease given up (its expiry
-// near, unrenewed) or lost still commits what its handlers settled: the
-// commit is fenced by the lease's token, not its expiry, so it lands
-// while nobody took the partition, and the next holder (this member
-// too) starts after it; a lease another took refuses it. The worker
-// stays among the member's until then, so the member does not take the
-// partition again first.
+// finish commits and releases the lease, also one given up (its expiry
+// near, unrenewed) or lost (commitLost).
 func (w *worker) finish() {
 	s := w.s
 	lost := true
@@ -377,7 +372,7 @@ func (w *worker) finish() {
 	}()
 	select {
 	case <-w.lost:
-		w.commitCursor()
+		w.commitLost()
 		return
 	default:
 	}
@@ -395,6 +390,25 @@ func (w *worker) finish() {
 	}
 	if err := s.drv.ReleaseLease(ctx, w.leaseNow(), s.cfg.Clock()); err != nil && !errorsIsLost(err) {
 		s.log.Warn("shardq: releasing a lease failed; it expires on its own", w.logArgs("err", err)...)
+	}
+}
+
+// commitLost commits what the handlers settled under a lease given up or
+// lost, and frees it, in one step fenced by the lease's token, not its
+// expiry: it lands while nobody took the partition, so that the next
+// holder (this member too) starts after it and any member may take it at
+// once; a lease another took refuses it. A lease taken over and not yet
+// due is not freed (it lapses by itself: static.go). The worker stays
+// among the member's until then, so the member does not take the
+// partition again first; the step is bounded on its own, outside the
+// member's commit lock, as in an outage many leases end at once.
+func (w *worker) commitLost() {
+	w.settledTo()
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	now := w.s.cfg.Clock()
+	if err := w.s.drv.CommitReceived(ctx, w.leaseNow(), w.cursor, !now.Before(w.notBefore), now); err == nil {
+		raise(&w.commit, w.cursor)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -39,7 +40,8 @@ type Producer struct {
 	seed  maphash.Seed
 
 	mu      sync.Mutex
-	paused  map[keyRef]error
+	paused  map[keyRef]pause
+	seq     uint64               // the last message handed in
 	pending map[*Future]struct{} // handed in, not yet resolved (Flush)
 	msgs    int                  // buffered, with their bytes
 	bytes   int64
@@ -73,6 +75,13 @@ type lane struct {
 
 type keyRef struct{ tenant, topic, key string }
 
+// pause is a paused key: the messages of it handed in after the one that
+// failed (seq) fail too.
+type pause struct {
+	cause error
+	seq   uint64
+}
+
 // pending is one message in a lane.
 type pending struct {
 	row *driver.InsertMessage
@@ -87,6 +96,9 @@ type Future struct {
 	row   *driver.InsertMessage
 	err   error
 	size  int64
+	key   keyRef
+	seq   uint64          // its place in the order messages were handed in
+	stale atomic.Bool     // handed in after its key failed, which was resumed while it waited: it fails
 	ctx   context.Context // the send span's
 	span  trace.Span
 	start time.Time
@@ -108,7 +120,7 @@ func (f *Future) Wait(ctx context.Context) (*driver.InsertMessage, error) {
 
 // NewProducer returns a producer writing through p.
 func NewProducer(p *Publisher, cfg ProducerConfig) *Producer {
-	pr := &Producer{p: p, cfg: cfg, seed: maphash.MakeSeed(), paused: map[keyRef]error{}, pending: map[*Future]struct{}{}, room: make(chan struct{})}
+	pr := &Producer{p: p, cfg: cfg, seed: maphash.MakeSeed(), paused: map[keyRef]pause{}, pending: map[*Future]struct{}{}, room: make(chan struct{})}
 	pr.lanes = coalesce.New[lane](pr.write, cfg.MaxBatch, 1, cfg.Linger, p.cfg.Timeout).
 		WithBytes(cfg.MaxBatchBytes, func(m *pending) int64 { return m.f.size })
 	return pr
@@ -127,28 +139,42 @@ func (pr *Producer) Publish(ctx context.Context, msg Message) *Future {
 		return f
 	}
 	row := rows[0]
-	f.row, f.size = row, rowBytes(row)
-	if err := pr.pausedErr(row); err != nil {
+	f.row, f.size, f.key = row, rowBytes(row), keyRef{row.Tenant, row.Topic, row.PartitionKey}
+	// From here on a failure pauses the key, as a failed write does: no
+	// later message of it is stored after one that failed.
+	fail := func(err error) *Future {
+		pr.pause(f.key, err, f.seq)
 		pr.resolve(f, nil, err)
+		pr.unreserve(f)
 		return f
 	}
 	if err := pr.reserve(ctx, f); err != nil {
-		pr.resolve(f, nil, err)
-		return f
+		return fail(err)
 	}
 	end, err := pr.p.Admit(ctx, rows, false)
 	if err != nil {
-		pr.unreserve(f)
-		pr.resolve(f, nil, fmt.Errorf("shardq: publish: %w", err))
-		return f
+		return fail(fmt.Errorf("shardq: publish: %w", err))
 	}
 	l := lane{tenant: row.Tenant, n: int(maphash.String(pr.seed, row.Topic+"\x00"+row.PartitionKey) % uint64(pr.cfg.Lanes))}
 	if err := pr.lanes.Enqueue(l, []*pending{{row: row, f: f, end: end}}, func(error) {}); err != nil {
 		end(Ended)
-		pr.unreserve(f)
-		pr.resolve(f, nil, lifecycle.ErrClosed)
+		return fail(lifecycle.ErrClosed)
 	}
 	return f
+}
+
+// pause pauses k (but the ungrouped key, which has no order) after its
+// message seq failed with cause: the messages of k handed in after seq
+// fail too.
+func (pr *Producer) pause(k keyRef, cause error, seq uint64) {
+	if k.key == "" || errors.Is(cause, ErrKeyPaused) {
+		return
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if p, ok := pr.paused[k]; !ok || seq < p.seq {
+		pr.paused[k] = pause{cause, seq}
+	}
 }
 
 // rowBytes is what a row counts against the buffer and a batch.
@@ -160,26 +186,42 @@ func rowBytes(r *driver.InsertMessage) int64 {
 	return n
 }
 
-// pausedErr is the error a message of row's key fails with while the key
-// is paused (nil: it is not).
-func (pr *Producer) pausedErr(row *driver.InsertMessage) error {
-	if row.PartitionKey == "" {
-		return nil
+// pausedErr is the error f fails with when its key is paused since a
+// message handed in before it, or was resumed while f waited (nil:
+// neither). Call with mu held.
+func (pr *Producer) pausedErr(f *Future) error {
+	var cause error
+	if p, ok := pr.paused[f.key]; ok && f.seq > p.seq {
+		cause = p.cause
+	} else if f.stale.Load() {
+		cause = errResumed
 	}
-	pr.mu.Lock()
-	cause := pr.paused[keyRef{row.Tenant, row.Topic, row.PartitionKey}]
-	pr.mu.Unlock()
 	if cause == nil {
 		return nil
 	}
-	return fmt.Errorf("shardq: publish tenant %q topic %q partition %q: %w (%w)", row.Tenant, row.Topic, row.PartitionKey, ErrKeyPaused, cause)
+	return fmt.Errorf("shardq: publish tenant %q topic %q partition %q: %w (%w)", f.key.tenant, f.key.topic, f.key.key, ErrKeyPaused, cause)
 }
 
-// reserve takes f's room in the buffer, waiting for it unless FailFast;
-// it registers f as pending.
+// errResumed is why a message handed in before its key failed, and still
+// waiting when the key was resumed, fails: stored after the resume, it
+// would come after the messages handed in since.
+var errResumed = errors.New("handed in before an earlier message of the key failed")
+
+// reserve takes f's room in the buffer, waiting for it unless FailFast,
+// and registers f as pending; it fails when f's key is paused, in the
+// same step, so that a Resume finds every message of the key handed in
+// before it.
 func (pr *Producer) reserve(ctx context.Context, f *Future) error {
+	pr.mu.Lock()
+	pr.seq++
+	f.seq = pr.seq
+	pr.mu.Unlock()
 	for {
 		pr.mu.Lock()
+		if err := pr.pausedErr(f); err != nil {
+			pr.mu.Unlock()
+			return err
+		}
 		switch {
 		case pr.closed:
 			pr.mu.Unlock()
@@ -242,7 +284,10 @@ func (pr *Producer) resolve(f *Future, row *driver.InsertMessage, err error) {
 func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
 	live := batch[:0:0]
 	for _, m := range batch {
-		if err := pr.pausedErr(m.row); err != nil {
+		pr.mu.Lock()
+		err := pr.pausedErr(m.f)
+		pr.mu.Unlock()
+		if err != nil {
 			pr.settle(m, err)
 			continue
 		}
@@ -258,13 +303,9 @@ func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
 	err := pr.p.writeBatch(ctx, rows, len(rows))
 	if err != nil {
 		err = fmt.Errorf("shardq: publish: %w", err)
-		pr.mu.Lock()
 		for _, m := range live {
-			if k := (keyRef{m.row.Tenant, m.row.Topic, m.row.PartitionKey}); k.key != "" && pr.paused[k] == nil {
-				pr.paused[k] = err
-			}
+			pr.pause(m.f.key, err, m.f.seq)
 		}
-		pr.mu.Unlock()
 	}
 	for _, m := range live {
 		pr.settle(m, err)
@@ -272,22 +313,35 @@ func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
 	return nil
 }
 
-// settle resolves a message of a lane with err (nil: stored).
+// settle resolves a message of a lane with err (nil: stored), then gives
+// its room back: a Flush that no longer finds it pending finds it done.
 func (pr *Producer) settle(m *pending, err error) {
 	m.end(Ended)
-	pr.unreserve(m.f)
 	if err != nil {
 		pr.resolve(m.f, nil, err)
-		return
+	} else {
+		pr.resolve(m.f, m.row, nil)
 	}
-	pr.resolve(m.f, m.row, nil)
+	pr.unreserve(m.f)
 }
 
-// Resume lets a paused key take messages again.
+// Resume lets a paused key take messages again. Its messages handed in
+// before the failure and still waiting fail (they would be stored after
+// those handed in from now on).
 func (pr *Producer) Resume(tenant, topic, key string) {
+	k := keyRef{tenant, topic, key}
 	pr.mu.Lock()
-	delete(pr.paused, keyRef{tenant, topic, key})
-	pr.mu.Unlock()
+	defer pr.mu.Unlock()
+	p, ok := pr.paused[k]
+	if !ok {
+		return
+	}
+	delete(pr.paused, k)
+	for f := range pr.pending {
+		if f.key == k && f.seq > p.seq {
+			f.stale.Store(true)
+		}
+	}
 }
 
 // Flush waits until every message handed in before it is stored or has

@@ -75,12 +75,7 @@ func (r *Receipts) receiveSession(ctx context.Context, rq Request, s Receipt) (R
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive %s: %w", s.ref(), err)
 	}
-	// A receive in the session issues its id again: a session in use goes
-	// on, and one held only by visibility changes ends MaxHold after its
-	// last receive, as a message does.
-	if res.Session, err = r.session(ctx, l); err != nil {
-		return Result{}, fmt.Errorf("shardq: receive %s: %w", s.ref(), err)
-	}
+	res.Session = &Session{ID: rq.Session, Key: s.Key, ExpiresAt: l.ExpiresAt, lease: s}
 	return res, nil
 }
 
@@ -138,8 +133,8 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, tenant, topic, group st
 	hold := cmp.Or(r.cfg.MaxHold, r.cfg.MaxVisibility)
 	for i, rc := range rcs {
 		// A receipt of an earlier version carries no issue time: its
-		// key's grace ends it. A session id is issued again at each
-		// receive in the session.
+		// key's grace ends it. A session id is held from its opening
+		// receive: receives in the session renew it, changes do not.
 		if until := time.Unix(rc.Issued, 0).Add(hold); vis > 0 && rc.Issued > 0 && now.Add(vis).After(until) {
 			return nil, fmt.Errorf("shardq: change visibility: %w", &ident.Error{Field: fmt.Sprintf("receipts[%d]", i),
 				Rule: fmt.Sprintf("a message is held at most %s from its receive: until %s, %s from now", hold, until.UTC().Format(time.RFC3339), max(until.Sub(now), 0).Truncate(time.Second))})

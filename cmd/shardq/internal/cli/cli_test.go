@@ -179,7 +179,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bogus"}, `unknown command "bogus"`},
 		{[]string{"publish", "--nope"}, "unknown flag: --nope"},
 		{[]string{"--dsn", "postgres://x/y", "migrate"}, "want sqlite://PATH, mysql://USER:PASS@HOST:PORT/DB or a go-sql-driver DSN"},
-		{[]string{"bench"}, "want one scenario (raw, publish, consume, latency, ungrouped, discovery, idle, api, large, noisy), got 0 arguments"},
+		{[]string{"bench"}, "want one scenario (raw, publish, async, consume, latency, ungrouped, discovery, idle, api, large, noisy), got 0 arguments"},
 		{[]string{"tx", "resolve", "--tenant", "t", "--topic", "x", "--key", "k", "--id", "i"}, "want one decision (commit, rollback), got 0"},
 		{[]string{"tx", "resolve", "--tenant", "t", "--topic", "x", "--key", "k", "--id", "i", "maybe"}, `decision "maybe": want one of commit, rollback`},
 		{[]string{"admin", "retention", "run", "--all-tenants", "--min", "0s"}, "must be positive (omit the flag for the default, 1h0m0s)"},
