@@ -50,7 +50,8 @@ type ProducerOptions struct {
 // returns a PublishFuture at once, and the messages handed in are written
 // in batches behind the caller's back. The messages of one key are
 // stored in the order they were handed in, across batches; a message that
-// fails fails every later one of its key (ErrKeyPaused) until Resume.
+// fails (in its write, or refused when handed in) fails every later one
+// of its key (ErrKeyPaused), queued ones included, until Resume.
 // Publishing is idempotent by id as ever: an id is chosen when a message
 // is handed in, so a batch written again is a duplicate, not a copy.
 // Stop (or the client's Close) writes what was handed in, then ends.
