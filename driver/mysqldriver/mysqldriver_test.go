@@ -19,5 +19,5 @@ func TestMain(m *testing.M) {
 }
 
 func TestConformance(t *testing.T) {
-	drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return testdb.MySQL(t) })
+	drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return testdb.MySQL(t) }, nil)
 }

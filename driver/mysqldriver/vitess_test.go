@@ -90,6 +90,9 @@ func TestVitess(t *testing.T) {
 		drivertest.RunParallel(t, func(t *testing.T) driver.Driver {
 			_, dsn := testdb.VitessIn(t) // a clean keyspace of t's own
 			return openRecordedOn(t, dsn, log.record)
+		}, func(t *testing.T) driver.Driver {
+			_, dsn := testdb.VitessMigrated(t) // migrated, no rows
+			return openRecordedOn(t, dsn, log.record)
 		})
 	})
 	t.Run("RoutingProof", func(t *testing.T) { testRoutingProof(t, log.all()) })

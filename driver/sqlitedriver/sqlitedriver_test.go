@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestConformance(t *testing.T) {
-	drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return testdb.SQLite(t) })
+	drivertest.RunParallel(t, func(t *testing.T) driver.Driver { return testdb.SQLite(t) }, nil)
 }
 
 const perProcess = 300
