@@ -34,6 +34,8 @@ func (a *app) benchCmd() *cobra.Command {
 			"           multi-row INSERTs of --batch rows, and the ordered-consume ceiling (--subscribers workers\n" +
 			"           each owning their share of --partitions: begin; select 100 after the cursor; update it; commit)\n" +
 			"  publish  --publishers concurrent publishers, --batch messages per call (baseline: raw INSERTs)\n" +
+			"  async    --messages over --partitions keys handed to one Producer by one goroutine, then every\n" +
+			"           future awaited (baselines: one connection's single-row INSERTs and its INSERTs of 100 rows)\n" +
 			"  consume  --messages published beforehand, then --subscribers in one consumer group with a\n" +
 			"           per-message handler (baseline: the raw ordered-consume ceiling)\n" +
 			"  latency  --rate msg/s for --duration while subscribers run; publish-due to handler time\n" +
