@@ -287,7 +287,7 @@ func (c *Client) Migrate(ctx context.Context) error { return schema.Migrate(ctx,
 const DefaultCloseTimeout = 30 * time.Second
 
 // stopper is a handle the client started: a *Subscriber, *GroupReceiver,
-// *TransactionProducer or *Cleaner. Close stops lower orders first.
+// *Producer, *TransactionProducer or *Cleaner. Close stops lower orders first.
 type stopper interface {
 	stopOrder() int
 	stopForClose(ctx context.Context) error
@@ -301,7 +301,9 @@ func (c *Client) untrack(h stopper) { c.handles.Remove(h) }
 // Close stops, in this order, and waits for: the subscribers and group
 // receivers still running (no more deliveries; in-flight handlers get up
 // to DefaultCloseTimeout; cursors are committed and leases released),
-// then the transaction producers (check-back), then the cleaners; last,
+// then the producers (Producer: what was handed in is written, within
+// DefaultCloseTimeout) and the transaction producers (check-back), then
+// the cleaners; last,
 // it lets queued publishes finish and refuses new calls (ErrClosed),
 // including new subscribers, receivers, producers and cleaners. The
 // driver stays open: close it after the client.

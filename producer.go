@@ -50,11 +50,14 @@ type ProducerOptions struct {
 // returns a PublishFuture at once, and the messages handed in are written
 // in batches behind the caller's back. The messages of one key are
 // stored in the order they were handed in, across batches; a message that
-// fails (in its write, or refused when handed in) fails every later one
-// of its key (ErrKeyPaused), queued ones included, until Resume.
-// Publishing is idempotent by id as ever: an id is chosen when a message
-// is handed in, so a batch written again is a duplicate, not a copy.
-// Stop (or the client's Close) writes what was handed in, then ends.
+// fails in its write, or at hand-in after it was numbered (its tenant
+// suspended or over a quota, a full buffer, its wait for room ended),
+// fails every later one of its key (ErrKeyPaused), queued ones included,
+// until Resume. A message refused before that (invalid, or the clock
+// unsynchronised) pauses nothing. Publishing is idempotent by id: an id
+// is chosen when a message is handed in, so a batch written again is a
+// duplicate, not a copy. Stop (or the client's Close) writes what was
+// handed in, then ends.
 type Producer struct {
 	c    *Client
 	p    *publish.Producer
@@ -111,7 +114,7 @@ func (c *Client) Producer(opts *ProducerOptions) (*Producer, error) {
 // carries the trace context: the write itself is the producer's.
 func (p *Producer) Publish(ctx context.Context, msg Message) *PublishFuture {
 	if err := p.c.syncClock(ctx); err != nil {
-		return &PublishFuture{publish.FailedFuture(fmt.Errorf("shardq: publish: %w", err))}
+		return &PublishFuture{publish.FailedFuture(fmt.Errorf("shardq: publish tenant %q topic %q partition %q: %w", msg.Tenant, msg.Topic, msg.PartitionKey, err))}
 	}
 	return &PublishFuture{p.p.Publish(ctx, toPublish([]Message{msg})[0])}
 }
@@ -126,8 +129,11 @@ func (p *Producer) Resume(t TopicRef, partitionKey string) {
 func (p *Producer) Flush(ctx context.Context) error { return p.p.Flush(ctx) }
 
 // Stop refuses new messages and waits until those handed in are stored
-// or have failed; when ctx ends first it returns its error, and they are
-// written all the same.
+// or have failed. When ctx ends first it gives up: the messages not yet
+// written fail (ErrClosed), a write in flight is cancelled (its messages
+// fail, each stored or not: publish them again by id to store each
+// once), and Stop returns ctx's error once the producer's goroutines have
+// ended.
 func (p *Producer) Stop(ctx context.Context) error {
 	p.once.Do(func() {
 		p.err = p.p.Close(ctx)

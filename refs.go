@@ -64,7 +64,7 @@ type PauseRequest struct {
 }
 
 // Handle is how every running part a Client starts stops: Subscriber,
-// GroupReceiver, TransactionProducer and Cleaner. Stop ends it, letting
+// GroupReceiver, Producer, TransactionProducer and Cleaner. Stop ends it, letting
 // work in flight finish until ctx ends, and is safe to call more than
 // once; Done is closed once it has stopped (by Stop, by Client.Close, or
 // on its own: a subscriber whose context ended, a receiver that lost its

@@ -613,7 +613,8 @@ type Admin interface {
 	// TenantUsage counts the tenant's messages, partitions with messages
 	// and stored bytes per topic (MessageBytes of its messages,
 	// GroupStateBytes of its message-group states, DeferredBytes of its
-	// deferred rows), in topic order: a topic with any of them.
+	// deferred rows, BookkeepingBytes of its groups' leases, cursors and
+	// registry rows), in topic order: a topic with any of them.
 	TenantUsage(ctx context.Context, tenant string) ([]TopicUsage, error)
 	// ExportMessages reads up to limit of the tenant's messages after
 	// the position after, in (topic, partition key, offset) order.

@@ -33,17 +33,23 @@ import (
 //	           ├─ committed: each Future gets its offset
 //	           └─ failed:    each Future gets the error; its keys pause
 //	Resume(key) ──► the key takes messages again
+//	Close ──► refuse; flush ──► ctx ended first: abort (the rest fail, a
+//	                              write in flight is cancelled); lanes end
 type Producer struct {
 	p     *Publisher
 	cfg   ProducerConfig
 	lanes *coalesce.Batcher[lane, *pending]
 	seed  maphash.Seed
+	// aborted ends when Close's ctx ends before the flush: what is not
+	// written fails, and writes in flight are cancelled.
+	aborted context.Context
+	abort   context.CancelFunc
 
 	mu      sync.Mutex
 	paused  map[keyRef]pause
 	seq     uint64               // the last message handed in
-	pending map[*Future]struct{} // handed in, not yet resolved (Flush)
-	msgs    int                  // buffered, with their bytes
+	pending map[*Future]struct{} // handed in, not yet resolved (Flush, Resume)
+	msgs    int                  // holding room in the buffer, with their bytes
 	bytes   int64
 	room    chan struct{} // closed when msgs or bytes fall; then replaced
 	closed  bool
@@ -75,6 +81,11 @@ type lane struct {
 
 type keyRef struct{ tenant, topic, key string }
 
+// wrap names k in err.
+func (k keyRef) wrap(err error) error {
+	return fmt.Errorf("shardq: publish tenant %q topic %q partition %q: %w", k.tenant, k.topic, k.key, err)
+}
+
 // pause is a paused key: the messages of it handed in after the one that
 // failed (seq) fail too.
 type pause struct {
@@ -98,6 +109,7 @@ type Future struct {
 	size  int64
 	key   keyRef
 	seq   uint64          // its place in the order messages were handed in
+	room  bool            // holds room in the buffer (under Producer.mu)
 	stale atomic.Bool     // handed in after its key failed, which was resumed while it waited: it fails
 	ctx   context.Context // the send span's
 	span  trace.Span
@@ -121,6 +133,7 @@ func (f *Future) Wait(ctx context.Context) (*driver.InsertMessage, error) {
 // NewProducer returns a producer writing through p.
 func NewProducer(p *Publisher, cfg ProducerConfig) *Producer {
 	pr := &Producer{p: p, cfg: cfg, seed: maphash.MakeSeed(), paused: map[keyRef]pause{}, pending: map[*Future]struct{}{}, room: make(chan struct{})}
+	pr.aborted, pr.abort = context.WithCancel(context.Background())
 	pr.lanes = coalesce.New[lane](pr.write, cfg.MaxBatch, 1, cfg.Linger, p.cfg.Timeout).
 		WithBytes(cfg.MaxBatchBytes, func(m *pending) int64 { return m.f.size })
 	return pr
@@ -153,12 +166,12 @@ func (pr *Producer) Publish(ctx context.Context, msg Message) *Future {
 	}
 	end, err := pr.p.Admit(ctx, rows, false)
 	if err != nil {
-		return fail(fmt.Errorf("shardq: publish: %w", err))
+		return fail(f.key.wrap(err))
 	}
 	l := lane{tenant: row.Tenant, n: int(maphash.String(pr.seed, row.Topic+"\x00"+row.PartitionKey) % uint64(pr.cfg.Lanes))}
 	if err := pr.lanes.Enqueue(l, []*pending{{row: row, f: f, end: end}}, func(error) {}); err != nil {
 		end(Ended)
-		return fail(lifecycle.ErrClosed)
+		return fail(f.key.wrap(lifecycle.ErrClosed))
 	}
 	return f
 }
@@ -199,7 +212,7 @@ func (pr *Producer) pausedErr(f *Future) error {
 	if cause == nil {
 		return nil
 	}
-	return fmt.Errorf("shardq: publish tenant %q topic %q partition %q: %w (%w)", f.key.tenant, f.key.topic, f.key.key, ErrKeyPaused, cause)
+	return f.key.wrap(fmt.Errorf("%w (%w)", ErrKeyPaused, cause))
 }
 
 // errResumed is why a message handed in before its key failed, and still
@@ -207,14 +220,15 @@ func (pr *Producer) pausedErr(f *Future) error {
 // would come after the messages handed in since.
 var errResumed = errors.New("handed in before an earlier message of the key failed")
 
-// reserve takes f's room in the buffer, waiting for it unless FailFast,
-// and registers f as pending; it fails when f's key is paused, in the
-// same step, so that a Resume finds every message of the key handed in
-// before it.
+// reserve registers f as handed in, then takes its room in the buffer,
+// waiting for it unless FailFast; it fails when f's key is paused, or is
+// resumed after an earlier message of it failed (which Resume marks on
+// every message registered, waiting for room or not).
 func (pr *Producer) reserve(ctx context.Context, f *Future) error {
 	pr.mu.Lock()
 	pr.seq++
 	f.seq = pr.seq
+	pr.pending[f] = struct{}{}
 	pr.mu.Unlock()
 	for {
 		pr.mu.Lock()
@@ -225,29 +239,29 @@ func (pr *Producer) reserve(ctx context.Context, f *Future) error {
 		switch {
 		case pr.closed:
 			pr.mu.Unlock()
-			return lifecycle.ErrClosed
+			return f.key.wrap(lifecycle.ErrClosed)
 		case pr.msgs == 0 || pr.msgs < pr.cfg.MaxBuffered && pr.bytes+f.size <= pr.cfg.MaxBufferedBytes:
 			// An empty buffer takes one message whatever its size.
 			pr.msgs++
 			pr.bytes += f.size
-			pr.pending[f] = struct{}{}
+			f.room = true
 			pr.mu.Unlock()
 			return nil
 		case pr.cfg.FailFast:
 			pr.mu.Unlock()
-			return fmt.Errorf("shardq: publish: %w (%d messages, %d bytes)", ErrFull, pr.cfg.MaxBuffered, pr.cfg.MaxBufferedBytes)
+			return f.key.wrap(fmt.Errorf("%w (%d messages, %d bytes)", ErrFull, pr.cfg.MaxBuffered, pr.cfg.MaxBufferedBytes))
 		}
 		room := pr.room
 		pr.mu.Unlock()
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return fmt.Errorf("shardq: publish: waiting for room in the producer's buffer: %w", ctx.Err())
+			return f.key.wrap(fmt.Errorf("waiting for room in the producer's buffer: %w", ctx.Err()))
 		}
 	}
 }
 
-// unreserve gives f's room back.
+// unreserve unregisters f and gives its room back.
 func (pr *Producer) unreserve(f *Future) {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
@@ -255,6 +269,10 @@ func (pr *Producer) unreserve(f *Future) {
 		return
 	}
 	delete(pr.pending, f)
+	if !f.room {
+		return
+	}
+	f.room = false
 	pr.msgs--
 	pr.bytes -= f.size
 	close(pr.room)
@@ -279,14 +297,19 @@ func (pr *Producer) resolve(f *Future, row *driver.InsertMessage, err error) {
 
 // write is a lane's flush: the messages of paused keys fail, the others
 // go in one transaction (run again on a retryable error); when it fails,
-// every message of it fails and its keys pause. Each message is resolved
-// here: the lane sees no error, so it never splits a batch.
+// every message of it fails and its keys pause. After an abort nothing is
+// written: each message fails, and a write in flight is cancelled. Each
+// message is resolved here: the lane sees no error, so it never splits a
+// batch.
 func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
 	live := batch[:0:0]
 	for _, m := range batch {
 		pr.mu.Lock()
 		err := pr.pausedErr(m.f)
 		pr.mu.Unlock()
+		if err == nil && pr.aborted.Err() != nil {
+			err = m.f.key.wrap(errAborted)
+		}
 		if err != nil {
 			pr.settle(m, err)
 			continue
@@ -300,18 +323,28 @@ func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
 	for i, m := range live {
 		rows[i] = m.row
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer context.AfterFunc(pr.aborted, cancel)()
 	err := pr.p.writeBatch(ctx, rows, len(rows))
-	if err != nil {
-		err = fmt.Errorf("shardq: publish: %w", err)
-		for _, m := range live {
-			pr.pause(m.f.key, err, m.f.seq)
-		}
+	cancel()
+	if err != nil && pr.aborted.Err() != nil {
+		err = fmt.Errorf("%w (%w)", errAborted, err)
 	}
 	for _, m := range live {
-		pr.settle(m, err)
+		if err != nil {
+			err := m.f.key.wrap(err)
+			pr.pause(m.f.key, err, m.f.seq)
+			pr.settle(m, err)
+			continue
+		}
+		pr.settle(m, nil)
 	}
 	return nil
 }
+
+// errAborted fails the messages a producer had not written when its
+// Close gave up waiting.
+var errAborted = fmt.Errorf("the producer stopped before the message was written: %w", lifecycle.ErrClosed)
 
 // settle resolves a message of a lane with err (nil: stored), then gives
 // its room back: a Flush that no longer finds it pending finds it done.
@@ -364,9 +397,11 @@ func (pr *Producer) Flush(ctx context.Context) error {
 }
 
 // Close refuses new messages, waits until those handed in are stored or
-// have failed (or ctx ends), and stops the lanes. Messages still in
-// flight when ctx ends are written all the same: the lanes stop once
-// they are.
+// have failed, and stops the lanes. When ctx ends first it aborts: the
+// messages not yet written fail, a write in flight is cancelled (each of
+// its messages fails, stored or not: it is ambiguous, and publishing it
+// again by id stores it once), and Close returns ctx's error once the
+// lanes have ended.
 func (pr *Producer) Close(ctx context.Context) error {
 	pr.mu.Lock()
 	pr.closed = true
@@ -374,11 +409,11 @@ func (pr *Producer) Close(ctx context.Context) error {
 	pr.room = make(chan struct{})
 	pr.mu.Unlock()
 	err := pr.Flush(ctx)
-	if err == nil {
-		pr.lanes.Close()
-	} else {
-		go pr.lanes.Close()
+	if err != nil {
+		pr.abort()
 	}
+	pr.lanes.Close()
+	pr.abort()
 	return err
 }
 

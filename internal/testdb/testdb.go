@@ -313,7 +313,11 @@ func vitessKeyspace(t testing.TB) (dsn string, first bool) {
 	}
 	ks, ok := vitessPool.held.Load(t)
 	if !ok {
-		ks = <-vitessPool.free
+		select {
+		case ks = <-vitessPool.free:
+		case <-time.After(10 * time.Minute): // every test holds its keyspace for less
+			t.Fatalf("vtgate %s: no keyspace of the pool came free in 10 minutes", VitessDSN())
+		}
 		vitessPool.held.Store(t, ks)
 		t.Cleanup(func() { vitessPool.held.Delete(t); vitessPool.free <- ks.(string) })
 	}

@@ -83,7 +83,7 @@ func (a *app) serveCmd() *cobra.Command {
 	fl.Int64Var(&f.maxInflightBody, "max-inflight-body", server.DefaultMaxInflightBodyBytes,
 		"memory of the request bodies in flight, server-wide: each holds its bytes as they arrive, then what it decodes into; past it, 429")
 	fl.Int64Var(&f.maxInflightBodyPerTenant, "max-inflight-body-per-tenant", 0,
-		"what one tenant's requests may hold of --max-inflight-body together (default half of it); a request needing more gets 413")
+		"what one tenant's requests may hold of --max-inflight-body together (default half of it; past it 429, but one request alone may take all of --max-inflight-body, and one needing more than that gets 413)")
 	fl.Int64Var(&f.maxResponse, "max-response-bytes", server.DefaultMaxResponseBytes,
 		"byte budget of a response that carries messages (receive, dead letters, browse, dashboard): it stops adding messages there, always carrying one")
 	fl.IntVar(&f.maxReceives, "max-receives", server.DefaultMaxReceives, "receives in flight (long polls included) on this server; past it, 429")

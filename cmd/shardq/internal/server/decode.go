@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,9 +48,11 @@ const (
 
 // jsonOptions decode as encoding/json does (its v1 semantics: names
 // matched without regard to case), refusing unknown fields, without
-// copying the body first; the scan has refused duplicate names and
-// invalid UTF-8 already.
-var jsonOptions = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsonv2.RejectUnknownMembers(true))
+// copying the body first, and refusing a field given twice: the scan
+// refused names given twice exactly, this refuses "Messages" after
+// "messages", which v1 would let replace it (a map's keys stay distinct
+// by case). The scan has refused invalid UTF-8 already.
+var jsonOptions = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsontext.AllowDuplicateNames(false), jsonv2.RejectUnknownMembers(true))
 
 var scanners = sync.Pool{New: func() any { return new(jsontext.Decoder) }}
 
@@ -101,7 +102,8 @@ func readBody(body io.Reader) ([]byte, error) {
 			if b != nil {
 				more = int(min(int64(more), b.limit+1-int64(cap(data)))) // the limit's last byte says it is passed
 			}
-			grown := slices.Grow(data, max(more, 1))
+			grown := make([]byte, len(data), cap(data)+max(more, 1)) // exactly: append's growth rounds up
+			copy(grown, data)
 			if b != nil {
 				if err := b.hold(int64(cap(grown))); err != nil {
 					return nil, err

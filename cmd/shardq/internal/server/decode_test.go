@@ -61,11 +61,18 @@ func TestDecodeBounds(t *testing.T) {
 			}
 		})
 	}
-	for _, ok := range []string{`{"messages":[` + repeat(`{"headers":{`+members("h", 64)+`}}`, 1000) + `]}`, ``, ` `, `{"KEY":"k"}`, `{"key":"é"}`} {
+	for _, ok := range []string{`{"messages":[` + repeat(`{"headers":{`+members("h", 64)+`}}`, 1000) + `]}`, ``, ` `, `{"KEY":"k"}`, `{"key":"é"}`,
+		`{"headers":{"A":"1","a":"2"}}`} {
 		var in publishIn
 		if err := decodeJSON(strings.NewReader(ok), &in); err != nil {
 			t.Fatalf("%.60q: %v", ok, err)
 		}
+	}
+	// A field matched without regard to case may still be given once.
+	var in publishIn
+	var ve *shardq.ValidationError
+	if err := decodeJSON(strings.NewReader(`{"messages":[{"key":"a"}],"Messages":[{"key":"b"},{"key":"c"}]}`), &in); !errors.As(err, &ve) || ve.Field != "body" {
+		t.Fatalf("a field given twice in two cases: %v, decoded %+v; want a refusal", err, in)
 	}
 }
 

@@ -114,7 +114,7 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 		b.limited = true
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
-		// Not wrapped: PublishLarge takes an unexpected EOF for the end.
+		// The cut, not the reader's error, is what the answer names (400).
 		return n, fmt.Errorf("%w (%v)", errBodyCut, err)
 	}
 	if err == io.EOF && b.want != nil && !bytes.Equal(b.sum.Sum(nil), b.want) {

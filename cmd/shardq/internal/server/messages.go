@@ -266,8 +266,9 @@ func jsonRuneLen(r rune, size int) int64 {
 }
 
 // responseBytesPerMessage bounds what a received message adds to a
-// response besides MessageBytes: its receipt (at most 2 KiB), offset,
-// times and the JSON around them.
+// response besides MessageBytes: its receipt (about 2.9 KiB at the
+// longest names, TestLongestReceiptSettles), offset, times and the JSON
+// around them.
 const responseBytesPerMessage = 4 << 10
 
 func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -293,8 +294,8 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	rc := http.NewResponseController(w)
 	rc.SetWriteDeadline(time.Now().Add(rq.Wait + s.cfg.WriteTimeout)) //nolint:errcheck // not every writer has deadlines (tests' recorders)
 	rq.Done = s.draining
-	// A message's receipt, key, id and JSON come on top of the payload
-	// and headers that MaxBytes counts: room is kept for them, so that a
+	// A message's receipt, offset, times and JSON come on top of what
+	// MaxBytes counts (MessageBytes): room is kept for them, so that a
 	// response of many small messages stays within MaxResponseBytes as
 	// one of a few large ones does.
 	asked := rq.Max

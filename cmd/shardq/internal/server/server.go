@@ -53,11 +53,12 @@ type Config struct {
 	// the memory of the requests in flight, server-wide [64 MiB]: each
 	// holds its body's buffer as the bytes arrive, then the body and what
 	// it decodes into (twice its strings' bytes, and 16 to 256 bytes a
-	// JSON value) until it ends. Past it, 429. It is at least three of the
-	// largest body and 16 MiB, so that one such request fits. One tenant's
-	// requests hold at most MaxInflightBodyBytesPerTenant of it together
-	// [half], though one alone may take it all; a request that would need
-	// more than all of it gets 413.
+	// JSON value) until it ends. Past it, 429. It is at least the largest
+	// body; three times that and 16 MiB more let any one body of strings
+	// through (the defaults do), less may refuse the largest (413). One
+	// tenant's requests hold at most MaxInflightBodyBytesPerTenant of it
+	// together [half], though one alone may take it all; a request that
+	// would need more than all of it gets 413.
 	MaxBodyBytes                  int64
 	MaxInflightBodyBytes          int64
 	MaxInflightBodyBytesPerTenant int64
@@ -230,7 +231,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	// One body of the largest size must fit among those in flight.
+	// A body of the largest size must at least be read.
 	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, cfg.MaxBodyBytes)
 	switch {
 	case cfg.MaxInflightBodyBytesPerTenant < 0:
