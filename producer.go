@@ -63,7 +63,6 @@ type Producer struct {
 	p    *publish.Producer
 	done chan struct{}
 	once sync.Once
-	err  error
 }
 
 // PublishFuture is a message handed to a Producer.
@@ -134,13 +133,16 @@ func (p *Producer) Flush(ctx context.Context) error { return p.p.Flush(ctx) }
 // fail, each stored or not: publish them again by id to store each
 // once), and Stop returns ctx's error once the producer's goroutines have
 // ended.
+//
+// Stop may be called again, and concurrently (Client.Close does): each
+// call waits on its own ctx, and gives up when it ends.
 func (p *Producer) Stop(ctx context.Context) error {
+	err := p.p.Close(ctx)
 	p.once.Do(func() {
-		p.err = p.p.Close(ctx)
 		p.c.untrack(p)
 		close(p.done)
 	})
-	return p.err
+	return err
 }
 
 // Done is closed once the producer is stopped.

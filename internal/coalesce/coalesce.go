@@ -42,10 +42,11 @@ type Batcher[K comparable, T any] struct {
 	maxBytes    int64         // with size: bounds a merged flush's bytes too (WithBytes)
 	size        func(T) int64 // an item's bytes
 
-	mu     sync.Mutex
-	queues map[K]*queue[T]
-	closed bool
-	life   *lifecycle.Group
+	mu      sync.Mutex
+	queues  map[K]*queue[T]
+	closed  bool
+	closing chan struct{} // closed by Close: lingering ends
+	life    *lifecycle.Group
 }
 
 type queue[T any] struct {
@@ -72,6 +73,7 @@ func New[K comparable, T any](flush FlushFunc[T], maxItems, maxInflight int, lin
 		linger:      linger,
 		timeout:     timeout,
 		queues:      map[K]*queue[T]{},
+		closing:     make(chan struct{}),
 		life:        lifecycle.New(context.Background()),
 	}
 }
@@ -155,7 +157,9 @@ func (b *Batcher[K, T]) drain(key K, q *queue[T]) {
 }
 
 // lingerFor waits up to the linger time for the queue to fill, so that
-// publishers answered by the previous flush can join the next one.
+// publishers answered by the previous flush can join the next one. An
+// empty queue does not wait (its drain ends; the next Enqueue starts one
+// that lingers), and Close ends the wait.
 func (b *Batcher[K, T]) lingerFor(q *queue[T]) {
 	if b.linger <= 0 {
 		return
@@ -166,8 +170,14 @@ func (b *Batcher[K, T]) lingerFor(q *queue[T]) {
 		n += len(r.items)
 	}
 	b.mu.Unlock()
-	if n < b.maxItems {
-		time.Sleep(b.linger)
+	if n == 0 || n >= b.maxItems {
+		return
+	}
+	t := time.NewTimer(b.linger)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-b.closing:
 	}
 }
 
@@ -201,7 +211,10 @@ func (b *Batcher[K, T]) flushOnce(items []T, calls int) error {
 // flushed.
 func (b *Batcher[K, T]) Close() {
 	b.mu.Lock()
-	b.closed = true
+	if !b.closed {
+		b.closed = true
+		close(b.closing)
+	}
 	b.mu.Unlock()
 	b.life.Stop(context.Background()) // flushers end once their queues are empty
 }

@@ -220,3 +220,27 @@ func TestLingerGathersConcurrentSubmissions(t *testing.T) {
 		t.Fatalf("flushes %v, want one flush of all 10", rec.calls)
 	}
 }
+
+// Close ends a linger: what waits for more is flushed at once, so that a
+// stop is not held up by a linger (an hour here).
+func TestCloseEndsALinger(t *testing.T) {
+	rec := &recorder{}
+	b := New[string, int](rec.flush, 100, 1, time.Hour, time.Minute)
+	flushed := make(chan error, 1)
+	if err := b.Enqueue("t", []int{1}, func(err error) { flushed <- err }); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { b.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close waited for the linger")
+	}
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.calls) != 1 {
+		t.Fatalf("flushes %v, want one", rec.calls)
+	}
+}

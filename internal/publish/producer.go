@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,12 +47,13 @@ type Producer struct {
 	abort   context.CancelFunc
 
 	mu      sync.Mutex
-	paused  map[keyRef]pause
+	paused  map[keyRef]pause     // until Resume
 	seq     uint64               // the last message handed in
 	pending map[*Future]struct{} // handed in, not yet resolved (Flush, Resume)
+	waiting []*Future            // waiting for room, first come first served
 	msgs    int                  // holding room in the buffer, with their bytes
 	bytes   int64
-	room    chan struct{} // closed when msgs or bytes fall; then replaced
+	room    chan struct{} // closed (then replaced) when a waiter may go on: room, a pause, a resume, the close
 	closed  bool
 }
 
@@ -156,7 +158,7 @@ func (pr *Producer) Publish(ctx context.Context, msg Message) *Future {
 	// From here on a failure pauses the key, as a failed write does: no
 	// later message of it is stored after one that failed.
 	fail := func(err error) *Future {
-		pr.pause(f.key, err, f.seq)
+		pr.pause(err, f)
 		pr.resolve(f, nil, err)
 		pr.unreserve(f)
 		return f
@@ -176,18 +178,33 @@ func (pr *Producer) Publish(ctx context.Context, msg Message) *Future {
 	return f
 }
 
-// pause pauses k (but the ungrouped key, which has no order) after its
-// message seq failed with cause: the messages of k handed in after seq
-// fail too.
-func (pr *Producer) pause(k keyRef, cause error, seq uint64) {
-	if k.key == "" || errors.Is(cause, ErrKeyPaused) {
+// pause pauses the keys of fs (but the ungrouped key, which has no
+// order) after their messages failed with cause: the messages of a key
+// handed in after its first failed one fail too. A message that a Resume
+// marked stale pauses nothing: its failure was decided before the
+// resume. Nor does a failure the producer's close caused (every later
+// message fails anyway).
+func (pr *Producer) pause(cause error, fs ...*Future) {
+	if errors.Is(cause, ErrKeyPaused) || errors.Is(cause, lifecycle.ErrClosed) {
 		return
 	}
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	if p, ok := pr.paused[k]; !ok || seq < p.seq {
-		pr.paused[k] = pause{cause, seq}
+	for _, f := range fs {
+		if f.key.key == "" || f.stale.Load() {
+			continue
+		}
+		if p, ok := pr.paused[f.key]; !ok || f.seq < p.seq {
+			pr.paused[f.key] = pause{cause, f.seq}
+		}
 	}
+	pr.wakeLocked() // waiters of the key fail at once
+}
+
+// wakeLocked lets every waiter for room look again. Call with mu held.
+func (pr *Producer) wakeLocked() {
+	close(pr.room)
+	pr.room = make(chan struct{})
 }
 
 // rowBytes is what a row counts against the buffer and a batch.
@@ -223,41 +240,62 @@ var errResumed = errors.New("handed in before an earlier message of the key fail
 // reserve registers f as handed in, then takes its room in the buffer,
 // waiting for it unless FailFast; it fails when f's key is paused, or is
 // resumed after an earlier message of it failed (which Resume marks on
-// every message registered, waiting for room or not).
+// every message registered, waiting for room or not). Waiters take room
+// in the order they came, so that a large message is not passed over for
+// ever by small ones.
 func (pr *Producer) reserve(ctx context.Context, f *Future) error {
 	pr.mu.Lock()
+	defer pr.mu.Unlock()
 	pr.seq++
 	f.seq = pr.seq
 	pr.pending[f] = struct{}{}
-	pr.mu.Unlock()
 	for {
-		pr.mu.Lock()
-		if err := pr.pausedErr(f); err != nil {
-			pr.mu.Unlock()
-			return err
-		}
+		var err error
+		fits := pr.msgs == 0 || pr.msgs < pr.cfg.MaxBuffered && pr.bytes+f.size <= pr.cfg.MaxBufferedBytes
+		first := len(pr.waiting) == 0 || pr.waiting[0] == f
 		switch {
+		case pr.pausedErr(f) != nil:
+			err = pr.pausedErr(f)
 		case pr.closed:
-			pr.mu.Unlock()
-			return f.key.wrap(lifecycle.ErrClosed)
-		case pr.msgs == 0 || pr.msgs < pr.cfg.MaxBuffered && pr.bytes+f.size <= pr.cfg.MaxBufferedBytes:
+			err = f.key.wrap(lifecycle.ErrClosed)
+		case fits && first:
 			// An empty buffer takes one message whatever its size.
+			pr.leaveQueueLocked(f)
 			pr.msgs++
 			pr.bytes += f.size
 			f.room = true
-			pr.mu.Unlock()
 			return nil
 		case pr.cfg.FailFast:
-			pr.mu.Unlock()
-			return f.key.wrap(fmt.Errorf("%w (%d messages, %d bytes)", ErrFull, pr.cfg.MaxBuffered, pr.cfg.MaxBufferedBytes))
+			err = f.key.wrap(fmt.Errorf("%w (%d messages, %d bytes)", ErrFull, pr.cfg.MaxBuffered, pr.cfg.MaxBufferedBytes))
+		}
+		if err != nil {
+			pr.leaveQueueLocked(f)
+			return err
+		}
+		if !slices.Contains(pr.waiting, f) {
+			pr.waiting = append(pr.waiting, f)
 		}
 		room := pr.room
 		pr.mu.Unlock()
 		select {
 		case <-room:
+			pr.mu.Lock()
 		case <-ctx.Done():
-			return f.key.wrap(fmt.Errorf("waiting for room in the producer's buffer: %w", ctx.Err()))
+			pr.mu.Lock()
+			if pr.pausedErr(f) == nil { // a pause or resume decided first: its error says so
+				pr.leaveQueueLocked(f)
+				return f.key.wrap(fmt.Errorf("waiting for room in the producer's buffer: %w", ctx.Err()))
+			}
 		}
+	}
+}
+
+// leaveQueueLocked takes f out of the waiters; the next one may go on.
+// Call with mu held.
+func (pr *Producer) leaveQueueLocked(f *Future) {
+	if i := slices.Index(pr.waiting, f); i >= 0 {
+		pr.waiting = slices.Delete(pr.waiting, i, i+1)
+		pr.wakeLocked()
 	}
 }
 
@@ -275,8 +313,7 @@ func (pr *Producer) unreserve(f *Future) {
 	f.room = false
 	pr.msgs--
 	pr.bytes -= f.size
-	close(pr.room)
-	pr.room = make(chan struct{})
+	pr.wakeLocked()
 }
 
 // resolve ends f with row stored, or err.
@@ -327,17 +364,25 @@ func (pr *Producer) write(ctx context.Context, batch []*pending, _ int) error {
 	defer context.AfterFunc(pr.aborted, cancel)()
 	err := pr.p.writeBatch(ctx, rows, len(rows))
 	cancel()
-	if err != nil && pr.aborted.Err() != nil {
+	if err == nil {
+		for _, m := range live {
+			pr.settle(m, nil)
+		}
+		return nil
+	}
+	if pr.aborted.Err() != nil {
 		err = fmt.Errorf("%w (%w)", errAborted, err)
 	}
-	for _, m := range live {
-		if err != nil {
-			err := m.f.key.wrap(err)
-			pr.pause(m.f.key, err, m.f.seq)
-			pr.settle(m, err)
-			continue
-		}
-		pr.settle(m, nil)
+	// Every key pauses before any message is resolved: a Resume that
+	// follows the first failure its caller sees is never undone by the
+	// pause of a later one.
+	errs := make([]error, len(live))
+	for i, m := range live {
+		errs[i] = m.f.key.wrap(err)
+		pr.pause(errs[i], m.f)
+	}
+	for i, m := range live {
+		pr.settle(m, errs[i])
 	}
 	return nil
 }
@@ -375,6 +420,7 @@ func (pr *Producer) Resume(tenant, topic, key string) {
 			f.stale.Store(true)
 		}
 	}
+	pr.wakeLocked() // its waiters fail at once
 }
 
 // Flush waits until every message handed in before it is stored or has
@@ -387,6 +433,11 @@ func (pr *Producer) Flush(ctx context.Context) error {
 	}
 	pr.mu.Unlock()
 	for _, f := range waiting {
+		select {
+		case <-f.done:
+			continue
+		default:
+		}
 		select {
 		case <-f.done:
 		case <-ctx.Done():
@@ -405,8 +456,7 @@ func (pr *Producer) Flush(ctx context.Context) error {
 func (pr *Producer) Close(ctx context.Context) error {
 	pr.mu.Lock()
 	pr.closed = true
-	close(pr.room) // waiters for room see the close
-	pr.room = make(chan struct{})
+	pr.wakeLocked() // waiters for room see the close
 	pr.mu.Unlock()
 	err := pr.Flush(ctx)
 	if err != nil {
