@@ -6,6 +6,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -165,6 +166,9 @@ func newRoot(env Env) *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
+	bi, _ := debug.ReadBuildInfo()
+	root.Version = versionLine(bi) // --version prints what the version command does
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&a.dsnFlag, "dsn", "",
 		"database: sqlite://PATH, sqlite:///ABS/PATH or mysql://USER:PASS@HOST:PORT/DB (default $SHARDQ_DSN, else "+DefaultDSN+")")
 	root.PersistentFlags().StringVar(&a.feedFlag, "feed", "auto",
@@ -298,14 +302,20 @@ func refErr(ref shardq.MessageRef) error {
 	return firstErr(ident.Tenant(ref.Tenant), ident.Topic(ref.Topic), ident.PartitionKey(ref.PartitionKey), ident.MessageID(ref.ID))
 }
 
-// versionLine is "shardq VERSION GOVERSION": the module version when built
-// from a released module, else the VCS revision and commit time the build
-// stamped (with "+dirty" for uncommitted changes), else "(devel)".
+// stampedVersion is set by scripts/release (-ldflags -X): the binary
+// says the version its archive is named by, where the go command would
+// stamp a pseudo-version of the checkout's commit.
+var stampedVersion string
+
+// versionLine is "shardq VERSION GOVERSION": the version the release
+// script stamped, else the module version (go install ...@vX.Y.Z, or the
+// checkout's pseudo-version), else the VCS revision and commit time the
+// build stamped (with "+dirty" for uncommitted changes), else "(devel)".
 func versionLine(bi *debug.BuildInfo) string {
 	if bi == nil {
-		return "shardq (devel)"
+		bi = &debug.BuildInfo{}
 	}
-	version := bi.Main.Version
+	version := cmp.Or(stampedVersion, bi.Main.Version)
 	if version == "" || version == "(devel)" {
 		version = "(devel)"
 		var rev, at, dirty string
@@ -327,6 +337,9 @@ func versionLine(bi *debug.BuildInfo) string {
 				version += " (" + at + ")"
 			}
 		}
+	}
+	if bi.GoVersion == "" {
+		return "shardq " + version
 	}
 	return "shardq " + version + " " + bi.GoVersion
 }
@@ -510,9 +523,8 @@ func (a *app) versionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
-		RunE: run(func(*cobra.Command, []string) error {
-			bi, _ := debug.ReadBuildInfo()
-			fmt.Fprintln(a.env.Stdout, versionLine(bi))
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(a.env.Stdout, cmd.Root().Version)
 			return nil
 		}),
 	}

@@ -219,6 +219,9 @@ func TestVersion(t *testing.T) {
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "shardq ") || !strings.Contains(r.stdout, "go1.") {
 		t.Fatalf("version: %+v", r)
 	}
+	if f := runCLI(t, nil, "", "--version"); f.code != 0 || f.stdout != r.stdout {
+		t.Fatalf("--version = %+v, want what version prints: %q", f, r.stdout)
+	}
 	for _, tc := range []struct {
 		bi   *debug.BuildInfo
 		want string
@@ -232,6 +235,13 @@ func TestVersion(t *testing.T) {
 		if got := versionLine(tc.bi); got != tc.want {
 			t.Errorf("versionLine = %q, want %q", got, tc.want)
 		}
+	}
+	// A release says the version it was stamped with, over the
+	// pseudo-version the go command gives a checkout.
+	stampedVersion = "v1.2.3"
+	defer func() { stampedVersion = "" }()
+	if got := versionLine(&debug.BuildInfo{GoVersion: "go1.24.0", Main: debug.Module{Version: "v0.0.0-20261207102314-bdc89b4762ee+dirty"}}); got != "shardq v1.2.3 go1.24.0" {
+		t.Errorf("stamped: versionLine = %q", got)
 	}
 }
 

@@ -7,14 +7,13 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"golang.org/x/term"
 )
 
-// IsTerminal reports whether f is a character device (a terminal), with
-// the standard library only.
-func IsTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
+// IsTerminal reports whether f is a terminal. A character device is not
+// enough: /dev/null is one.
+func IsTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
 
 // progress reports long work on a terminal: one line on stderr, rewritten
 // at most every progressEvery, and a summary when the work ends. Where

@@ -5,6 +5,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 )
@@ -59,5 +60,27 @@ func TestAdminProgressOnATerminal(t *testing.T) {
 	if stderr, code := run("admin", "retention", "run", "--tenant", "acme", "--min", "1ns", "--max", "1ns", "--dedup-window", "0"); code != 0 ||
 		!strings.Contains(stderr, "\rdeleted 3 messages in ") {
 		t.Fatalf("retention run: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// /dev/null is a character device, not a terminal: progress lines must
+// not go there (nor to a pipe or a file).
+func TestIsTerminalRefusesDevNull(t *testing.T) {
+	f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if IsTerminal(f) {
+		t.Fatalf("IsTerminal(%s) = true", os.DevNull)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if IsTerminal(w) {
+		t.Fatal("IsTerminal(pipe) = true")
 	}
 }
