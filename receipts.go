@@ -386,6 +386,9 @@ type LargeBody struct {
 	Size   int64
 	Chunks int
 	SHA256 string // hex, as the writer stored it
+	// Headers are the message's, as its receive gave them (the trace
+	// context it was published in among them).
+	Headers map[string]string
 }
 
 // Body opens the body of the large message that receipt (of g's topic and
@@ -401,7 +404,7 @@ func (r *Receipts) Body(ctx context.Context, g GroupRef, receipt string) (*Large
 	if err != nil {
 		return nil, err
 	}
-	return &LargeBody{Reader: w.Body, Size: w.Size, Chunks: w.Chunks, SHA256: w.End.Headers[large.HeaderSHA256]}, nil
+	return &LargeBody{Reader: w.Body, Size: w.Size, Chunks: w.Chunks, SHA256: w.End.Headers[large.HeaderSHA256], Headers: w.Message.Headers}, nil
 }
 
 // lazyBody opens its reader on the first Read.

@@ -20,6 +20,7 @@ import (
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/testhook"
 )
 
 // Delivery is a message handed to a subscriber's handler.
@@ -54,6 +55,17 @@ type Delivery struct {
 	upTo int64
 	// deferred is the claim of a delivery of ReceiveDeferred (nil: none).
 	deferred *deferredHold
+	// rec records Defer and AckTx in place of running them: a delivery
+	// shardqtest.Handle built (nil: none).
+	rec *testhook.Recorder
+}
+
+func init() {
+	testhook.Record = func(d any, rec *testhook.Recorder) any {
+		c := *d.(*Delivery)
+		c.inTx, c.deferred, c.rec = nil, nil, rec
+		return &c
+	}
 }
 
 // ErrNoTxSettle is returned by Delivery.AckTx for a delivery that cannot
@@ -80,6 +92,10 @@ var ErrNoTxSettle = errors.New("shardq: this delivery cannot be settled in a tra
 // each delivery; acks are cumulative, as the cursor's. See
 // docs/consumers.md, "Exactly once in your transaction".
 func (d *Delivery) AckTx(ctx context.Context, tx *sql.Tx) error {
+	if d.rec != nil && tx != nil {
+		d.rec.AckTx()
+		return nil
+	}
 	if d.inTx == nil {
 		return fmt.Errorf("shardq: ack offset %d of tenant %q topic %q partition %q: %w", d.Offset, d.Tenant, d.Topic, d.PartitionKey, ErrNoTxSettle)
 	}
@@ -119,6 +135,9 @@ var ErrNoDefer = errors.New("shardq: this delivery cannot be deferred")
 func (d *Delivery) Defer(ctx context.Context) error {
 	op := fmt.Sprintf("shardq: defer offset %d of tenant %q topic %q partition %q", d.Offset, d.Tenant, d.Topic, d.PartitionKey)
 	switch {
+	case d.rec != nil:
+		d.rec.Defer()
+		return nil
 	case d.inTx == nil:
 		return fmt.Errorf("%s: %w: %w", op, ErrNoDefer, ErrNoTxSettle)
 	case d.IsLarge():

@@ -25,6 +25,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
@@ -122,7 +123,9 @@ type app struct {
 	metricsSeries int
 	// meterProvider is startTelemetry's (nil: the no-op global).
 	meterProvider metric.MeterProvider
-	metrics       http.Handler
+	// tracerProvider is startTelemetry's under OTLP (nil: otel's global).
+	tracerProvider trace.TracerProvider
+	metrics        http.Handler
 	// --log-format and --log-level, and the logger they make (logflags.go).
 	logFormat logFormatFlag
 	logLevel  logLevelFlag

@@ -214,7 +214,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		MaxLargeBytes: f.maxLarge, MaxLargeTransfers: f.maxLargeTransfers, MaxLargeTransfersPerToken: f.maxTransfersPerToken,
 		MaxLargeTransfersPerTenant: f.maxTransfersPerTenant, MinTransferRate: minTransferRate(f.minTransferRate), TransferRateWindow: f.transferRateWindow,
 		LargeTransferTimeout: f.largeTimeout, TokenCacheTTL: tokenCacheTTL(f.tokenCache), Metrics: metrics, MetricsAuth: f.metricsAuth, SecureCookies: f.secureCookies,
-		MeterProvider: a.meterProvider, Logger: a.logger()})
+		MeterProvider: a.meterProvider, TracerProvider: a.tracerProvider, Logger: a.logger()})
 	if err != nil {
 		return usageError{err}
 	}

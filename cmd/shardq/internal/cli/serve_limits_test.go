@@ -61,6 +61,19 @@ func TestServeMetricsBounded(t *testing.T) {
 			t.Fatalf("publish: %d %v", code, out)
 		}
 	}
+	// The Host header is the client's: it names no series.
+	for i := range 5 {
+		req, err := http.NewRequest("GET", p.base+"/v1/tenants/acme/topics/t00/groups/g", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = fmt.Sprintf("h%d.example:%d", i, 1000+i)
+		if res, err := http.DefaultClient.Do(req); err != nil {
+			t.Fatal(err)
+		} else {
+			res.Body.Close()
+		}
+	}
 	res, err := http.Get(p.base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +91,9 @@ func TestServeMetricsBounded(t *testing.T) {
 		}
 		if strings.Contains(line, `otel_metric_overflow="true"`) {
 			overflow = true
+		}
+		if strings.Contains(line, "server_address=") || strings.Contains(line, "server_port=") {
+			t.Errorf("a series named by the client's Host header: %s", line)
 		}
 		if m := name.FindString(line); strings.HasPrefix(m, "messaging_client_sent_messages") {
 			series[m]++

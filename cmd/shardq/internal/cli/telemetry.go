@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -90,7 +91,12 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 	// Series per instrument are capped: tenants and topics come from
 	// clients, and past the cap their points go to one series marked
 	// otel.metric.overflow="true" instead of growing without bound.
-	readers := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(a.metricsSeries)}
+	readers := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(a.metricsSeries),
+		// serve's HTTP metrics (otelhttp) take server.address and
+		// server.port from the request's Host header: a client's bytes,
+		// which must not make series.
+		sdkmetric.WithView(sdkmetric.NewView(sdkmetric.Instrument{Name: "http.server.*"},
+			sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter("server.address", "server.port")}))}
 	if a.metricsAddr != "" || a.serveMetrics {
 		reg := prometheus.NewRegistry()
 		// The Go runtime's and the process's own series beside shardq's.
@@ -133,7 +139,7 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 		}
 		t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(texp), sdktrace.WithResource(res))
 		readers = append(readers, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp)))
-		cfg.TracerProvider = t.tp
+		cfg.TracerProvider, a.tracerProvider = t.tp, t.tp
 	}
 	t.mp = sdkmetric.NewMeterProvider(readers...)
 	cfg.MeterProvider, a.meterProvider = t.mp, t.mp

@@ -5,51 +5,57 @@ package server
 import (
 	"context"
 	"net/http"
-	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
-// httpMetrics are the HTTP server's own metrics under OpenTelemetry's
-// semantic conventions: the route is the matched pattern, never the raw
-// path, so their series are bounded by the routes.
-type httpMetrics struct {
-	duration metric.Float64Histogram
-	active   metric.Int64UpDownCounter
+// instrument wraps h in otelhttp: a server span per request, child of
+// the request's traceparent (otel's global propagator), named by the
+// route pattern, and http.server.request.duration and the body sizes
+// under OpenTelemetry's conventions. The probes and /metrics are left
+// out: a scrape every few seconds would drown the traces. The metrics'
+// server.address and server.port come from the client's Host header;
+// the command drops them with a view (cli/telemetry.go), so that a
+// client cannot invent series.
+func instrument(h http.Handler, mp metric.MeterProvider, tp trace.TracerProvider) http.Handler {
+	return otelhttp.NewHandler(h, "shardq serve",
+		otelhttp.WithMeterProvider(mp),
+		otelhttp.WithTracerProvider(tp),
+		otelhttp.WithFilter(func(r *http.Request) bool {
+			switch r.URL.Path {
+			case "/healthz", "/readyz", "/metrics":
+				return false
+			}
+			return true
+		}),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			if r.Pattern != "" {
+				return r.Pattern // "POST /v1/tenants/{tenant}/topics/{topic}/messages": never the raw path
+			}
+			return knownMethod(r.Method)
+		}))
 }
 
-func newHTTPMetrics(mp metric.MeterProvider) (httpMetrics, error) {
+// activeRequests is http.server.active_requests, which otelhttp does not
+// record: a long poll's requests in flight.
+type activeRequests struct{ n metric.Int64UpDownCounter }
+
+func newActiveRequests(mp metric.MeterProvider) (activeRequests, error) {
 	m := mp.Meter("github.com/shardq/shardq/cmd/shardq/internal/server")
-	var h httpMetrics
-	var err error
-	if h.duration, err = m.Float64Histogram("http.server.request.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of HTTP server requests."),
-		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20)); err != nil {
-		return h, err
-	}
-	if h.active, err = m.Int64UpDownCounter("http.server.active_requests", metric.WithUnit("{request}"),
-		metric.WithDescription("Number of active HTTP server requests.")); err != nil {
-		return h, err
-	}
-	return h, nil
+	n, err := m.Int64UpDownCounter("http.server.active_requests", metric.WithUnit("{request}"),
+		metric.WithDescription("Number of active HTTP server requests."))
+	return activeRequests{n}, err
 }
 
-// start counts r as active; the returned func records it as done.
-func (h httpMetrics) start(r *http.Request) func(*http.Request, int) {
-	t0 := time.Now()
-	method := attribute.String("http.request.method", knownMethod(r.Method))
+// start counts r as active; the returned func counts it done.
+func (a activeRequests) start(r *http.Request) func() {
+	set := metric.WithAttributes(attribute.String("http.request.method", knownMethod(r.Method)))
 	ctx := context.WithoutCancel(r.Context())
-	h.active.Add(ctx, 1, metric.WithAttributes(method))
-	return func(r *http.Request, status int) {
-		h.active.Add(ctx, -1, metric.WithAttributes(method))
-		route := r.Pattern
-		if route == "" {
-			route = "unmatched"
-		}
-		h.duration.Record(ctx, time.Since(t0).Seconds(), metric.WithAttributes(method, attribute.String("http.route", route),
-			attribute.Int("http.response.status_code", status)))
-	}
+	a.n.Add(ctx, 1, set)
+	return func() { a.n.Add(ctx, -1, set) }
 }
 
 // statusWriter notes the status a handler wrote.

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/shardq/shardq"
 )
 
@@ -229,6 +231,14 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, tenant string) {
 	h.Set("Repr-Digest", reprDigest(b.SHA256))
 	h.Set("ETag", `"`+b.SHA256+`"`)
 	h.Set("Cache-Control", "no-store")
+	// The trace context the message was published in (traceparent,
+	// under the W3C propagator), as its receive gave it in headers: a
+	// client that streams the body continues the producer's trace.
+	for _, name := range otel.GetTextMapPropagator().Fields() {
+		if v, ok := b.Headers[name]; ok {
+			h.Set(name, v)
+		}
+	}
 	rs := &bodySeeker{size: b.Size, r: b.Reader,
 		open: func() (io.Reader, error) {
 			b, err := s.cfg.Receipts.Body(r.Context(), g, receipt)

@@ -21,6 +21,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
@@ -103,6 +104,11 @@ type Config struct {
 	SecureCookies bool
 	// MeterProvider records the HTTP server's metrics [otel's global].
 	MeterProvider metric.MeterProvider
+	// TracerProvider records a server span per request, the child of the
+	// trace context a request's traceparent carries (through otel's
+	// global propagator), so that a message published over HTTP carries
+	// its caller's trace [otel's global].
+	TracerProvider trace.TracerProvider
 	// StaleAfter is when a member's heartbeat counts as stale in listings
 	// [15s].
 	StaleAfter time.Duration
@@ -125,7 +131,10 @@ type Server struct {
 	tokens driver.Tokens    // the driver's, through a cache of their rows
 	keys   *receiptkey.Ring // signs dashboard sessions
 	csrf   *http.CrossOriginProtection
-	http   httpMetrics
+	active activeRequests
+	// instrumented is the mux within otelhttp: a server span and
+	// http.server.request.duration per request.
+	instrumented http.Handler
 
 	// transferring counts the large uploads and downloads in flight,
 	// byToken and byTenant them by token and by tenant (large.go).
@@ -222,6 +231,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
 	if cfg.Rate == 0 {
 		cfg.Rate = DefaultRate
 	}
@@ -257,10 +269,18 @@ func New(cfg Config) (*Server, error) {
 		keys:   receiptkey.New(cfg.Driver, SessionTTL, cfg.Clock), csrf: http.NewCrossOriginProtection(), draining: make(chan struct{}),
 		byToken: map[string]int{}, byTenant: map[string]int{}}
 	var err error
-	if s.http, err = newHTTPMetrics(cfg.MeterProvider); err != nil {
+	if s.active, err = newActiveRequests(cfg.MeterProvider); err != nil {
 		return nil, err
 	}
 	s.routes()
+	s.instrumented = instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mux.ServeHTTP(w, r)
+		// otelhttp hands the mux a copy of the request, on which the mux
+		// notes the route: the access log reads it there.
+		if a, ok := r.Context().Value(accessKey{}).(*access); ok {
+			a.routed = r
+		}
+	}), cfg.MeterProvider, cfg.TracerProvider)
 	return s, nil
 }
 
@@ -274,18 +294,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	acc := &access{}
 	r = r.WithContext(context.WithValue(r.Context(), accessKey{}, acc))
-	done := s.http.start(r)
+	done := s.active.start(r)
 	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 	defer func() {
-		done(r, sw.status)
-		s.logAccess(r, sw.status, time.Since(start), acc)
+		done()
+		routed := r
+		if acc.routed != nil {
+			routed = acc.routed
+		}
+		s.logAccess(routed, sw.status, time.Since(start), acc)
 	}()
-	s.mux.ServeHTTP(sw, r)
+	s.instrumented.ServeHTTP(sw, r)
 }
 
 // access is what the access log learns while a request is served: the
 // verified token's id (never the token).
-type access struct{ token string }
+type access struct {
+	token  string
+	routed *http.Request // the request the mux routed (its Pattern, PathValue)
+}
 
 type accessKey struct{}
 

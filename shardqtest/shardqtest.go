@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package shardqtest helps the tests of applications that use shardq, as
+// River's rivertest does for River: a throwaway client, assertions on
+// what a call or a transaction published, and a handler run against a
+// hand-built Delivery with what it settled reported.
+package shardqtest
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver/sqlitedriver"
+	"github.com/shardq/shardq/internal/settle"
+	"github.com/shardq/shardq/internal/testhook"
+)
+
+// NewClient returns a client on a migrated SQLite file in a directory of
+// t's own, closed and removed when the test ends. cfg may be nil; without
+// a Logger the client logs nothing.
+func NewClient(t testing.TB, cfg *shardq.Config) *shardq.Client {
+	t.Helper()
+	if cfg == nil {
+		cfg = &shardq.Config{}
+	}
+	if cfg.Logger == nil {
+		c := *cfg
+		c.Logger = slog.New(slog.DiscardHandler)
+		cfg = &c
+	}
+	drv, err := sqlitedriver.Open(filepath.Join(t.TempDir(), "shardq.db"), nil)
+	if err != nil {
+		t.Fatalf("shardqtest: open SQLite: %v", err)
+	}
+	c, err := shardq.NewClient(drv, cfg)
+	if err != nil {
+		drv.Close()
+		t.Fatalf("shardqtest: new client: %v", err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		drv.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatalf("shardqtest: migrate: %v", err)
+	}
+	return c
+}
+
+// Want is a message a test expects: Tenant, Topic and PartitionKey must
+// match; ID and Payload when set.
+type Want struct {
+	Tenant, Topic, PartitionKey string
+	ID                          string // "": any
+	Payload                     []byte // nil: any
+}
+
+func (w Want) String() string {
+	s := fmt.Sprintf("tenant %q topic %q key %q", w.Tenant, w.Topic, w.PartitionKey)
+	if w.ID != "" {
+		s += fmt.Sprintf(" id %q", w.ID)
+	}
+	if w.Payload != nil {
+		s += fmt.Sprintf(" payload %q", w.Payload)
+	}
+	return s
+}
+
+func (w Want) matches(m shardq.StoredMessage) bool {
+	return m.Tenant == w.Tenant && m.Topic == w.Topic && m.PartitionKey == w.PartitionKey &&
+		(w.ID == "" || m.ID == w.ID) && (w.Payload == nil || bytes.Equal(m.Payload, w.Payload))
+}
+
+// maxScan bounds what the assertions read of one topic.
+const maxScan = 10_000
+
+// RequirePublished fails t unless each of want is stored and committed
+// (each matched by a message of its own, in the order given within a
+// partition key), and returns the messages matched. It reads the first
+// 10,000 messages of each topic named.
+func RequirePublished(t testing.TB, c *shardq.Client, want ...Want) []shardq.StoredMessage {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stored := map[[2]string][]shardq.StoredMessage{}
+	for _, w := range want {
+		k := [2]string{w.Tenant, w.Topic}
+		if _, read := stored[k]; read {
+			continue
+		}
+		var all []shardq.StoredMessage
+		for after := int64(0); len(all) < maxScan; {
+			page, err := c.Admin().Messages(ctx, shardq.BrowseRequest{Tenant: w.Tenant, Topic: w.Topic, AfterOffset: after, Limit: shardq.MaxPageLimit})
+			if err != nil {
+				t.Fatalf("shardqtest: read tenant %q topic %q: %v", w.Tenant, w.Topic, err)
+			}
+			all = append(all, page...)
+			if len(page) < shardq.MaxPageLimit {
+				break
+			}
+			after = page[len(page)-1].Offset
+		}
+		stored[k] = all
+	}
+	return match(t, "published", want, func(w Want) []shardq.StoredMessage { return stored[[2]string{w.Tenant, w.Topic}] })
+}
+
+// RequirePublishedTx fails t unless each of want was stored in tx, which
+// is still open (PublishTx, before the commit), and returns the messages
+// matched. tx must be on a database that shardq's SQLite or MySQL driver
+// migrated.
+func RequirePublishedTx(t testing.TB, tx *sql.Tx, want ...Want) []shardq.StoredMessage {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stored := map[[2]string][]shardq.StoredMessage{}
+	for _, w := range want {
+		k := [2]string{w.Tenant, w.Topic}
+		if _, read := stored[k]; read {
+			continue
+		}
+		ms, err := readTx(ctx, tx, w.Tenant, w.Topic)
+		if err != nil {
+			t.Fatalf("shardqtest: read tenant %q topic %q in the transaction: %v", w.Tenant, w.Topic, err)
+		}
+		stored[k] = ms
+	}
+	return match(t, "published in the transaction", want, func(w Want) []shardq.StoredMessage { return stored[[2]string{w.Tenant, w.Topic}] })
+}
+
+// readTx reads a topic's messages as tx sees them. Both drivers' tables
+// have these columns, and SQLite takes MySQL's quoted `offset`.
+func readTx(ctx context.Context, tx *sql.Tx, tenant, topic string) ([]shardq.StoredMessage, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT partition_key, id, `offset`, payload FROM queue_messages WHERE tenant = ? AND topic = ? ORDER BY `offset` LIMIT ?",
+		tenant, topic, maxScan)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []shardq.StoredMessage
+	for rows.Next() {
+		m := shardq.StoredMessage{Tenant: tenant, Topic: topic}
+		if err := rows.Scan(&m.PartitionKey, &m.ID, &m.Offset, &m.Payload); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// match finds each of want in stored, a message matching once, and
+// fails t with what is there when one is missing.
+func match(t testing.TB, what string, want []Want, stored func(Want) []shardq.StoredMessage) []shardq.StoredMessage {
+	t.Helper()
+	used := map[[3]any]bool{}
+	var out []shardq.StoredMessage
+	for _, w := range want {
+		found := false
+		for _, m := range stored(w) {
+			k := [3]any{m.Tenant, m.Topic, m.Offset}
+			if !used[k] && w.matches(m) {
+				used[k], found = true, true
+				out = append(out, m)
+				break
+			}
+		}
+		if !found {
+			var have []string
+			for _, m := range stored(w) {
+				have = append(have, fmt.Sprintf("key %q id %q payload %q", m.PartitionKey, m.ID, m.Payload))
+			}
+			t.Fatalf("shardqtest: not %s: %s; tenant %q topic %q holds %d: [%s]", what, w, w.Tenant, w.Topic, len(have), strings.Join(have, ", "))
+		}
+	}
+	return out
+}
+
+// Settled is what a subscriber would do with a handler's result.
+type Settled struct {
+	// Ack: the handler returned nil (and neither deferred nor acked the
+	// delivery in a transaction).
+	Ack bool
+	// Deferred: the handler called Defer and returned nil.
+	Deferred bool
+	// AckedTx: the handler called AckTx with a transaction and returned
+	// nil (the test's transaction decides whether it lands).
+	AckedTx bool
+	// Retry: the handler failed; the message is delivered again after
+	// RetryAfter (its RetryAfter or nack delay, else the backoff).
+	Retry      bool
+	RetryAfter time.Duration
+	// DeadLetter: the handler asked for it, or failed the last attempt
+	// allowed (Options.MaxAttempts).
+	DeadLetter bool
+	// Err is what the handler returned.
+	Err error
+}
+
+// Options are the subscriber settings a result is settled by; zero
+// values take shardq's defaults.
+type Options struct {
+	MaxAttempts            int // shardq.UnlimitedAttempts: never dead-letter for the count
+	BackoffMin, BackoffMax time.Duration
+}
+
+// Handle runs h on a copy of d (fill its exported fields; Attempt 0 is
+// taken as 1) and reports what a subscriber with opts (nil: the
+// defaults) would settle. Defer and AckTx are recorded, not run. A panic
+// in h is not recovered: the test sees it.
+func Handle(ctx context.Context, h shardq.Handler, d *shardq.Delivery, opts *Options) Settled {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = shardq.DefaultMaxAttempts
+	}
+	if o.BackoffMin == 0 {
+		o.BackoffMin = shardq.DefaultBackoffMin
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = shardq.DefaultBackoffMax
+	}
+	in := *d
+	if in.Attempt == 0 {
+		in.Attempt = 1
+	}
+	rec := &testhook.Recorder{}
+	err := h(ctx, testhook.Record(&in, rec).(*shardq.Delivery))
+	deferred, ackedTx := rec.Calls()
+	v := settle.Policy{MaxAttempts: o.MaxAttempts, BackoffMin: o.BackoffMin, BackoffMax: o.BackoffMax}.Decide(err, in.Attempt)
+	s := Settled{Err: err, DeadLetter: v.DeadLetter}
+	switch {
+	case v.Ack && deferred:
+		s.Deferred = true
+	case v.Ack && ackedTx:
+		s.AckedTx = true
+	case v.Ack:
+		s.Ack = true
+	case !v.DeadLetter:
+		s.Retry, s.RetryAfter = true, v.Delay
+	}
+	return s
+}
