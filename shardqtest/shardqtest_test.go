@@ -60,7 +60,9 @@ func TestNewClientIsMigratedAndOwnsItsFile(t *testing.T) {
 		t.Fatalf("publish on a fresh client: %v", err)
 	}
 	if other := shardqtest.NewClient(t, nil); len(shardqtest.RequirePublished(t, c, shardqtest.Want{Tenant: "t", Topic: "x", PartitionKey: "k"})) != 1 ||
-		fails(t, func(tb testing.TB) { shardqtest.RequirePublished(tb, other, shardqtest.Want{Tenant: "t", Topic: "x", PartitionKey: "k"}) }) == "" {
+		fails(t, func(tb testing.TB) {
+			shardqtest.RequirePublished(tb, other, shardqtest.Want{Tenant: "t", Topic: "x", PartitionKey: "k"})
+		}) == "" {
 		t.Fatal("two clients share a database")
 	}
 }
