@@ -50,3 +50,31 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: SHARDQ_LOG_LEVEL
   value: {{ .root.Values.serve.logLevel | quote }}
 {{- end -}}
+
+{{- define "shardq.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name | default (include "shardq.fullname" .) }}
+{{- else -}}
+{{ .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{- /* The serve pods' selector: the Deployment's, the Service's and the
+PodDisruptionBudget's. */ -}}
+{{- define "shardq.serveSelector" -}}
+{{ include "shardq.selector" . }}
+app.kubernetes.io/component: serve
+{{- end -}}
+
+{{- /* An HTTP GET probe of serve's port from a probe's values (the
+handler is the chart's: serve's own endpoints). */ -}}
+{{- define "shardq.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: http
+{{- range $k := list "initialDelaySeconds" "periodSeconds" "timeoutSeconds" "failureThreshold" "successThreshold" }}
+{{- if hasKey $.values $k }}
+{{ $k }}: {{ get $.values $k }}
+{{- end }}
+{{- end }}
+{{- end -}}
