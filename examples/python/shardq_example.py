@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Publish to and consume from shardq serve with Python's standard library.
 
-    SHARDQ_URL=http://127.0.0.1:8080 SHARDQ_TOKEN=sq_... python3 shardq_example.py
+    SHARDQ_URL=http://127.0.0.1:8080 SHARDQ_TENANT=acme SHARDQ_TOKEN=sq_... python3 shardq_example.py
 
-The token needs the admin role of tenant "demo" (or publish and consume
-tokens: set SHARDQ_TOKEN to one that may do both). It publishes three
+The token needs the admin role of tenant SHARDQ_TENANT (default "demo"),
+or the publish and consume roles together. It publishes three
 messages of one order (one message group), receives them in order, prints
 each, and acknowledges them.
 """
@@ -18,6 +18,7 @@ import urllib.request
 
 BASE = os.environ.get("SHARDQ_URL", "http://127.0.0.1:8080")
 TOKEN = os.environ["SHARDQ_TOKEN"]
+TENANT = os.environ.get("SHARDQ_TENANT", "demo")
 
 
 def call(path, body):
@@ -42,7 +43,7 @@ def topic(tenant, name):
 
 
 def main():
-    orders = topic("demo", "orders")
+    orders = topic(TENANT, "orders")
     # Publish: idempotent by id, so a retry after a timeout is safe.
     published = call(orders + "/messages", {"messages": [
         {"key": "order-42", "id": "order-42-created", "payload": json.dumps({"state": "created"})},

@@ -469,12 +469,12 @@ func TestPythonExample(t *testing.T) {
 	}
 	dsn := "sqlite://" + t.TempDir() + "/q.db"
 	migrateDSN(t, dsn)
-	tok := createToken(t, dsn, "admin", "demo")
+	tok := createToken(t, dsn, "admin", "acme")
 	p := startServe(t, dsn)
 	run := func() string {
 		t.Helper()
 		cmd := exec.Command(python, "../../../../examples/python/shardq_example.py")
-		cmd.Env = append(os.Environ(), "SHARDQ_URL="+p.base, "SHARDQ_TOKEN="+tok)
+		cmd.Env = append(os.Environ(), "SHARDQ_URL="+p.base, "SHARDQ_TENANT=acme", "SHARDQ_TOKEN="+tok)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("python example: %v\n%s", err, out)

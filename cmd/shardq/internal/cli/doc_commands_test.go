@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cli
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// docMarker precedes a ```sh block of the README or docs that must run
+// as written.
+const docMarker = "<!-- runs in TestDocCommands -->"
+
+// docBlocks returns the marked shell blocks of a Markdown file, in order.
+func docBlocks(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []string
+	var cur *strings.Builder
+	marked, fence := false, false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case cur != nil && line == "```":
+			blocks = append(blocks, cur.String())
+			cur = nil
+		case cur != nil:
+			cur.WriteString(line + "\n")
+		case marked && line == "```sh":
+			cur, marked = &strings.Builder{}, false
+		case marked:
+			t.Fatalf("%s: %q follows %s; want a ```sh block", path, line, docMarker)
+		case line == docMarker:
+			marked = true
+		case strings.HasPrefix(line, "```"):
+			fence = !fence
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cur != nil || marked {
+		t.Fatalf("%s: a marked block does not end", path)
+	}
+	return blocks
+}
+
+// The README's and the docs' marked command blocks run as written, each
+// file's blocks in order in one shell in an empty directory, with the
+// shardq command on PATH: every command must succeed, and any HTTP
+// answer of 400 or more fails the run (curl is run with
+// --fail-with-body). The one change: the server's port 8080 becomes a
+// free one.
+func TestDocCommands(t *testing.T) {
+	for _, tool := range []string{"bash", "curl", "jq"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is needed to run the docs' commands: %v", tool, err)
+			}
+			t.Skipf("%s is not installed: %v", tool, err)
+		}
+	}
+	bin := t.TempDir()
+	wrapper := fmt.Sprintf("#!/bin/sh\nSHARDQ_TEST_RUN_AS_CLI=1 exec %q \"$@\"\n", os.Args[0])
+	if err := os.WriteFile(filepath.Join(bin, "shardq"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range []string{"README.md", "docs/server.md", "docs/large.md"} {
+		t.Run(doc, func(t *testing.T) {
+			blocks := docBlocks(t, filepath.Join("../../../..", doc))
+			if len(blocks) == 0 {
+				t.Fatalf("%s has no block marked %s", doc, docMarker)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			script := "set -euo pipefail\n" +
+				// A server left running by a failed line is stopped.
+				"trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" +
+				"curl() { command curl --fail-with-body \"$@\"; }\n" +
+				strings.ReplaceAll(strings.Join(blocks, "\n"), "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port)) +
+				"wait\n"
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "bash", "-c", script)
+			// Past the deadline the whole group goes, a server in the
+			// background too, whose output would hold the pipe open.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+			cmd.WaitDelay = 5 * time.Second
+			cmd.Dir = t.TempDir()
+			cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+			cmd.Env = slicesWithout(cmd.Env, "SHARDQ_DSN=", "SHARDQ_TENANTS=", "MQ_TENANTS=")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s's commands failed: %v\n--- script\n%s\n--- output\n%s", doc, err, script, out)
+			}
+		})
+	}
+}
+
+// slicesWithout drops the variables whose entries start with any of
+// prefixes.
+func slicesWithout(env []string, prefixes ...string) []string {
+	var out []string
+	for _, e := range env {
+		keep := true
+		for _, p := range prefixes {
+			if strings.HasPrefix(e, p) {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, e)
+		}
+	}
+	return out
+}
