@@ -5,7 +5,6 @@ package shardq
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -115,8 +114,8 @@ func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Del
 		d := newDelivery(cl.Message, cl.Attempts)
 		hold := &deferredHold{claim: cl, dlqSuffix: r.DLQSuffix}
 		d.deferred = hold
-		d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error {
-			return c.drv.AckDeferredTx(ctx, tx, []driver.Claim{hold.claim}, c.cfg.Clock())
+		d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx driver.DBTX, _ int64) error {
+			return c.drv.InTx(tx).AckDeferred(ctx, []driver.Claim{hold.claim}, c.cfg.Clock())
 		}}
 		out = append(out, d)
 	}

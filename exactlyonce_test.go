@@ -5,6 +5,7 @@ package shardq_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"sync"
@@ -47,7 +48,7 @@ func runAckTxHelper(url string) int {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO app_effects (id) VALUES (?)", d.ID); err != nil {
 			return err
 		}
-		if err := d.AckTx(ctx, tx); err != nil {
+		if err := d.AckTx(ctx, tx.(*sql.Tx)); err != nil {
 			return err
 		}
 		if stop == "before-commit:"+d.ID {

@@ -193,7 +193,7 @@ func ExampleDelivery_AckTx() {
 		log.Fatal(err)
 	}
 
-	tx, err := drv.BeginWrite(ctx)
+	tx, err := drv.DB().BeginTx(ctx, nil) // the application's transaction, on the driver's database
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -299,7 +299,7 @@ func TestFrozenTransactionIsBounded(t *testing.T) {
 	if _, err := fast.AcquireLease(ctx, p, "frozen#1", now, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := fast.BeginWrite(ctx)
+	tx, err := fast.DB().BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ package shardq
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"log/slog"
 	"time"
@@ -288,9 +287,9 @@ func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
 	if w.Body != nil {
 		d.Size, d.Chunks, d.body, d.SHA256 = w.Size, w.Chunks, w.Body, w.Message.Headers[large.HeaderSHA256]
 	}
-	d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, _ int64) error { return r.rt.AckTx(ctx, tx, d.Offset) },
+	d.inTx = &settle.InTx{Ack: func(ctx context.Context, tx driver.DBTX, _ int64) error { return r.rt.AckTx(ctx, tx, d.Offset) },
 		Deferrer: &settle.Deferrer{Driver: r.c.drv, Group: r.ConsumerGroup(), Clock: r.o.Clock,
-			Pass: func(ctx context.Context, tx *sql.Tx, _ int64) error { return r.rt.DeferTx(ctx, tx, d.Offset) }}}
+			Pass: func(ctx context.Context, tx driver.DBTX, _ int64) error { return r.rt.DeferTx(ctx, tx, d.Offset) }}}
 	return d, nil
 }
 

@@ -4,7 +4,6 @@ package shardq
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -35,13 +34,23 @@ func (d tenantWrites) SetGroupState(ctx context.Context, l driver.Lease, state [
 	return d.Driver.SetGroupState(ctx, l, state, now)
 }
 
-func (d tenantWrites) DeferTx(ctx context.Context, tx *sql.Tx, group string, m driver.Message, now time.Time) error {
-	end, err := d.ts.admitStored(ctx, m.Tenant, driver.DeferredBytes(group, m.PartitionKey))
+// InTx checks the deferrals made in a caller's transaction.
+func (d tenantWrites) InTx(tx driver.DBTX) driver.TxSettler {
+	return tenantTxSettler{d.Driver.InTx(tx), d.ts}
+}
+
+type tenantTxSettler struct {
+	driver.TxSettler
+	ts *tenantStates
+}
+
+func (t tenantTxSettler) Defer(ctx context.Context, group string, m driver.Message, now time.Time) error {
+	end, err := t.ts.admitStored(ctx, m.Tenant, driver.DeferredBytes(group, m.PartitionKey))
 	if err != nil {
 		return fmt.Errorf("defer offset %d of tenant %q topic %q partition %q for group %q: %w", m.Offset, m.Tenant, m.Topic, m.PartitionKey, group, err)
 	}
-	err = d.Driver.DeferTx(ctx, tx, group, m, now)
-	// The row commits with tx, which its caller ends.
+	err = t.TxSettler.Defer(ctx, group, m, now)
+	// The row commits with the caller's transaction, which its caller ends.
 	end(publish.EndsUnseen)
 	return err
 }

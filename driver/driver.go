@@ -36,6 +36,37 @@ type DBTX interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
+// Tx is a write transaction the driver began (BeginWrite): its caller
+// commits or rolls it back. *sql.Tx is one.
+type Tx interface {
+	DBTX
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+	Commit() error
+	Rollback() error
+}
+
+// TxSettler settles deliveries inside a transaction of the caller's on
+// the driver's database (Driver.InTx): each fences as its counterpart in
+// its own transaction does, and holds the fence's lock until the
+// transaction ends; nothing is committed unless the transaction is, and
+// on an error the caller rolls it back (part of it may have run).
+type TxSettler interface {
+	// CommitOffset is Leases.CommitOffset in the transaction.
+	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// DeferOffset is CommitOffset for the message at offset that is
+	// being deferred: it fails with ErrPastHead past the partition's head
+	// and with ErrSettled when the cursor is at or past offset already.
+	DeferOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
+	// AckClaims is Groups.AckClaims in the transaction.
+	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
+	// Defer records m as deferred for group, in the transaction that also
+	// settles m under its lease or claim (DeferOffset, AckClaims); a
+	// message deferred already stays as it is.
+	Defer(ctx context.Context, group string, m Message, now time.Time) error
+	// AckDeferred is Deferrals.AckDeferred in the transaction.
+	AckDeferred(ctx context.Context, cs []Claim, now time.Time) error
+}
+
 // InsertMessage is one message to append. The driver sets Offset and
 // Duplicate: a message whose (tenant, topic, partition key, id) is already
 // stored, or appears earlier in the same call, is not stored again and gets
@@ -104,7 +135,10 @@ type Driver interface {
 
 	// BeginWrite starts a transaction suited to InsertMessages (SQLite:
 	// BEGIN IMMEDIATE; MySQL: READ COMMITTED).
-	BeginWrite(ctx context.Context) (*sql.Tx, error)
+	BeginWrite(ctx context.Context) (Tx, error)
+	// InTx settles deliveries inside tx, the caller's transaction on the
+	// driver's database (a *sql.Tx, or BeginWrite's).
+	InTx(tx DBTX) TxSettler
 	// InsertMessages appends msgs inside tx, which the caller commits or
 	// rolls back. Within one partition, offsets become visible in increasing
 	// order: a message committed later never gets a lower offset than one
@@ -352,14 +386,6 @@ type Leases interface {
 	// and drops the retry bookkeeping of the messages it passed, or
 	// returns ErrLeaseLost and changes nothing.
 	CommitOffset(ctx context.Context, l Lease, offset int64, now time.Time) error
-	// CommitOffsetTx is CommitOffset inside the caller's transaction tx
-	// on the same database: the fence locks l's row until tx ends, and
-	// nothing is committed unless tx is.
-	CommitOffsetTx(ctx context.Context, tx *sql.Tx, l Lease, offset int64, now time.Time) error
-	// DeferOffsetTx is CommitOffsetTx for the message at offset that is
-	// being deferred: it fails with ErrPastHead past the partition's head
-	// and with ErrSettled when the cursor is at or past offset already.
-	DeferOffsetTx(ctx context.Context, tx *sql.Tx, l Lease, offset int64, now time.Time) error
 	// CommitOffsets commits several leases' cursors in one transaction,
 	// each as CommitOffset does; when any lease is lost it changes nothing
 	// and returns ErrLeaseLost (the caller then commits them one by one).
@@ -759,9 +785,6 @@ type Groups interface {
 	// (its token and owner),
 	// returns ErrLeaseLost and changes nothing.
 	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
-	// AckClaimsTx is AckClaims inside the caller's transaction tx on the
-	// same database.
-	AckClaimsTx(ctx context.Context, tx *sql.Tx, cs []Claim, now time.Time) error
 	// RetryClaim makes c's message claimable again at retryAt, recording
 	// lastError, or returns ErrLeaseLost.
 	RetryClaim(ctx context.Context, c Claim, retryAt time.Time, lastError string, now time.Time) error
@@ -801,10 +824,6 @@ type Deferred struct {
 // under a Claim of its own (Token > 0, changed at every claim), as an
 // ungrouped message is.
 type Deferrals interface {
-	// DeferTx records m as deferred for group inside tx, which also
-	// settles m under its lease or claim (CommitOffsetTx, AckClaimsTx);
-	// a message deferred already stays as it is.
-	DeferTx(ctx context.Context, tx *sql.Tx, group string, m Message, now time.Time) error
 	// ClaimDeferred claims those of offsets that g deferred, whose
 	// message is stored and that no claim holds unexpired by now, for
 	// owner until now+visibility, and returns them with their messages
@@ -815,9 +834,6 @@ type Deferrals interface {
 	// claim is no longer current it returns ErrLeaseLost and changes
 	// nothing.
 	AckDeferred(ctx context.Context, cs []Claim, now time.Time) error
-	// AckDeferredTx is AckDeferred inside the caller's transaction tx on
-	// the same database.
-	AckDeferredTx(ctx context.Context, tx *sql.Tx, cs []Claim, now time.Time) error
 	// ReleaseDeferred gives c's message back, deferred still and
 	// claimable from visibleAt, or returns ErrLeaseLost.
 	ReleaseDeferred(ctx context.Context, c Claim, visibleAt, now time.Time) error

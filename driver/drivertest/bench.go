@@ -202,7 +202,7 @@ func BenchmarkConsume(b *testing.B, open func(b *testing.B) driver.Driver) {
 						key := fmt.Sprintf("p%02d", p)
 						var cursor int64
 						for {
-							tx, err := d.BeginWrite(ctx)
+							tx, err := beginWrite(ctx, d)
 							if err != nil {
 								b.Error(err)
 								return

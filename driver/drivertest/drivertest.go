@@ -12,6 +12,7 @@ package drivertest
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -345,7 +346,7 @@ func testIdempotentUnderRace(t *testing.T, open Open) {
 		}()
 		go func() { // each in its own transaction
 			defer wg.Done()
-			tx, err := d.BeginWrite(ctx)
+			tx, err := beginWrite(ctx, d)
 			if err != nil {
 				errs <- err
 				return
@@ -410,7 +411,7 @@ func testIdentifiersCompareExactly(t *testing.T, open Open) {
 func testPublishTxCommitAndRollback(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
-	tx, err := d.BeginWrite(ctx)
+	tx, err := beginWrite(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +427,7 @@ func testPublishTxCommitAndRollback(t *testing.T, open Open) {
 	if heads, _ := d.PartitionHeads(ctx, []string{"t"}, "x"); len(heads) != 0 {
 		t.Fatalf("rolled-back publish left a head row: %+v", heads)
 	}
-	tx, err = d.BeginWrite(ctx)
+	tx, err = beginWrite(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +477,7 @@ func testInvalidInputStoresNothing(t *testing.T, open Open) {
 		if me := (*shardq.MessageError)(nil); !errors.As(err, &me) || me.Index != 1 {
 			t.Errorf("Publish(%+v) = %v, want a MessageError of index 1", tc.msg, err)
 		}
-		tx, err := d.BeginWrite(ctx)
+		tx, err := beginWrite(ctx, d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -659,7 +660,7 @@ func testConcurrentPublishersCoalesce(t *testing.T, open Open) {
 func testLaterCommitNeverHidesBehindOpenOne(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
-	tx, err := d.BeginWrite(ctx)
+	tx, err := beginWrite(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -710,7 +711,7 @@ func testNoSkipWithSlowConcurrentCommits(t *testing.T, open Open) {
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				tx, err := d.BeginWrite(ctx)
+				tx, err := beginWrite(ctx, d)
 				if err != nil {
 					errs <- err
 					return
@@ -785,7 +786,7 @@ func testServedTenantsOnly(t *testing.T, open Open) {
 	mustPublish(t, c, shardq.Message{Tenant: "a", Topic: "x", PartitionKey: "k"})
 	_, err := c.Publish(ctx, shardq.Message{Tenant: "z", Topic: "x", PartitionKey: "k"})
 	check("Publish", err)
-	tx, err := d.BeginWrite(ctx)
+	tx, err := beginWrite(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -875,4 +876,14 @@ func testPublishLargestLegalBatch(t *testing.T, open Open) {
 	if _, err := c.Publish(context.Background(), msgs[0]); err == nil || !strings.Contains(err.Error(), "65 entries, limit 64") {
 		t.Fatalf("65 caller headers: %v", err)
 	}
+}
+
+// beginWrite is d.BeginWrite as the *sql.Tx an application holds
+// (PublishTx and AckTx take one): every driver here begins one.
+func beginWrite(ctx context.Context, d driver.Driver) (*sql.Tx, error) {
+	tx, err := d.BeginWrite(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.(*sql.Tx), nil
 }

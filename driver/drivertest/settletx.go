@@ -39,7 +39,7 @@ func effects(t *testing.T, d driver.Driver) (insert func(ctx context.Context, tx
 	}
 	list = func() []string {
 		t.Helper()
-		tx, err := d.BeginWrite(ctx)
+		tx, err := beginWrite(ctx, d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 		// or on DB() (on MySQL a pool of its own beside the one the
 		// driver's write transactions begin on, whose statements m1's
 		// and m2's transactions prepared by now): m3 and u2.
-		begin := d.BeginWrite
+		begin := func(ctx context.Context) (*sql.Tx, error) { return beginWrite(ctx, d) }
 		if m.ID == "m3" || m.ID == "u2" {
 			begin = func(ctx context.Context) (*sql.Tx, error) { return d.DB().BeginTx(ctx, nil) }
 		}
@@ -130,7 +130,7 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 	if handled["m2"] != 2 || handled["m3"] != 1 {
 		t.Fatalf("m2 handled %d times, m3 %d; want 2 (the rolled-back attempt delivered again) and 1 (committed, then failed)", handled["m2"], handled["m3"])
 	}
-	tx, err := d.BeginWrite(context.Background())
+	tx, err := beginWrite(context.Background(), d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func testAckTxReceiver(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	inTx := func(commit bool) error {
-		tx, err := d.BeginWrite(ctx)
+		tx, err := beginWrite(ctx, d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +213,7 @@ func testAckTxReceiver(t *testing.T, open Open) {
 	if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "other#1", clock.Now(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := d.BeginWrite(ctx)
+	tx, err := beginWrite(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func newDriver(db *sql.DB, limits *serverLimits) (*Driver, error) {
 		return nil, err
 	}
 	d := &Driver{db: db, migrations: ms, server: limits, logs: &logSink{}, heads: &knownHeads{}}
-	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: db, Write: db, Insert: d.InsertMessages, Sharded: limits.sharded.Load,
+	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.beginWrite, Read: db, Write: db, Insert: d.InsertMessages, Sharded: limits.sharded.Load,
 		TxPool: func() *sql.DB { return d.txPool.Load() }}
 	return d, nil
 }
@@ -272,7 +272,7 @@ func (d *Driver) Close() error {
 	return err
 }
 
-// BeginWrite starts a transaction at the server's default isolation.
+// beginWrite starts a transaction at the server's default isolation.
 // Publishers lock head rows in key order, so the gap locks of REPEATABLE
 // READ cannot close a cycle; asking for another level would cost a round
 // trip per transaction.
@@ -282,7 +282,7 @@ func (d *Driver) Close() error {
 // the connection out (New reads it from the caller's pool), never inside
 // a transaction, where through vtgate such a read can hang while holding
 // head-row locks.
-func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+func (d *Driver) beginWrite(ctx context.Context) (*sql.Tx, error) {
 	pool, err := d.writePool(ctx)
 	if err != nil {
 		return nil, wrap("begin", err)
@@ -291,6 +291,15 @@ func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
 	tx, err := pool.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)
+	}
+	return tx, nil
+}
+
+// BeginWrite is beginWrite for the driver's callers.
+func (d *Driver) BeginWrite(ctx context.Context) (driver.Tx, error) {
+	tx, err := d.beginWrite(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return tx, nil
 }

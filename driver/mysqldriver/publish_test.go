@@ -41,7 +41,7 @@ func TestLonePublishWaitsForTheHeadLock(t *testing.T) {
 	if err := d.DB().QueryRowContext(ctx, "SELECT @@tx_isolation").Scan(&isolation); err != nil || isolation != "READ-COMMITTED" {
 		t.Fatalf("the session's isolation: %q, %v", isolation, err)
 	}
-	publish := func(m *driver.InsertMessage) (*sql.Tx, error) {
+	publish := func(m *driver.InsertMessage) (driver.Tx, error) {
 		tx, err := d.BeginWrite(ctx)
 		if err != nil {
 			return nil, err

@@ -83,7 +83,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "a", Topic: "x"}, shardq.Message{Tenant: "b", Topic: "x"}); err != nil {
+	if _, err := c.PublishTx(ctx, tx.(*sql.Tx), shardq.Message{Tenant: "a", Topic: "x"}, shardq.Message{Tenant: "b", Topic: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -232,10 +232,11 @@ func TestWriteTransactionsBeginWithTheirFirstStatement(t *testing.T) {
 		}
 		return v
 	}
-	tx, err := d.BeginWrite(ctx)
+	wtx, err := d.BeginWrite(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	tx := wtx.(*sql.Tx)
 	begins, commits := status(tx, "Com_begin"), status(tx, "Com_commit")
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)

@@ -636,7 +636,7 @@ func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if err := d.CommitOffsetTx(ctx, tx, l1, 1, now); err != nil {
+	if err := d.InTx(tx).CommitOffset(ctx, l1, 1, now); err != nil {
 		t.Fatal(err)
 	}
 	type renewal struct {
@@ -672,7 +672,7 @@ func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := d.CommitOffsetTx(cctx, tx, l2, 1, now); err != nil {
+	if err := d.InTx(tx).CommitOffset(cctx, l2, 1, now); err != nil {
 		t.Fatalf("the commit could not lock the second tenant's lease (the renewal holds it while it waits on the first): %v", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -721,7 +721,7 @@ func TestVitessTransactionsStayOnTheirTenantsShard(t *testing.T) {
 				return err
 			}
 			defer tx.Rollback()
-			if err := d.CommitOffsetTx(ctx, tx, l, int64(i+1), now); err != nil {
+			if err := d.InTx(tx).CommitOffset(ctx, l, int64(i+1), now); err != nil {
 				return err
 			}
 			return tx.Commit()

@@ -133,7 +133,7 @@ func Open(path string, opts *Options) (*Driver, error) {
 	read.SetMaxOpenConns(o.ReadConns)
 	read.SetMaxIdleConns(o.ReadConns)
 	d := &Driver{write: write, read: read, migrations: ms, readDSN: readDSN, feedEvery: o.FeedInterval}
-	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.BeginWrite, Read: read, Write: write, Insert: d.InsertMessages}
+	d.Store = sqlcommon.Store{Dialect: dialect, Begin: d.beginWrite, Read: read, Write: write, Insert: d.InsertMessages}
 	return d, nil
 }
 
@@ -173,12 +173,21 @@ func (d *Driver) Close() error {
 	return errors.Join(d.read.Close(), d.write.Close())
 }
 
-// BeginWrite takes the file's write lock (BEGIN IMMEDIATE).
-func (d *Driver) BeginWrite(ctx context.Context) (*sql.Tx, error) {
+// beginWrite takes the file's write lock (BEGIN IMMEDIATE).
+func (d *Driver) beginWrite(ctx context.Context) (*sql.Tx, error) {
 	d.BeforeWrite(ctx)
 	tx, err := d.write.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("begin", err)
+	}
+	return tx, nil
+}
+
+// BeginWrite is beginWrite for the driver's callers.
+func (d *Driver) BeginWrite(ctx context.Context) (driver.Tx, error) {
+	tx, err := d.beginWrite(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return tx, nil
 }

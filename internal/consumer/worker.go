@@ -4,7 +4,6 @@ package consumer
 
 import (
 	"context"
-	"database/sql"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -626,11 +625,11 @@ func (w *worker) call(msgs []driver.Message, span *large.Span, attempt int) (*se
 	}
 	// The handler may settle in its own transaction (Delivery.AckTx):
 	// the cursor commit under this lease's fence joins it.
-	inTx := &settle.InTx{Ack: func(ctx context.Context, tx *sql.Tx, upTo int64) error {
-		return w.s.drv.CommitOffsetTx(ctx, tx, w.leaseNow(), upTo, w.s.cfg.Clock())
+	inTx := &settle.InTx{Ack: func(ctx context.Context, tx driver.DBTX, upTo int64) error {
+		return w.s.drv.InTx(tx).CommitOffset(ctx, w.leaseNow(), upTo, w.s.cfg.Clock())
 	}, Deferrer: &settle.Deferrer{Driver: w.s.drv, Group: w.s.cfg.ConsumerGroup, Clock: w.s.cfg.Clock,
-		Pass: func(ctx context.Context, tx *sql.Tx, upTo int64) error {
-			return w.s.drv.DeferOffsetTx(ctx, tx, w.leaseNow(), upTo, w.s.cfg.Clock())
+		Pass: func(ctx context.Context, tx driver.DBTX, upTo int64) error {
+			return w.s.drv.InTx(tx).DeferOffset(ctx, w.leaseNow(), upTo, w.s.cfg.Clock())
 		}}}
 	err := w.s.cfg.Handle(settle.WithInTx(w.ctx, inTx), msgs, whole, attempt)
 	inTx.Close() // a delivery kept past its handler settles nothing

@@ -5,7 +5,6 @@ package large
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -219,7 +218,7 @@ func FetchNext(ctx context.Context, drv interface {
 // driver.Driver is one).
 type Store interface {
 	GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error)
-	BeginWrite(ctx context.Context) (*sql.Tx, error)
+	BeginWrite(ctx context.Context) (driver.Tx, error)
 	InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 }
 

@@ -150,16 +150,16 @@ func (r *Receipts) deferOne(ctx context.Context, rc Receipt) error {
 		return settled("defer", rc, err)
 	}
 	if rc.Claim {
-		err = r.drv.AckClaimsTx(ctx, tx, []driver.Claim{rc.ClaimOf(driver.Message{})}, now)
+		err = r.drv.InTx(tx).AckClaims(ctx, []driver.Claim{rc.ClaimOf(driver.Message{})}, now)
 	} else {
 		// Under the lease's fence, and not past the head; an ack of a
 		// later message of the receive may have settled this one
 		// already (ErrSettled): then it is not deferred, and the receipt
 		// is stale.
-		err = r.drv.DeferOffsetTx(ctx, tx, l, rc.Offset, now)
+		err = r.drv.InTx(tx).DeferOffset(ctx, l, rc.Offset, now)
 	}
 	if err == nil {
-		err = r.drv.DeferTx(ctx, tx, rc.Group, m, now)
+		err = r.drv.InTx(tx).Defer(ctx, rc.Group, m, now)
 	}
 	if err != nil {
 		err = errors.Join(err, rollback(tx))

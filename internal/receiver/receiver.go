@@ -9,7 +9,6 @@ package receiver
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -493,18 +492,18 @@ func (r *Receiver) settledInTx(ctx context.Context, l driver.Lease, held driver.
 // AckTx commits the cursor past the message in hand at offset inside
 // the application's transaction tx, under the lease's fence; the
 // receiver counts it settled only at the Ack that follows the commit.
-func (r *Receiver) AckTx(ctx context.Context, tx *sql.Tx, offset int64) error {
+func (r *Receiver) AckTx(ctx context.Context, tx driver.DBTX, offset int64) error {
 	return r.inTx(offset, "ack in the caller's transaction", func(l driver.Lease, upTo int64) error {
-		return r.drv.CommitOffsetTx(ctx, tx, l, upTo, r.now())
+		return r.drv.InTx(tx).CommitOffset(ctx, l, upTo, r.now())
 	})
 }
 
 // DeferTx passes the cursor over the message in hand at offset inside
-// tx for its deferral (driver.DeferOffsetTx: not past a cursor that
-// settled it already), as AckTx does.
-func (r *Receiver) DeferTx(ctx context.Context, tx *sql.Tx, offset int64) error {
+// tx for its deferral (driver.TxSettler.DeferOffset: not past a cursor
+// that settled it already), as AckTx does.
+func (r *Receiver) DeferTx(ctx context.Context, tx driver.DBTX, offset int64) error {
 	return r.inTx(offset, "pass in the caller's transaction to defer", func(l driver.Lease, upTo int64) error {
-		return r.drv.DeferOffsetTx(ctx, tx, l, upTo, r.now())
+		return r.drv.InTx(tx).DeferOffset(ctx, l, upTo, r.now())
 	})
 }
 

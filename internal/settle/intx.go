@@ -19,7 +19,7 @@ import (
 // runtime that made it hands it to the handler through the context and
 // reads Used afterwards.
 type InTx struct {
-	Ack func(ctx context.Context, tx *sql.Tx, upTo int64) error
+	Ack func(ctx context.Context, tx driver.DBTX, upTo int64) error
 	// Deferrer, when set, lets the delivery be deferred (Defer).
 	Deferrer *Deferrer
 	used     atomic.Bool
@@ -29,13 +29,13 @@ type InTx struct {
 // Deferrer records deliveries of one consumer group as deferred.
 type Deferrer struct {
 	Driver interface {
-		BeginWrite(ctx context.Context) (*sql.Tx, error)
-		DeferTx(ctx context.Context, tx *sql.Tx, group string, m driver.Message, now time.Time) error
+		BeginWrite(ctx context.Context) (driver.Tx, error)
+		InTx(tx driver.DBTX) driver.TxSettler
 	}
 	// Pass settles the delivery in tx for its deferral, up to upTo, under
 	// its lease or claim; it fails (driver.ErrSettled, ErrLeaseLost) when
 	// the delivery was settled otherwise meanwhile.
-	Pass  func(ctx context.Context, tx *sql.Tx, upTo int64) error
+	Pass  func(ctx context.Context, tx driver.DBTX, upTo int64) error
 	Group string
 	Clock func() time.Time
 }
@@ -61,13 +61,13 @@ func (t *InTx) Defer(ctx context.Context, m driver.Message, upTo int64) error {
 	if err := t.Deferrer.Pass(ctx, tx, upTo); err != nil {
 		return errors.Join(err, rollback(tx))
 	}
-	if err := t.Deferrer.Driver.DeferTx(ctx, tx, t.Deferrer.Group, m, t.Deferrer.Clock()); err != nil {
+	if err := t.Deferrer.Driver.InTx(tx).Defer(ctx, t.Deferrer.Group, m, t.Deferrer.Clock()); err != nil {
 		return errors.Join(err, rollback(tx))
 	}
 	return tx.Commit()
 }
 
-func rollback(tx *sql.Tx) error {
+func rollback(tx driver.Tx) error {
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
 	}
@@ -78,7 +78,7 @@ func rollback(tx *sql.Tx) error {
 var ErrClosed = errors.New("the handler that received this delivery has returned: settle it there")
 
 // Run settles in tx and records that the handler asked for it.
-func (t *InTx) Run(ctx context.Context, tx *sql.Tx, upTo int64) error {
+func (t *InTx) Run(ctx context.Context, tx driver.DBTX, upTo int64) error {
 	if t.closed.Load() {
 		return ErrClosed
 	}

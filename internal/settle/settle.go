@@ -14,7 +14,6 @@ package settle
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
@@ -146,7 +145,7 @@ func ErrText(err error) string {
 type Driver interface {
 	FetchWithin(ctx context.Context, p driver.TopicPartition, after int64, limit int, budget int64) ([]driver.Message, bool, error)
 	GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error)
-	BeginWrite(ctx context.Context) (*sql.Tx, error)
+	BeginWrite(ctx context.Context) (driver.Tx, error)
 	InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
 	RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error
 	DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error

@@ -4,7 +4,6 @@ package settle
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -82,7 +81,7 @@ func (r *recorder) GetMessage(context.Context, driver.MessageRef) (*driver.Messa
 	return nil, nil, nil
 }
 
-func (r *recorder) BeginWrite(context.Context) (*sql.Tx, error) {
+func (r *recorder) BeginWrite(context.Context) (driver.Tx, error) {
 	return nil, errors.New("recorder: no database")
 }
 

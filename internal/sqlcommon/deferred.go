@@ -15,16 +15,6 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-// DeferTx adds m's deferred row for group in the caller's transaction,
-// unclaimed; a row there already stays as it is.
-func (d *Store) DeferTx(ctx context.Context, tx *sql.Tx, group string, m driver.Message, now time.Time) error {
-	row := []any{m.Tenant, group, m.Topic, m.Offset, m.PartitionKey, "", 0, 0, d.EncodeTime(now), d.EncodeTime(now), d.EncodeTime(now)}
-	if _, err := d.exec(ctx, tx, d.sql().deferred.insert, Args{"rows": Rows{row}}); err != nil {
-		return d.Wrap(fmt.Sprintf("defer offset %d of tenant %q topic %q partition %q for group %q", m.Offset, m.Tenant, m.Topic, m.PartitionKey, group), err)
-	}
-	return nil
-}
-
 func offsetList(offsets []int64) List {
 	l := make(List, len(offsets))
 	for i, o := range offsets {
@@ -95,16 +85,7 @@ func (d *Store) AckDeferred(ctx context.Context, cs []driver.Claim, now time.Tim
 	return err
 }
 
-// AckDeferredTx is AckDeferred in the caller's transaction, which must
-// roll back on an error.
-func (d *Store) AckDeferredTx(ctx context.Context, tx *sql.Tx, cs []driver.Claim, now time.Time) error {
-	if len(cs) == 0 {
-		return nil
-	}
-	return d.ackDeferred(ctx, tx, cs, " in the caller's transaction")
-}
-
-func (d *Store) ackDeferred(ctx context.Context, tx *sql.Tx, cs []driver.Claim, where string) error {
+func (d *Store) ackDeferred(ctx context.Context, tx driver.DBTX, cs []driver.Claim, where string) error {
 	c0 := cs[0]
 	op := fmt.Sprintf("ack %d deferred messages of tenant %q topic %q group %q%s", len(cs), c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup, where)
 	triples := make(Rows, len(cs))

@@ -645,16 +645,7 @@ func (d *Store) AckClaims(ctx context.Context, cs []driver.Claim, now time.Time)
 	return err
 }
 
-// AckClaimsTx is AckClaims in the caller's transaction, which must roll
-// back on an error (some claims may have matched).
-func (d *Store) AckClaimsTx(ctx context.Context, tx *sql.Tx, cs []driver.Claim, now time.Time) error {
-	if len(cs) == 0 {
-		return nil
-	}
-	return d.ackClaims(ctx, tx, cs, now, " in the caller's transaction")
-}
-
-func (d *Store) ackClaims(ctx context.Context, tx *sql.Tx, cs []driver.Claim, now time.Time, where string) error {
+func (d *Store) ackClaims(ctx context.Context, tx driver.DBTX, cs []driver.Claim, now time.Time, where string) error {
 	c0 := cs[0]
 	op := fmt.Sprintf("ack %d ungrouped messages of tenant %q topic %q group %q%s", len(cs), c0.Message.Tenant, c0.Message.Topic, c0.ConsumerGroup, where)
 	pairs := make(Rows, len(cs))

@@ -144,7 +144,7 @@ func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner s
 // fence locks l's row if, and only if, l's token and owner are current.
 // Every write under a lease runs in a transaction that starts with it, so
 // the row stays locked (a takeover waits) until that write commits.
-func (d *Store) fence(ctx context.Context, tx *sql.Tx, l driver.Lease, op string) error {
+func (d *Store) fence(ctx context.Context, tx driver.DBTX, l driver.Lease, op string) error {
 	var one int
 	err := d.queryRow(ctx, tx, d.leases().fence, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -345,15 +345,6 @@ func (d *Store) CommitOffset(ctx context.Context, l driver.Lease, offset int64, 
 	return err
 }
 
-// CommitOffsetTx is CommitOffset in the caller's transaction.
-func (d *Store) CommitOffsetTx(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time) error {
-	op := fmt.Sprintf("commit offset %d on %s in the caller's transaction", offset, l.PartitionRef)
-	if err := d.fence(ctx, tx, l, op); err != nil {
-		return err
-	}
-	return d.commitOffset(ctx, tx, l, offset, now, op)
-}
-
 // CommitOffsets commits several leases' cursors in one transaction: it
 // fences every lease first, in partition order, and only then commits
 // and drops bookkeeping, so that it holds no range of
@@ -435,13 +426,13 @@ func (d *Store) CommitReceivedKeep(ctx context.Context, l driver.Lease, offset i
 
 // fenceHead fences l and refuses an offset past the partition's head,
 // read in the fencing statement.
-func (d *Store) fenceHead(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, op string) error {
+func (d *Store) fenceHead(ctx context.Context, tx driver.DBTX, l driver.Lease, offset int64, op string) error {
 	_, err := d.fenceHeadAt(ctx, tx, l, offset, op)
 	return err
 }
 
 // fenceHeadAt is fenceHead, returning the head.
-func (d *Store) fenceHeadAt(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, op string) (int64, error) {
+func (d *Store) fenceHeadAt(ctx context.Context, tx driver.DBTX, l driver.Lease, offset int64, op string) (int64, error) {
 	var head sql.NullInt64
 	err := d.queryRow(ctx, tx, d.leases().fenceHead, refNamed(l.PartitionRef).with(Args{"token": l.Token, "owner": l.Owner})).Scan(&head)
 	switch {
@@ -457,30 +448,7 @@ func (d *Store) fenceHeadAt(ctx context.Context, tx *sql.Tx, l driver.Lease, off
 	return head.Int64, nil
 }
 
-// DeferOffsetTx fences l with the head's bound, then reads the cursor:
-// every writer of the cursor under a lease locks its row first, and an
-// operator's reset fences it too, so the cursor read is the one the
-// commit moves. A cursor at or past offset settled the message already.
-func (d *Store) DeferOffsetTx(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time) error {
-	op := fmt.Sprintf("pass offset %d on %s to defer it", offset, l.PartitionRef)
-	if err := d.fenceHead(ctx, tx, l, offset, op); err != nil {
-		return err
-	}
-	var cur int64
-	err := d.queryRow(ctx, tx, d.leases().committed, refNamed(l.PartitionRef)).Scan(&cur)
-	if errors.Is(err, sql.ErrNoRows) {
-		cur, err = d.groupStart(ctx, l.Tenant, l.Topic, l.ConsumerGroup)
-	}
-	if err != nil {
-		return d.Wrap(op, err)
-	}
-	if cur >= offset {
-		return fmt.Errorf("%s: %w (the cursor is at %d)", op, driver.ErrSettled, cur)
-	}
-	return d.commitOffset(ctx, tx, l, offset, now, op)
-}
-
-func (d *Store) commitOffset(ctx context.Context, tx *sql.Tx, l driver.Lease, offset int64, now time.Time, op string) error {
+func (d *Store) commitOffset(ctx context.Context, tx driver.DBTX, l driver.Lease, offset int64, now time.Time, op string) error {
 	st, args := d.leases(), refNamed(l.PartitionRef).with(Args{"offset": offset, "now": d.EncodeTime(now)})
 	if _, err := d.exec(ctx, tx, st.commit, args); err != nil {
 		return d.Wrap(op, err)

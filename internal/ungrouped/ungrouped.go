@@ -10,7 +10,6 @@ package ungrouped
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"log/slog"
 	"sync"
@@ -477,8 +476,8 @@ func (s *Service) handleClaim(c driver.Claim) {
 	lapse.Reset(c.VisibleUntil.Add(-margin).Sub(s.cfg.Clock()))
 	defer lapse.Stop()
 	handled, renewing := make(chan struct{}), make(chan struct{})
-	ack := func(ctx context.Context, tx *sql.Tx, _ int64) error {
-		return s.drv.AckClaimsTx(ctx, tx, []driver.Claim{c}, s.cfg.Clock())
+	ack := func(ctx context.Context, tx driver.DBTX, _ int64) error {
+		return s.drv.InTx(tx).AckClaims(ctx, []driver.Claim{c}, s.cfg.Clock())
 	}
 	inTx := &settle.InTx{Ack: ack, Deferrer: &settle.Deferrer{Driver: s.drv, Group: s.cfg.ConsumerGroup, Clock: s.cfg.Clock, Pass: ack}}
 	if s.cfg.MaxRenewal <= s.cfg.Visibility || !s.life.Go(func() { defer close(renewing); s.renewWhileHandled(c, handled, lost, inTx, visible) }) {

@@ -213,7 +213,7 @@ func (e *env) rawAppend(ctx context.Context, ns namespace, conns int) (rep, erro
 			tenant, key := ns.partition(i % e.p.Partitions)
 			now := time.Now()
 			t0 := time.Now()
-			tx, err := e.d.BeginWrite(ctx)
+			tx, err := e.beginWrite(ctx)
 			if err != nil {
 				return fmt.Errorf("raw append: %w", err)
 			}
@@ -318,7 +318,7 @@ func (e *env) rawConsume(ctx context.Context, ns namespace) (rep, error) {
 		tenant, key := ns.partition(k)
 		var cursor int64
 		for {
-			tx, err := e.d.BeginWrite(ctx)
+			tx, err := e.beginWrite(ctx)
 			if err != nil {
 				return err
 			}
@@ -492,7 +492,7 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 	// claimBatch claims, records and deletes up to 100 rows of tenant; it
 	// reports how many.
 	claimBatch := func(tenant string) (int, error) {
-		tx, err := e.d.BeginWrite(ctx)
+		tx, err := e.beginWrite(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -571,4 +571,14 @@ func (e *env) rawClaim(ctx context.Context, ns namespace) (rep, error) {
 		return rep{}, err
 	}
 	return rec.rep(elapsed), nil
+}
+
+// beginWrite begins a transaction as shardq's writes do (the driver's
+// BeginWrite), as the *sql.Tx the baselines prepare statements on.
+func (e *env) beginWrite(ctx context.Context) (*sql.Tx, error) {
+	tx, err := e.d.BeginWrite(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.(*sql.Tx), nil
 }
