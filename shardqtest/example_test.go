@@ -15,7 +15,6 @@ import (
 // exampleTB stands in for the *testing.T a test has: examples get none.
 type exampleTB struct {
 	testing.TB
-	dir      string
 	cleanups []func()
 }
 

@@ -190,10 +190,13 @@ type Settled struct {
 	// Ack: the handler returned nil (and neither deferred nor acked the
 	// delivery in a transaction).
 	Ack bool
-	// Deferred: the handler called Defer and returned nil.
+	// Deferred: the handler called Defer, which settles the delivery
+	// whatever the handler returns then (Err says what it returned).
 	Deferred bool
-	// AckedTx: the handler called AckTx with a transaction and returned
-	// nil (the test's transaction decides whether it lands).
+	// AckedTx: the handler called AckTx with a transaction, which settles
+	// the delivery if that transaction commits, whatever the handler
+	// returns then; if it rolls back, the result is as if it had not been
+	// called.
 	AckedTx bool
 	// Retry: the handler failed; the message is delivered again after
 	// RetryAfter (its RetryAfter or nack delay, else the backoff).
@@ -216,7 +219,10 @@ type Options struct {
 // Handle runs h on a copy of d (fill its exported fields; Attempt 0 is
 // taken as 1) and reports what a subscriber with opts (nil: the
 // defaults) would settle. Defer and AckTx are recorded, not run. A panic
-// in h is not recovered: the test sees it.
+// in h is not recovered: the test sees it. What Handle leaves to the
+// subscriber: a handler timeout (SubscriberConfig.HandlerTimeout), a
+// context cancelled by a stop (the message comes again, no attempt
+// counted), and expired messages (never handed to a handler).
 func Handle(ctx context.Context, h shardq.Handler, d *shardq.Delivery, opts *Options) Settled {
 	var o Options
 	if opts != nil {
@@ -238,13 +244,18 @@ func Handle(ctx context.Context, h shardq.Handler, d *shardq.Delivery, opts *Opt
 	rec := &testhook.Recorder{}
 	err := h(ctx, testhook.Record(&in, rec).(*shardq.Delivery))
 	deferred, ackedTx := rec.Calls()
+	// A Defer settles the delivery in a transaction of its own, and an
+	// AckTx in the caller's: the subscriber then leaves the message be,
+	// whatever the handler returns.
+	switch {
+	case deferred:
+		return Settled{Deferred: true, Err: err}
+	case ackedTx:
+		return Settled{AckedTx: true, Err: err}
+	}
 	v := settle.Policy{MaxAttempts: o.MaxAttempts, BackoffMin: o.BackoffMin, BackoffMax: o.BackoffMax}.Decide(err, in.Attempt)
 	s := Settled{Err: err, DeadLetter: v.DeadLetter}
 	switch {
-	case v.Ack && deferred:
-		s.Deferred = true
-	case v.Ack && ackedTx:
-		s.AckedTx = true
 	case v.Ack:
 		s.Ack = true
 	case !v.DeadLetter:

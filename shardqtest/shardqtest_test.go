@@ -167,7 +167,9 @@ func TestHandle(t *testing.T) {
 			shardqtest.Settled{Retry: true, RetryAfter: time.Hour, Err: boom}},
 		{"defer", func(ctx context.Context, d *shardq.Delivery) error { return d.Defer(ctx) }, 1, nil, shardqtest.Settled{Deferred: true}},
 		{"defer then fail", func(ctx context.Context, d *shardq.Delivery) error { d.Defer(ctx); return boom }, 1, nil,
-			shardqtest.Settled{Retry: true, RetryAfter: shardq.DefaultBackoffMin, Err: boom}},
+			shardqtest.Settled{Deferred: true, Err: boom}},
+		{"defer on the last attempt", func(ctx context.Context, d *shardq.Delivery) error { d.Defer(ctx); return boom }, 3, &shardqtest.Options{MaxAttempts: 3},
+			shardqtest.Settled{Deferred: true, Err: boom}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := *d

@@ -36,9 +36,18 @@ var (
 	consumerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 )
 
+// MaxTraceHeaderBytes bounds each header Inject writes: a traceparent
+// is 55 bytes, and a tracestate or baggage longer than this is left out.
+// Those come from whoever started the trace (an HTTP client of serve,
+// say) and are copied into every message of a publish, outside the
+// caller's header limits: unbounded, they would multiply what a small
+// request stores.
+const MaxTraceHeaderBytes = 256
+
 // Inject writes ctx's trace context (W3C traceparent through the global
-// propagator) into headers, keeping any key the caller set itself. With
-// no recording span in ctx it writes nothing.
+// propagator) into headers, keeping any key the caller set itself and
+// leaving out values over MaxTraceHeaderBytes. With no span context in
+// ctx it writes nothing.
 func Inject(ctx context.Context, headers map[string]string) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return
@@ -46,7 +55,7 @@ func Inject(ctx context.Context, headers map[string]string) {
 	carrier := propagation.MapCarrier{}
 	Propagator().Inject(ctx, carrier)
 	for k, v := range carrier {
-		if _, set := headers[k]; !set {
+		if _, set := headers[k]; !set && len(v) <= MaxTraceHeaderBytes {
 			headers[k] = v
 		}
 	}

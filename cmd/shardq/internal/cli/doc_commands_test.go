@@ -16,34 +16,40 @@ import (
 	"time"
 )
 
-// docMarker precedes a ```sh block of the README or docs that must run
-// as written.
+// docMarker precedes a ```sh or ```go block of the README or docs that
+// must run as written.
 const docMarker = "<!-- runs in TestDocCommands -->"
 
-// docBlocks returns the marked shell blocks of a Markdown file, in order.
-func docBlocks(t *testing.T, path string) []string {
+// docBlock is a marked block: shell lines, or a Go program.
+type docBlock struct {
+	lang, text string
+}
+
+// docBlocks returns the marked blocks of a Markdown file, in order.
+func docBlocks(t *testing.T, path string) []docBlock {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var blocks []string
+	var blocks []docBlock
 	var cur *strings.Builder
+	var lang string
 	marked, fence := false, false
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
 		case cur != nil && line == "```":
-			blocks = append(blocks, cur.String())
+			blocks = append(blocks, docBlock{lang, cur.String()})
 			cur = nil
 		case cur != nil:
 			cur.WriteString(line + "\n")
-		case marked && line == "```sh":
-			cur, marked = &strings.Builder{}, false
+		case marked && (line == "```sh" || line == "```go"):
+			cur, lang, marked = &strings.Builder{}, strings.TrimPrefix(line, "```"), false
 		case marked:
-			t.Fatalf("%s: %q follows %s; want a ```sh block", path, line, docMarker)
+			t.Fatalf("%s: %q follows %s; want a ```sh or ```go block", path, line, docMarker)
 		case line == docMarker:
 			marked = true
 		case strings.HasPrefix(line, "```"):
@@ -59,14 +65,14 @@ func docBlocks(t *testing.T, path string) []string {
 	return blocks
 }
 
-// The README's and the docs' marked command blocks run as written, each
-// file's blocks in order in one shell in an empty directory, with the
-// shardq command on PATH: every command must succeed, and any HTTP
-// answer of 400 or more fails the run (curl is run with
-// --fail-with-body). The one change: the server's port 8080 becomes a
-// free one.
+// The README's and the docs' marked blocks run as written, each file's
+// in order in one shell in an empty directory, with the shardq command on
+// PATH: every command must succeed, and any HTTP answer of 400 or more
+// fails the run (curl is run with --fail-with-body). A Go block is a
+// program, built in the library's module and run there in its turn. The
+// one change: the server's port 8080 becomes a free one.
 func TestDocCommands(t *testing.T) {
-	for _, tool := range []string{"bash", "curl", "jq"} {
+	for _, tool := range []string{"bash", "curl", "jq", "openssl", "base64", "cmp", "stat", "head", "seq"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "true" {
 				t.Fatalf("%s is needed to run the docs' commands: %v", tool, err)
@@ -91,11 +97,19 @@ func TestDocCommands(t *testing.T) {
 			}
 			port := ln.Addr().(*net.TCPAddr).Port
 			ln.Close()
+			var lines []string
+			for i, b := range blocks {
+				if b.lang == "go" {
+					lines = append(lines, buildDocProgram(t, doc, i, b.text))
+					continue
+				}
+				lines = append(lines, b.text)
+			}
 			script := "set -euo pipefail\n" +
 				// A server left running by a failed line is stopped.
 				"trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" +
 				"curl() { command curl --fail-with-body \"$@\"; }\n" +
-				strings.ReplaceAll(strings.Join(blocks, "\n"), "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port)) +
+				strings.ReplaceAll(strings.Join(lines, "\n"), "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port)) +
 				"wait\n"
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -107,13 +121,41 @@ func TestDocCommands(t *testing.T) {
 			cmd.WaitDelay = 5 * time.Second
 			cmd.Dir = t.TempDir()
 			cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-			cmd.Env = slicesWithout(cmd.Env, "SHARDQ_DSN=", "SHARDQ_TENANTS=", "MQ_TENANTS=")
+			// As a new user's shell: none of the command's settings.
+			cmd.Env = slicesWithout(cmd.Env, "SHARDQ_", "OTEL_", "MQ_TENANTS=")
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("%s's commands failed: %v\n--- script\n%s\n--- output\n%s", doc, err, script, out)
 			}
 		})
 	}
+}
+
+// buildDocProgram builds a Go block as a program of the library's
+// module and returns the shell line that runs it.
+func buildDocProgram(t *testing.T, doc string, i int, src string) string {
+	t.Helper()
+	root, err := filepath.Abs("../../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Inside the module, so that its imports resolve from the checkout; a
+	// leading dot keeps the directory out of ./... patterns.
+	dir, err := os.MkdirTemp(root, ".doc-program-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), fmt.Sprintf("program-%d", i))
+	cmd := exec.Command("go", "build", "-o", bin, filepath.Join(dir, "main.go"))
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: Go block %d does not build: %v\n%s\n--- the block\n%s", doc, i, err, out, src)
+	}
+	return fmt.Sprintf("%q", bin)
 }
 
 // slicesWithout drops the variables whose entries start with any of

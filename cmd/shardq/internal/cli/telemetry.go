@@ -137,7 +137,11 @@ func (a *app) startTelemetry(ctx context.Context, cfg *shardq.Config) (*telemetr
 			t.shutdown()
 			return nil, fmt.Errorf("otlp metric exporter: %w", err)
 		}
-		t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(texp), sdktrace.WithResource(res))
+		// serve's spans carry a client's path and user agent: each
+		// attribute value is cut at 1 KiB.
+		limits := sdktrace.NewSpanLimits()
+		limits.AttributeValueLengthLimit = 1024
+		t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(texp), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))
 		readers = append(readers, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp)))
 		cfg.TracerProvider, a.tracerProvider = t.tp, t.tp
 	}

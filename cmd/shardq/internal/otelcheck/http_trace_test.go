@@ -117,6 +117,30 @@ func TestTraceCrossesHTTP(t *testing.T) {
 				t.Fatalf("received %+v; want m1 with traceparent %s (the send span)", got.Messages, wantTP)
 			}
 
+			// A client's baggage is never taken, and a tracestate past the
+			// library's bound is left out: both would be copied into every
+			// message of the request.
+			long := http.Header{"Traceparent": {"00-" + traceID + "-" + callerID + "-01"},
+				"Tracestate": {"a=" + strings.Repeat("x", 250) + ",b=" + strings.Repeat("y", 250)},
+				"Baggage":    {"k=" + strings.Repeat("z", 4000)}}
+			call("POST", "/v1/tenants/t/topics/bounded/messages", strings.NewReader(`{"messages":[{"key":"k"},{"key":"k"}]}`), long).Body.Close()
+			short := http.Header{"Traceparent": {"00-" + traceID + "-" + callerID + "-01"}, "Tracestate": {"a=1"}}
+			call("POST", "/v1/tenants/t/topics/bounded/messages", strings.NewReader(`{"key":"k"}`), short).Body.Close()
+			res = call("POST", "/v1/tenants/t/topics/bounded/groups/h/receive", strings.NewReader(`{"max":10}`), nil)
+			if err := json.NewDecoder(res.Body).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if len(got.Messages) != 3 {
+				t.Fatalf("received %d messages, want 3", len(got.Messages))
+			}
+			for i, m := range got.Messages {
+				_, state := m.Headers["tracestate"]
+				if _, bag := m.Headers["baggage"]; bag || state != (i == 2) || !strings.Contains(m.Headers["traceparent"], traceID) {
+					t.Fatalf("message %d's headers %v: want the traceparent, no baggage, a tracestate only when short", i, m.Headers)
+				}
+			}
+
 			// A Go consumer in another process continues the trace.
 			handled := make(chan struct{}, 1)
 			sub := newTestClient(t, subDrv, &shardq.Config{TracerProvider: subTP})

@@ -9,11 +9,12 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // instrument wraps h in otelhttp: a server span per request, child of
-// the request's traceparent (otel's global propagator), named by the
+// the request's traceparent (W3C trace context, never baggage), named by the
 // route pattern, and http.server.request.duration and the body sizes
 // under OpenTelemetry's conventions. The probes and /metrics are left
 // out: a scrape every few seconds would drown the traces. The metrics'
@@ -24,6 +25,9 @@ func instrument(h http.Handler, mp metric.MeterProvider, tp trace.TracerProvider
 	return otelhttp.NewHandler(h, "shardq serve",
 		otelhttp.WithMeterProvider(mp),
 		otelhttp.WithTracerProvider(tp),
+		// The trace context only: a client's baggage would be copied into
+		// every message it publishes.
+		otelhttp.WithPropagators(propagation.TraceContext{}),
 		otelhttp.WithFilter(func(r *http.Request) bool {
 			switch r.URL.Path {
 			case "/healthz", "/readyz", "/metrics":

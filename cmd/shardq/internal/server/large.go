@@ -18,9 +18,11 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/internal/telemetry"
 )
 
 // Large messages over HTTP (docs/large.md): an upload streams a request
@@ -231,12 +233,14 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, tenant string) {
 	h.Set("Repr-Digest", reprDigest(b.SHA256))
 	h.Set("ETag", `"`+b.SHA256+`"`)
 	h.Set("Cache-Control", "no-store")
-	// The trace context the message was published in (traceparent,
-	// under the W3C propagator), as its receive gave it in headers: a
-	// client that streams the body continues the producer's trace.
-	for _, name := range otel.GetTextMapPropagator().Fields() {
-		if v, ok := b.Headers[name]; ok {
-			h.Set(name, v)
+	// The trace context the message was published in, so that a client
+	// that streams the body continues the producer's trace: parsed as W3C
+	// trace context and written again, never copied (a stored header is a
+	// publisher's bytes, up to 8 KiB).
+	if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier(b.Headers))); sc.IsValid() {
+		traceContext.Inject(trace.ContextWithRemoteSpanContext(context.Background(), sc), propagation.HeaderCarrier(h))
+		if len(h.Get("tracestate")) > telemetry.MaxTraceHeaderBytes {
+			h.Del("tracestate")
 		}
 	}
 	rs := &bodySeeker{size: b.Size, r: b.Reader,
@@ -253,6 +257,9 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.log.Warn("shardq serve: a large message's body failed mid-response", "tenant", tenant, "topic", g.Topic, "group", g.ConsumerGroup, "err", rs.err)
 	}
 }
+
+// traceContext reads and writes W3C traceparent and tracestate.
+var traceContext propagation.TraceContext
 
 // bodySeeker is a large message's body as an io.ReadSeeker for
 // http.ServeContent (Range): a seek only moves the position; a read at a
