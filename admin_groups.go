@@ -86,7 +86,7 @@ func (a *Admin) DeleteGroup(ctx context.Context, g GroupRef, opts DeleteGroupOpt
 		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
 	now := a.c.cfg.Clock()
-	if err := a.c.drv.DeleteGroup(ctx, driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, now.Add(-staleAfter), now, opts.Force); err != nil {
+	if err := a.c.drv.DeleteGroup(ctx, driver.DeleteGroupParams{Group: driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, LiveSince: now.Add(-staleAfter), Now: now, Force: opts.Force}); err != nil {
 		return fmt.Errorf("shardq: admin delete group: %w", err)
 	}
 	a.c.registered.Delete([3]string{tenant, topic, group})

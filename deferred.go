@@ -100,7 +100,7 @@ func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Del
 	}
 	g := driver.GroupRef{Tenant: r.Tenant, Topic: r.Topic, ConsumerGroup: r.ConsumerGroup}
 	now := c.cfg.Clock()
-	claims, err := c.drv.ClaimDeferred(ctx, g, r.Offsets, ident.MemberID(r.Name), now, r.Visibility)
+	claims, err := c.drv.ClaimDeferred(ctx, driver.ClaimDeferredParams{Group: g, Offsets: r.Offsets, Owner: ident.MemberID(r.Name), Now: now, Visibility: r.Visibility})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}

@@ -296,7 +296,7 @@ func TestFrozenTransactionIsBounded(t *testing.T) {
 	defer fast.Close()
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 	now := time.Now()
-	if _, err := fast.AcquireLease(ctx, p, "frozen#1", now, time.Second); err != nil {
+	if _, err := fast.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "frozen#1", Now: now, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := fast.DB().BeginTx(ctx, nil)
@@ -312,7 +312,7 @@ func TestFrozenTransactionIsBounded(t *testing.T) {
 	// heir retries as a subscriber's tick would, and must get the lease.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := fast.AcquireLease(ctx, p, "heir#1", time.Now().Add(2*time.Second), time.Minute)
+		_, err := fast.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "heir#1", Now: time.Now().Add(2 * time.Second), TTL: time.Minute})
 		if err == nil {
 			break
 		}

@@ -61,7 +61,7 @@ func TestLargeWriteAbortedAfterItsChunks(t *testing.T) {
 		t.Fatal("a write whose context ended succeeded")
 	}
 	c.Close() // lets every queued publish end
-	ms, _, err := drv.FetchWithin(context.Background(), driver.TopicPartition{Tenant: "t", Topic: "files", PartitionKey: "k"}, 0, 100, 1<<30)
+	ms, _, err := drv.FetchWithin(context.Background(), driver.FetchWithinParams{Partition: driver.TopicPartition{Tenant: "t", Topic: "files", PartitionKey: "k"}, After: 0, Limit: 100, Budget: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -190,7 +190,7 @@ func TestReceiptsCannotBeForged(t *testing.T) {
 		if err := drv.AckClaims(ctx, []driver.Claim{placeholder}, time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
 			t.Fatalf("ack of the placeholder claim: %v, want ErrLeaseLost", err)
 		}
-		if err := drv.RetryClaim(ctx, placeholder, time.Now(), "x", time.Now()); !errors.Is(err, driver.ErrLeaseLost) {
+		if err := drv.RetryClaim(ctx, driver.RetryClaimParams{Claim: placeholder, RetryAt: time.Now(), LastError: "x", Now: time.Now()}); !errors.Is(err, driver.ErrLeaseLost) {
 			t.Fatalf("retry of the placeholder claim: %v, want ErrLeaseLost", err)
 		}
 		// Nor a real claim for anyone but its owner.

@@ -59,20 +59,21 @@ func (t tenantTxSettler) Defer(ctx context.Context, group string, m driver.Messa
 // the lease of a partition that holds no message: a group accepted by a
 // name nothing was published to makes rows that hold nothing to consume.
 // The leases of partitions with messages, which consuming needs, go on.
-func (d tenantWrites) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
+func (d tenantWrites) AcquireLease(ctx context.Context, in driver.AcquireLeaseParams) (driver.Lease, error) {
+	p := in.Partition
 	if strings.HasPrefix(p.ConsumerGroup, "$") { // shardq's own (retention's claim): it frees what the tenant stores
-		return d.Driver.AcquireLease(ctx, p, owner, now, ttl)
+		return d.Driver.AcquireLease(ctx, in)
 	}
 	limit, stored, err := d.ts.full(ctx, p.Tenant)
 	if err == nil && limit > 0 {
 		var heads map[driver.HeadKey]int64
 		if heads, err = d.Driver.HeadsOf(ctx, p.Topic, []string{p.Tenant}, []string{p.PartitionKey}); err == nil && len(heads) == 0 {
 			err = &QuotaExceededError{Tenant: p.Tenant, Quota: QuotaMaxBytes, Limit: limit, Usage: stored,
-				Call: driver.BookkeepingBytes(p.ConsumerGroup, p.PartitionKey, owner)}
+				Call: driver.BookkeepingBytes(p.ConsumerGroup, p.PartitionKey, in.Owner)}
 		}
 	}
 	if err != nil {
 		return driver.Lease{}, fmt.Errorf("acquire the lease of %s: %w", p, err)
 	}
-	return d.Driver.AcquireLease(ctx, p, owner, now, ttl)
+	return d.Driver.AcquireLease(ctx, in)
 }

@@ -156,7 +156,7 @@ type Driver interface {
 	// bytes of payload and headers (the first message whatever its
 	// size); the messages are sized in the database before their bodies
 	// are read. truncated reports a message the budget left out.
-	FetchWithin(ctx context.Context, p TopicPartition, after int64, limit int, budget int64) (msgs []Message, truncated bool, err error)
+	FetchWithin(ctx context.Context, p FetchWithinParams) (msgs []Message, truncated bool, err error)
 	// CountBetween counts one partition's messages with offsets greater
 	// than after and at most upTo: whether a large message's chunks are
 	// all that lies between its chunk 0 and its end marker.
@@ -361,7 +361,7 @@ type Subscriber struct {
 type Leases interface {
 	// AcquireLease takes p for owner when it is free, expired, or already
 	// owner's, with a new token; otherwise *LeaseHeldError.
-	AcquireLease(ctx context.Context, p PartitionRef, owner string, now time.Time, ttl time.Duration) (Lease, error)
+	AcquireLease(ctx context.Context, p AcquireLeaseParams) (Lease, error)
 	// RenewLease extends l to now+ttl, or returns ErrLeaseLost.
 	RenewLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
 	// RenewLeases extends the leases of one owner in one group and topic
@@ -375,7 +375,7 @@ type Leases interface {
 	// ResumeLeaseBelow is ResumeLease when the group's cursor is below
 	// offset; at or past it, the lease is left as it is (its expiry too)
 	// and returned with the cursor. The two happen in one transaction.
-	ResumeLeaseBelow(ctx context.Context, l Lease, offset int64, now time.Time, ttl time.Duration) (Lease, error)
+	ResumeLeaseBelow(ctx context.Context, p ResumeLeaseBelowParams) (Lease, error)
 	// ExpireLeases ends now the leases owner holds in g, leaving them in
 	// its name (a static member stopping, for its next process to take
 	// over), and returns how many.
@@ -394,14 +394,14 @@ type Leases interface {
 	// receipt): it returns ErrPastHead, changing nothing, when offset is
 	// past the partition's head, read in the fencing statement. With
 	// release it frees l in the same transaction (a receive's last ack).
-	CommitReceived(ctx context.Context, l Lease, offset int64, release bool, now time.Time) error
+	CommitReceived(ctx context.Context, p CommitReceivedParams) error
 	// CommitReceivedKeep is CommitReceived with release, except that
 	// while the partition's head is past offset it gives the lease to
 	// owner under the next token until now+ttl instead of freeing it, in
 	// the same transaction (a receive that acks a group's last message
 	// goes on with the group). kept says which; a kept lease's Committed
 	// is offset.
-	CommitReceivedKeep(ctx context.Context, l Lease, offset int64, owner string, now time.Time, ttl time.Duration) (next Lease, kept bool, err error)
+	CommitReceivedKeep(ctx context.Context, p CommitReceivedKeepParams) (next Lease, kept bool, err error)
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
 	ListLeases(ctx context.Context, g GroupScope) ([]Lease, error)
@@ -412,7 +412,7 @@ type Leases interface {
 	// subscribers) whose heartbeat row in the lease's tenant is older
 	// than staleBefore or gone, checked under a lock on those rows in the
 	// sweep's own transaction; each token advances so their writes fail.
-	SweepLeases(ctx context.Context, g GroupScope, owners []string, staleBefore, now time.Time) (int64, error)
+	SweepLeases(ctx context.Context, p SweepLeasesParams) (int64, error)
 	// TakeOverMember gives member, in one transaction per tenant, the
 	// leases that one of previous (earlier incarnations of a static
 	// member, SubscriberConfig.InstanceID) holds, each with the next
@@ -420,7 +420,7 @@ type Leases interface {
 	// heartbeat rows with member's. It returns the leases it moved, each
 	// with the expiry its earlier holder knew (until which that holder
 	// may still hand out messages).
-	TakeOverMember(ctx context.Context, g GroupScope, previous []string, member string, now time.Time, ttl time.Duration) ([]Lease, error)
+	TakeOverMember(ctx context.Context, p TakeOverMemberParams) ([]Lease, error)
 
 	// Heartbeat records that subscriber is alive, once per tenant.
 	Heartbeat(ctx context.Context, g GroupScope, subscriber string, now time.Time) error
@@ -444,14 +444,14 @@ type DeliveryState struct {
 // Writes are fenced like CommitOffset.
 type Deliveries interface {
 	// RecordAttempt stores a failed attempt of the message at offset.
-	RecordAttempt(ctx context.Context, l Lease, offset int64, st DeliveryState, now time.Time) error
+	RecordAttempt(ctx context.Context, p RecordAttemptParams) error
 	// DeliveryStates reads the bookkeeping of the messages with offsets in
 	// (after, upTo], keyed by offset; messages without any are absent.
 	DeliveryStates(ctx context.Context, p PartitionRef, after, upTo int64) (map[int64]DeliveryState, error)
 	// DeadLetter appends dlq (the message copied to the dead-letter topic),
 	// drops the message's bookkeeping and moves the cursor to offset, in
 	// one transaction.
-	DeadLetter(ctx context.Context, l Lease, dlq *InsertMessage, offset int64, now time.Time) error
+	DeadLetter(ctx context.Context, p DeadLetterParams) error
 }
 
 // ErrHalfResolved means a half message is no longer pending: it was
@@ -610,7 +610,7 @@ type Admin interface {
 	// DeleteBatches deletes, in one transaction, up to limit of the oldest
 	// messages of each cut, one statement a cut, and returns how many each
 	// deleted.
-	DeleteBatches(ctx context.Context, tenant, topic string, cuts []Cut, limit int) ([]int64, error)
+	DeleteBatches(ctx context.Context, p DeleteBatchesParams) ([]int64, error)
 	// TenantRows counts the tenant's rows in each table that holds any
 	// of a tenant's.
 	TenantRows(ctx context.Context, tenant string) ([]TableRows, error)
@@ -779,7 +779,7 @@ type Groups interface {
 	// now+visibility. A claim is owned by owner under a token > 0; only
 	// the two together settle it.
 	// truncated reports that limit.Bytes left a ready message behind.
-	ClaimMessages(ctx context.Context, g GroupRef, owner string, now time.Time, visibility time.Duration, limit ClaimLimit) (claims []Claim, truncated bool, err error)
+	ClaimMessages(ctx context.Context, p ClaimMessagesParams) (claims []Claim, truncated bool, err error)
 	// AckClaims marks the messages of cs (one tenant, topic and group)
 	// done in one transaction, or, when any claim is no longer current
 	// (its token and owner),
@@ -787,7 +787,7 @@ type Groups interface {
 	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
 	// RetryClaim makes c's message claimable again at retryAt, recording
 	// lastError, or returns ErrLeaseLost.
-	RetryClaim(ctx context.Context, c Claim, retryAt time.Time, lastError string, now time.Time) error
+	RetryClaim(ctx context.Context, p RetryClaimParams) error
 	// ExtendClaim makes c's message claimable again at visibleAt instead
 	// (its visibility timeout changed), or returns ErrLeaseLost.
 	ExtendClaim(ctx context.Context, c Claim, visibleAt, now time.Time) error
@@ -828,7 +828,7 @@ type Deferrals interface {
 	// message is stored and that no claim holds unexpired by now, for
 	// owner until now+visibility, and returns them with their messages
 	// in offset order.
-	ClaimDeferred(ctx context.Context, g GroupRef, offsets []int64, owner string, now time.Time, visibility time.Duration) ([]Claim, error)
+	ClaimDeferred(ctx context.Context, p ClaimDeferredParams) ([]Claim, error)
 	// AckDeferred settles the deferred messages of cs (one tenant, topic
 	// and group) in one transaction: they are no longer deferred. When any
 	// claim is no longer current it returns ErrLeaseLost and changes
@@ -902,7 +902,7 @@ var ErrGroupLive = errors.New("consumer group is live")
 type Lifecycle interface {
 	// RetentionHeads reads up to limit head rows of a tenant's topic in key
 	// order, after the key after[0] when after is not empty.
-	RetentionHeads(ctx context.Context, tenant, topic string, after []string, limit int) ([]RetentionHead, error)
+	RetentionHeads(ctx context.Context, p RetentionHeadsParams) ([]RetentionHead, error)
 	// TopicGroups lists the groups that read a tenant's topic (registered,
 	// or with a cursor, lease or member there), sorted.
 	TopicGroups(ctx context.Context, tenant, topic string) ([]string, error)
@@ -918,7 +918,7 @@ type Lifecycle interface {
 	PausedTenants(ctx context.Context, g GroupScope) ([]string, error)
 	// StaleLeaseKeys lists the keys of a topic's lease rows of groups freed
 	// or expired before before.
-	StaleLeaseKeys(ctx context.Context, tenant, topic string, groups []string, before time.Time) ([]string, error)
+	StaleLeaseKeys(ctx context.Context, p StaleLeaseKeysParams) ([]string, error)
 	// RemovePartitions removes the drained partitions among keys (no
 	// message left, head idle since before idleBefore, no lease of groups
 	// unexpired by now) with every row that belongs to them, in one
@@ -931,7 +931,7 @@ type Lifecycle interface {
 	// DeleteGroup removes a group's rows from a tenant's topic; without
 	// force it returns *GroupLiveError while a lease is unexpired by now or
 	// a heartbeat is at or after liveSince.
-	DeleteGroup(ctx context.Context, g GroupRef, liveSince, now time.Time, force bool) error
+	DeleteGroup(ctx context.Context, p DeleteGroupParams) error
 }
 
 // APIToken is a bearer token of `shardq serve` (docs/server.md): a role

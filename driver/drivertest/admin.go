@@ -37,7 +37,7 @@ func testAdminListingsAreScoped(t *testing.T, open Open) {
 	admin := c.Admin()
 	for _, tenant := range []string{"a", "b"} {
 		mustPublish(t, c, shardq.Message{Tenant: tenant, Topic: "x", PartitionKey: "k"})
-		if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s-"+tenant, time.Now(), time.Hour); err != nil {
+		if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "s-" + tenant, Now: time.Now(), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{tenant}, Topic: "x", ConsumerGroup: "g"}, "s-"+tenant, time.Now()); err != nil {
@@ -103,11 +103,11 @@ func testAdminInspectAndDeleteOneRow(t *testing.T, open Open) {
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "target", Payload: []byte("p")},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "neighbour"},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2", ID: "target"})
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s", time.Now(), time.Hour)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "s", Now: time.Now(), TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 2, LastError: "boom", NextAttemptAt: t0}, time.Now()); err != nil {
+	if err := d.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: res[0].Offset, State: driver.DeliveryState{Attempts: 2, LastError: "boom", NextAttemptAt: t0}, Now: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	ref := shardq.MessageRef{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "target"}
@@ -233,7 +233,7 @@ func testAdminResetOffsets(t *testing.T, open Open) {
 	}
 	req.Create = false // the group exists now
 	// A live subscriber's lease on an affected partition refuses it.
-	if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}, "live", time.Now(), time.Hour); err != nil {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}, Owner: "live", Now: time.Now(), TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	req.To = shardq.ResetToEarliest
@@ -284,7 +284,7 @@ func testRetention(t *testing.T, open Open) {
 	}
 	admin := c.Admin()
 	// A claim held by another cleaner: this pass skips the topic.
-	claim, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: shardq.RetentionGroup, Topic: "x"}, "other-cleaner", t0, time.Minute)
+	claim, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: shardq.RetentionGroup, Topic: "x"}, Owner: "other-cleaner", Now: t0, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func testAdminListingsArePaged(t *testing.T, open Open) {
 				if err := d.ResetOffset(ctx, driver.PartitionRef{Tenant: tenant, Topic: "x", PartitionKey: key, ConsumerGroup: g}, 0); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: g, Topic: "x", PartitionKey: key}, "o", time.Now(), time.Hour); err != nil {
+				if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: tenant, ConsumerGroup: g, Topic: "x", PartitionKey: key}, Owner: "o", Now: time.Now(), TTL: time.Hour}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -123,7 +123,7 @@ func BenchmarkTick(b *testing.B, d driver.Driver) {
 		if parts == 10_000 {
 			for i := range 1000 {
 				p := driver.PartitionRef{Tenant: "bench", ConsumerGroup: "g", Topic: "tick", PartitionKey: fmt.Sprintf("p%06d", i*7)}
-				if _, err := d.AcquireLease(ctx, p, fmt.Sprintf("sub-%d", i%8), now, time.Hour); err != nil {
+				if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: fmt.Sprintf("sub-%d", i%8), Now: now, TTL: time.Hour}); err != nil {
 					b.Fatal(err)
 				}
 			}

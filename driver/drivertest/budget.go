@@ -71,7 +71,7 @@ func testFetchWithin(t *testing.T, open Open) {
 	var after int64
 	var ids []string
 	for round := 0; round < 10 && len(ids) < len(want); round++ {
-		ms, truncated, err := d.FetchWithin(ctx, driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, after, 20, budget)
+		ms, truncated, err := d.FetchWithin(ctx, driver.FetchWithinParams{Partition: driver.TopicPartition{Tenant: "t", Topic: "x", PartitionKey: "k"}, After: after, Limit: 20, Budget: budget})
 		if err != nil || len(ms) == 0 {
 			t.Fatalf("round %d: %d messages, %v", round, len(ms), err)
 		}
@@ -103,7 +103,7 @@ func testClaimWithin(t *testing.T, open Open) {
 	const budget = 200 << 10
 	seen := map[string]int{}
 	for round := 0; round < 10 && len(seen) < len(want)-1; round++ {
-		cs, truncated, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m", t0, time.Hour, driver.ClaimLimit{Messages: 20, Bytes: budget})
+		cs, truncated, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m", Now: t0, Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 20, Bytes: budget}})
 		if err != nil || len(cs) == 0 {
 			t.Fatalf("round %d: %d claims, %v", round, len(cs), err)
 		}
@@ -131,7 +131,7 @@ func testClaimWithin(t *testing.T, open Open) {
 		}
 	}
 	// The delayed one, when due.
-	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m", time.Now().Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 20, Bytes: budget}) // Delay counts from the client's clock
+	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m", Now: time.Now().Add(2 * time.Hour), Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 20, Bytes: budget}}) // Delay counts from the client's clock
 	if err != nil || len(cs) != 1 || cs[0].Message.ID != "c01" {
 		t.Fatalf("when due: %+v, %v; want c01", cs, err)
 	}
@@ -145,39 +145,39 @@ func testCommitReceived(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m2"})
 	ref := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
-	l, err := d.AcquireLease(ctx, ref, "r#1", t0, time.Minute)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "r#1", Now: t0, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	head := res[1].Offset
-	if err := d.CommitReceived(ctx, l, head+1, true, t0); !errors.Is(err, driver.ErrPastHead) {
+	if err := d.CommitReceived(ctx, driver.CommitReceivedParams{Lease: l, Offset: head + 1, Release: true, Now: t0}); !errors.Is(err, driver.ErrPastHead) {
 		t.Fatalf("commit past the head: %v, want ErrPastHead", err)
 	}
-	if err := d.CommitReceived(ctx, l, 9e18, true, t0); !errors.Is(err, driver.ErrPastHead) {
+	if err := d.CommitReceived(ctx, driver.CommitReceivedParams{Lease: l, Offset: 9e18, Release: true, Now: t0}); !errors.Is(err, driver.ErrPastHead) {
 		t.Fatalf("commit at 9e18: %v, want ErrPastHead", err)
 	}
 	other := l
 	other.Token++
-	if err := d.CommitReceived(ctx, other, res[0].Offset, true, t0); !errors.Is(err, driver.ErrLeaseLost) {
+	if err := d.CommitReceived(ctx, driver.CommitReceivedParams{Lease: other, Offset: res[0].Offset, Release: true, Now: t0}); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("commit under another token: %v, want ErrLeaseLost", err)
 	}
-	if _, err := d.AcquireLease(ctx, ref, "r#2", t0, time.Minute); !errors.Is(err, driver.ErrLeaseHeld) {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "r#2", Now: t0, TTL: time.Minute}); !errors.Is(err, driver.ErrLeaseHeld) {
 		t.Fatalf("another owner after refused commits with release: %v, want ErrLeaseHeld (nothing released)", err)
 	}
-	again, err := d.AcquireLease(ctx, ref, "r#1", t0, time.Minute)
+	again, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "r#1", Now: t0, TTL: time.Minute})
 	if err != nil || again.Committed != 0 {
 		t.Fatalf("cursor after refused commits: %d, %v; want 0", again.Committed, err)
 	}
-	if err := d.CommitReceived(ctx, again, res[0].Offset, false, t0); err != nil {
+	if err := d.CommitReceived(ctx, driver.CommitReceivedParams{Lease: again, Offset: res[0].Offset, Release: false, Now: t0}); err != nil {
 		t.Fatalf("commit below the head: %v", err)
 	}
-	if _, err := d.AcquireLease(ctx, ref, "r#2", t0, time.Minute); !errors.Is(err, driver.ErrLeaseHeld) {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "r#2", Now: t0, TTL: time.Minute}); !errors.Is(err, driver.ErrLeaseHeld) {
 		t.Fatalf("another owner after a commit without release: %v, want ErrLeaseHeld", err)
 	}
-	if err := d.CommitReceived(ctx, again, head, true, t0); err != nil {
+	if err := d.CommitReceived(ctx, driver.CommitReceivedParams{Lease: again, Offset: head, Release: true, Now: t0}); err != nil {
 		t.Fatalf("commit at the head: %v", err)
 	}
-	next, err := d.AcquireLease(ctx, ref, "r#2", t0, time.Minute)
+	next, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "r#2", Now: t0, TTL: time.Minute})
 	if err != nil || next.Committed != head {
 		t.Fatalf("another owner after the commit with release: cursor %d, %v; want %d and the lease", next.Committed, err, head)
 	}
@@ -189,7 +189,7 @@ func testClaimOwnerFence(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "later", Delay: time.Hour}, shardq.Message{Tenant: "t", Topic: "x", ID: "now"})
-	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", t0, time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#1", Now: t0, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(cs) != 1 || cs[0].Message.ID != "now" {
 		t.Fatalf("claims %+v, %v; want now", cs, err)
 	}
@@ -200,7 +200,7 @@ func testClaimOwnerFence(t *testing.T, open Open) {
 		if err := d.AckClaims(ctx, []driver.Claim{cl}, t0); !errors.Is(err, driver.ErrLeaseLost) {
 			t.Fatalf("ack of the %s: %v, want ErrLeaseLost", name, err)
 		}
-		if err := d.RetryClaim(ctx, cl, t0, "x", t0); !errors.Is(err, driver.ErrLeaseLost) {
+		if err := d.RetryClaim(ctx, driver.RetryClaimParams{Claim: cl, RetryAt: t0, LastError: "x", Now: t0}); !errors.Is(err, driver.ErrLeaseLost) {
 			t.Fatalf("retry of the %s: %v, want ErrLeaseLost", name, err)
 		}
 		if err := d.ReleaseClaim(ctx, cl, t0); !errors.Is(err, driver.ErrLeaseLost) {
@@ -225,11 +225,11 @@ func testCommitOffsets(t *testing.T, open Open) {
 	b := mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "b", ID: "b1"})
 	refA := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}
 	refB := driver.PartitionRef{Tenant: "u", ConsumerGroup: "g", Topic: "x", PartitionKey: "b"}
-	la, err := d.AcquireLease(ctx, refA, "m#1", t0, time.Minute)
+	la, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: refA, Owner: "m#1", Now: t0, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb, err := d.AcquireLease(ctx, refB, "m#1", t0, time.Minute)
+	lb, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: refB, Owner: "m#1", Now: t0, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func testCommitOffsets(t *testing.T, open Open) {
 		if err := d.ReleaseLease(ctx, l, t0); err != nil {
 			t.Fatal(err)
 		}
-		again, err := d.AcquireLease(ctx, l.PartitionRef, "m#1", t0, time.Minute)
+		again, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: l.PartitionRef, Owner: "m#1", Now: t0, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,8 +255,8 @@ func testCommitOffsets(t *testing.T, open Open) {
 	if ca, cb := cursor(la), cursor(lb); ca != 0 || cb != 0 {
 		t.Fatalf("cursors after the refused call: %d, %d; want 0, 0", ca, cb)
 	}
-	la, _ = d.AcquireLease(ctx, refA, "m#1", t0, time.Minute)
-	lb, _ = d.AcquireLease(ctx, refB, "m#1", t0, time.Minute)
+	la, _ = d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: refA, Owner: "m#1", Now: t0, TTL: time.Minute})
+	lb, _ = d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: refB, Owner: "m#1", Now: t0, TTL: time.Minute})
 	if err := d.CommitOffsets(ctx, []driver.OffsetCommit{{Lease: lb, Offset: b[0].Offset}, {Lease: la, Offset: a[1].Offset}}, t0); err != nil {
 		t.Fatal(err)
 	}

@@ -101,11 +101,11 @@ func testDiscoveryReadsWhatMoved(t *testing.T, open Open) {
 	ref := func(key string) driver.PartitionRef {
 		return driver.PartitionRef{Tenant: "a", ConsumerGroup: "g", Topic: "orders", PartitionKey: key}
 	}
-	held, err := d.AcquireLease(ctx, ref("k2"), "m1", now, time.Minute)
+	held, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k2"), Owner: "m1", Now: now, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	freed, err := d.AcquireLease(ctx, ref("k3"), "m1", now, time.Minute)
+	freed, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k3"), Owner: "m1", Now: now, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

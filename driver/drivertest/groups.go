@@ -293,7 +293,7 @@ func testReadyGroupsOverPages(t *testing.T, open Open) {
 	now := time.Now()
 	for i := 0; i < groups; i += 3 {
 		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: key(i)}
-		l, err := d.AcquireLease(ctx, p, "m", now, time.Minute)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "m", Now: now, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -867,7 +867,7 @@ func testUngroupedAckDeletes(t *testing.T, open Open) {
 	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"},
 		shardq.Message{Tenant: "t", Topic: "x", ID: "u3"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u4"})
-	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 3}) // u4 stays above the mark
+	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: g, Owner: "a", Now: t0, Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 3}}) // u4 stays above the mark
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
@@ -902,7 +902,7 @@ func testUngroupedAckDeletes(t *testing.T, open Open) {
 	if n := rows(); n != 0 {
 		t.Fatalf("%d claim rows left once all are done", n)
 	}
-	again, _, err := d.ClaimMessages(ctx, g, "b", t0.Add(2*time.Hour), time.Hour, driver.ClaimLimit{Messages: 10})
+	again, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: g, Owner: "b", Now: t0.Add(2 * time.Hour), Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(again) != 1 || again[0].Message.ID != "u4" {
 		t.Fatalf("claimed %+v (%v) after the acks; want u4 alone", again, err)
 	}
@@ -925,7 +925,7 @@ func testUngroupedSchema12Rows(t *testing.T, open Open) {
 		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("u%d", i)})
 	}
 	res := mustPublish(t, c, msgs...)
-	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 5})
+	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: g, Owner: "a", Now: t0, Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 5}})
 	if err != nil || len(claims) != 5 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
@@ -949,7 +949,7 @@ func testUngroupedSchema12Rows(t *testing.T, open Open) {
 	claimAll := func(at time.Time) {
 		t.Helper()
 		for dry := 0; dry < 3; { // rows of schema 12 above the mark take rounds
-			again, _, err := d.ClaimMessages(ctx, g, "b", at, time.Hour, driver.ClaimLimit{Messages: 1})
+			again, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: g, Owner: "b", Now: at, Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -993,7 +993,7 @@ func testUngroupedCursorRowGone(t *testing.T, open Open) {
 	ctx := context.Background()
 	g := driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
-	claims, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: g, Owner: "a", Now: t0, Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(claims) != 1 {
 		t.Fatalf("claimed %d, %v", len(claims), err)
 	}
@@ -1007,7 +1007,7 @@ func testUngroupedCursorRowGone(t *testing.T, open Open) {
 		}
 	}
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u2"})
-	again, _, err := d.ClaimMessages(ctx, g, "a", t0, time.Hour, driver.ClaimLimit{Messages: 10})
+	again, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: g, Owner: "a", Now: t0, Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(again) != 1 || again[0].Message.ID != "u2" {
 		t.Fatalf("claimed %+v (%v) after the cursor row went; want u2", again, err)
 	}

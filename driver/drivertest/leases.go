@@ -73,11 +73,11 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	res := mustPublish(t, c, batch...)
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 
-	a, err := d.AcquireLease(ctx, p, "sub-a", t0, ttl)
+	a, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0, TTL: ttl})
 	if err != nil || a.Token != firstToken || a.Owner != "sub-a" || !a.ExpiresAt.Equal(t0.Add(ttl)) {
 		t.Fatalf("first acquire = %+v, %v", a, err)
 	}
-	_, err = d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl-time.Second), ttl)
+	_, err = d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-b", Now: t0.Add(ttl - time.Second), TTL: ttl})
 	var held *driver.LeaseHeldError
 	if !errors.Is(err, driver.ErrLeaseHeld) || !errors.As(err, &held) || held.Owner != "sub-a" {
 		t.Fatalf("acquire of a held lease = %v, want LeaseHeldError naming sub-a", err)
@@ -90,7 +90,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	}
 
 	// a stalls past its expiry; b takes over with a higher token.
-	b, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(ttl+time.Second), ttl)
+	b, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-b", Now: t0.Add(ttl + time.Second), TTL: ttl})
 	if err != nil || b.Token != firstToken+1 || b.Committed != res[4].Offset {
 		t.Fatalf("takeover after expiry = %+v, %v; want token first+1 starting after offset %d", b, err, res[4].Offset)
 	}
@@ -121,7 +121,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	if err := d.CommitOffset(ctx, b, res[9].Offset, t0.Add(ttl+5*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("commit after release = %v, want ErrLeaseLost", err)
 	}
-	a2, err := d.AcquireLease(ctx, p, "sub-a", t0.Add(ttl+5*time.Second), ttl)
+	a2, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0.Add(ttl + 5*time.Second), TTL: ttl})
 	if err != nil || a2.Token != firstToken+2 {
 		t.Fatalf("acquire after release = %+v, %v; want token first+2", a2, err)
 	}
@@ -134,7 +134,7 @@ func testLeaseRenewAndReacquire(t *testing.T, open Open) {
 	d, _ := setup(t, open, nil)
 	ctx := context.Background()
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
-	a, err := d.AcquireLease(ctx, p, "sub-a", t0, ttl)
+	a, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func testLeaseRenewAndReacquire(t *testing.T, open Open) {
 	if err != nil || !a.ExpiresAt.Equal(t0.Add(50*time.Second)) {
 		t.Fatalf("renew = %+v, %v", a, err)
 	}
-	if _, err := d.AcquireLease(ctx, p, "sub-b", t0.Add(40*time.Second), ttl); !errors.Is(err, driver.ErrLeaseHeld) {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-b", Now: t0.Add(40 * time.Second), TTL: ttl}); !errors.Is(err, driver.ErrLeaseHeld) {
 		t.Fatalf("acquire within the renewed lease = %v, want ErrLeaseHeld", err)
 	}
 	// An expired lease is lost to its holder even when nobody took it:
@@ -164,7 +164,7 @@ func testLeaseRenewAndReacquire(t *testing.T, open Open) {
 	}
 	// Acquiring again as the same owner starts a new epoch and fences
 	// the old handle.
-	again, err := d.AcquireLease(ctx, p, "sub-a", t0.Add(time.Hour), ttl)
+	again, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0.Add(time.Hour), TTL: ttl})
 	if err != nil || again.Token != a.Token+1 {
 		t.Fatalf("re-acquire by owner = %+v, %v", again, err)
 	}
@@ -178,7 +178,7 @@ func testCommitNeverMovesBack(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s", t0, ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "s", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func testLeaseAcquireRace(t *testing.T, open Open) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := d.AcquireLease(ctx, p, fmt.Sprintf("sub-%d", i), t0, ttl)
+			l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: fmt.Sprintf("sub-%d", i), Now: t0, TTL: ttl})
 			switch {
 			case err == nil:
 				won <- l
@@ -236,17 +236,17 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 	ref := func(k string) driver.PartitionRef {
 		return driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
 	}
-	dead, err := d.AcquireLease(ctx, ref("k1"), "dead", t0, ttl)
+	dead, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k1"), Owner: "dead", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	alive, err := d.AcquireLease(ctx, ref("k2"), "alive", t0, ttl)
+	alive, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k2"), Owner: "alive", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// revived's heartbeat was stale when the sweeper read it, and was
 	// written again before the sweep: the sweep checks it again.
-	revived, err := d.AcquireLease(ctx, ref("k3"), "revived", t0, ttl)
+	revived, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k3"), Owner: "revived", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 	}
-	n, err := d.SweepLeases(ctx, scope, []string{"dead", "revived"}, t0.Add(-30*time.Second), t0.Add(time.Second))
+	n, err := d.SweepLeases(ctx, driver.SweepLeasesParams{Group: scope, Owners: []string{"dead", "revived"}, StaleBefore: t0.Add(-30 * time.Second), Now: t0.Add(time.Second)})
 	if err != nil || n != 1 {
 		t.Fatalf("sweep = %d, %v; want 1", n, err)
 	}
@@ -270,7 +270,7 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 		t.Fatalf("sweep touched a live owner's lease: %v", err)
 	}
 	// The swept lease is free at once, not after its expiry.
-	next, err := d.AcquireLease(ctx, ref("k1"), "heir", t0.Add(2*time.Second), ttl)
+	next, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k1"), Owner: "heir", Now: t0.Add(2 * time.Second), TTL: ttl})
 	if err != nil || next.Token <= dead.Token+1 {
 		t.Fatalf("acquire after sweep = %+v, %v; want a token above %d", next, err, dead.Token+1)
 	}
@@ -322,7 +322,7 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
-	l, err := d.AcquireLease(ctx, p, "s", t0, ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +340,7 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 	}
 	for attempt := 1; attempt <= 2; attempt++ {
 		st := driver.DeliveryState{Attempts: attempt, NextAttemptAt: t0.Add(time.Duration(attempt) * time.Second), LastError: fmt.Sprintf("boom %d", attempt)}
-		if err := d.RecordAttempt(ctx, l, res[0].Offset, st, t0); err != nil {
+		if err := d.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: res[0].Offset, State: st, Now: t0}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -352,11 +352,11 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 		t.Fatalf("range after the message returned %+v", sts)
 	}
 	// A takeover fences the old owner's bookkeeping.
-	l2, err := d.AcquireLease(ctx, p, "s2", t0.Add(time.Hour), ttl)
+	l2, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s2", Now: t0.Add(time.Hour), TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 9}, t0.Add(time.Hour)); !errors.Is(err, driver.ErrLeaseLost) {
+	if err := d.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: res[0].Offset, State: driver.DeliveryState{Attempts: 9}, Now: t0.Add(time.Hour)}); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("stale RecordAttempt = %v, want ErrLeaseLost", err)
 	}
 	if st, _ := state(res[0].Offset); st.Attempts != 2 {
@@ -377,11 +377,11 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "poison", Payload: []byte("bad")},
 		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "next"})
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
-	l, err := d.AcquireLease(ctx, p, "s", t0, ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RecordAttempt(ctx, l, res[0].Offset, driver.DeliveryState{Attempts: 3, LastError: "boom"}, t0); err != nil {
+	if err := d.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: res[0].Offset, State: driver.DeliveryState{Attempts: 3, LastError: "boom"}, Now: t0}); err != nil {
 		t.Fatal(err)
 	}
 	dlq := func() *driver.InsertMessage {
@@ -389,10 +389,10 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 			Headers: map[string]string{"queue_name": "t", "dlq_original_topic": "x"}, CreatedAt: t0}
 	}
 	// A stale owner's dead-letter writes nothing at all.
-	if _, err := d.AcquireLease(ctx, p, "s2", t0.Add(time.Hour), ttl); err != nil {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s2", Now: t0.Add(time.Hour), TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DeadLetter(ctx, l, dlq(), res[0].Offset, t0.Add(time.Hour)); !errors.Is(err, driver.ErrLeaseLost) {
+	if err := d.DeadLetter(ctx, driver.DeadLetterParams{Lease: l, Copy: dlq(), Offset: res[0].Offset, Now: t0.Add(time.Hour)}); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("stale DeadLetter = %v, want ErrLeaseLost", err)
 	}
 	if got := fetchAll(t, d, "t", "x.dlq", "k"); len(got) != 0 {
@@ -401,11 +401,11 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 	if sts, _ := d.DeliveryStates(ctx, p, 0, res[0].Offset); len(sts) != 1 {
 		t.Fatal("stale dead-letter dropped the bookkeeping")
 	}
-	l, err = d.AcquireLease(ctx, p, "s", t0.Add(2*time.Hour), ttl)
+	l, err = d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s", Now: t0.Add(2 * time.Hour), TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DeadLetter(ctx, l, dlq(), res[0].Offset, t0.Add(2*time.Hour)); err != nil {
+	if err := d.DeadLetter(ctx, driver.DeadLetterParams{Lease: l, Copy: dlq(), Offset: res[0].Offset, Now: t0.Add(2 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	got := fetchAll(t, d, "t", "x.dlq", "k")
@@ -430,14 +430,14 @@ func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
 		if tk[1] == "b" {
 			lttl = ttl
 		}
-		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tk[0], ConsumerGroup: "g", Topic: "x", PartitionKey: tk[1]}, "me", t0, lttl)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: tk[0], ConsumerGroup: "g", Topic: "x", PartitionKey: tk[1]}, Owner: "me", Now: t0, TTL: lttl})
 		if err != nil {
 			t.Fatal(err)
 		}
 		mine = append(mine, l)
 	}
 	// t1/b expires and a peer takes it.
-	if _, err := d.AcquireLease(ctx, mine[1].PartitionRef, "peer", t0.Add(ttl+time.Second), ttl); err != nil {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: mine[1].PartitionRef, Owner: "peer", Now: t0.Add(ttl + time.Second), TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	renewed, lost, err := d.RenewLeases(ctx, mine, t0.Add(ttl+2*time.Second), ttl)
@@ -458,7 +458,7 @@ func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
 			t.Fatalf("the peer's lease was changed by a stale renewal: %+v", l)
 		}
 	}
-	if _, err := d.AcquireLease(ctx, mine[0].PartitionRef, "peer", t0.Add(2*ttl), ttl); !errors.Is(err, driver.ErrLeaseHeld) {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: mine[0].PartitionRef, Owner: "peer", Now: t0.Add(2 * ttl), TTL: ttl}); !errors.Is(err, driver.ErrLeaseHeld) {
 		t.Fatalf("acquire of a renewed lease = %v, want ErrLeaseHeld", err)
 	}
 }

@@ -101,7 +101,7 @@ func retainAll(t *testing.T, c *shardq.Client, cfg shardq.RetentionConfig) shard
 func drain(t *testing.T, d driver.Driver, now time.Time, group, key string) driver.Lease {
 	t.Helper()
 	ctx := context.Background()
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: group, Topic: "x", PartitionKey: key}, "m-"+group, now, ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: group, Topic: "x", PartitionKey: key}, Owner: "m-" + group, Now: now, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 	}
 	tokens := map[string]int64{}
 	for _, k := range []string{"k1", "k2", "k3"} {
-		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}, "m", clock.Now(), ttl)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}, Owner: "m", Now: clock.Now(), TTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 		case "k2":
 			// The group fails the second message and falls behind: the
 			// message ages out, its bookkeeping stays behind.
-			if err := d.RecordAttempt(ctx, l, head, driver.DeliveryState{Attempts: 1, LastError: "retry"}, clock.Now()); err != nil {
+			if err := d.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: head, State: driver.DeliveryState{Attempts: 1, LastError: "retry"}, Now: clock.Now()}); err != nil {
 				t.Fatal(err)
 			}
 			head = got[0].Offset
@@ -170,7 +170,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 	}
 	// The ungrouped message is claimed and never settled: it ages out
 	// with its claim row left.
-	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m", clock.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m", Now: clock.Now(), Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim = %d, %v", len(cs), err)
 	}
@@ -206,7 +206,7 @@ func testRetentionRemovesDrainedPartitions(t *testing.T, open Open) {
 	}
 
 	again := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"})[0]
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k1"}, "m2", clock.Now(), ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k1"}, Owner: "m2", Now: clock.Now(), TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func testRemovalWaitsForLiveLeases(t *testing.T, open Open) {
 	d, c := setup(t, open, &shardq.Config{Clock: clock.Now})
 	ctx := context.Background()
 	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", clock.Now(), 4*time.Hour)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "m", Now: clock.Now(), TTL: 4 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,13 +501,13 @@ func testStartPositionLatest(t *testing.T, open Open) {
 	if rs, err := d.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "late"}, time.Now(), 10); err != nil || len(rs) != 0 {
 		t.Fatalf("ready groups of a latest group before any new message = %+v, %v", rs, err)
 	}
-	if cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "late"}, "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10}); err != nil || len(cs) != 0 {
+	if cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "late"}, Owner: "m", Now: time.Now(), Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}}); err != nil || len(cs) != 0 {
 		t.Fatalf("claims of a latest group before any new message = %+v, %v", cs, err)
 	}
 	fresh := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k2"},
 		shardq.Message{Tenant: "t", Topic: "x"})
 	for _, k := range []string{"k1", "k2"} {
-		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "late", Topic: "x", PartitionKey: k}, "m", time.Now(), ttl)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "late", Topic: "x", PartitionKey: k}, Owner: "m", Now: time.Now(), TTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -520,14 +520,14 @@ func testStartPositionLatest(t *testing.T, open Open) {
 			t.Fatalf("latest group reads %s after %d: %+v, %v; want only %d", k, l.Committed, got, err, want)
 		}
 	}
-	cs, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "late"}, "m", time.Now(), time.Minute, driver.ClaimLimit{Messages: 10})
+	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "late"}, Owner: "m", Now: time.Now(), Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(cs) != 1 || cs[0].Message.Offset != fresh[2].Offset {
 		t.Fatalf("latest group claims %+v, %v; want only the new ungrouped message", cs, err)
 	}
 	if got := len(fetchAll(t, d, "t", "x", "k1")); got != 2 {
 		t.Fatalf("k1 holds %d messages", got)
 	}
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "early", Topic: "x", PartitionKey: "k1"}, "m", time.Now(), ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "early", Topic: "x", PartitionKey: "k1"}, Owner: "m", Now: time.Now(), TTL: ttl})
 	if err != nil || l.Committed != 0 {
 		t.Fatalf("earliest group starts after %d, %v; want 0", l.Committed, err)
 	}
@@ -582,14 +582,14 @@ func testDeleteGroup(t *testing.T, open Open) {
 		}
 		drain(t, d, clock.Now(), g, "k")
 	}
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", clock.Now(), ttl)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "m", Now: clock.Now(), TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, "m", clock.Now()); err != nil {
 		t.Fatal(err)
 	}
-	err = d.DeleteGroup(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, clock.Now().Add(-time.Minute), clock.Now(), false)
+	err = d.DeleteGroup(ctx, driver.DeleteGroupParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, LiveSince: clock.Now().Add(-time.Minute), Now: clock.Now(), Force: false})
 	var live *driver.GroupLiveError
 	if !errors.As(err, &live) || !errors.Is(err, driver.ErrGroupLive) || live.Leases != 1 || len(live.Members) != 1 {
 		t.Fatalf("delete of a live group = %v, want GroupLiveError naming one member and one lease", err)
@@ -597,7 +597,7 @@ func testDeleteGroup(t *testing.T, open Open) {
 	if n := committed(t, d, "t", "x", "k", "g"); n != res[1].Offset {
 		t.Fatalf("refused delete moved the cursor to %d", n)
 	}
-	if err := d.DeleteGroup(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, clock.Now().Add(-time.Minute), clock.Now(), true); err != nil {
+	if err := d.DeleteGroup(ctx, driver.DeleteGroupParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, LiveSince: clock.Now().Add(-time.Minute), Now: clock.Now(), Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.CommitOffset(ctx, l, res[1].Offset, clock.Now()); !errors.Is(err, driver.ErrLeaseLost) {
@@ -611,7 +611,7 @@ func testDeleteGroup(t *testing.T, open Open) {
 		t.Fatalf("the other group's cursor is %d, want %d", n, res[1].Offset)
 	}
 	// Without members, no force is needed.
-	if err := d.DeleteGroup(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "other"}, clock.Now().Add(-time.Minute), clock.Now(), false); err != nil {
+	if err := d.DeleteGroup(ctx, driver.DeleteGroupParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "other"}, LiveSince: clock.Now().Add(-time.Minute), Now: clock.Now(), Force: false}); err != nil {
 		t.Fatal(err)
 	}
 	if n := rowCounts(t, d, "t"); n["queue_offsets"] != 0 || n["queue_partition_leases"] != 0 {

@@ -210,7 +210,7 @@ func testAckTxReceiver(t *testing.T, open Open) {
 	}
 	// The lease lapses and another member takes the group.
 	clock.Advance(11 * time.Second)
-	if _, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "other#1", clock.Now(), time.Minute); err != nil {
+	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "other#1", Now: clock.Now(), TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := beginWrite(ctx, d)

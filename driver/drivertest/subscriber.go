@@ -528,7 +528,7 @@ func testLostLeaseCancelsHandler(t *testing.T, open Open) {
 	if err := d.Heartbeat(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, "thief", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	thief, err := d.AcquireLease(context.Background(), p, "thief", time.Now().Add(time.Hour), time.Hour)
+	thief, err := d.AcquireLease(context.Background(), driver.AcquireLeaseParams{Partition: p, Owner: "thief", Now: time.Now().Add(time.Hour), TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,16 +560,16 @@ type renewalsFail struct {
 	expiry *atomic.Int64 // Unix nanoseconds
 }
 
-func (r renewalsFail) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
-	l, err := r.Driver.AcquireLease(ctx, p, owner, now, ttl)
+func (r renewalsFail) AcquireLease(ctx context.Context, in driver.AcquireLeaseParams) (driver.Lease, error) {
+	l, err := r.Driver.AcquireLease(ctx, in)
 	if err == nil {
 		r.expiry.Store(l.ExpiresAt.UnixNano())
 	}
 	return l, err
 }
 
-func (r renewalsFail) ClaimMessages(ctx context.Context, g driver.GroupRef, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
-	cs, truncated, err := r.Driver.ClaimMessages(ctx, g, owner, now, visibility, limit)
+func (r renewalsFail) ClaimMessages(ctx context.Context, in driver.ClaimMessagesParams) ([]driver.Claim, bool, error) {
+	cs, truncated, err := r.Driver.ClaimMessages(ctx, in)
 	for _, c := range cs {
 		r.expiry.Store(c.VisibleUntil.UnixNano())
 	}
@@ -582,7 +582,7 @@ func (renewalsFail) RenewLeases(context.Context, []driver.Lease, time.Time, time
 	return nil, nil, errInjectedUnreachable
 }
 
-func (renewalsFail) RetryClaim(context.Context, driver.Claim, time.Time, string, time.Time) error {
+func (renewalsFail) RetryClaim(context.Context, driver.RetryClaimParams) error {
 	return errInjectedUnreachable
 }
 
@@ -811,7 +811,7 @@ func testOwnLeaseWithoutWorkerIsTakenUp(t *testing.T, open Open) {
 	defer stopAll(t, s)
 	for _, k := range []string{"p00", "p01"} {
 		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
-		if _, err := d.AcquireLease(context.Background(), p, s.ID(), time.Now(), time.Hour); err != nil {
+		if _, err := d.AcquireLease(context.Background(), driver.AcquireLeaseParams{Partition: p, Owner: s.ID(), Now: time.Now(), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -866,7 +866,7 @@ func testFairShareConverges(t *testing.T, open Open) {
 				}
 			}
 			for _, p := range plan.Acquire {
-				_, err := d.AcquireLease(ctx, p, me, t0, time.Hour)
+				_, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: me, Now: t0, TTL: time.Hour})
 				if errors.Is(err, driver.ErrLeaseHeld) {
 					continue
 				}

@@ -76,7 +76,7 @@ func TestClaimHidesNothingCommittedMeanwhile(t *testing.T) {
 	armed = true
 	mu.Unlock()
 	now := time.Now()
-	claims, _, err := claimer.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := claimer.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#1", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestClaimHidesNothingCommittedMeanwhile(t *testing.T) {
 	if !fired {
 		t.Fatal("the claim sent no read of the messages above its mark: the test did not reach its window")
 	}
-	next, _, err := claimer.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#2", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	next, _, err := claimer.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#2", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 		}
 	}
 	publish("a", "b")
-	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#1", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(claims) != 2 {
 		t.Fatalf("claim: %v, %v", claims, err)
 	}
@@ -158,7 +158,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 	advance(2, 0) // nothing new
 	advance(2, 0)
 	publish("c")
-	c, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	c, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#1", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(c) != 1 {
 		t.Fatalf("claim: %v, %v", c, err)
 	}

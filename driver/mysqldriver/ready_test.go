@@ -47,7 +47,7 @@ func TestReadyGroupsProbesEachGroupOnce(t *testing.T) {
 		}
 		// The group consumed all but the last ten of the key.
 		p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: fmt.Sprint("k", k)}
-		l, err := d.AcquireLease(ctx, p, "m", time.Now(), time.Minute)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "m", Now: time.Now(), TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

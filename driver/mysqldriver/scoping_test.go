@@ -105,7 +105,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: "a", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "s", now, time.Minute)
+	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "a", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "s", Now: now, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,13 +118,13 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err := d.CommitOffset(ctx, l, 2, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RecordAttempt(ctx, l, 3, driver.DeliveryState{Attempts: 1, NextAttemptAt: now}, now); err != nil {
+	if err := d.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: 3, State: driver.DeliveryState{Attempts: 1, NextAttemptAt: now}, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.DeliveryStates(ctx, l.PartitionRef, 2, 3); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DeadLetter(ctx, l, &driver.InsertMessage{Tenant: "a", Topic: "x.dlq", PartitionKey: "k", ID: "d", CreatedAt: now}, 3, now); err != nil {
+	if err := d.DeadLetter(ctx, driver.DeadLetterParams{Lease: l, Copy: &driver.InsertMessage{Tenant: "a", Topic: "x.dlq", PartitionKey: "k", ID: "d", CreatedAt: now}, Offset: 3, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"a"}, Topic: "x", ConsumerGroup: "g"}); err != nil {
@@ -149,14 +149,14 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := c.Publish(ctx, ungrouped...); err != nil {
 		t.Fatal(err)
 	}
-	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "a", Topic: "u", ConsumerGroup: "g"}, "s", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "a", Topic: "u", ConsumerGroup: "g"}, Owner: "s", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(claims) != 3 {
 		t.Fatalf("claimed %d ungrouped messages, %v", len(claims), err)
 	}
 	if err := d.AckClaims(ctx, claims[:1], now); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RetryClaim(ctx, claims[1], now, "later", now); err != nil {
+	if err := d.RetryClaim(ctx, driver.RetryClaimParams{Claim: claims[1], RetryAt: now, LastError: "later", Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.DeadLetterClaim(ctx, claims[2], &driver.InsertMessage{Tenant: "a", Topic: "u.dlq", ID: "d", CreatedAt: now}, now); err != nil {
@@ -191,7 +191,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.ListHalves(ctx, driver.Scope{Tenants: []string{"a"}}); err != nil { // --all-tenants is an operator's explicit fleet-wide read
 		t.Fatal(err)
 	}
-	if _, err := d.SweepLeases(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, []string{"dead"}, now, now); err != nil {
+	if _, err := d.SweepLeases(ctx, driver.SweepLeasesParams{Group: driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, Owners: []string{"dead"}, StaleBefore: now, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, "s", now); err != nil {

@@ -623,7 +623,7 @@ func TestVitessCrossShardLocksTakenInOrder(t *testing.T) {
 	}
 	now := time.Now()
 	lease := func(tenant string) driver.Lease {
-		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", now, time.Minute)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "m", Now: now, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -698,7 +698,7 @@ func TestVitessTransactionsStayOnTheirTenantsShard(t *testing.T) {
 	now := time.Now()
 	var leases []driver.Lease
 	for _, tenant := range []string{placed["-80"][0], placed["80-"][0]} {
-		l, err := d.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, "m", now, time.Minute)
+		l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: tenant, ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "m", Now: now, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -60,7 +60,7 @@ func TestIdleAdvanceOpensNoTransaction(t *testing.T) {
 		}
 	}
 	publish("a")
-	claims, _, err := d.ClaimMessages(ctx, driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "m#1", now, time.Minute, driver.ClaimLimit{Messages: 10})
+	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#1", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(claims) != 1 {
 		t.Fatalf("claim: %v, %v", claims, err)
 	}

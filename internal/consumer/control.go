@@ -166,7 +166,7 @@ func (s *Member) tick() (contended bool) {
 			continue // our heartbeat there is about to go stale: what we took would be swept
 		}
 		lapses := s.lapsesIn(p.Tenant)
-		l, err := s.drv.AcquireLease(ctx, p, s.cfg.ID, now, s.cfg.LeaseTTL)
+		l, err := s.drv.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: s.cfg.ID, Now: now, TTL: s.cfg.LeaseTTL})
 		if errors.Is(err, driver.ErrLeaseHeld) {
 			contended = true // a peer was quicker; replan soon
 			continue
@@ -325,7 +325,7 @@ func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive
 		return
 	}
 	dead, tenants := slices.Sorted(maps.Keys(deadSet)), slices.Sorted(maps.Keys(tenantSet))
-	n, err := s.drv.SweepLeases(ctx, driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, dead, now.Add(-s.cfg.StaleAfter), now)
+	n, err := s.drv.SweepLeases(ctx, driver.SweepLeasesParams{Group: driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owners: dead, StaleBefore: now.Add(-s.cfg.StaleAfter), Now: now})
 	if n > 0 {
 		s.log.Info("shardq: swept leases of dead subscribers", "dead", dead, "leases", n)
 	}

@@ -20,7 +20,7 @@ import (
 // deadline does.
 type deadlineDriver struct{ driver.Driver }
 
-func (deadlineDriver) AcquireLease(context.Context, driver.PartitionRef, string, time.Time, time.Duration) (driver.Lease, error) {
+func (deadlineDriver) AcquireLease(context.Context, driver.AcquireLeaseParams) (driver.Lease, error) {
 	return driver.Lease{}, fmt.Errorf("acquire lease: %w", context.DeadlineExceeded)
 }
 

@@ -86,7 +86,7 @@ func (s *Member) adopt(ctx context.Context, names []string) error {
 	// Each attempt moves what is left (tenant by tenant): keep every
 	// attempt's leases, and record them even when the last one fails.
 	err := s.retrying(ctx, func() error {
-		ls, err := s.drv.TakeOverMember(ctx, s.scope(), names, s.cfg.ID, s.cfg.Clock(), s.cfg.LeaseTTL)
+		ls, err := s.drv.TakeOverMember(ctx, driver.TakeOverMemberParams{Group: s.scope(), Previous: names, Member: s.cfg.ID, Now: s.cfg.Clock(), TTL: s.cfg.LeaseTTL})
 		taken = append(taken, ls...)
 		return err
 	})

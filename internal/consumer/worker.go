@@ -331,7 +331,7 @@ func (w *worker) fetch() ([]driver.Message, error) {
 	case w.blocked:
 		return w.s.drv.FetchAfter(ctx, tp, w.cursor, 1) // waiting for a large message's end marker: its chunk 0 is all it needs
 	case w.sawLarge:
-		msgs, _, err := w.s.drv.FetchWithin(ctx, tp, w.cursor, w.s.cfg.BatchSize, largeFetchBytes)
+		msgs, _, err := w.s.drv.FetchWithin(ctx, driver.FetchWithinParams{Partition: tp, After: w.cursor, Limit: w.s.cfg.BatchSize, Budget: largeFetchBytes})
 		return msgs, err
 	}
 	return w.s.drv.FetchAfter(ctx, tp, w.cursor, w.s.cfg.BatchSize)
@@ -406,7 +406,7 @@ func (w *worker) commitLost() {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	now := w.s.cfg.Clock()
-	if err := w.s.drv.CommitReceived(ctx, w.leaseNow(), w.cursor, !now.Before(w.notBefore), now); err == nil {
+	if err := w.s.drv.CommitReceived(ctx, driver.CommitReceivedParams{Lease: w.leaseNow(), Offset: w.cursor, Release: !now.Before(w.notBefore), Now: now}); err == nil {
 		raise(&w.commit, w.cursor)
 	}
 }

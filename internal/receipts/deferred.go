@@ -28,7 +28,7 @@ func (rc *Receipt) deferredClaim() driver.Claim {
 func (r *Receipts) ReceiveDeferred(ctx context.Context, tenant, topic, group string, offsets []int64, vis time.Duration, maxBytes int64) (Result, error) {
 	owner := ident.MemberID(r.cfg.Name)
 	now := r.now()
-	claims, err := r.drv.ClaimDeferred(ctx, driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, offsets, owner, now, vis)
+	claims, err := r.drv.ClaimDeferred(ctx, driver.ClaimDeferredParams{Group: driver.GroupRef{Tenant: tenant, Topic: topic, ConsumerGroup: group}, Offsets: offsets, Owner: owner, Now: now, Visibility: vis})
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive deferred: %w", err)
 	}

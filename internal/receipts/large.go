@@ -76,7 +76,7 @@ func (r *Receipts) wholes(ctx context.Context, l *driver.Lease, rq Request, msgs
 		if passed++; passed > maxPassOver {
 			return nil, nil, nil, nil
 		}
-		if err := r.drv.CommitReceived(ctx, *l, m.Offset, false, now); err != nil {
+		if err := r.drv.CommitReceived(ctx, driver.CommitReceivedParams{Lease: *l, Offset: m.Offset, Release: false, Now: now}); err != nil {
 			return nil, nil, nil, fmt.Errorf("pass over offset %d: %w", m.Offset, err)
 		}
 		level := slog.LevelWarn

@@ -362,7 +362,7 @@ func (r *Receipts) receiveUngrouped(ctx context.Context, rq Request) (Result, er
 	if r.budgeted(rq) {
 		limit.Bytes = rq.MaxBytes
 	}
-	claims, truncated, err := r.drv.ClaimMessages(ctx, driver.GroupRef{Tenant: rq.Tenant, Topic: rq.Topic, ConsumerGroup: rq.Group}, owner, r.now(), rq.Visibility, limit)
+	claims, truncated, err := r.drv.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: rq.Tenant, Topic: rq.Topic, ConsumerGroup: rq.Group}, Owner: owner, Now: r.now(), Visibility: rq.Visibility, Limit: limit})
 	if err != nil {
 		return Result{}, fmt.Errorf("shardq: receive: %w", err)
 	}
@@ -549,7 +549,7 @@ func (r *Receipts) receiveGroup(ctx context.Context, rq Request, key string) (Re
 	ref := driver.PartitionRef{Tenant: rq.Tenant, ConsumerGroup: rq.Group, Topic: rq.Topic, PartitionKey: key}
 	owner := ident.MemberID(r.cfg.Name)
 	now := r.now()
-	l, err := r.drv.AcquireLease(ctx, ref, owner, now, rq.Visibility)
+	l, err := r.drv.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: owner, Now: now, TTL: rq.Visibility})
 	if errors.Is(err, driver.ErrLeaseHeld) {
 		return Result{}, nil // in flight elsewhere: its messages are not ours to see
 	}
@@ -649,7 +649,7 @@ func (r *Receipts) handOut(ctx context.Context, rq Request, l driver.Lease, now 
 // behind.
 func (r *Receipts) ready(ctx context.Context, l driver.Lease, rq Request, now time.Time) (msgs []driver.Message, states map[int64]driver.DeliveryState, truncated bool, err error) {
 	if r.budgeted(rq) {
-		msgs, truncated, err = r.drv.FetchWithin(ctx, driver.TopicPartition{Tenant: l.Tenant, Topic: l.Topic, PartitionKey: l.PartitionKey}, l.Committed, rq.Max, rq.MaxBytes)
+		msgs, truncated, err = r.drv.FetchWithin(ctx, driver.FetchWithinParams{Partition: driver.TopicPartition{Tenant: l.Tenant, Topic: l.Topic, PartitionKey: l.PartitionKey}, After: l.Committed, Limit: rq.Max, Budget: rq.MaxBytes})
 	} else {
 		msgs, err = r.drv.FetchAfter(ctx, driver.TopicPartition{Tenant: l.Tenant, Topic: l.Topic, PartitionKey: l.PartitionKey}, l.Committed, rq.Max)
 	}
@@ -701,7 +701,7 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 	l := rc.lease()
 	upTo := rc.upTo()
 	// The receive's last ack gives the group back in the same transaction.
-	err := r.drv.CommitReceived(ctx, l, upTo, upTo == rc.Last && !rc.Held, now)
+	err := r.drv.CommitReceived(ctx, driver.CommitReceivedParams{Lease: l, Offset: upTo, Release: upTo == rc.Last && !rc.Held, Now: now})
 	return settled("ack", rc, pastHead(rc, err))
 }
 
@@ -709,7 +709,7 @@ func (r *Receipts) commit(ctx context.Context, rc Receipt, now time.Time) error 
 // receive, keeping the group under keep when more of it is stored; nil
 // when it was given back.
 func (r *Receipts) commitKeep(ctx context.Context, rc Receipt, keep keepFor, now time.Time) (*kept, error) {
-	l, ok, err := r.drv.CommitReceivedKeep(ctx, rc.lease(), rc.upTo(), keep.owner, now, keep.ttl)
+	l, ok, err := r.drv.CommitReceivedKeep(ctx, driver.CommitReceivedKeepParams{Lease: rc.lease(), Offset: rc.upTo(), Owner: keep.owner, Now: now, TTL: keep.ttl})
 	if err != nil && !errors.Is(err, driver.ErrLeaseLost) && !errors.Is(err, driver.ErrPastHead) {
 		// The commit's outcome may be unknown (a connection cut at
 		// COMMIT): a lease handed on that nobody knows of would hold the
@@ -955,7 +955,7 @@ func (r *Receipts) Nack(ctx context.Context, tenant, topic, group, rcpt string, 
 	// already (acks are cumulative): then it is settled, the nack stale,
 	// and the lease left to the receive's visibility. The cursor is read
 	// under the lease's fence.
-	l, err := r.drv.ResumeLeaseBelow(ctx, rc.lease(), rc.Offset, r.now(), nackHold)
+	l, err := r.drv.ResumeLeaseBelow(ctx, driver.ResumeLeaseBelowParams{Lease: rc.lease(), Offset: rc.Offset, Now: r.now(), TTL: nackHold})
 	if err == nil && l.Committed >= rc.Offset {
 		err = ErrStale
 	}

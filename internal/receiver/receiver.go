@@ -136,7 +136,7 @@ func tryAccept(ctx context.Context, drv driver.Driver, cfg Config, ref driver.Pa
 	clock := cfg.Settler.Clock
 	now := clock()
 	id := ident.MemberID(cfg.Name) // each receiver is its own owner, even from one configuration
-	l, err := drv.AcquireLease(ctx, ref, id, now, cfg.LeaseTTL)
+	l, err := drv.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: id, Now: now, TTL: cfg.LeaseTTL})
 	var held *driver.LeaseHeldError
 	if errors.As(err, &held) {
 		return nil, cfg.Owned(ref, held)
@@ -314,8 +314,8 @@ func (r *Receiver) fill(ctx context.Context) error {
 	}
 	// Up to 100 messages within prefetchBytes: a run of small messages in
 	// one read, a large message's chunks a few at a time.
-	msgs, _, err := r.drv.FetchWithin(ctx, driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey},
-		r.cursor, 100, prefetchBytes)
+	msgs, _, err := r.drv.FetchWithin(ctx, driver.FetchWithinParams{Partition: driver.TopicPartition{Tenant: r.ref.Tenant, Topic: r.ref.Topic, PartitionKey: r.ref.PartitionKey}, After: r.cursor, Limit: 100, Budget: prefetchBytes})
+
 	if err != nil || len(msgs) == 0 {
 		return err
 	}

@@ -185,7 +185,7 @@ func Run(ctx context.Context, drv driver.Driver, clock func() time.Time, s drive
 // partitions left drained and idle (docs/design.md, "Partition
 // lifecycle"), with the rows of partitions already gone.
 func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time, tenant, topic string, cfg Config, pol Policy) (rep Report, skipped bool, err error) {
-	claim, err := drv.AcquireLease(ctx, driver.PartitionRef{Tenant: tenant, ConsumerGroup: Group, Topic: topic}, cfg.Owner, clock(), cfg.ClaimTTL)
+	claim, err := drv.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: tenant, ConsumerGroup: Group, Topic: topic}, Owner: cfg.Owner, Now: clock(), TTL: cfg.ClaimTTL})
 	if errors.Is(err, driver.ErrLeaseHeld) {
 		return rep, true, nil
 	}
@@ -235,7 +235,7 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 		for _, c := range cursors {
 			leftover[c.PartitionKey] = true
 		}
-		stale, err := drv.StaleLeaseKeys(ctx, tenant, topic, groups, idleBefore)
+		stale, err := drv.StaleLeaseKeys(ctx, driver.StaleLeaseKeysParams{Tenant: tenant, Topic: topic, Groups: groups, Before: idleBefore})
 		if err != nil {
 			return rep, false, err
 		}
@@ -256,7 +256,7 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 			chunk := pending[:min(len(pending), cutsPerTx)]
 			var n []int64
 			if err := retry.Do(ctx, retry.SettleReruns, drv.Retryable, nil, func() (err error) {
-				n, err = drv.DeleteBatches(ctx, tenant, topic, chunk, cfg.BatchSize)
+				n, err = drv.DeleteBatches(ctx, driver.DeleteBatchesParams{Tenant: tenant, Topic: topic, Cuts: chunk, Limit: cfg.BatchSize})
 				return err
 			}); err != nil {
 				return err
@@ -302,7 +302,7 @@ func retainTopic(ctx context.Context, drv driver.Driver, clock func() time.Time,
 	minCut, maxCut := earliest(now.Add(-pol.MinRetention), floor), earliest(now.Add(-pol.MaxRetention), floor)
 	var after []string
 	for {
-		page, err := drv.RetentionHeads(ctx, tenant, topic, after, cfg.PageLimit)
+		page, err := drv.RetentionHeads(ctx, driver.RetentionHeadsParams{Tenant: tenant, Topic: topic, After: after, Limit: cfg.PageLimit})
 		if err != nil {
 			return rep, false, err
 		}

@@ -143,13 +143,13 @@ func ErrText(err error) string {
 
 // Driver is what a Settler writes through (a driver.Driver is one).
 type Driver interface {
-	FetchWithin(ctx context.Context, p driver.TopicPartition, after int64, limit int, budget int64) ([]driver.Message, bool, error)
+	FetchWithin(ctx context.Context, p driver.FetchWithinParams) ([]driver.Message, bool, error)
 	GetMessage(ctx context.Context, ref driver.MessageRef) (*driver.Message, map[string]driver.DeliveryState, error)
 	BeginWrite(ctx context.Context) (driver.Tx, error)
 	InsertMessages(ctx context.Context, tx driver.DBTX, msgs []*driver.InsertMessage) error
-	RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error
-	DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error
-	RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Time, lastError string, now time.Time) error
+	RecordAttempt(ctx context.Context, p driver.RecordAttemptParams) error
+	DeadLetter(ctx context.Context, p driver.DeadLetterParams) error
+	RetryClaim(ctx context.Context, p driver.RetryClaimParams) error
 	DeadLetterClaim(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error
 	AckDeferred(ctx context.Context, cs []driver.Claim, now time.Time) error
 	DeadLetterDeferred(ctx context.Context, c driver.Claim, dlq *driver.InsertMessage, now time.Time) error
@@ -195,10 +195,10 @@ func (s Settler) Leased(ctx context.Context, l driver.Lease, m driver.Message, s
 			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), lifecycle.CallTimeout)
 			defer cancel()
 		}
-		return v, s.Driver.DeadLetter(ctx, l, DeadLetterCopy(copied, s.DLQSuffix, attempt, v.Cause), upTo, now)
+		return v, s.Driver.DeadLetter(ctx, driver.DeadLetterParams{Lease: l, Copy: DeadLetterCopy(copied, s.DLQSuffix, attempt, v.Cause), Offset: upTo, Now: now})
 	}
 	v.Due = now.Add(v.Delay)
-	return v, s.Driver.RecordAttempt(ctx, l, m.Offset, driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: ErrText(err)}, now)
+	return v, s.Driver.RecordAttempt(ctx, driver.RecordAttemptParams{Lease: l, Offset: m.Offset, State: driver.DeliveryState{Attempts: attempt, NextAttemptAt: v.Due, LastError: ErrText(err)}, Now: now})
 }
 
 // chunkCopyBudget bounds the chunk bytes copied to a dead-letter topic in
@@ -237,7 +237,7 @@ func (s Settler) copyChunks(ctx context.Context, first driver.Message, end *driv
 	tp := driver.TopicPartition{Tenant: first.Tenant, Topic: first.Topic, PartitionKey: first.PartitionKey}
 	for after := first.Offset - 1; after < end.Offset; {
 		sctx, cancel := step()
-		ms, _, err := s.Driver.FetchWithin(sctx, tp, after, 64, chunkCopyBudget)
+		ms, _, err := s.Driver.FetchWithin(sctx, driver.FetchWithinParams{Partition: tp, After: after, Limit: 64, Budget: chunkCopyBudget})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("dead-letter large %q: read chunks after offset %d: %w", end.ID, after, err)
@@ -318,5 +318,5 @@ func (s Settler) Claim(ctx context.Context, c driver.Claim, err error) (Verdict,
 		return v, s.Driver.DeadLetterClaim(ctx, c, DeadLetterCopy(c.Message, s.DLQSuffix, c.Attempts, v.Cause), now)
 	}
 	v.Due = now.Add(v.Delay)
-	return v, s.Driver.RetryClaim(ctx, c, v.Due, ErrText(err), now)
+	return v, s.Driver.RetryClaim(ctx, driver.RetryClaimParams{Claim: c, RetryAt: v.Due, LastError: ErrText(err), Now: now})
 }

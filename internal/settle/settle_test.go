@@ -61,19 +61,21 @@ type recorder struct {
 	claimDLQ *driver.InsertMessage
 }
 
-func (r *recorder) RecordAttempt(_ context.Context, _ driver.Lease, offset int64, st driver.DeliveryState, _ time.Time) error {
+func (r *recorder) RecordAttempt(_ context.Context, in driver.RecordAttemptParams) error {
+	offset, st := in.Offset, in.State
 	r.attempt, r.at = &st, offset
 	return nil
 }
 
-func (r *recorder) DeadLetter(_ context.Context, _ driver.Lease, dlq *driver.InsertMessage, offset int64, _ time.Time) error {
+func (r *recorder) DeadLetter(_ context.Context, in driver.DeadLetterParams) error {
+	dlq, offset := in.Copy, in.Offset
 	r.dlq, r.upTo = dlq, offset
 	return nil
 }
 
 // The chunk copies of a large dead letter are tested on real databases
 // (drivertest's LargeDeadLetterWhole); here there are no chunks to copy.
-func (r *recorder) FetchWithin(context.Context, driver.TopicPartition, int64, int, int64) ([]driver.Message, bool, error) {
+func (r *recorder) FetchWithin(context.Context, driver.FetchWithinParams) ([]driver.Message, bool, error) {
 	return nil, false, nil
 }
 
@@ -89,7 +91,8 @@ func (r *recorder) InsertMessages(context.Context, driver.DBTX, []*driver.Insert
 	return errors.New("recorder: no database")
 }
 
-func (r *recorder) RetryClaim(_ context.Context, _ driver.Claim, retryAt time.Time, lastError string, _ time.Time) error {
+func (r *recorder) RetryClaim(_ context.Context, in driver.RetryClaimParams) error {
+	retryAt, lastError := in.RetryAt, in.LastError
 	r.retryAt, r.lastErr = retryAt, lastError
 	return nil
 }

@@ -355,7 +355,8 @@ func (d *Store) OffsetBefore(ctx context.Context, p driver.TopicPartition, t tim
 // databases). Each statement is short and touches rows no publisher
 // writes (they append), and the transaction holds at most len(cuts)
 // statements' locks.
-func (d *Store) DeleteBatches(ctx context.Context, tenant, topic string, cuts []driver.Cut, limit int) ([]int64, error) {
+func (d *Store) DeleteBatches(ctx context.Context, in driver.DeleteBatchesParams) ([]int64, error) {
+	tenant, topic, cuts, limit := in.Tenant, in.Topic, in.Cuts, in.Limit
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) ([]int64, error) {
 		out := make([]int64, len(cuts))
 		for i, c := range cuts {

@@ -27,7 +27,8 @@ func offsetList(offsets []int64) List {
 // token (an UPDATE, so two claimers serialise on each row and the second
 // finds it claimed), then reads back the rows carrying the token with
 // their messages: a row whose message is gone claims nothing.
-func (d *Store) ClaimDeferred(ctx context.Context, g driver.GroupRef, offsets []int64, owner string, now time.Time, visibility time.Duration) ([]driver.Claim, error) {
+func (d *Store) ClaimDeferred(ctx context.Context, in driver.ClaimDeferredParams) ([]driver.Claim, error) {
+	g, offsets, owner, now, visibility := in.Group, in.Offsets, in.Owner, in.Now, in.Visibility
 	if len(offsets) == 0 {
 		return nil, nil
 	}

@@ -87,7 +87,8 @@ func (d *Store) CountBetween(ctx context.Context, p driver.TopicPartition, after
 // statement when the messages are small: each row's body comes only when
 // the row alone is within budget/limit, and the larger rows that fit are
 // read by offset afterwards. truncated reports a message left out.
-func (d *Store) FetchWithin(ctx context.Context, p driver.TopicPartition, after int64, limit int, budget int64) ([]driver.Message, bool, error) {
+func (d *Store) FetchWithin(ctx context.Context, in driver.FetchWithinParams) ([]driver.Message, bool, error) {
+	p, after, limit, budget := in.Partition, in.After, in.Limit, in.Budget
 	tenant, topic, partitionKey := p.Tenant, p.Topic, p.PartitionKey
 	op := fmt.Sprintf("fetch tenant %q topic %q partition %q within %d bytes", tenant, topic, partitionKey, budget)
 	key := Args{"tenant": tenant, "topic": topic, "key": partitionKey}

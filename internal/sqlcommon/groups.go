@@ -279,7 +279,8 @@ func (a Args) with(more Args) Args {
 // appears below the mark later), a missing row there means done, and
 // finding work never scans messages that are done. A claim that fails
 // rolls its mark back with its rows. docs/groups.md has the state machine.
-func (d *Store) ClaimMessages(ctx context.Context, g driver.GroupRef, owner string, now time.Time, visibility time.Duration, limit driver.ClaimLimit) ([]driver.Claim, bool, error) {
+func (d *Store) ClaimMessages(ctx context.Context, in driver.ClaimMessagesParams) ([]driver.Claim, bool, error) {
+	g, owner, now, visibility, limit := in.Group, in.Owner, in.Now, in.Visibility, in.Limit
 	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("claim ungrouped messages of tenant %q topic %q group %q", tenant, topic, group)
 	// Most polls of an idle group find nothing: ask the read pool first,
@@ -668,7 +669,8 @@ func (d *Store) ackClaims(ctx context.Context, tx driver.DBTX, cs []driver.Claim
 }
 
 // RetryClaim makes c's message claimable again at retryAt.
-func (d *Store) RetryClaim(ctx context.Context, c driver.Claim, retryAt time.Time, lastError string, now time.Time) error {
+func (d *Store) RetryClaim(ctx context.Context, in driver.RetryClaimParams) error {
+	c, retryAt, lastError, now := in.Claim, in.RetryAt, in.LastError, in.Now
 	return d.claimWrite(ctx, d.Write, c, claimOp("retry", c), d.sql().group.retry, Args{"retry_at": d.EncodeTime(retryAt), "last_error": lastError, "now": d.EncodeTime(now)})
 }
 

@@ -105,7 +105,8 @@ func inTx[T any](ctx context.Context, begin func(context.Context) (*sql.Tx, erro
 
 // AcquireLease makes sure the lease row exists, locks it, and takes it for
 // owner with the next token unless another owner holds it unexpired.
-func (d *Store) AcquireLease(ctx context.Context, p driver.PartitionRef, owner string, now time.Time, ttl time.Duration) (driver.Lease, error) {
+func (d *Store) AcquireLease(ctx context.Context, in driver.AcquireLeaseParams) (driver.Lease, error) {
+	p, owner, now, ttl := in.Partition, in.Owner, in.Now, in.TTL
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "acquire lease on " + p.String()
 		st, key := d.leases(), refNamed(p)
@@ -178,14 +179,15 @@ func (d *Store) RenewLease(ctx context.Context, l driver.Lease, now time.Time, t
 // ResumeLease extends l under its fence whatever its expiry, and reads
 // the cursor.
 func (d *Store) ResumeLease(ctx context.Context, l driver.Lease, now time.Time, ttl time.Duration) (driver.Lease, error) {
-	return d.ResumeLeaseBelow(ctx, l, math.MaxInt64, now, ttl)
+	return d.ResumeLeaseBelow(ctx, driver.ResumeLeaseBelowParams{Lease: l, Offset: math.MaxInt64, Now: now, TTL: ttl})
 }
 
 // ResumeLeaseBelow reads the cursor under l's fence and extends l only
 // while the cursor is below offset: one transaction, so that an ack
 // passing offset meanwhile either comes first (and the lease is left as
 // it was) or waits for the extension.
-func (d *Store) ResumeLeaseBelow(ctx context.Context, l driver.Lease, offset int64, now time.Time, ttl time.Duration) (driver.Lease, error) {
+func (d *Store) ResumeLeaseBelow(ctx context.Context, in driver.ResumeLeaseBelowParams) (driver.Lease, error) {
+	l, offset, now, ttl := in.Lease, in.Offset, in.Now, in.TTL
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
 		op := "resume lease on " + l.PartitionRef.String()
 		if err := d.fence(ctx, tx, l, op); err != nil {
@@ -377,7 +379,8 @@ func (d *Store) CommitOffsets(ctx context.Context, cs []driver.OffsetCommit, now
 // CommitReceived commits like CommitOffset, but only up to the
 // partition's head, read in the statement that fences the lease; with
 // release it frees the lease in the same transaction.
-func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64, release bool, now time.Time) error {
+func (d *Store) CommitReceived(ctx context.Context, in driver.CommitReceivedParams) error {
+	l, offset, release, now := in.Lease, in.Offset, in.Release, in.Now
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("commit received offset %d on %s", offset, l.PartitionRef)
 		if err := d.fenceHead(ctx, tx, l, offset, op); err != nil {
@@ -397,7 +400,8 @@ func (d *Store) CommitReceived(ctx context.Context, l driver.Lease, offset int64
 // owner with the next token (the receipts of l go stale); else it frees
 // it. The row stays locked from the fence to the commit, so nothing
 // takes the group between the two.
-func (d *Store) CommitReceivedKeep(ctx context.Context, l driver.Lease, offset int64, owner string, now time.Time, ttl time.Duration) (driver.Lease, bool, error) {
+func (d *Store) CommitReceivedKeep(ctx context.Context, in driver.CommitReceivedKeepParams) (driver.Lease, bool, error) {
+	l, offset, owner, now, ttl := in.Lease, in.Offset, in.Owner, in.Now, in.TTL
 	type kept struct {
 		l    driver.Lease
 		kept bool
@@ -460,7 +464,8 @@ func (d *Store) commitOffset(ctx context.Context, tx driver.DBTX, l driver.Lease
 }
 
 // RecordAttempt upserts a message's retry bookkeeping under l.
-func (d *Store) RecordAttempt(ctx context.Context, l driver.Lease, offset int64, st driver.DeliveryState, now time.Time) error {
+func (d *Store) RecordAttempt(ctx context.Context, in driver.RecordAttemptParams) error {
+	l, offset, st, now := in.Lease, in.Offset, in.State, in.Now
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("record attempt %d of offset %d on %s", st.Attempts, offset, l.PartitionRef)
 		if err := d.fence(ctx, tx, l, op); err != nil {
@@ -514,7 +519,8 @@ func scanStates[K comparable](d *Store, rows *sql.Rows, op string) (map[K]driver
 // DeadLetter appends dlq (through the driver's InsertMessages), drops
 // the message's bookkeeping and passes the cursor over it, all under l in
 // one transaction.
-func (d *Store) DeadLetter(ctx context.Context, l driver.Lease, dlq *driver.InsertMessage, offset int64, now time.Time) error {
+func (d *Store) DeadLetter(ctx context.Context, in driver.DeadLetterParams) error {
+	l, dlq, offset, now := in.Lease, in.Copy, in.Offset, in.Now
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {
 		op := fmt.Sprintf("dead-letter offset %d of %s to topic %q", offset, l.PartitionRef, dlq.Topic)
 		if err := d.fence(ctx, tx, l, op); err != nil {
@@ -585,7 +591,8 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 // tenant: each transaction locks the owners' leases and heartbeat rows,
 // so that a heartbeat written since the caller read them either saves its
 // owner here or waits until the sweep is done.
-func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []string, staleBefore, now time.Time) (int64, error) {
+func (d *Store) SweepLeases(ctx context.Context, in driver.SweepLeasesParams) (int64, error) {
+	g, owners, staleBefore, now := in.Group, in.Owners, in.StaleBefore, in.Now
 	group, topic := g.ConsumerGroup, g.Topic
 	if len(owners) == 0 {
 		return 0, nil
@@ -652,7 +659,8 @@ func (d *Store) SweepLeases(ctx context.Context, g driver.GroupScope, owners []s
 
 // TakeOverMember moves previous' leases to member and replaces their
 // heartbeat rows, tenant by tenant (each transaction on one shard).
-func (d *Store) TakeOverMember(ctx context.Context, g driver.GroupScope, previous []string, member string, now time.Time, ttl time.Duration) ([]driver.Lease, error) {
+func (d *Store) TakeOverMember(ctx context.Context, in driver.TakeOverMemberParams) ([]driver.Lease, error) {
+	g, previous, member, now, ttl := in.Group, in.Previous, in.Member, in.Now, in.TTL
 	if len(previous) == 0 {
 		return nil, nil
 	}

@@ -21,7 +21,8 @@ func (d *Store) lifecycle() *lifecycleSQL { return &d.sql().lifecycle }
 // with its oldest remaining message: one probe of the message index per
 // row, so a pass learns which partitions have anything to delete, or are
 // drained, without a statement per partition.
-func (d *Store) RetentionHeads(ctx context.Context, tenant, topic string, after []string, limit int) ([]driver.RetentionHead, error) {
+func (d *Store) RetentionHeads(ctx context.Context, in driver.RetentionHeadsParams) ([]driver.RetentionHead, error) {
+	tenant, topic, after, limit := in.Tenant, in.Topic, in.After, in.Limit
 	op := fmt.Sprintf("retention: read heads of tenant %q topic %q", tenant, topic)
 	stmt, args := d.lifecycle().heads, Args{"tenant": tenant, "topic": topic, "limit": limit}
 	if len(after) > 0 {
@@ -145,7 +146,8 @@ func (d *Store) RegisterGroup(ctx context.Context, g driver.GroupScope, latest b
 // of groups, were freed or expired before before: with the keys of
 // cursors, what retention checks for rows left behind by a removed
 // partition.
-func (d *Store) StaleLeaseKeys(ctx context.Context, tenant, topic string, groups []string, before time.Time) ([]string, error) {
+func (d *Store) StaleLeaseKeys(ctx context.Context, in driver.StaleLeaseKeysParams) ([]string, error) {
+	tenant, topic, groups, before := in.Tenant, in.Topic, in.Groups, in.Before
 	if len(groups) == 0 {
 		return nil, nil
 	}
@@ -323,7 +325,8 @@ func (d *Store) UnreadPartitions(ctx context.Context, g driver.GroupRef, limit i
 // heartbeat is at or after liveSince; with force it deletes them too,
 // which voids every token the members hold (their writes fail with
 // ErrLeaseLost).
-func (d *Store) DeleteGroup(ctx context.Context, g driver.GroupRef, liveSince, now time.Time, force bool) error {
+func (d *Store) DeleteGroup(ctx context.Context, in driver.DeleteGroupParams) error {
+	g, liveSince, now, force := in.Group, in.LiveSince, in.Now, in.Force
 	tenant, topic, group := g.Tenant, g.Topic, g.ConsumerGroup
 	op := fmt.Sprintf("delete consumer group %q of tenant %q topic %q", group, tenant, topic)
 	_, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (struct{}, error) {

@@ -402,7 +402,7 @@ func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, _, err := s.drv.ClaimMessages(ctx, driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, s.cfg.ID, s.cfg.Clock(), s.cfg.Visibility, driver.ClaimLimit{Messages: room})
+	claims, _, err := s.drv.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owner: s.cfg.ID, Now: s.cfg.Clock(), Visibility: s.cfg.Visibility, Limit: driver.ClaimLimit{Messages: room}})
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {
@@ -632,7 +632,9 @@ func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, los
 		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 		// Renewing is making the message claimable again later, under the
 		// claim's token.
-		err := s.retrying(ctx, func() error { return s.drv.RetryClaim(ctx, c, until, c.LastError, now) })
+		err := s.retrying(ctx, func() error {
+			return s.drv.RetryClaim(ctx, driver.RetryClaimParams{Claim: c, RetryAt: until, LastError: c.LastError, Now: now})
+		})
 		cancel()
 		switch {
 		case errors.Is(err, driver.ErrLeaseLost) && inTx.Used():
