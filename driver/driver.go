@@ -152,7 +152,7 @@ type Driver interface {
 	// FetchAfter returns up to limit messages of one partition with offsets
 	// greater than after, in offset order.
 	FetchAfter(ctx context.Context, p TopicPartition, after int64, limit int) ([]Message, error)
-	// FetchWithin reads what FetchAfter would, but no more than budget
+	// FetchWithin reads what FetchAfter would, but no more than Budget
 	// bytes of payload and headers (the first message whatever its
 	// size); the messages are sized in the database before their bodies
 	// are read. truncated reports a message the budget left out.
@@ -359,8 +359,9 @@ type Subscriber struct {
 // Leases is the lease protocol: the part of a driver the subscriber
 // runtime uses. Every time is the caller's clock (injected in tests).
 type Leases interface {
-	// AcquireLease takes p for owner when it is free, expired, or already
-	// owner's, with a new token; otherwise *LeaseHeldError.
+	// AcquireLease takes the Partition for Owner when it is free,
+	// expired, or already Owner's, with a new token, until Now+TTL;
+	// otherwise *LeaseHeldError.
 	AcquireLease(ctx context.Context, p AcquireLeaseParams) (Lease, error)
 	// RenewLease extends l to now+ttl, or returns ErrLeaseLost.
 	RenewLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
@@ -373,7 +374,7 @@ type Leases interface {
 	// the Lease it returns; otherwise ErrLeaseLost.
 	ResumeLease(ctx context.Context, l Lease, now time.Time, ttl time.Duration) (Lease, error)
 	// ResumeLeaseBelow is ResumeLease when the group's cursor is below
-	// offset; at or past it, the lease is left as it is (its expiry too)
+	// Offset; at or past it, the lease is left as it is (its expiry too)
 	// and returned with the cursor. The two happen in one transaction.
 	ResumeLeaseBelow(ctx context.Context, p ResumeLeaseBelowParams) (Lease, error)
 	// ExpireLeases ends now the leases owner holds in g, leaving them in
@@ -391,16 +392,17 @@ type Leases interface {
 	// and returns ErrLeaseLost (the caller then commits them one by one).
 	CommitOffsets(ctx context.Context, cs []OffsetCommit, now time.Time) error
 	// CommitReceived is CommitOffset for an offset a client named (a
-	// receipt): it returns ErrPastHead, changing nothing, when offset is
+	// receipt): it returns ErrPastHead, changing nothing, when Offset is
 	// past the partition's head, read in the fencing statement. With
-	// release it frees l in the same transaction (a receive's last ack).
+	// Release it frees the lease in the same transaction (a receive's
+	// last ack).
 	CommitReceived(ctx context.Context, p CommitReceivedParams) error
-	// CommitReceivedKeep is CommitReceived with release, except that
-	// while the partition's head is past offset it gives the lease to
-	// owner under the next token until now+ttl instead of freeing it, in
+	// CommitReceivedKeep is CommitReceived with Release, except that
+	// while the partition's head is past Offset it gives the lease to
+	// Owner under the next token until Now+TTL instead of freeing it, in
 	// the same transaction (a receive that acks a group's last message
 	// goes on with the group). kept says which; a kept lease's Committed
-	// is offset.
+	// is Offset.
 	CommitReceivedKeep(ctx context.Context, p CommitReceivedKeepParams) (next Lease, kept bool, err error)
 	// ListLeases lists the lease rows of group on topic in tenants,
 	// free ones (Owner "") included.
@@ -408,16 +410,16 @@ type Leases interface {
 	// HeldLeases is ListLeases without the free rows (an index serves it:
 	// its cost follows the leases held).
 	HeldLeases(ctx context.Context, g GroupScope) ([]Lease, error)
-	// SweepLeases frees every lease held by one of owners (dead
+	// SweepLeases frees every lease held by one of Owners (dead
 	// subscribers) whose heartbeat row in the lease's tenant is older
-	// than staleBefore or gone, checked under a lock on those rows in the
+	// than StaleBefore or gone, checked under a lock on those rows in the
 	// sweep's own transaction; each token advances so their writes fail.
 	SweepLeases(ctx context.Context, p SweepLeasesParams) (int64, error)
-	// TakeOverMember gives member, in one transaction per tenant, the
-	// leases that one of previous (earlier incarnations of a static
+	// TakeOverMember gives Member, in one transaction per tenant, the
+	// leases that one of Previous (earlier incarnations of a static
 	// member, SubscriberConfig.InstanceID) holds, each with the next
-	// token (so their writes fail) until now+ttl, and replaces their
-	// heartbeat rows with member's. It returns the leases it moved, each
+	// token (so their writes fail) until Now+TTL, and replaces their
+	// heartbeat rows with Member's. It returns the leases it moved, each
 	// with the expiry its earlier holder knew (until which that holder
 	// may still hand out messages).
 	TakeOverMember(ctx context.Context, p TakeOverMemberParams) ([]Lease, error)
@@ -443,14 +445,14 @@ type DeliveryState struct {
 // Deliveries is the retry and dead-letter part of the lease protocol.
 // Writes are fenced like CommitOffset.
 type Deliveries interface {
-	// RecordAttempt stores a failed attempt of the message at offset.
+	// RecordAttempt stores a failed attempt of the message at Offset.
 	RecordAttempt(ctx context.Context, p RecordAttemptParams) error
 	// DeliveryStates reads the bookkeeping of the messages with offsets in
 	// (after, upTo], keyed by offset; messages without any are absent.
 	DeliveryStates(ctx context.Context, p PartitionRef, after, upTo int64) (map[int64]DeliveryState, error)
-	// DeadLetter appends dlq (the message copied to the dead-letter topic),
-	// drops the message's bookkeeping and moves the cursor to offset, in
-	// one transaction.
+	// DeadLetter appends Copy (the message copied to the dead-letter
+	// topic), drops the message's bookkeeping and moves the cursor to
+	// Offset, in one transaction.
 	DeadLetter(ctx context.Context, p DeadLetterParams) error
 }
 
@@ -607,7 +609,7 @@ type Admin interface {
 	// OffsetBefore is the highest offset of the partition created before t
 	// (0 when none).
 	OffsetBefore(ctx context.Context, p TopicPartition, t time.Time) (int64, error)
-	// DeleteBatches deletes, in one transaction, up to limit of the oldest
+	// DeleteBatches deletes, in one transaction, up to Limit of the oldest
 	// messages of each cut, one statement a cut, and returns how many each
 	// deleted.
 	DeleteBatches(ctx context.Context, p DeleteBatchesParams) ([]int64, error)
@@ -773,20 +775,20 @@ type Groups interface {
 	// returns ErrLeaseLost and changes nothing.
 	SetGroupState(ctx context.Context, l Lease, state []byte, now time.Time) error
 
-	// ClaimMessages claims ungrouped messages of topic in tenant for
-	// group, within limit: never claimed, or whose claim is visible again
+	// ClaimMessages claims ungrouped messages of the Group's topic and
+	// tenant, within Limit: never claimed, or whose claim is visible again
 	// (expired, or retry due) and not done. Each claim lasts until
-	// now+visibility. A claim is owned by owner under a token > 0; only
-	// the two together settle it.
-	// truncated reports that limit.Bytes left a ready message behind.
+	// Now+Visibility. A claim is owned by Owner under a token > 0; only
+	// the two together settle it. truncated reports that Limit.Bytes left
+	// a ready message behind.
 	ClaimMessages(ctx context.Context, p ClaimMessagesParams) (claims []Claim, truncated bool, err error)
 	// AckClaims marks the messages of cs (one tenant, topic and group)
 	// done in one transaction, or, when any claim is no longer current
 	// (its token and owner),
 	// returns ErrLeaseLost and changes nothing.
 	AckClaims(ctx context.Context, cs []Claim, now time.Time) error
-	// RetryClaim makes c's message claimable again at retryAt, recording
-	// lastError, or returns ErrLeaseLost.
+	// RetryClaim makes the Claim's message claimable again at RetryAt,
+	// recording LastError, or returns ErrLeaseLost.
 	RetryClaim(ctx context.Context, p RetryClaimParams) error
 	// ExtendClaim makes c's message claimable again at visibleAt instead
 	// (its visibility timeout changed), or returns ErrLeaseLost.
@@ -824,10 +826,10 @@ type Deferred struct {
 // under a Claim of its own (Token > 0, changed at every claim), as an
 // ungrouped message is.
 type Deferrals interface {
-	// ClaimDeferred claims those of offsets that g deferred, whose
-	// message is stored and that no claim holds unexpired by now, for
-	// owner until now+visibility, and returns them with their messages
-	// in offset order.
+	// ClaimDeferred claims those of Offsets that the Group deferred, whose
+	// message is stored and that no claim holds unexpired by Now, for
+	// Owner until Now+Visibility, and returns them with their messages in
+	// offset order.
 	ClaimDeferred(ctx context.Context, p ClaimDeferredParams) ([]Claim, error)
 	// AckDeferred settles the deferred messages of cs (one tenant, topic
 	// and group) in one transaction: they are no longer deferred. When any
@@ -900,8 +902,8 @@ var ErrGroupLive = errors.New("consumer group is live")
 // Lifecycle removes what no longer has work (docs/design.md, "Partition
 // lifecycle") and keeps the registry of consumer groups.
 type Lifecycle interface {
-	// RetentionHeads reads up to limit head rows of a tenant's topic in key
-	// order, after the key after[0] when after is not empty.
+	// RetentionHeads reads up to Limit head rows of a tenant's topic in
+	// key order, after the key After[0] when After is not empty.
 	RetentionHeads(ctx context.Context, p RetentionHeadsParams) ([]RetentionHead, error)
 	// TopicGroups lists the groups that read a tenant's topic (registered,
 	// or with a cursor, lease or member there), sorted.
@@ -916,8 +918,8 @@ type Lifecycle interface {
 	// PausedTenants lists those of tenants where the group is paused on
 	// topic: one statement, read by members at each rebalance tick.
 	PausedTenants(ctx context.Context, g GroupScope) ([]string, error)
-	// StaleLeaseKeys lists the keys of a topic's lease rows of groups freed
-	// or expired before before.
+	// StaleLeaseKeys lists the keys of a topic's lease rows of Groups
+	// freed or expired before Before.
 	StaleLeaseKeys(ctx context.Context, p StaleLeaseKeysParams) ([]string, error)
 	// RemovePartitions removes the drained partitions among keys (no
 	// message left, head idle since before idleBefore, no lease of groups
@@ -929,8 +931,8 @@ type Lifecycle interface {
 	// the group starts.
 	UnreadPartitions(ctx context.Context, g GroupRef, limit int) ([]OffsetRow, error)
 	// DeleteGroup removes a group's rows from a tenant's topic; without
-	// force it returns *GroupLiveError while a lease is unexpired by now or
-	// a heartbeat is at or after liveSince.
+	// Force it returns *GroupLiveError while a lease is unexpired by Now
+	// or a heartbeat is at or after LiveSince.
 	DeleteGroup(ctx context.Context, p DeleteGroupParams) error
 }
 
