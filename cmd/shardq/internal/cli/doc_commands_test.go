@@ -10,10 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // docMarker precedes a ```sh or ```go block of the README or docs that
@@ -174,4 +176,112 @@ func slicesWithout(env []string, prefixes ...string) []string {
 		}
 	}
 	return out
+}
+
+// mdLink is a Markdown link's target: [text](target).
+var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// anchorOf is a heading's anchor as GitHub makes it: lower case, spaces
+// to hyphens, and every character but letters, digits, '-' and '_'
+// dropped.
+func anchorOf(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchorsOf lists a Markdown file's heading anchors (a repeated heading
+// gets -1, -2, ... as on GitHub), outside code blocks.
+func anchorsOf(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors, seen := map[string]bool{}, map[string]int{}
+	fence := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "```") {
+			fence = !fence
+		}
+		if fence || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		a := anchorOf(strings.TrimLeft(line, "#"))
+		if n := seen[a]; n > 0 {
+			anchors[fmt.Sprintf("%s-%d", a, n)] = true
+		} else {
+			anchors[a] = true
+		}
+		seen[a]++
+	}
+	return anchors
+}
+
+// Every relative link of the README and the docs names a file that
+// exists, and an anchor, when it has one, that a heading of that file
+// makes.
+func TestDocLinks(t *testing.T) {
+	root := "../../../.."
+	files, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, extra := range []string{"README.md", "CHANGELOG.md", "CONTRIBUTING.md", "SECURITY.md", "deploy/helm/shardq/README.md"} {
+		if _, err := os.Stat(filepath.Join(root, extra)); err == nil {
+			files = append(files, filepath.Join(root, extra))
+		}
+	}
+	anchors := map[string]map[string]bool{}
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fence := false
+		for n, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "```") {
+				fence = !fence
+			}
+			if fence {
+				continue
+			}
+			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				file, anchor, _ := strings.Cut(target, "#")
+				dest := f
+				if file != "" {
+					dest = filepath.Join(filepath.Dir(f), file)
+					if _, err := os.Stat(dest); err != nil {
+						t.Errorf("%s:%d: %s: no such file", f, n+1, target)
+						continue
+					}
+				}
+				checked++
+				if anchor == "" || !strings.HasSuffix(dest, ".md") {
+					continue
+				}
+				if anchors[dest] == nil {
+					anchors[dest] = anchorsOf(t, dest)
+				}
+				if !anchors[dest][anchor] {
+					t.Errorf("%s:%d: %s: no heading makes #%s", f, n+1, target, anchor)
+				}
+			}
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("only %d links checked: the scan is broken", checked)
+	}
 }
