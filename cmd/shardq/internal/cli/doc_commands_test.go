@@ -72,7 +72,7 @@ func docBlocks(t *testing.T, path string) []docBlock {
 // PATH: every command must succeed, and any HTTP answer of 400 or more
 // fails the run (curl is run with --fail-with-body). A Go block is a
 // program, built in the library's module and run there in its turn. The
-// one change: the server's port 8080 becomes a free one.
+// one change: the ports they name (8080, 9464) become free ones.
 func TestDocCommands(t *testing.T) {
 	for _, tool := range []string{"bash", "curl", "jq", "openssl", "base64", "cmp", "stat", "head", "seq"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -87,18 +87,14 @@ func TestDocCommands(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bin, "shardq"), []byte(wrapper), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, doc := range []string{"README.md", "docs/server.md", "docs/large.md"} {
+	for _, doc := range []string{"README.md", "docs/server.md", "docs/large.md", "docs/observability.md"} {
 		t.Run(doc, func(t *testing.T) {
 			blocks := docBlocks(t, filepath.Join("../../../..", doc))
 			if len(blocks) == 0 {
 				t.Fatalf("%s has no block marked %s", doc, docMarker)
 			}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			port := ln.Addr().(*net.TCPAddr).Port
-			ln.Close()
+			// The ports the blocks name become free ones.
+			ports := strings.NewReplacer("127.0.0.1:8080", "127.0.0.1:"+freePort(t), "127.0.0.1:9464", "127.0.0.1:"+freePort(t))
 			var lines []string
 			for i, b := range blocks {
 				if b.lang == "go" {
@@ -111,7 +107,7 @@ func TestDocCommands(t *testing.T) {
 				// A server left running by a failed line is stopped.
 				"trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" +
 				"curl() { command curl --fail-with-body \"$@\"; }\n" +
-				strings.ReplaceAll(strings.Join(lines, "\n"), "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port)) +
+				ports.Replace(strings.Join(lines, "\n")) +
 				"wait\n"
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -131,6 +127,17 @@ func TestDocCommands(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freePort is a port nothing listens on now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // buildDocProgram builds a Go block as a program of the library's
