@@ -3,9 +3,11 @@
 package helm
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,6 +18,7 @@ const (
 	alertRules     = "../../examples/prometheus/shardq-alerts.yml"
 	alertRuleTests = "../../examples/prometheus/shardq-alerts.test.yml"
 	operationsDoc  = "../../docs/operations.md"
+	serveOpenAPI   = "../../cmd/shardq/internal/server/openapi.json"
 	runbookBase    = "https://github.com/shardq/shardq/blob/main/docs/operations.md#"
 )
 
@@ -120,4 +123,99 @@ func TestAlertRunbooks(t *testing.T) {
 			}
 		}
 	})
+}
+
+// httpMethodFirst is a route that starts with a method: the mux's
+// pattern ("POST /v1/..."), which serve's access log shows but its
+// metrics do not.
+var httpMethodFirst = regexp.MustCompile(`^(GET|HEAD|POST|PUT|PATCH|DELETE|CONNECT|OPTIONS|TRACE|_OTHER) `)
+
+// serve's HTTP metrics are otelhttp's (OpenTelemetry's semantic
+// conventions): http_route is the path template alone
+// ("/v1/tenants/{tenant}/topics/{topic}/messages"; "/" for a path serve
+// does not have), the method is http_request_method, and the probes and
+// /metrics make no series. So no rule matches http_route against a
+// method-first pattern or leaves the probes out (it would match
+// nothing), the promtool fixtures hold series as serve exports them (a
+// route of serve's OpenAPI document with one of its methods, or "/"),
+// and the runbook groups by the method.
+func TestAlertRulesUseServeHTTPLabels(t *testing.T) {
+	rules, err := os.ReadFile(alertRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	matcher := regexp.MustCompile(`http_route\s*(=~|!~|!=|=)\s*"([^"]*)"`)
+	for _, m := range matcher.FindAllStringSubmatch(string(rules), -1) {
+		if httpMethodFirst.MatchString(m[2]) || regexp.MustCompile(`healthz|readyz|metrics`).MatchString(m[2]) {
+			t.Errorf("%s: %s: serve's http_route has no method, and the probes and /metrics have no series", alertRules, m[0])
+		}
+	}
+
+	b, err := os.ReadFile(serveOpenAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var api struct{ Paths map[string]map[string]any }
+	if err := json.Unmarshal(b, &api); err != nil {
+		t.Fatalf("%s: %v", serveOpenAPI, err)
+	}
+	methods := map[string][]string{} // route: its methods
+	for path, ops := range api.Paths {
+		switch path {
+		case "/healthz", "/readyz", "/metrics": // no series
+			continue
+		}
+		for m := range ops {
+			methods[path] = append(methods[path], strings.ToUpper(m))
+		}
+	}
+	if len(methods) < 20 {
+		t.Fatalf("%s: %d routes", serveOpenAPI, len(methods))
+	}
+
+	b, err = os.ReadFile(alertRuleTests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Tests []struct {
+			InputSeries []struct{ Series string } `json:"input_series"`
+		}
+	}
+	if err := yaml.Unmarshal(b, &file); err != nil {
+		t.Fatalf("%s: %v", alertRuleTests, err)
+	}
+	label := regexp.MustCompile(`(\w+)\s*=\s*"([^"]*)"`)
+	n := 0
+	for _, tc := range file.Tests {
+		for _, in := range tc.InputSeries {
+			if !strings.HasPrefix(in.Series, "http_server_") {
+				continue
+			}
+			n++
+			labels := map[string]string{}
+			for _, m := range label.FindAllStringSubmatch(in.Series, -1) {
+				labels[m[1]] = m[2]
+			}
+			route, method, status := labels["http_route"], labels["http_request_method"], labels["http_response_status_code"]
+			known := route == "/" || slices.Contains(methods[route], method)
+			if !known || method == "" || !regexp.MustCompile(`^[1-5][0-9][0-9]$`).MatchString(status) {
+				t.Errorf("%s: %s: not a series serve exports (http_route %q, http_request_method %q, http_response_status_code %q)",
+					alertRuleTests, in.Series, route, method, status)
+			}
+		}
+	}
+	if n < 5 {
+		t.Fatalf("%s: %d series of serve's HTTP metrics", alertRuleTests, n)
+	}
+
+	doc, err := os.ReadFile(operationsDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, runbook, _ := strings.Cut(string(doc), "### ShardqHTTPServerErrors")
+	runbook, _, _ = strings.Cut(runbook, "\n#")
+	if !strings.Contains(runbook, "http_request_method") || strings.Contains(runbook, "probes and scrapes left out") {
+		t.Errorf("%s: the ShardqHTTPServerErrors runbook does not say that http_route is the path template and the method http_request_method:\n%s", operationsDoc, runbook)
+	}
 }

@@ -135,6 +135,16 @@ func renderArgs(t *testing.T, extra ...string) rendered {
 	return r
 }
 
+// service is the rendered Service named name.
+func (r rendered) service(t *testing.T, name string) corev1.Service {
+	t.Helper()
+	i := slices.IndexFunc(r.services, func(s corev1.Service) bool { return s.Name == name })
+	if i < 0 {
+		t.Fatalf("no service %s among %d", name, len(r.services))
+	}
+	return r.services[i]
+}
+
 // The chart lints; it refuses to render without a DSN; rendered, it is
 // valid Kubernetes objects (each decoded strictly into its API type): a
 // Deployment of `shardq serve` as a non-root user with a read-only root,
@@ -154,8 +164,8 @@ func TestChart(t *testing.T) {
 		t.Fatalf("rendered with a SQLite DSN: %v\n%s", err, out)
 	}
 
-	r := render(t, "dsn.value=mysql://u:p@db:3306/q", "image.tag=v1.2.3", "serve.env.RATE=200", "serve.env.token-cache=2s")
-	if len(r.deployments) != 1 || len(r.jobs) != 1 || len(r.services) != 1 || len(r.secrets) != 2 || len(r.others) != 0 ||
+	r := renderArgs(t, "--set", "dsn.value=mysql://u:p@db:3306/q", "--set", "image.tag=v1.2.3", "--set-string", "serve.env.RATE=200", "--set", "serve.env.token-cache=2s")
+	if len(r.deployments) != 1 || len(r.jobs) != 1 || len(r.services) != 2 || len(r.secrets) != 2 || len(r.others) != 0 ||
 		len(r.pdbs) != 1 || len(r.pods) != 1 || len(r.ingresses) != 0 || len(r.serviceAccounts) != 0 {
 		t.Fatalf("rendered %d deployments, %d jobs, %d services, %d secrets, %d others, %d pdbs, %d pods, %d ingresses, %d service accounts",
 			len(r.deployments), len(r.jobs), len(r.services), len(r.secrets), len(r.others), len(r.pdbs), len(r.pods), len(r.ingresses), len(r.serviceAccounts))
@@ -163,7 +173,7 @@ func TestChart(t *testing.T) {
 	d := r.deployments[0]
 	pod := d.Spec.Template.Spec
 	c := pod.Containers[0]
-	if c.Image != "shardq:v1.2.3" || strings.Join(c.Args, " ") != "serve --addr :8080" {
+	if c.Image != "shardq:v1.2.3" || strings.Join(c.Args, " ") != "serve --addr :8080 --metrics-addr :9464" {
 		t.Fatalf("serve container %s %v", c.Image, c.Args)
 	}
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
@@ -203,9 +213,11 @@ func TestChart(t *testing.T) {
 			t.Fatalf("the selector's %s=%s is not on the pods", k, v)
 		}
 	}
-	for k, v := range r.services[0].Spec.Selector {
-		if d.Spec.Template.Labels[k] != v {
-			t.Fatalf("the service's selector %s=%s is not on the serve pods", k, v)
+	for _, svc := range r.services {
+		for k, v := range svc.Spec.Selector {
+			if d.Spec.Template.Labels[k] != v {
+				t.Fatalf("service %s's selector %s=%s is not on the serve pods", svc.Name, k, v)
+			}
 		}
 	}
 	job := r.jobs[0]
@@ -252,7 +264,7 @@ func TestChart(t *testing.T) {
 		t.Fatalf("a bootstrap token without tenants: %v\n%s", err, out)
 	}
 	ep := r.others[0]["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
-	if ep["path"] != "/metrics" || ep["port"] != "http" {
+	if ep["path"] != "/metrics" || ep["port"] != "metrics" {
 		t.Fatalf("service monitor endpoint %v", ep)
 	}
 }
@@ -356,7 +368,7 @@ serviceAccount:
 podDisruptionBudget:
   minAvailable: 50%
 `))
-	d, svc := r.deployments[0], r.services[0]
+	d, svc := r.deployments[0], r.service(t, "rel-shardq")
 	if len(r.ingresses) != 1 || len(r.serviceAccounts) != 1 || len(r.pdbs) != 1 {
 		t.Fatalf("asked for: %d ingresses, %d service accounts, %d pdbs", len(r.ingresses), len(r.serviceAccounts), len(r.pdbs))
 	}
@@ -508,7 +520,7 @@ resources:
 // a shardq serve of its own on SQLite, with the token the chart reads.
 func TestChartTestHook(t *testing.T) {
 	r := render(t, dsnSet)
-	svc := r.services[0]
+	svc := r.service(t, "rel-shardq")
 	url := fmt.Sprintf("http://%s:%d", svc.Name, svc.Spec.Ports[0].Port)
 	if len(r.pods) != 1 {
 		t.Fatalf("%d test pods", len(r.pods))
@@ -573,6 +585,13 @@ func TestChartTestHook(t *testing.T) {
 			t.Fatalf("the test pod's script against serve: %v\n%s", err, out)
 		}
 		id, _, _ = strings.Cut(id, " ")
+		// The Pod's log is kept after the run: it names the message it
+		// checked (id and offset), never the receive's answer, which
+		// holds the receipt (it settles the message) and the payload.
+		if !strings.Contains(out, id+" (offset ") || strings.Contains(out, `"receipt"`) || strings.Contains(out, "r3.") ||
+			strings.Contains(out, `"payload"`) || strings.Contains(out, `"messages"`) {
+			t.Fatalf("the test pod's log holds more than the id and offset it checked:\n%s", out)
+		}
 		// It acked: the group's cursor in the message's partition (its
 		// key) is at the head.
 		req, _ := http.NewRequest(http.MethodGet, base+"/v1/tenants/acme/topics/helm-test/offsets?group=helm-test", nil)
@@ -664,4 +683,201 @@ func serveForHook(t *testing.T) (string, string) {
 		t.Fatal("serve did not say where it listens")
 	}
 	return "", ""
+}
+
+// helmFails runs helm lint --strict and helm template with args and
+// wants each to fail with an error that holds every one of want: what
+// the schema refuses.
+func helmFails(t *testing.T, args []string, want ...string) {
+	t.Helper()
+	commandsFail(t, [][]string{{"lint", "--strict", "./shardq"}, {"template", "rel", "./shardq"}}, args, want...)
+}
+
+// templateFails is helmFails for what a template refuses (fail): helm
+// template, install and upgrade stop there, helm lint runs no fail.
+func templateFails(t *testing.T, args []string, want ...string) {
+	t.Helper()
+	commandsFail(t, [][]string{{"template", "rel", "./shardq"}}, args, want...)
+}
+
+func commandsFail(t *testing.T, cmds [][]string, args []string, want ...string) {
+	t.Helper()
+	for _, cmd := range cmds {
+		out, err := helm(t, append(cmd, args...)...)
+		if err == nil {
+			t.Errorf("helm %s %v passed, want an error naming %q\n%s", cmd[0], args, want, out)
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("helm %s %v: the error does not say %q:\n%s", cmd[0], args, w, out)
+			}
+		}
+	}
+}
+
+// serve.env's values are strings: a YAML number would be quoted in float
+// form (8388608 as "8.388608e+06", which serve's --max-body refuses at
+// start) and a boolean as "true" by luck, so the schema refuses both,
+// from a values file and from --set (which makes numbers of digits),
+// naming the value; --set-string and a quoted value pass as written.
+func TestChartServeEnvTakesStrings(t *testing.T) {
+	for _, args := range [][]string{
+		{"--set", dsnSet, "-f", valuesFile(t, "serve:\n  env:\n    MAX_BODY: 8388608\n")},
+		{"--set", dsnSet, "--set", "serve.env.MAX_BODY=8388608"},
+	} {
+		helmFails(t, args, "at '/serve/env/MAX_BODY': got number, want string")
+	}
+	helmFails(t, []string{"--set", dsnSet, "--set", "serve.env.DEAD_LETTER_EXPIRED=true"}, "at '/serve/env/DEAD_LETTER_EXPIRED': got boolean, want string")
+
+	for _, args := range [][]string{
+		{"--set", dsnSet, "-f", valuesFile(t, "serve:\n  env:\n    MAX_BODY: \"8388608\"\n    dead-letter-expired: \"true\"\n")},
+		{"--set", dsnSet, "--set-string", "serve.env.MAX_BODY=8388608,serve.env.dead-letter-expired=true"},
+	} {
+		env := renderArgs(t, args...).deployments[0].Spec.Template.Spec.Containers[0].Env
+		for name, value := range map[string]string{"SHARDQ_MAX_BODY": "8388608", "SHARDQ_DEAD_LETTER_EXPIRED": "true"} {
+			if !slices.ContainsFunc(env, func(e corev1.EnvVar) bool { return e.Name == name && e.Value == value }) {
+				t.Fatalf("%v: no %s=%s in %+v", args, name, value, env)
+			}
+		}
+	}
+}
+
+// serve.env may not name a variable the chart sets itself, however the
+// key is spelt (SHARDQ_ is added, the key upper-cased, - made _): a
+// second SHARDQ_DSN after the Secret's would replace the DSN with
+// plaintext (the last of a name wins), a second log variable would
+// override serve.logFormat or serve.logLevel, and the variable of a flag
+// on serve's command line (--addr, --metrics-addr) would be ignored, the
+// command line winning. The schema refuses those keys (lint, template,
+// install); the template refuses two keys naming one variable (helm
+// lint runs no template fail).
+func TestChartServeEnvKeepsTheChartsVariables(t *testing.T) {
+	for _, key := range []string{"DSN", "dsn", "Dsn", "log-format", "LOG_FORMAT", "log_level", "LOG-LEVEL", "addr", "ADDR", "metrics-addr", "METRICS_ADDR"} {
+		helmFails(t, []string{"--set", dsnSet, "--set-string", "serve.env." + key + "=x"}, "at '/serve/env/"+key+"'")
+	}
+	templateFails(t, []string{"--set", dsnSet, "--set-string", "serve.env.rate=100,serve.env.RATE=200"}, "serve.env.RATE and serve.env.rate are both SHARDQ_RATE")
+
+	// Other variables pass, and the DSN stays the Secret's, once.
+	env := renderArgs(t, "--set", "dsn.existingSecret=db", "--set-string", "serve.env.RATE=200,serve.env.tenants=acme").deployments[0].Spec.Template.Spec.Containers[0].Env
+	names := map[string]int{}
+	for _, e := range env {
+		names[e.Name]++
+	}
+	for name, n := range names {
+		if n != 1 {
+			t.Fatalf("%s %d times in %+v", name, n, env)
+		}
+	}
+	if names["SHARDQ_RATE"] != 1 || names["SHARDQ_TENANTS"] != 1 || names["SHARDQ_DSN"] != 1 {
+		t.Fatalf("serve env %+v", env)
+	}
+}
+
+// /metrics needs no token and names every tenant's topics: it must not
+// be reachable through the Ingress, whatever paths it lists, nor
+// through a LoadBalancer Service. serve serves it on a port of its own
+// (--metrics-addr), behind a ClusterIP Service of its own, which the
+// ServiceMonitor scrapes; the Ingress and the API Service reach serve's
+// API port only, where /metrics is a 404.
+func TestChartMetricsStayOffTheIngress(t *testing.T) {
+	r := renderArgs(t, "--set", dsnSet, "--set", "serviceMonitor.enabled=true", "--set", "service.type=LoadBalancer", "-f", valuesFile(t, `
+ingress:
+  enabled: true
+  hosts:
+    - host: q.example.com
+      paths:
+        - {path: /, pathType: Prefix}
+        - {path: /metrics, pathType: Exact}
+`))
+	c := r.deployments[0].Spec.Template.Spec.Containers[0]
+	if i := slices.Index(c.Args, "--metrics-addr"); i < 0 || i+1 >= len(c.Args) || c.Args[i+1] != ":9464" {
+		t.Fatalf("serve's args %v: /metrics is not on a port of its own", c.Args)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["http"] != 8080 || ports["metrics"] != 9464 || !slices.Contains(c.Args, ":8080") {
+		t.Fatalf("serve's ports %v, args %v", ports, c.Args)
+	}
+
+	api, metrics := r.service(t, "rel-shardq"), r.service(t, "rel-shardq-metrics")
+	if api.Spec.Type != corev1.ServiceTypeLoadBalancer || len(api.Spec.Ports) != 1 || api.Spec.Ports[0].TargetPort.String() != "http" {
+		t.Fatalf("the API service %+v reaches more than serve's API port", api.Spec)
+	}
+	if metrics.Spec.Type != corev1.ServiceTypeClusterIP || len(metrics.Spec.Ports) != 1 || metrics.Spec.Ports[0].Name != "metrics" ||
+		metrics.Spec.Ports[0].Port != 9464 || metrics.Spec.Ports[0].TargetPort.String() != "metrics" ||
+		!selects(metrics.Spec.Selector, r.deployments[0].Spec.Template.Labels) {
+		t.Fatalf("the metrics service %+v", metrics.Spec)
+	}
+	if len(r.ingresses) != 1 {
+		t.Fatalf("%d ingresses", len(r.ingresses))
+	}
+	for _, rule := range r.ingresses[0].Spec.Rules {
+		for _, p := range rule.HTTP.Paths {
+			if b := p.Backend.Service; b == nil || b.Name != api.Name || b.Port.Name != "http" {
+				t.Fatalf("ingress path %s goes to %+v, not the API service's http port", p.Path, p.Backend)
+			}
+		}
+	}
+
+	if len(r.others) != 1 {
+		t.Fatalf("%d others, want the service monitor", len(r.others))
+	}
+	spec := r.others[0]["spec"].(map[string]any)
+	sel := map[string]string{}
+	for k, v := range spec["selector"].(map[string]any)["matchLabels"].(map[string]any) {
+		sel[k] = v.(string)
+	}
+	ep := spec["endpoints"].([]any)[0].(map[string]any)
+	if !selects(sel, metrics.Labels) || selects(sel, api.Labels) || ep["port"] != "metrics" || ep["path"] != "/metrics" {
+		t.Fatalf("the service monitor selects %v (metrics service %v, API service %v) and scrapes %v", sel, metrics.Labels, api.Labels, ep)
+	}
+
+	if r := render(t, dsnSet, "metrics.port=9100", "serviceMonitor.enabled=true"); r.service(t, "rel-shardq-metrics").Spec.Ports[0].Port != 9100 ||
+		!slices.Contains(r.deployments[0].Spec.Template.Spec.Containers[0].Args, ":9100") {
+		t.Fatal("metrics.port is not serve's metrics port")
+	}
+	templateFails(t, setArgs(dsnSet, "metrics.port=8080"), "metrics.port: serve's metrics need a port of their own")
+}
+
+// A PodDisruptionBudget whose minAvailable is every serve pod lets no
+// eviction through: every node drain (and with it cluster upgrades)
+// would wait forever. The chart refuses it, counting a percentage as
+// Kubernetes does (rounded up: 50% of 1 pod is 1), from --set and from a
+// values file alike (helm template, install and upgrade; helm lint runs
+// no template fail); a minAvailable below replicaCount renders, and so
+// does one with no serve pods to keep.
+func TestChartPodDisruptionBudgetLetsDrainsThrough(t *testing.T) {
+	const msg = "so no node could ever be drained"
+	for _, sets := range [][]string{
+		{"replicaCount=1", "podDisruptionBudget.minAvailable=1"},
+		{"replicaCount=1", "podDisruptionBudget.minAvailable=50%"},
+		{"replicaCount=3", "podDisruptionBudget.minAvailable=3"},
+		{"replicaCount=2", "podDisruptionBudget.minAvailable=5"},
+		{"replicaCount=3", "podDisruptionBudget.minAvailable=70%"},
+	} {
+		templateFails(t, setArgs(append([]string{dsnSet}, sets...)...), "podDisruptionBudget.minAvailable", msg)
+	}
+	templateFails(t, []string{"--set", dsnSet, "-f", valuesFile(t, "replicaCount: 1\npodDisruptionBudget:\n  minAvailable: 1\n")}, msg)
+
+	for _, c := range []struct {
+		sets []string
+		want string
+	}{
+		{[]string{"replicaCount=3", "podDisruptionBudget.minAvailable=2"}, "2"},
+		{[]string{"replicaCount=2", "podDisruptionBudget.minAvailable=50%"}, "50%"},
+		{[]string{"replicaCount=3", "podDisruptionBudget.minAvailable=60%"}, "60%"},
+		{[]string{"replicaCount=0", "podDisruptionBudget.minAvailable=1"}, "1"},
+	} {
+		r := render(t, append([]string{dsnSet}, c.sets...)...)
+		if len(r.pdbs) != 1 || r.pdbs[0].Spec.MinAvailable == nil || r.pdbs[0].Spec.MinAvailable.String() != c.want {
+			t.Fatalf("%v: pdbs %+v", c.sets, r.pdbs)
+		}
+	}
+	// replicaCount 1 with the default (maxUnavailable 1) drains.
+	if r := render(t, dsnSet, "replicaCount=1"); len(r.pdbs) != 1 || r.pdbs[0].Spec.MaxUnavailable.String() != "1" {
+		t.Fatalf("replicaCount 1: pdbs %+v", r.pdbs)
+	}
 }

@@ -51,6 +51,41 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .root.Values.serve.logLevel | quote }}
 {{- end -}}
 
+{{- /* serve.env as SHARDQ_<KEY> variables (.root, and .args: serve's
+command line). A key that names a variable the chart sets itself is
+refused: after the Secret's SHARDQ_DSN a second SHARDQ_DSN would replace
+it with plaintext (the last variable of a name wins), and the variable of
+a flag the chart passes on serve's command line would be ignored unsaid
+(the command line wins). values.schema.json refuses those keys by name
+(so helm lint does too, which runs no fail); this refuses any variable
+the chart sets that the schema's list lacks, and two keys naming one
+variable ("rate", "RATE"). Values are strings (the schema): a YAML number
+would be quoted in float form ("8.388608e+06"), which serve refuses. */ -}}
+{{- define "shardq.serveEnv" -}}
+{{- $chart := dict }}
+{{- range (include "shardq.dsnEnv" (dict "root" .root "secret" "x") | fromYamlArray) }}
+{{- $_ := set $chart .name true }}
+{{- end }}
+{{- range .args }}
+{{- if hasPrefix "--" . }}
+{{- $_ := set $chart (printf "SHARDQ_%s" (trimPrefix "--" . | upper | replace "-" "_")) true }}
+{{- end }}
+{{- end }}
+{{- $seen := dict }}
+{{- range $k, $v := .root.Values.serve.env }}
+{{- $name := printf "SHARDQ_%s" ($k | upper | replace "-" "_") }}
+{{- if hasKey $chart $name }}
+{{- fail (printf "serve.env.%s: the chart sets %s itself" $k $name) }}
+{{- end }}
+{{- if hasKey $seen $name }}
+{{- fail (printf "serve.env.%s and serve.env.%s are both %s: keep one" (get $seen $name) $k $name) }}
+{{- end }}
+{{- $_ := set $seen $name $k }}
+- name: {{ $name }}
+  value: {{ $v | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "shardq.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{ .Values.serviceAccount.name | default (include "shardq.fullname" .) }}
