@@ -19,6 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/cmd/shardq/internal/server"
@@ -205,5 +206,50 @@ func TestTraceCrossesHTTP(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Without an SDK (serve without OTLP) there are no spans, and the
+// caller's trace context still reaches the messages as it came.
+func TestTraceCrossesHTTPWithoutSDK(t *testing.T) {
+	useTraceContext(t)
+	ctx := context.Background()
+	drv := testdb.Migrated(t, testdb.SQLite(t))
+	c := newTestClient(t, drv, &shardq.Config{TracerProvider: noop.NewTracerProvider()})
+	rc, err := c.Receipts(&shardq.ReceiptOptions{MessageBytes: server.MessageBytes, Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Client: c, Driver: drv, Receipts: rc, TracerProvider: noop.NewTracerProvider()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { srv.Drain(); hs.CloseClientConnections(); hs.Close() })
+	tok, _, err := server.NewToken(ctx, drv, []string{"t"}, []string{server.RolePublish}, 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	req, err := http.NewRequest("POST", hs.URL+"/v1/tenants/t/topics/x/messages", strings.NewReader(`{"key":"k","id":"m1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Traceparent", tp)
+	res, err := hs.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("publish: %d", res.StatusCode)
+	}
+	ms, err := c.Admin().Messages(ctx, shardq.BrowseRequest{Tenant: "t", Topic: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].Headers["traceparent"] != tp {
+		t.Fatalf("stored %+v; want m1 carrying the caller's traceparent %s", ms, tp)
 	}
 }

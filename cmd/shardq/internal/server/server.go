@@ -105,9 +105,10 @@ type Config struct {
 	// MeterProvider records the HTTP server's metrics [otel's global].
 	MeterProvider metric.MeterProvider
 	// TracerProvider records a server span per request, the child of the
-	// trace context a request's traceparent carries (through otel's
-	// global propagator), so that a message published over HTTP carries
-	// its caller's trace [otel's global].
+	// W3C trace context a request's traceparent carries, so that a
+	// message published over HTTP carries its caller's trace [otel's
+	// global]. Without an SDK there is no span, and the caller's context
+	// passes into the messages as it came.
 	TracerProvider trace.TracerProvider
 	// StaleAfter is when a member's heartbeat counts as stale in listings
 	// [15s].
