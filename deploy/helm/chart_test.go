@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,14 +30,25 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// helm runs the module's helm tool (go.mod's tool directive).
+// helmPath is the module's helm tool (go.mod's tool directive), built
+// once: `go tool helm` costs the go command's start (most of a second)
+// at every call.
+var helmPath = sync.OnceValues(func() (string, error) {
+	out, err := exec.Command("go", "tool", "-n", "helm").Output()
+	return strings.TrimSpace(string(out)), err
+})
+
+// helm runs the module's helm tool.
 func helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out, errb bytes.Buffer
-	cmd := exec.Command("go", append([]string{"tool", "helm"}, args...)...)
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
+	path, err := helmPath()
 	if err != nil {
+		t.Fatalf("go tool -n helm: %v", err)
+	}
+	var out, errb bytes.Buffer
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
 		return out.String() + errb.String(), err
 	}
 	return out.String(), nil
