@@ -84,25 +84,18 @@ func (w Want) matches(m shardq.StoredMessage) bool {
 // maxScan bounds what the assertions read of one topic.
 const maxScan = 10_000
 
-// RequirePublished fails t unless each of want is stored and committed
-// (each matched by a message of its own, in the order given within a
-// partition key), and returns the messages matched. It reads the first
+// RequirePublished fails t unless each of want is stored and committed,
+// each matched by a message of its own and, within a partition key, in
+// the order given; it returns the messages matched. It reads the first
 // 10,000 messages of each topic named.
 func RequirePublished(t testing.TB, c *shardq.Client, want ...Want) []shardq.StoredMessage {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	stored := map[[2]string][]shardq.StoredMessage{}
-	for _, w := range want {
-		k := [2]string{w.Tenant, w.Topic}
-		if _, read := stored[k]; read {
-			continue
-		}
+	return require(t, "published", want, func(ctx context.Context, tenant, topic string) ([]shardq.StoredMessage, error) {
 		var all []shardq.StoredMessage
 		for after := int64(0); len(all) < maxScan; {
-			page, err := c.Admin().Messages(ctx, shardq.BrowseRequest{Tenant: w.Tenant, Topic: w.Topic, AfterOffset: after, Limit: shardq.MaxPageLimit})
+			page, err := c.Admin().Messages(ctx, shardq.BrowseRequest{Tenant: tenant, Topic: topic, AfterOffset: after, Limit: shardq.MaxPageLimit})
 			if err != nil {
-				t.Fatalf("shardqtest: read tenant %q topic %q: %v", w.Tenant, w.Topic, err)
+				return nil, err
 			}
 			all = append(all, page...)
 			if len(page) < shardq.MaxPageLimit {
@@ -110,32 +103,39 @@ func RequirePublished(t testing.TB, c *shardq.Client, want ...Want) []shardq.Sto
 			}
 			after = page[len(page)-1].Offset
 		}
-		stored[k] = all
-	}
-	return match(t, "published", want, func(w Want) []shardq.StoredMessage { return stored[[2]string{w.Tenant, w.Topic}] })
+		return all, nil
+	})
 }
 
-// RequirePublishedTx fails t unless each of want was stored in tx, which
-// is still open (PublishTx, before the commit), and returns the messages
-// matched. tx must be on a database that shardq's SQLite or MySQL driver
-// migrated.
+// RequirePublishedTx is RequirePublished of what tx stored, tx being
+// still open (PublishTx, before the commit). tx must be on a database
+// that shardq's SQLite or MySQL driver migrated.
 func RequirePublishedTx(t testing.TB, tx *sql.Tx, want ...Want) []shardq.StoredMessage {
+	t.Helper()
+	return require(t, "published in the transaction", want, func(ctx context.Context, tenant, topic string) ([]shardq.StoredMessage, error) {
+		return readTx(ctx, tx, tenant, topic)
+	})
+}
+
+// require reads each topic named by want once, in offset order, and
+// matches want in it (match).
+func require(t testing.TB, what string, want []Want, read func(ctx context.Context, tenant, topic string) ([]shardq.StoredMessage, error)) []shardq.StoredMessage {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stored := map[[2]string][]shardq.StoredMessage{}
 	for _, w := range want {
 		k := [2]string{w.Tenant, w.Topic}
-		if _, read := stored[k]; read {
+		if _, done := stored[k]; done {
 			continue
 		}
-		ms, err := readTx(ctx, tx, w.Tenant, w.Topic)
+		ms, err := read(ctx, w.Tenant, w.Topic)
 		if err != nil {
-			t.Fatalf("shardqtest: read tenant %q topic %q in the transaction: %v", w.Tenant, w.Topic, err)
+			t.Fatalf("shardqtest: read tenant %q topic %q: %v", w.Tenant, w.Topic, err)
 		}
 		stored[k] = ms
 	}
-	return match(t, "published in the transaction", want, func(w Want) []shardq.StoredMessage { return stored[[2]string{w.Tenant, w.Topic}] })
+	return match(t, what, want, func(w Want) []shardq.StoredMessage { return stored[[2]string{w.Tenant, w.Topic}] })
 }
 
 // readTx reads a topic's messages as tx sees them. Both drivers' tables
@@ -158,18 +158,19 @@ func readTx(ctx context.Context, tx *sql.Tx, tenant, topic string) ([]shardq.Sto
 	return out, rows.Err()
 }
 
-// match finds each of want in stored, a message matching once, and
-// fails t with what is there when one is missing.
+// match finds each of want in stored (in offset order), a message
+// matching once and after the one matched for the previous want of its
+// partition key, and fails t with what is there when one is missing.
 func match(t testing.TB, what string, want []Want, stored func(Want) []shardq.StoredMessage) []shardq.StoredMessage {
 	t.Helper()
-	used := map[[3]any]bool{}
+	after := map[[3]string]int64{} // tenant, topic, key: the offset matched last
 	var out []shardq.StoredMessage
 	for _, w := range want {
+		key := [3]string{w.Tenant, w.Topic, w.PartitionKey}
 		found := false
 		for _, m := range stored(w) {
-			k := [3]any{m.Tenant, m.Topic, m.Offset}
-			if !used[k] && w.matches(m) {
-				used[k], found = true, true
+			if m.Offset > after[key] && w.matches(m) {
+				after[key], found = m.Offset, true
 				out = append(out, m)
 				break
 			}

@@ -83,10 +83,11 @@ func TestRequirePublished(t *testing.T) {
 		t.Fatalf("matched %+v", got)
 	}
 	for name, w := range map[string][]shardqtest.Want{
-		"payload":  {{Tenant: "t", Topic: "orders", PartitionKey: "o1", Payload: []byte("shipped")}},
-		"key":      {{Tenant: "t", Topic: "orders", PartitionKey: "o2"}},
-		"tenant":   {{Tenant: "u", Topic: "orders", PartitionKey: "o1"}},
-		"one each": {{Tenant: "t", Topic: "orders", PartitionKey: "o1"}, {Tenant: "t", Topic: "orders", PartitionKey: "o1"}, {Tenant: "t", Topic: "orders", PartitionKey: "o1"}},
+		"payload":   {{Tenant: "t", Topic: "orders", PartitionKey: "o1", Payload: []byte("shipped")}},
+		"key":       {{Tenant: "t", Topic: "orders", PartitionKey: "o2"}},
+		"tenant":    {{Tenant: "u", Topic: "orders", PartitionKey: "o1"}},
+		"one each":  {{Tenant: "t", Topic: "orders", PartitionKey: "o1"}, {Tenant: "t", Topic: "orders", PartitionKey: "o1"}, {Tenant: "t", Topic: "orders", PartitionKey: "o1"}},
+		"key order": {{Tenant: "t", Topic: "orders", PartitionKey: "o1", ID: "b"}, {Tenant: "t", Topic: "orders", PartitionKey: "o1", ID: "a"}},
 	} {
 		msg := fails(t, func(tb testing.TB) { shardqtest.RequirePublished(tb, c, w...) })
 		if !strings.Contains(msg, "not published") {
