@@ -176,11 +176,15 @@ func match(t testing.TB, what string, want []Want, stored func(Want) []shardq.St
 			}
 		}
 		if !found {
+			all := stored(w)
 			var have []string
-			for _, m := range stored(w) {
-				have = append(have, fmt.Sprintf("key %q id %q payload %q", m.PartitionKey, m.ID, m.Payload))
+			for _, m := range all[:min(len(all), 20)] {
+				have = append(have, fmt.Sprintf("key %q id %q payload %.40q", m.PartitionKey, m.ID, m.Payload))
 			}
-			t.Fatalf("shardqtest: not %s: %s; tenant %q topic %q holds %d: [%s]", what, w, w.Tenant, w.Topic, len(have), strings.Join(have, ", "))
+			if len(all) > 20 {
+				have = append(have, "…")
+			}
+			t.Fatalf("shardqtest: not %s: %s; tenant %q topic %q holds %d: [%s]", what, w, w.Tenant, w.Topic, len(all), strings.Join(have, ", "))
 		}
 	}
 	return out
