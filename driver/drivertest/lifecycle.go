@@ -637,6 +637,15 @@ func testDeleteTenant(t *testing.T, open Open) {
 	}
 	defer stopAll(t, s)
 	waitFor(t, "both tenants consumed", 30*time.Second, func() bool { return rec.total.Load() == 82 })
+	// A cursor is committed after its handler returns: the previews below
+	// count rows, so they wait until no cursor is left to move.
+	waitFor(t, "every cursor committed", 30*time.Second, func() bool {
+		work, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t", "u"}, Topic: "x", ConsumerGroup: "g"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(work) == 0
+	})
 	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "y", ConsumerGroup: "g"}, "k", receiverOpts("r"))
 	if err != nil {
 		t.Fatal(err)
