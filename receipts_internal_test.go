@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -348,5 +349,64 @@ func TestLongestReceiptSettles(t *testing.T) {
 	back, err := r.decode(ctx, s, rc.Tenant, rc.Topic, rc.Group)
 	if err != nil || back != rc {
 		t.Fatalf("a receipt of %d bytes: %+v, %v", len(s), back, err)
+	}
+}
+
+// A server that dies in a nack, after it took the group's lease for the
+// settlement and before it gave the group back, leaves the group held for
+// 10 s (docs/server.md), not for a receive's default visibility or
+// longer: a trigger refuses the give-back, as a process gone by then
+// never sends it.
+func TestNackCutHoldsTheGroupBriefly(t *testing.T) {
+	drv := testdb.Migrated(t, testdb.SQLite(t))
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c, err := NewClient(drv, &Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	receiver := func(name string) *Receipts {
+		r, err := c.Receipts(&ReceiptOptions{Name: name, PollInterval: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, b := receiver("a"), receiver("b")
+	if _, err := c.Publish(ctx, Message{Tenant: "t", Topic: "p", PartitionKey: "k", ID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	g := GroupRef{Tenant: "t", Topic: "p", ConsumerGroup: "g"}
+	rq := ReceiveRequest{Tenant: g.Tenant, Topic: g.Topic, ConsumerGroup: g.ConsumerGroup, PartitionKey: "k", Visibility: time.Second}
+	got, err := a.Receive(ctx, rq)
+	if err != nil || len(got.Messages) != 1 {
+		t.Fatalf("receive: %v, %v", got, err)
+	}
+	if _, err := drv.DB().ExecContext(ctx, `CREATE TRIGGER refuse_give_back BEFORE UPDATE OF owner ON queue_partition_leases
+		WHEN NEW.owner = '' BEGIN SELECT RAISE(ABORT, 'the server died'); END`); err != nil {
+		t.Fatal(err)
+	}
+	// The nack records its attempt; the give-back after it never lands.
+	if err := a.Nack(ctx, g, got.Messages[0].Receipt, NackOptions{}); err != nil {
+		t.Fatalf("nack: %v", err)
+	}
+	if _, err := drv.DB().ExecContext(ctx, "DROP TRIGGER refuse_give_back"); err != nil {
+		t.Fatal(err)
+	}
+	cut := now
+	for _, tc := range []struct {
+		after time.Duration
+		want  int
+	}{{10*time.Second - time.Millisecond, 0}, {10 * time.Second, 1}} {
+		mu.Lock()
+		now = cut.Add(tc.after)
+		mu.Unlock()
+		got, err := b.Receive(ctx, rq)
+		if err != nil || len(got.Messages) != tc.want {
+			t.Fatalf("a receive %s after the cut nack got %d messages (%v), want %d", tc.after, len(got.Messages), err, tc.want)
+		}
 	}
 }

@@ -913,8 +913,11 @@ const MaxMessages = 1000
 
 // nackHold is how long a nack holds its group's lease between reading
 // the cursor and giving the group back (which it does, failed or not,
-// unless the process dies between them or the release fails too).
-const nackHold = 30 * time.Second
+// unless the process dies between them or the release fails too): long
+// enough for the settlement's statements, each bounded by the lock wait
+// (5 s), and well under a receive's default visibility, since a server
+// that dies mid-nack leaves its group held this long.
+const nackHold = 10 * time.Second
 
 // Nack fails the message of a receipt: the settler delivers it again
 // after retryAfter, or dead-letters it once it has failed MaxAttempts

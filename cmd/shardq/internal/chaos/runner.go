@@ -73,7 +73,8 @@ type RunConfig struct {
 
 // DrainQuiet ends the drain once no history grew for this long: longer
 // than the clients' LargeWriteTimeout, which a write cut off by a kill
-// waits for.
+// waits for, and than the 10 s a server killed mid-nack holds its group
+// (docs/server.md).
 const DrainQuiet = LargeWriteTimeout + 5*time.Second
 
 // proc is one client's slot: its process restarts under the next
