@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 )
 
@@ -27,14 +26,14 @@ var budgetTests = []struct {
 
 // budgetMessages publishes, to partition key, 10 messages of 100 bytes,
 // one of 300 KB, then 5 of 100 bytes; it returns their payloads by id.
-func budgetMessages(t *testing.T, c *shardq.Client, key string, delayed bool) map[string][]byte {
+func budgetMessages(t *testing.T, d driver.Driver, key string, delayed bool) map[string][]byte {
 	t.Helper()
 	want := map[string][]byte{}
-	var msgs []shardq.Message
+	var msgs []driver.InsertMessage
 	add := func(id string, n int) {
 		p := bytes.Repeat([]byte(id[:1]), n)
 		want[id] = p
-		msgs = append(msgs, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key, ID: id, Payload: p, Headers: map[string]string{"h": id}})
+		msgs = append(msgs, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: key, ID: id, Payload: p, Headers: map[string]string{"h": id}})
 	}
 	for i := range 10 {
 		add(fmt.Sprintf("a%02d", i), 100)
@@ -44,10 +43,10 @@ func budgetMessages(t *testing.T, c *shardq.Client, key string, delayed bool) ma
 		add(fmt.Sprintf("c%02d", i), 100)
 	}
 	if delayed {
-		msgs[12].Delay = time.Hour // c01: a placeholder claim row, not a delivery
+		msgs[12].NotBefore = time.Now().Add(time.Hour) // c01: a placeholder claim row, not a delivery
 	}
 	for _, m := range msgs {
-		mustPublish(t, c, m)
+		mustInsert(t, d, m)
 	}
 	return want
 }
@@ -64,9 +63,9 @@ func checkBodies(t *testing.T, what string, ms []driver.Message, want map[string
 // A read within a budget stops before the message that would pass it,
 // always carries the first, and reads a large message's body whole.
 func testFetchWithin(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	want := budgetMessages(t, c, "k", false)
+	want := budgetMessages(t, d, "k", false)
 	const budget = 200 << 10
 	var after int64
 	var ids []string
@@ -97,9 +96,9 @@ func testFetchWithin(t *testing.T, open Open) {
 // A claim within a budget does the same for ungrouped messages, passes
 // over no message, and leaves a delayed one its placeholder.
 func testClaimWithin(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	want := budgetMessages(t, c, "", true)
+	want := budgetMessages(t, d, "", true)
 	const budget = 200 << 10
 	seen := map[string]int{}
 	for round := 0; round < 10 && len(seen) < len(want)-1; round++ {
@@ -131,7 +130,7 @@ func testClaimWithin(t *testing.T, open Open) {
 		}
 	}
 	// The delayed one, when due.
-	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m", Now: time.Now().Add(2 * time.Hour), Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 20, Bytes: budget}}) // Delay counts from the client's clock
+	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m", Now: time.Now().Add(2 * time.Hour), Visibility: time.Hour, Limit: driver.ClaimLimit{Messages: 20, Bytes: budget}}) // NotBefore counts from this process's clock
 	if err != nil || len(cs) != 1 || cs[0].Message.ID != "c01" {
 		t.Fatalf("when due: %+v, %v; want c01", cs, err)
 	}
@@ -141,9 +140,9 @@ func testClaimWithin(t *testing.T, open Open) {
 // nothing changed, the lease not released either. With release, a commit
 // frees the lease in its transaction.
 func testCommitReceived(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m2"})
+	res := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m2"})
 	ref := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "r#1", Now: t0, TTL: time.Minute})
 	if err != nil {
@@ -186,9 +185,9 @@ func testCommitReceived(t *testing.T, open Open) {
 // A claim is settled only under its token and owner, and a delayed
 // message's placeholder row (owner "", token 0) by nobody.
 func testClaimOwnerFence(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "later", Delay: time.Hour}, shardq.Message{Tenant: "t", Topic: "x", ID: "now"})
+	res := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", ID: "later", NotBefore: time.Now().Add(time.Hour)}, driver.InsertMessage{Tenant: "t", Topic: "x", ID: "now"})
 	cs, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, Owner: "m#1", Now: t0, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})
 	if err != nil || len(cs) != 1 || cs[0].Message.ID != "now" {
 		t.Fatalf("claims %+v, %v; want now", cs, err)
@@ -219,10 +218,10 @@ func testClaimOwnerFence(t *testing.T, open Open) {
 // Several cursors commit in one call; when any lease is lost nothing is
 // committed and the call says ErrLeaseLost.
 func testCommitOffsets(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	a := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "a1"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "a2"})
-	b := mustPublish(t, c, shardq.Message{Tenant: "u", Topic: "x", PartitionKey: "b", ID: "b1"})
+	a := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "a1"}, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "a", ID: "a2"})
+	b := mustInsert(t, d, driver.InsertMessage{Tenant: "u", Topic: "x", PartitionKey: "b", ID: "b1"})
 	refA := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "a"}
 	refB := driver.PartitionRef{Tenant: "u", ConsumerGroup: "g", Topic: "x", PartitionKey: "b"}
 	la, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: refA, Owner: "m#1", Now: t0, TTL: time.Minute})

@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/balance"
 )
 
 var leaseTests = []struct {
@@ -28,6 +29,7 @@ var leaseTests = []struct {
 	{"HeartbeatsScoped", testHeartbeatsScoped},
 	{"RetryBookkeepingFenced", testRetryBookkeepingFenced},
 	{"DeadLetterMovesAtomically", testDeadLetterMovesAtomically},
+	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 }
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -38,8 +40,8 @@ var firstToken = t0.UnixMicro() + 1
 
 const ttl = 30 * time.Second
 
-// committed returns group's cursor for one partition (0 when none).
-func committed(t *testing.T, d driver.Driver, tenant, topic, key, group string) int64 {
+// Committed returns group's cursor for one partition (0 when none).
+func Committed(t *testing.T, d driver.Driver, tenant, topic, key, group string) int64 {
 	t.Helper()
 	ps, err := d.PartitionHeads(context.Background(), []string{tenant}, topic)
 	if err != nil {
@@ -64,13 +66,13 @@ func committed(t *testing.T, d driver.Driver, tenant, topic, key, group string) 
 }
 
 func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	var batch []shardq.Message
+	var batch []driver.InsertMessage
 	for range 10 {
-		batch = append(batch, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+		batch = append(batch, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"})
 	}
-	res := mustPublish(t, c, batch...)
+	res := mustInsert(t, d, batch...)
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 
 	a, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0, TTL: ttl})
@@ -85,7 +87,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	if err := d.CommitOffset(ctx, a, res[4].Offset, t0); err != nil {
 		t.Fatal(err)
 	}
-	if got := committed(t, d, "t", "x", "k", "g"); got != res[4].Offset {
+	if got := Committed(t, d, "t", "x", "k", "g"); got != res[4].Offset {
 		t.Fatalf("cursor %d after commit, want %d", got, res[4].Offset)
 	}
 
@@ -98,7 +100,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 	if err := d.CommitOffset(ctx, a, res[9].Offset, t0.Add(ttl+2*time.Second)); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("stale commit = %v, want ErrLeaseLost", err)
 	}
-	if got := committed(t, d, "t", "x", "k", "g"); got != res[4].Offset {
+	if got := Committed(t, d, "t", "x", "k", "g"); got != res[4].Offset {
 		t.Fatalf("stale commit moved the cursor to %d", got)
 	}
 	if _, err := d.RenewLease(ctx, a, t0.Add(ttl+2*time.Second), ttl); !errors.Is(err, driver.ErrLeaseLost) {
@@ -131,7 +133,7 @@ func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {
 }
 
 func testLeaseRenewAndReacquire(t *testing.T, open Open) {
-	d, _ := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 	a, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0, TTL: ttl})
@@ -174,10 +176,10 @@ func testLeaseRenewAndReacquire(t *testing.T, open Open) {
 }
 
 func testCommitNeverMovesBack(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"},
-		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	res := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"},
+		driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"}, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"})
 	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}, Owner: "s", Now: t0, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
@@ -187,13 +189,13 @@ func testCommitNeverMovesBack(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 	}
-	if got := committed(t, d, "t", "x", "k", "g"); got != res[1].Offset {
+	if got := Committed(t, d, "t", "x", "k", "g"); got != res[1].Offset {
 		t.Fatalf("cursor %d, want %d: a commit must never move it back", got, res[1].Offset)
 	}
 }
 
 func testLeaseAcquireRace(t *testing.T, open Open) {
-	d, _ := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "hot"}
 	const racers = 8
@@ -231,7 +233,7 @@ func testLeaseAcquireRace(t *testing.T, open Open) {
 }
 
 func testSweepFreesDeadOwners(t *testing.T, open Open) {
-	d, _ := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
 	ref := func(k string) driver.PartitionRef {
 		return driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: k}
@@ -277,7 +279,7 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 }
 
 func testHeartbeatsScoped(t *testing.T, open Open) {
-	d, _ := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
 	if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t1", "t2"}, Topic: "x", ConsumerGroup: "g"}, "s1", t0); err != nil {
 		t.Fatal(err)
@@ -318,9 +320,9 @@ func testHeartbeatsScoped(t *testing.T, open Open) {
 }
 
 func testRetryBookkeepingFenced(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	res := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"}, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"})
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s", Now: t0, TTL: ttl})
 	if err != nil {
@@ -372,10 +374,10 @@ func testRetryBookkeepingFenced(t *testing.T, open Open) {
 }
 
 func testDeadLetterMovesAtomically(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
-	res := mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "poison", Payload: []byte("bad")},
-		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "next"})
+	res := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "poison", Payload: []byte("bad")},
+		driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "next"})
 	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 	l, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "s", Now: t0, TTL: ttl})
 	if err != nil {
@@ -422,7 +424,7 @@ func testDeadLetterMovesAtomically(t *testing.T, open Open) {
 }
 
 func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
-	d, _ := setup(t, open, nil)
+	d := setup(t, open)
 	ctx := context.Background()
 	var mine []driver.Lease
 	for _, tk := range [][2]string{{"t1", "a"}, {"t1", "b"}, {"t2", "a"}} {
@@ -461,4 +463,120 @@ func testRenewManyLeasesAtOnce(t *testing.T, open Open) {
 	if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: mine[0].PartitionRef, Owner: "peer", Now: t0.Add(2 * ttl), TTL: ttl}); !errors.Is(err, driver.ErrLeaseHeld) {
 		t.Fatalf("acquire of a renewed lease = %v, want ErrLeaseHeld", err)
 	}
+}
+
+// testFairShareConverges runs the rebalancing decisions of 8 subscribers
+// (list, plan, acquire, release: what a tick does, without delivering)
+// against the database's lease table for 10,000 partitions with work, until
+// a round changes nothing. Each must end within one of ceil(P/N).
+func testFairShareConverges(t *testing.T, open Open) {
+	d := setup(t, open)
+	ctx := context.Background()
+	const parts, members = 10_000, 8
+	batch := make([]driver.InsertMessage, 0, 500)
+	for i := range parts {
+		batch = append(batch, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%02d", i), ID: fmt.Sprintf("m-%05d", i)})
+		if len(batch) == cap(batch) {
+			mustInsert(t, d, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		mustInsert(t, d, batch...)
+	}
+	names := make([]string, members)
+	for i := range names {
+		names[i] = fmt.Sprintf("sub-%d", i)
+		if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, names[i], t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
+	if err != nil || len(work) != parts {
+		t.Fatalf("%d partitions with work, %v", len(work), err)
+	}
+	refs := make([]driver.PartitionRef, len(work))
+	for i, p := range work {
+		refs[i] = driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: "g", Topic: p.Topic, PartitionKey: p.PartitionKey}
+	}
+	rounds := 0
+	for changed := true; changed; rounds++ {
+		if rounds == 5 {
+			t.Fatalf("no convergence in %d rounds: %v", rounds, leaseCountsOf(t, d))
+		}
+		changed = false
+		for _, me := range names {
+			leases, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := balance.Compute(balance.Input{Me: me, Live: map[string][]string{"t": names}, Work: refs, Leases: leases, Now: t0})
+			for _, p := range plan.Release {
+				for _, l := range leases {
+					if l.PartitionRef == p {
+						if err := d.ReleaseLease(ctx, l, t0); err != nil {
+							t.Fatal(err)
+						}
+						changed = true
+					}
+				}
+			}
+			// A member's acquisitions are of distinct partitions: eight at
+			// a time, as a database's latency (vtgate's most) bounds them.
+			var acquired atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, len(plan.Acquire))
+			next := make(chan driver.PartitionRef)
+			for range 8 {
+				wg.Go(func() {
+					for p := range next {
+						_, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: me, Now: t0, TTL: time.Hour})
+						switch {
+						case err == nil:
+							acquired.Add(1)
+						case !errors.Is(err, driver.ErrLeaseHeld):
+							errs <- err
+						}
+					}
+				})
+			}
+			for _, p := range plan.Acquire {
+				next <- p
+			}
+			close(next)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			changed = changed || acquired.Load() > 0
+		}
+	}
+	counts := leaseCountsOf(t, d)
+	ceil := (parts + members - 1) / members
+	total := 0
+	for _, name := range names {
+		if counts[name] < ceil-1 || counts[name] > ceil {
+			t.Fatalf("%s holds %d partitions, want within one of %d: %v", name, counts[name], ceil, counts)
+		}
+		total += counts[name]
+	}
+	if total != parts {
+		t.Fatalf("%d of %d partitions leased", total, parts)
+	}
+	t.Logf("converged in %d rounds: %v", rounds, counts)
+}
+
+func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
+	ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, l := range ls {
+		if l.Owner != "" {
+			out[l.Owner]++
+		}
+	}
+	return out
 }

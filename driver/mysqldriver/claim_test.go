@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/sqlrecord"
 	"github.com/shardq/shardq/internal/testdb"
@@ -190,14 +190,9 @@ func TestStatementsPreparedOnce(t *testing.T) {
 	if _, err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	publish := func(i int) {
 		t.Helper()
-		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint(i)}); err != nil {
+		if _, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,15 +8,16 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-// A PublishTx in the caller's own transaction on a driver that has not
-// connected yet reads the server's settings on the driver's pool, never
-// inside the caller's transaction (where, through vtgate, such a read was
-// seen to hang while holding head-row locks).
+// An insert in the caller's own transaction (PublishTx's) on a driver that
+// has not connected yet reads the server's settings on the driver's pool,
+// never inside the caller's transaction (where, through vtgate, such a
+// read was seen to hang while holding head-row locks).
 func TestColdPublishTxReadsNoSettingInCallersTx(t *testing.T) {
 	dsn := testdb.MySQLDatabase(t)
 	ctx := context.Background()
@@ -29,17 +30,12 @@ func TestColdPublishTxReadsNoSettingInCallersTx(t *testing.T) {
 
 	cold := mustOpen(t, dsn) // no connection yet: nothing read
 	defer cold.Close()
-	c, err := shardq.NewClient(cold, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	tx, err := own.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"}, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k"})
-	if err != nil {
+	res := drivertest.Rows(driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"}, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	if err := cold.InsertMessages(ctx, driver.PreparedTx(tx), res); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

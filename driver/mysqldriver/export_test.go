@@ -22,10 +22,6 @@ func BinlogPosition(ctx context.Context, d *Driver) (string, uint32, error) {
 	return p.Name, p.Pos, err
 }
 
-// WithoutNewestMigration makes d embed every migration but the newest, as
-// the previous release did.
-func WithoutNewestMigration(d *Driver) { d.migrations = d.migrations[:len(d.migrations)-1] }
-
 // VTGateConnector makes c's connections begin their transactions at their
 // first execution, as Open does for connections through vtgate.
 func VTGateConnector(c sqldriver.Connector) sqldriver.Connector { return vtgateConnector{c} }

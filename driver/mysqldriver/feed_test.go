@@ -14,8 +14,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/testdb"
 )
@@ -23,17 +23,11 @@ import (
 // feedEvents is a FeedSink that hands every event to the test.
 type feedEvents = testdb.FeedEvents
 
-// feedDriver is a migrated database and a client that publishes to it
-// (its own feed off: the test runs the feed itself).
-func feedDriver(t *testing.T) (*mysqldriver.Driver, *shardq.Client) {
+// feedDriver is a driver on a migrated database; the test runs its feed
+// itself.
+func feedDriver(t *testing.T) *mysqldriver.Driver {
 	t.Helper()
-	d := testdb.Migrated(t, testdb.MySQL(t))
-	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return d, c
+	return testdb.Migrated(t, testdb.MySQL(t))
 }
 
 // startFeed runs d's feed from (file, pos) until the test ends.
@@ -56,7 +50,7 @@ func startFeed(t *testing.T, d *mysqldriver.Driver, file string, pos uint32) fee
 // their new heads, once per transaction; a rolled-back one names nothing.
 func TestFeedNamesCommittedHeads(t *testing.T) {
 	ctx := context.Background()
-	d, c := feedDriver(t)
+	d := feedDriver(t)
 	file, pos, err := mysqldriver.BinlogPosition(ctx, d)
 	if err != nil {
 		t.Fatal(err)
@@ -68,14 +62,14 @@ func TestFeedNamesCommittedHeads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "rolled-back", Payload: []byte("x")}); err != nil {
+	if err := d.InsertMessages(ctx, driver.PreparedTx(tx), drivertest.Rows(driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "rolled-back", Payload: []byte("x")})); err != nil {
 		t.Fatal(err)
 	}
 	tx.Rollback()
-	res, err := c.Publish(ctx,
-		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", Payload: []byte("1")},
-		shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "a", Payload: []byte("2")},
-		shardq.Message{Tenant: "t", Topic: "y", PartitionKey: "ключ", Payload: []byte("3")})
+	res, err := drivertest.Insert(ctx, d,
+		driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "a", Payload: []byte("1")},
+		driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "a", Payload: []byte("2")},
+		driver.InsertMessage{Tenant: "t", Topic: "y", PartitionKey: "ключ", Payload: []byte("3")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +85,7 @@ func TestFeedNamesCommittedHeads(t *testing.T) {
 // current position with a rescan (Up), not silently from nowhere.
 func TestFeedStalePositionRescans(t *testing.T) {
 	ctx := context.Background()
-	d, c := feedDriver(t)
+	d := feedDriver(t)
 	stale, pos, err := mysqldriver.BinlogPosition(ctx, d)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +102,7 @@ func TestFeedStalePositionRescans(t *testing.T) {
 		t.Fatalf("note %q; want the position given up", note)
 	}
 	events.Next(t, "up")
-	res, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("1")})
+	res, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,11 +190,6 @@ func TestFeedSkipsLargeEvents(t *testing.T) {
 	ctx := context.Background()
 	dsn := testdb.MySQLDatabase(t)
 	d := openFeedDriver(t, dsn, mysqldriver.FeedMaxEventBytes(64<<10))
-	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	if _, err := d.DB().ExecContext(ctx, "CREATE TABLE other_app (id INT PRIMARY KEY, b LONGBLOB)"); err != nil {
 		t.Fatal(err)
 	}
@@ -234,8 +223,8 @@ func TestFeedSkipsLargeEvents(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO other_app VALUES (2, REPEAT('y', ?))", big); err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "with-big", Payload: []byte("1")})
-	if err != nil {
+	res := drivertest.Rows(driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "with-big", Payload: []byte("1")})
+	if err := d.InsertMessages(ctx, driver.PreparedTx(tx), res); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -245,63 +234,12 @@ func TestFeedSkipsLargeEvents(t *testing.T) {
 		t.Fatalf("feed said %q; want %q", got, want)
 	}
 	events.Next(t, "rescan")
-	res, err = c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("2")})
+	next, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "after", Payload: []byte("2")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := events.Next(t, "moved"), fmt.Sprintf("moved t/x/after@%d", res[0].Offset); got != want {
+	if got, want := events.Next(t, "moved"), fmt.Sprintf("moved t/x/after@%d", next[0].Offset); got != want {
 		t.Fatalf("after the skipped events the feed said %q; want %q", got, want)
-	}
-}
-
-// With a bound below every row event the feed names nothing, yet a
-// receiver whose polls are an hour apart gets each message another client
-// publishes: the commits, rescans, wake it.
-func TestFeedRescanWakesConsumers(t *testing.T) {
-	ctx := context.Background()
-	dsn := testdb.MySQLDatabase(t)
-	d := openFeedDriver(t, dsn, mysqldriver.FeedMaxEventBytes(1))
-	c, err := shardq.NewClient(d, &shardq.Config{Tenants: []string{"t"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	pub, err := shardq.NewClient(openFeedDriver(t, dsn), &shardq.Config{ChangeFeed: shardq.FeedOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("0")}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", &shardq.ReceiverOptions{PollInterval: time.Hour, FeedPollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Stop(ctx)
-	for deadline := time.Now().Add(30 * time.Second); !c.FeedUp(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("feed not up within 30 s")
-		}
-	}
-	for i := range 5 {
-		if i > 0 {
-			if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte(fmt.Sprint(i))}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		m, err := r.Receive(rctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-		if string(m.Payload) != fmt.Sprint(i) {
-			t.Fatalf("got %q, want %d", m.Payload, i)
-		}
-		if err := r.Ack(ctx, m); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -345,11 +283,6 @@ func TestFeedDSN(t *testing.T) {
 	}
 
 	d := openFeedDriver(t, as(queueUser, cfg.DBName), mysqldriver.FeedDSN(as(feedUser, "")))
-	c, err := shardq.NewClient(d, &shardq.Config{ChangeFeed: shardq.FeedOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	events := make(feedEvents, 100)
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -361,7 +294,7 @@ func TestFeedDSN(t *testing.T) {
 		}
 	}()
 	events.Next(t, "up")
-	res, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("1")})
+	res, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", Payload: []byte("1")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/testdb"
 )
@@ -30,18 +30,13 @@ func TestReadyGroupsProbesEachGroupOnce(t *testing.T) {
 	if _, err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const groups, stored = 4, 500
 	for k := range groups {
-		batch := make([]shardq.Message, stored)
+		batch := make([]driver.InsertMessage, stored)
 		for i := range batch {
-			batch[i] = shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprint("k", k), ID: fmt.Sprint(k, "-", i)}
+			batch[i] = driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprint("k", k), ID: fmt.Sprint(k, "-", i)}
 		}
-		res, err := c.Publish(ctx, batch...)
+		res, err := drivertest.Insert(ctx, d, batch...)
 		if err != nil {
 			t.Fatal(err)
 		}

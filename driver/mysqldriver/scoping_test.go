@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/sqlrecord"
 	"github.com/shardq/shardq/internal/testdb"
@@ -64,26 +64,24 @@ func TestHotPathNamesTenant(t *testing.T) {
 	recording = true
 	mu.Unlock()
 
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
+	if _, err := d.TenantSettings(ctx, []string{"a"}); err != nil { // a client reads a tenant's settings before it publishes
 		t.Fatal(err)
 	}
-	defer c.Close()
-	var batch []shardq.Message
+	var batch []driver.InsertMessage
 	for i := range 20 {
-		batch = append(batch, shardq.Message{Tenant: "a", Topic: []string{"x", "y"}[i%2], PartitionKey: string(rune('k' + i%3))})
+		batch = append(batch, driver.InsertMessage{Tenant: "a", Topic: []string{"x", "y"}[i%2], PartitionKey: string(rune('k' + i%3))})
 	}
-	if _, err := c.Publish(ctx, batch...); err != nil {
+	if _, err := drivertest.Insert(ctx, d, batch...); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Publish(ctx, batch[0]); err != nil { // a duplicate
+	if _, err := drivertest.Insert(ctx, d, batch[0]); err != nil { // a duplicate
 		t.Fatal(err)
 	}
 	tx, err := d.BeginWrite(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PublishTx(ctx, tx.(*sql.Tx), shardq.Message{Tenant: "a", Topic: "x"}, shardq.Message{Tenant: "b", Topic: "x"}); err != nil {
+	if err := d.InsertMessages(ctx, driver.PreparedTx(tx.(*sql.Tx)), drivertest.Rows(driver.InsertMessage{Tenant: "a", Topic: "x"}, driver.InsertMessage{Tenant: "b", Topic: "x"})); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -142,11 +140,11 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if _, err := d.ReadyGroups(ctx, driver.GroupScope{Tenants: []string{"a", "b"}, Topic: "x", ConsumerGroup: "g"}, now, 10); err != nil {
 		t.Fatal(err)
 	}
-	var ungrouped []shardq.Message
+	var ungrouped []driver.InsertMessage
 	for range 3 {
-		ungrouped = append(ungrouped, shardq.Message{Tenant: "a", Topic: "u"})
+		ungrouped = append(ungrouped, driver.InsertMessage{Tenant: "a", Topic: "u"})
 	}
-	if _, err := c.Publish(ctx, ungrouped...); err != nil {
+	if _, err := drivertest.Insert(ctx, d, ungrouped...); err != nil {
 		t.Fatal(err)
 	}
 	claims, _, err := d.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: "a", Topic: "u", ConsumerGroup: "g"}, Owner: "s", Now: now, Visibility: time.Minute, Limit: driver.ClaimLimit{Messages: 10}})

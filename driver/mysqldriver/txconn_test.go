@@ -10,7 +10,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
 	"github.com/shardq/shardq/internal/testdb"
 )
@@ -213,14 +214,9 @@ func TestWriteTransactionsBeginWithTheirFirstStatement(t *testing.T) {
 		t.Fatal("write transactions begin on DB(), not on a pool of their own")
 	}
 	pool.SetMaxOpenConns(1) // one session to count on
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const n = 20
 	for i := range n {
-		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprint(i % 3), ID: fmt.Sprint(i)}); err != nil {
+		if _, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprint(i % 3), ID: fmt.Sprint(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/sqlitedriver"
 )
 
@@ -31,12 +31,7 @@ func TestBackupWhileWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Migrate(ctx); err != nil {
+	if _, err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
@@ -50,7 +45,7 @@ func TestBackupWhileWriting(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint(i), Payload: []byte(fmt.Sprint(i))}); err != nil {
+			if _, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint(i), Payload: []byte(fmt.Sprint(i))}); err != nil {
 				t.Error(err)
 				return
 			}

@@ -30,7 +30,15 @@ import (
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/migrate"
 	"github.com/shardq/shardq/internal/sqlcommon"
+	"github.com/shardq/shardq/internal/testhook"
 )
+
+func init() {
+	testhook.TrimMigrations["sqlite"] = func(d any) {
+		x := d.(*Driver)
+		x.migrations = x.migrations[:len(x.migrations)-1]
+	}
+}
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS

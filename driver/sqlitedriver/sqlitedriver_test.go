@@ -15,7 +15,6 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/sqlitedriver"
@@ -48,13 +47,8 @@ func publishFromHelper(path, name string) error {
 		return err
 	}
 	defer d.Close()
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
 	for i := range perProcess {
-		if _, err := c.Publish(context.Background(), shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "shared",
+		if _, err := drivertest.Insert(context.Background(), d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "shared",
 			ID: name + "-" + strconv.Itoa(i)}); err != nil {
 			return fmt.Errorf("%s message %d: %w", name, i, err)
 		}

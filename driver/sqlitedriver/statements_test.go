@@ -9,15 +9,16 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/sqlitedriver"
 )
 
 // The driver prepares its statements once per pool and uses them in the
 // transactions it begins. A caller's transaction on a pool of its own (the
-// same file) never gets them: PublishTx there runs unprepared, and the
-// driver's own transactions before and after keep theirs.
+// same file) never gets them: an insert there (PublishTx's) runs
+// unprepared, and the driver's own transactions before and after keep
+// theirs.
 func TestPreparedStatementsStayWithTheirPool(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "shardq.db")
@@ -29,27 +30,23 @@ func TestPreparedStatementsStayWithTheirPool(t *testing.T) {
 	if _, err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := shardq.NewClient(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	own, err := sql.Open("sqlite", path+"?_txlock=immediate&_busy_timeout=10000")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer own.Close()
 	for i := range 3 {
-		if _, err := c.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint("driver-", i)}); err != nil {
+		if _, err := drivertest.Insert(ctx, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint("driver-", i)}); err != nil {
 			t.Fatal(err)
 		}
 		tx, err := own.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.PublishTx(ctx, tx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint("caller-", i)}); err != nil {
+		rows := drivertest.Rows(driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k", ID: fmt.Sprint("caller-", i)})
+		if err := d.InsertMessages(ctx, driver.PreparedTx(tx), rows); err != nil { // as PublishTx inserts
 			tx.Rollback()
-			t.Fatalf("PublishTx in the caller's own pool: %v", err)
+			t.Fatalf("an insert in the caller's own pool: %v", err)
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)

@@ -203,25 +203,35 @@ func SkipVitess(t testing.TB) {
 
 // Vitess opens a driver on the test vtgate's keyspace (VitessDSN) with
 // every table dropped: Vitess cannot create a database per test, so the
-// tests that take it run one after another (VitessIn gives a test a
-// keyspace of its own). An unreachable vtgate fails the test; outside CI,
-// SHARDQ_TEST_VITESS=skip skips (CI never skips).
+// tests that take it run one after another, holding it as VitessIn holds
+// its keyspaces (VitessIn gives a test a keyspace of its own). An
+// unreachable vtgate fails the test; outside CI, SHARDQ_TEST_VITESS=skip
+// skips (CI never skips).
 func Vitess(t testing.TB) *mysqldriver.Driver {
 	t.Helper()
 	SkipVitess(t)
-	return vitessOn(t, VitessDSN())
+	cfg, err := mysql.ParseDSN(VitessDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn, _ := vitessKeyspaceNamed(t, cfg.DBName)
+	return vitessOn(t, dsn)
 }
 
 // vitessPool holds the test vtgate's keyspaces that VitessIn hands out:
 // VitessDSN's and those named after it with "_2", "_3"... (scripts/vitess
-// starts shardq and shardq_2 to shardq_4), one test each at a time.
+// starts shardq and shardq_2 to shardq_4), one test each at a time. A
+// keyspace is held across processes too (a lock file each, see
+// lockKeyspace): the test binaries of several packages that go test runs
+// side by side share the one vtgate.
 var vitessPool struct {
 	once sync.Once
-	free chan string
 	err  error
 	held sync.Map // testing.TB -> its keyspace
 
-	mu     sync.Mutex
+	mu   sync.Mutex
+	free []string // the keyspaces no test of this process holds
+
 	tables []string // a migrated keyspace's, once one was migrated
 }
 
@@ -294,36 +304,75 @@ func VitessMigrated(t testing.TB) (*mysqldriver.Driver, string) {
 // holds, and says whether t took it now.
 func vitessKeyspace(t testing.TB) (dsn string, first bool) {
 	t.Helper()
+	return vitessKeyspaceNamed(t, "")
+}
+
+// vitessKeyspaceNamed is vitessKeyspace taking the keyspace name, or any
+// when name is "".
+func vitessKeyspaceNamed(t testing.TB, name string) (dsn string, first bool) {
+	t.Helper()
 	SkipVitess(t)
 	base, err := mysql.ParseDSN(VitessDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
 	vitessPool.once.Do(func() {
-		var names []string
-		names, vitessPool.err = vitessKeyspaces(base)
-		vitessPool.free = make(chan string, len(names))
-		for _, n := range names {
-			vitessPool.free <- n
-		}
+		vitessPool.free, vitessPool.err = vitessKeyspaces(base)
 	})
 	if vitessPool.err != nil {
 		t.Fatalf("vtgate %s: list keyspaces: %v (scripts/test starts it with scripts/vitess up; "+
 			"outside CI, SHARDQ_TEST_VITESS=skip skips these tests)", VitessDSN(), vitessPool.err)
 	}
 	ks, ok := vitessPool.held.Load(t)
-	if !ok {
-		select {
-		case ks = <-vitessPool.free:
-		case <-time.After(10 * time.Minute): // every test holds its keyspace for less
-			t.Fatalf("vtgate %s: no keyspace of the pool came free in 10 minutes", VitessDSN())
-		}
+	switch {
+	case ok && name != "" && ks != name:
+		t.Fatalf("vtgate %s: the test holds keyspace %s and asks for %s", VitessDSN(), ks, name)
+	case !ok:
+		ks = takeKeyspace(t, base.Addr, name)
 		vitessPool.held.Store(t, ks)
-		t.Cleanup(func() { vitessPool.held.Delete(t); vitessPool.free <- ks.(string) })
 	}
 	cfg := base.Clone()
 	cfg.DBName = ks.(string)
 	return cfg.FormatDSN(), !ok
+}
+
+// takeKeyspace waits until a keyspace of the pool (name, or any when name
+// is "") is free in this process and in every other, takes it for t and
+// gives it back when t ends.
+func takeKeyspace(t testing.TB, addr, name string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Minute) // every test holds its keyspace for less
+	for {
+		vitessPool.mu.Lock()
+		for i, ks := range vitessPool.free {
+			if name != "" && ks != name {
+				continue
+			}
+			release, err := lockKeyspace(addr, ks)
+			if err != nil {
+				vitessPool.mu.Unlock()
+				t.Fatalf("vtgate %s: lock keyspace %s: %v", VitessDSN(), ks, err)
+			}
+			if release == nil {
+				continue // another process holds it
+			}
+			vitessPool.free = slices.Delete(vitessPool.free, i, i+1)
+			vitessPool.mu.Unlock()
+			t.Cleanup(func() {
+				vitessPool.held.Delete(t)
+				release()
+				vitessPool.mu.Lock()
+				vitessPool.free = append(vitessPool.free, ks)
+				vitessPool.mu.Unlock()
+			})
+			return ks
+		}
+		vitessPool.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("vtgate %s: no keyspace of the pool came free in 10 minutes", VitessDSN())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // showTables lists the tables of db's keyspace, sorted.

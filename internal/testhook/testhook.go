@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package testhook lets shardqtest hand a handler a Delivery whose
-// transactional settles (Defer, AckTx) are recorded instead of run: a
-// hand-built Delivery has no lease or claim to settle against. The root
-// package sets Record; nothing else uses it.
+// Package testhook holds what tests reach through non-test code: the
+// root package sets Record, so that shardqtest hands a handler a Delivery
+// whose transactional settles (Defer, AckTx) are recorded instead of run
+// (a hand-built Delivery has no lease or claim to settle against); each
+// driver sets TrimMigrations, for the upgrade tests of another package.
 package testhook
 
 import "sync"
@@ -31,3 +32,8 @@ func (r *Recorder) Calls() (deferred, ackedTx bool) {
 // Record returns a copy of d (a *shardq.Delivery) that reports its
 // Defer and AckTx to rec. Set by the root package's init.
 var Record func(d any, rec *Recorder) any
+
+// TrimMigrations, set by each driver package at init by its Name, makes
+// a driver of that package embed every migration but its newest, as the
+// previous release did: the upgrade tests run it as the older binary.
+var TrimMigrations = map[string]func(d any){}

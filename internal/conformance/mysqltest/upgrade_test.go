@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package mysqldriver_test
+package mysqltest
 
 import (
 	"testing"
 
-	"github.com/shardq/shardq/driver/drivertest"
 	"github.com/shardq/shardq/driver/mysqldriver"
+	"github.com/shardq/shardq/internal/conformance"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-// TestUpgrade migrates a database that a member of the previous release
-// is using, with state in flight (drivertest.Upgrade).
-func TestUpgrade(t *testing.T) {
+// TestUpgradeMySQL migrates a database that a member of the previous
+// release is using, with state in flight (conformance.Upgrade).
+func TestUpgradeMySQL(t *testing.T) {
 	dsn := testdb.MySQLDatabase(t)
 	open := func() *mysqldriver.Driver {
 		d, err := mysqldriver.Open(dsn)
@@ -23,7 +23,6 @@ func TestUpgrade(t *testing.T) {
 		return d
 	}
 	older, newer := open(), open()
-	mysqldriver.WithoutNewestMigration(older)
-	drivertest.Upgrade(t, older, newer, drivertest.Previous{EncodeTime: newer.EncodeTime,
+	conformance.Upgrade(t, older, newer, conformance.Previous{EncodeTime: newer.EncodeTime,
 		ClaimRead: "SELECT message_offset FROM queue_message_claims FORCE INDEX (idx_claims_open) WHERE tenant = ? AND done = 0"})
 }

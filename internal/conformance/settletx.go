@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package drivertest
+package conformance
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/driver/drivertest"
 )
 
 // effects is an application's table beside the queue's: what a handler
@@ -139,7 +140,7 @@ func testAckTxSubscriber(t *testing.T, open Open) {
 	if !errors.Is(err, shardq.ErrNoTxSettle) {
 		t.Fatalf("AckTx of a delivery kept past its handler = %v, want ErrNoTxSettle", err)
 	}
-	if got := committed(t, d, "t", "x", "k", "g"); got != 3 {
+	if got := drivertest.Committed(t, d, "t", "x", "k", "g"); got != 3 {
 		t.Fatalf("cursor of k at %d, want 3", got)
 	}
 	var r shardq.ReceivedMessage
@@ -156,7 +157,7 @@ func testAckTxReceiver(t *testing.T, open Open) {
 	ctx := context.Background()
 	insert, list := effects(t, d)
 	publishGroup(t, c, "k", "m1", "m2")
-	cursor := func() int64 { t.Helper(); return committed(t, d, "t", "x", "k", "g") }
+	cursor := func() int64 { t.Helper(); return drivertest.Committed(t, d, "t", "x", "k", "g") }
 	clock := newFakeClock(time.Now())
 	o := receiverOpts("r")
 	o.Clock, o.LeaseTTL = clock.Now, 10*time.Second

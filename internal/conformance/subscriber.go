@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package drivertest
+package conformance
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
-	"github.com/shardq/shardq/internal/balance"
 )
 
 var subscriberTests = []struct {
@@ -40,7 +39,6 @@ var subscriberTests = []struct {
 	{"OneNameTwoInstances", testOneNameTwoInstances},
 	{"StaticMembership", testStaticMembership},
 	{"NoDeliveryAfterLeaseExpiry", testNoDeliveryAfterLeaseExpiry},
-	{"FairShareConvergesAt10000Partitions", testFairShareConverges},
 	{"LocalPublishWakesIdleWorker", testLocalPublishWakesIdleWorker},
 	{"MembersStartingTogetherSplitAtOnce", testMembersStartingTogetherSplitAtOnce},
 	{"IdlePartitionsShareOneHeadQuery", testIdlePartitionsShareOneHeadQuery},
@@ -819,112 +817,6 @@ func testOwnLeaseWithoutWorkerIsTakenUp(t *testing.T, open Open) {
 	rec.check(t)
 }
 
-// testFairShareConverges runs the rebalancing decisions of 8 subscribers
-// (list, plan, acquire, release: what a tick does, without delivering)
-// against the database's lease table for 10,000 partitions with work, until
-// a round changes nothing. Each must end within one of ceil(P/N).
-func testFairShareConverges(t *testing.T, open Open) {
-	d, c := setup(t, open, nil)
-	ctx := context.Background()
-	const parts, members = 10_000, 8
-	publishSpread(t, c, "t", "x", parts, parts)
-	names := make([]string, members)
-	for i := range names {
-		names[i] = fmt.Sprintf("sub-%d", i)
-		if err := d.Heartbeat(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}, names[i], t0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	work, err := d.PartitionsWithWork(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
-	if err != nil || len(work) != parts {
-		t.Fatalf("%d partitions with work, %v", len(work), err)
-	}
-	refs := make([]driver.PartitionRef, len(work))
-	for i, p := range work {
-		refs[i] = driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: "g", Topic: p.Topic, PartitionKey: p.PartitionKey}
-	}
-	rounds := 0
-	for changed := true; changed; rounds++ {
-		if rounds == 5 {
-			t.Fatalf("no convergence in %d rounds: %v", rounds, leaseCountsOf(t, d))
-		}
-		changed = false
-		for _, me := range names {
-			leases, err := d.ListLeases(ctx, driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			plan := balance.Compute(balance.Input{Me: me, Live: map[string][]string{"t": names}, Work: refs, Leases: leases, Now: t0})
-			for _, p := range plan.Release {
-				for _, l := range leases {
-					if l.PartitionRef == p {
-						if err := d.ReleaseLease(ctx, l, t0); err != nil {
-							t.Fatal(err)
-						}
-						changed = true
-					}
-				}
-			}
-			// A member's acquisitions are of distinct partitions: eight at
-			// a time, as a database's latency (vtgate's most) bounds them.
-			var acquired atomic.Int64
-			var wg sync.WaitGroup
-			errs := make(chan error, len(plan.Acquire))
-			next := make(chan driver.PartitionRef)
-			for range 8 {
-				wg.Go(func() {
-					for p := range next {
-						_, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: me, Now: t0, TTL: time.Hour})
-						switch {
-						case err == nil:
-							acquired.Add(1)
-						case !errors.Is(err, driver.ErrLeaseHeld):
-							errs <- err
-						}
-					}
-				})
-			}
-			for _, p := range plan.Acquire {
-				next <- p
-			}
-			close(next)
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
-			changed = changed || acquired.Load() > 0
-		}
-	}
-	counts := leaseCountsOf(t, d)
-	ceil := (parts + members - 1) / members
-	total := 0
-	for _, name := range names {
-		if counts[name] < ceil-1 || counts[name] > ceil {
-			t.Fatalf("%s holds %d partitions, want within one of %d: %v", name, counts[name], ceil, counts)
-		}
-		total += counts[name]
-	}
-	if total != parts {
-		t.Fatalf("%d of %d partitions leased", total, parts)
-	}
-	t.Logf("converged in %d rounds: %v", rounds, counts)
-}
-
-func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
-	ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, l := range ls {
-		if l.Owner != "" {
-			out[l.Owner]++
-		}
-	}
-	return out
-}
-
 // A Publish through the subscriber's own client wakes the idle worker of
 // its partition: with an hour-long poll interval, only the wake-up can
 // deliver the second message.
@@ -1178,4 +1070,18 @@ func testNoDeliveryAfterLeaseExpiry(t *testing.T, open Open) {
 			t.Fatalf("%s delivered under token %d, the lease that expired (deliveries %+v)", g.id, g.token, got)
 		}
 	}
+}
+
+func leaseCountsOf(t *testing.T, d driver.Driver) map[string]int {
+	ls, err := d.ListLeases(context.Background(), driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, l := range ls {
+		if l.Owner != "" {
+			out[l.Owner]++
+		}
+	}
+	return out
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package drivertest
+package conformance
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testhook"
 )
 
 // Previous is what Upgrade needs of the previous release that this code
@@ -45,7 +46,16 @@ type Previous struct {
 // ones), in order per partition, with the dead letter in the dead-letter
 // topic; a new member resumes from the cursors left, the new schema
 // serves receipts, and the previous release refuses the schema.
+//
+// older and newer are two drivers of one database; Upgrade makes older
+// embed every migration but the newest (testhook.TrimMigrations), as the
+// previous release did.
 func Upgrade(t *testing.T, older, newer driver.Driver, prev Previous) {
+	trim, ok := testhook.TrimMigrations[older.Name()]
+	if !ok {
+		t.Fatalf("driver %q registers no TrimMigrations", older.Name())
+	}
+	trim(older)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := older.Migrate(ctx); err != nil {
