@@ -108,7 +108,7 @@ func waitForLockWait(ctx context.Context, t *testing.T, db *sql.DB, done chan er
 	for {
 		var n int
 		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST "+
-			"WHERE INFO LIKE 'INSERT INTO queue_messages %' AND TIME_MS >= 200").Scan(&n); err != nil {
+			"WHERE INFO LIKE 'INSERT INTO queue_messages %' AND TIME_MS >= 200 AND DB = DATABASE()").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {

@@ -6,6 +6,7 @@ package testdb
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +19,14 @@ import (
 // nil release when another process holds the keyspace.
 func lockKeyspace(addr, ks string) (release func(), err error) {
 	name := "shardq-vitess-" + strings.NewReplacer(":", "_", "/", "_").Replace(addr) + "-" + ks + ".lock"
-	f, err := os.OpenFile(filepath.Join(os.TempDir(), name), os.O_RDWR|os.O_CREATE, 0o600)
+	// Opened for reading, which flock needs no more than, and created only
+	// when missing: the file may be another user's (the test Vitess is the
+	// machine's), and a sticky temporary directory refuses O_CREAT on it.
+	path := filepath.Join(os.TempDir(), name)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o644)
+	}
 	if err != nil {
 		return nil, err
 	}

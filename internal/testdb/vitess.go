@@ -14,6 +14,15 @@ import (
 // VitessShards are the test keyspace's shards (scripts/vitess).
 var VitessShards = []string{"-80", "80-"}
 
+// VitessKeyspace is the test keyspace's name (VitessDSN's database).
+func VitessKeyspace() string {
+	cfg, err := mysql.ParseDSN(VitessDSN())
+	if err != nil {
+		return ""
+	}
+	return cfg.DBName
+}
+
 // VitessShard opens vtgate targeted at one shard of the test keyspace,
 // closed when t ends.
 func VitessShard(t testing.TB, shard string) *sql.DB {

@@ -36,7 +36,10 @@ func TestVitess(t *testing.T) {
 			return testdb.VitessRecorded(t, dsn, log.Record)
 		})
 	})
-	t.Run("RoutingProof", func(t *testing.T) { testdb.RoutingProof(t, log.All(), 50) })
+	// The suite sends about 363 distinct statements that route by tenant (IN
+	// lists vary with timing); a floor near that
+	// catches a recording that lost most of them.
+	t.Run("RoutingProof", func(t *testing.T) { testdb.RoutingProof(t, log.All(), 290) })
 }
 
 // vitessShardDSN reaches the shards' MySQL directly (vttestserver's one
