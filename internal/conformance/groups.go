@@ -37,6 +37,7 @@ var groupTests = []struct {
 	{"UngroupedClaimRenewedWhileHandled", testUngroupedRenewal},
 	{"UngroupedRetriesThenDeadLetters", testUngroupedDeadLetters},
 	{"UngroupedOutlivingItsClaimDeadLetters", testUngroupedOutlivingDeadLetters},
+	{"UngroupedLapsedInQueueUncounted", testUngroupedLapsedInQueueUncounted},
 	{"UngroupedReplayAfterOffsetReset", testUngroupedReplay},
 	{"UngroupedTenantBacklogLeavesRoom", testUngroupedTenantBacklogLeavesRoom},
 	{"UngroupedStopGivesBackUncounted", testUngroupedStopGivesBack},
@@ -710,6 +711,50 @@ func testUngroupedOutlivingDeadLetters(t *testing.T, open Open) {
 	})
 	if n := attempts.Load(); n != 2 {
 		t.Fatalf("%d attempts, want 2", n)
+	}
+}
+
+// testUngroupedLapsedInQueueUncounted: claims that lapse in a member's
+// local queue, behind a handler that holds the only slot, were never
+// delivered: they come again as first attempts, not as retries.
+func testUngroupedLapsedInQueueUncounted(t *testing.T, open Open) {
+	_, c := setup(t, open, nil)
+	for i := range 4 {
+		mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: fmt.Sprintf("q%d", i)})
+	}
+	var mu sync.Mutex
+	first := map[string]int{} // id -> the attempt of its first delivery
+	var blocked atomic.Bool
+	cfg := ungroupedConfig("u", func(ctx context.Context, dl *shardq.Delivery) error {
+		mu.Lock()
+		if _, ok := first[dl.ID]; !ok {
+			first[dl.ID] = dl.Attempt
+		}
+		mu.Unlock()
+		if blocked.CompareAndSwap(false, true) {
+			<-ctx.Done() // outlives its claim: the queued ones lapse meanwhile
+			return ctx.Err()
+		}
+		return nil
+	})
+	cfg.UngroupedConcurrency, cfg.MaxAttempts, cfg.HandlerTimeout = 1, 5, time.Minute
+	cfg.VisibilityTimeout, cfg.MaxVisibilityRenewal = 500*time.Millisecond, 500*time.Millisecond // never renewed
+	s, err := c.Subscribe(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, s)
+	waitFor(t, "every message delivered", 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(first) == 4
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, attempt := range first {
+		if attempt != 1 {
+			t.Errorf("%s: first delivered as attempt %d, want 1 (a claim that lapsed undelivered counted)", id, attempt)
+		}
 	}
 }
 

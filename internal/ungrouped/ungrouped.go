@@ -365,9 +365,13 @@ func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled 
 		}
 		// A claim that lapsed while it waited here (a frozen process, a
 		// long queue) may be another member's by now: never hand it out.
+		// Its attempt is given back (fenced by the claim's token: a no-op
+		// once another member claimed it), since no handler saw it; else
+		// a loaded member would dead-letter messages it never delivered.
 		if !s.cfg.Clock().Before(c.VisibleUntil.Add(-lifecycle.HolderMargin(s.cfg.Visibility))) {
 			s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
 				"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
+			s.giveBack(c)
 			continue
 		}
 		s.handleClaim(c)
