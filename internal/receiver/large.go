@@ -128,6 +128,9 @@ func (r *Receiver) passOver(ctx context.Context, m driver.Message, why string) e
 	r.heldSpan = nil
 	r.mu.Unlock()
 	if err := r.Ack(ctx, m.Offset); err != nil {
+		// Not passed over (a receive whose context ended, say): the next
+		// call starts here again instead of refusing as unsettled.
+		r.unhold()
 		return err
 	}
 	level := slog.LevelWarn
