@@ -1020,20 +1020,30 @@ func testReceiverNoDeliveryAfterExpiry(t *testing.T, open Open) {
 
 // A claim of an ungrouped message that lapsed while it waited in the
 // member's queue (its visibility timeout passed by the member's clock) is
-// never handed out: the message is delivered by its next claim, with the
-// attempt that claim counts.
+// never handed out: the message is delivered under its next claim (a new
+// token), as a first attempt, since no handler saw the lapsed one.
 func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 	d, c := setup(t, open, nil)
 	clock := newFakeClock(time.Now())
 	mustPublish(t, c, shardq.Message{Tenant: "t", Topic: "x", ID: "u0"}, shardq.Message{Tenant: "t", Topic: "x", ID: "u1"})
+	token := func(offset int64) (tok int64) {
+		if err := d.DB().QueryRow("SELECT token FROM queue_message_claims WHERE tenant = 't' AND message_offset = ?", offset).Scan(&tok); err != nil {
+			t.Errorf("claim token of offset %d: %v", offset, err)
+		}
+		return tok
+	}
 	var mu sync.Mutex
 	var got []string
+	var u1Token int64 // the token u1 was delivered under
 	g := newGate()
 	defer g.open()
 	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
 		mu.Lock()
 		got = append(got, fmt.Sprintf("%s@%d", dl.ID, dl.Attempt))
 		first := len(got) == 1
+		if dl.ID == "u1" && u1Token == 0 {
+			u1Token = token(dl.Offset)
+		}
 		mu.Unlock()
 		if first {
 			return g.hold(ctx)
@@ -1048,27 +1058,33 @@ func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 	defer stopAll(t, s)
 	g.waitHeld(t, "u0")
 	// u1 is claimed into the queue behind the busy handler.
+	var queuedOffset int64
 	waitFor(t, "u1 claimed and queued", 20*time.Second, func() bool {
 		var n int
-		err := d.DB().QueryRow("SELECT COUNT(*) FROM queue_message_claims WHERE tenant = 't' AND done = 0").Scan(&n)
+		err := d.DB().QueryRow("SELECT COUNT(*), MAX(message_offset) FROM queue_message_claims WHERE tenant = 't' AND done = 0").Scan(&n, &queuedOffset)
 		return err == nil && n == 2
 	})
+	queuedToken := token(queuedOffset)
 	clock.Advance(2 * cfg.VisibilityTimeout) // the queued claim lapses
 	g.open()
 	// u0's claim lapsed too (the clock jumped while its handler ran), so
 	// u0 may be delivered again meanwhile; only u1's first delivery counts.
-	firstU1 := func() (string, []string) {
+	firstU1 := func() (string, []string, int64) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, d := range got {
 			if strings.HasPrefix(d, "u1@") {
-				return d, slices.Clone(got)
+				return d, slices.Clone(got), u1Token
 			}
 		}
-		return "", nil
+		return "", nil, 0
 	}
-	waitFor(t, "u1 delivered", 20*time.Second, func() bool { d, _ := firstU1(); return d != "" })
-	if d, all := firstU1(); d != "u1@2" {
-		t.Fatalf("u1 delivered as %s (deliveries %v): it must come from its second claim, not the lapsed first", d, all)
+	waitFor(t, "u1 delivered", 20*time.Second, func() bool { d, _, _ := firstU1(); return d != "" })
+	d1, all, tok := firstU1()
+	if tok == queuedToken {
+		t.Fatalf("u1 delivered under its lapsed claim (token %d; deliveries %v): it must come from its next claim", tok, all)
+	}
+	if d1 != "u1@1" {
+		t.Fatalf("u1 delivered as %s (deliveries %v): the lapsed claim, never handed out, must not count an attempt", d1, all)
 	}
 }

@@ -3,7 +3,9 @@
 package ungrouped
 
 import (
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/shardq/shardq/driver"
 )
@@ -82,6 +84,32 @@ func (q *claimQueue) queued(tenant string) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.tenants[tenant])
+}
+
+// takeLapsed takes the claims that lapse by lapseAt(c) at or before now
+// out of the queue. A tenant's claims were queued in the order they were
+// taken, each for the same visibility, so only the head of each FIFO is
+// looked at.
+func (q *claimQueue) takeLapsed(now time.Time, lapseAt func(driver.Claim) time.Time) []driver.Claim {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var lapsed []driver.Claim
+	for t, cs := range q.tenants {
+		i := 0
+		for i < len(cs) && !now.Before(lapseAt(cs[i])) {
+			i++
+		}
+		if i == 0 {
+			continue
+		}
+		lapsed = append(lapsed, cs[:i]...)
+		q.n -= i
+		if q.tenants[t] = cs[i:]; len(cs) == i {
+			delete(q.tenants, t)
+			q.turns = slices.DeleteFunc(q.turns, func(x string) bool { return x == t })
+		}
+	}
+	return lapsed
 }
 
 // close wakes the handlers (pop returns false) and returns the claims

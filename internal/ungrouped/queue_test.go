@@ -5,6 +5,7 @@ package ungrouped
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/shardq/shardq/driver"
 )
@@ -44,5 +45,39 @@ func TestClaimQueueTakesTenantsInTurn(t *testing.T) {
 	}
 	if _, ok := q.pop(); ok {
 		t.Fatal("pop after close returned a claim")
+	}
+}
+
+// The claims that lapsed are taken out of the queue, the others kept in
+// their turns.
+func TestClaimQueueTakeLapsed(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	claim := func(tenant string, offset int64, lapse time.Duration) driver.Claim {
+		c := claimOf(tenant, offset)
+		c.VisibleUntil = t0.Add(lapse)
+		return c
+	}
+	q := newClaimQueue()
+	for _, c := range []driver.Claim{claim("a", 1, time.Second), claim("a", 2, 3*time.Second), claim("b", 3, time.Second), claim("c", 4, 5*time.Second)} {
+		q.push(c)
+	}
+	lapseAt := func(c driver.Claim) time.Time { return c.VisibleUntil }
+	got := map[int64]bool{}
+	for _, c := range q.takeLapsed(t0.Add(time.Second), lapseAt) {
+		got[c.Message.Offset] = true
+	}
+	if len(got) != 2 || !got[1] || !got[3] {
+		t.Fatalf("lapsed = %v, want offsets 1 and 3", got)
+	}
+	if q.len() != 2 || q.queued("a") != 1 || q.queued("b") != 0 {
+		t.Fatalf("left %d queued (a %d, b %d), want a's 2 and c's 4", q.len(), q.queued("a"), q.queued("b"))
+	}
+	var order []int64
+	for range 2 {
+		c, _ := q.pop()
+		order = append(order, c.Message.Offset)
+	}
+	if order[0] != 2 || order[1] != 4 {
+		t.Fatalf("popped %v, want [2 4]: the turns must skip an emptied tenant", order)
 	}
 }

@@ -203,6 +203,13 @@ func (s *Service) ungrouped() {
 		if s.life.Context().Err() != nil {
 			return
 		}
+		// Claims that lapsed in the queue are given back before the next
+		// claim, which would otherwise take their messages again as
+		// retries of deliveries no handler saw.
+		for _, c := range queue.takeLapsed(s.cfg.Clock(), s.lapseAt) {
+			s.logLapsed(c)
+			s.giveBack(c)
+		}
 		woken, rescan := s.takeWoken()
 		for _, t := range woken {
 			active[t] = true
@@ -368,14 +375,24 @@ func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled 
 		// Its attempt is given back (fenced by the claim's token: a no-op
 		// once another member claimed it), since no handler saw it; else
 		// a loaded member would dead-letter messages it never delivered.
-		if !s.cfg.Clock().Before(c.VisibleUntil.Add(-lifecycle.HolderMargin(s.cfg.Visibility))) {
-			s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
-				"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
+		if !s.cfg.Clock().Before(s.lapseAt(c)) {
+			s.logLapsed(c)
 			s.giveBack(c)
 			continue
 		}
 		s.handleClaim(c)
 	}
+}
+
+// lapseAt is when a queued claim is no longer handed out: a holder's
+// margin before its visibility ends, by the member's clock.
+func (s *Service) lapseAt(c driver.Claim) time.Time {
+	return c.VisibleUntil.Add(-lifecycle.HolderMargin(s.cfg.Visibility))
+}
+
+func (s *Service) logLapsed(c driver.Claim) {
+	s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
+		"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
 }
 
 // prefetch is the local queue's target size.
