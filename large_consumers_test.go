@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -353,7 +354,7 @@ func TestLargeWriteAbandonedAcrossReaders(t *testing.T) {
 // when it goes on, fails with ErrLargeAbandoned, and so does a resume
 // under the same id.
 func TestLargeWriteAbandoned(t *testing.T) {
-	eachDatabase(t, func(t *testing.T, _ string, drv driver.Driver, base *shardq.Client) {
+	eachDatabase(t, func(t *testing.T, url string, drv driver.Driver, base *shardq.Client) {
 		ctx := context.Background()
 		c, err := shardq.NewClient(drv, &shardq.Config{LargeWriteTimeout: 500 * time.Millisecond})
 		if err != nil {
@@ -399,6 +400,9 @@ func TestLargeWriteAbandoned(t *testing.T) {
 		if d, err := r.Receive(ctx); err != nil || d.ID != "next" {
 			t.Fatalf("after the abandoned write: %+v, %v; want the next message", d, err)
 		}
+		if strings.HasPrefix(url, "sqlite:") {
+			passOverFailsThenResumes(t, drv, c)
+		}
 
 		// A subscriber's worker waits, then passes over.
 		release2, done2 := stalledWrite(t, base, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "s", ID: "stuck2"}, 11)
@@ -423,6 +427,37 @@ func TestLargeWriteAbandoned(t *testing.T) {
 			}
 		}
 	})
+}
+
+// passOverFailsThenResumes: a receiver of another group passes over the
+// abandoned write at key r; when the ack of that pass-over fails (an
+// SQLite trigger refuses the group's cursor write), the receive returns
+// the error and the next receive starts there again, rather than refusing
+// as if a message were in hand.
+func passOverFailsThenResumes(t *testing.T, drv driver.Driver, c *shardq.Client) {
+	ctx := context.Background()
+	for _, op := range []string{"INSERT", "UPDATE"} {
+		if _, err := drv.DB().ExecContext(ctx, "CREATE TRIGGER refuse_cursor_"+op+" BEFORE "+op+" ON queue_offsets"+
+			" WHEN NEW.consumer_group = 'g-pass' BEGIN SELECT RAISE(ABORT, 'the cursor write is refused'); END"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := c.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g-pass"}, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	if d, err := r.Receive(ctx); err == nil || !strings.Contains(err.Error(), "the cursor write is refused") {
+		t.Fatalf("receive whose pass-over cannot ack: %+v, %v; want the refusal", d, err)
+	}
+	for _, op := range []string{"INSERT", "UPDATE"} {
+		if _, err := drv.DB().ExecContext(ctx, "DROP TRIGGER refuse_cursor_"+op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, err := r.Receive(ctx); err != nil || d.ID != "next" {
+		t.Fatalf("receive after the failed pass-over: %+v, %v; want the next message", d, err)
+	}
 }
 
 // A receive with receipts hands out a large message alone, as one entry
