@@ -45,7 +45,12 @@ func list[T, O any](s *Server, w http.ResponseWriter, r *http.Request, tenant st
 	for i, x := range rows {
 		out[i] = view(x)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+	writeJSON(w, http.StatusOK, listOut[O]{Items: out})
+}
+
+// listOut is a listing's page.
+type listOut[O any] struct {
+	Items []O `json:"items"`
 }
 
 type topicOut struct {
@@ -250,6 +255,12 @@ type requeueIn struct {
 	All bool   `json:"all"`
 }
 
+// requeuedOut answers a requeue: how many, and the offset of one.
+type requeuedOut struct {
+	Requeued int    `json:"requeued"`
+	Offset   *int64 `json:"offset,omitempty" description:"where the one dead letter named went: absent with all"`
+}
+
 func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) {
 	var in requeueIn
 	if err := decodeJSON(r.Body, &in); err != nil {
@@ -266,7 +277,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) 
 			s.fail(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]int{"requeued": n})
+		writeJSON(w, http.StatusOK, requeuedOut{Requeued: n})
 	case in.ID == "":
 		s.fail(w, r, &shardq.ValidationError{Field: "id", Rule: "must not be empty (or set all)"})
 	default:
@@ -275,7 +286,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request, tenant string) 
 			s.fail(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"requeued": 1, "offset": res.Offset})
+		writeJSON(w, http.StatusOK, requeuedOut{Requeued: 1, Offset: &res.Offset})
 	}
 }
 
@@ -346,13 +357,18 @@ func (s *Server) deleteMessage(w http.ResponseWriter, r *http.Request, tenant st
 		writeProblem(w, problem{Type: typeNotFound, Status: http.StatusNotFound, Detail: "no such message"})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"deleted": 1})
+	writeJSON(w, http.StatusOK, deletedOut{Deleted: 1})
+}
+
+// deletedOut answers a message's deletion.
+type deletedOut struct {
+	Deleted int `json:"deleted"`
 }
 
 // resetIn moves a group's cursors; without execute it only previews.
 type resetIn struct {
-	To      string     `json:"to"` // earliest, latest, offset, time
-	Key     string     `json:"key"`
+	To      string     `json:"to" enum:"earliest,latest,offset,time"`
+	Key     string     `json:"key" description:"with offset"`
 	Offset  int64      `json:"offset"`
 	Time    *time.Time `json:"time"`
 	Force   bool       `json:"force"`
@@ -408,7 +424,13 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request, tenant string) {
 	for i, c := range changes {
 		out[i] = changeOut{c.PartitionKey, c.From, c.To, c.Replay, c.Skip, c.Capped}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"executed": in.Execute, "changes": out})
+	writeJSON(w, http.StatusOK, resetOut{Executed: in.Execute, Changes: out})
+}
+
+// resetOut answers a reset: the cursors' moves, made or previewed.
+type resetOut struct {
+	Executed bool        `json:"executed"`
+	Changes  []changeOut `json:"changes"`
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -420,7 +442,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, tenant string) {
 }
 
 func (s *Server) pauseOrResume(w http.ResponseWriter, r *http.Request, tenant string, pause bool) {
-	if err := decodeJSON(r.Body, &struct{}{}); err != nil {
+	if err := decodeJSON(r.Body, &emptyIn{}); err != nil {
 		s.decodeError(w, r, err)
 		return
 	}
@@ -432,5 +454,13 @@ func (s *Server) pauseOrResume(w http.ResponseWriter, r *http.Request, tenant st
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"paused": pause})
+	writeJSON(w, http.StatusOK, pausedOut{Paused: pause})
 }
+
+// pausedOut answers a pause or resume of a group.
+type pausedOut struct {
+	Paused bool `json:"paused"`
+}
+
+// emptyIn is the body of a request that takes none: nothing, or {}.
+type emptyIn struct{}

@@ -11,9 +11,23 @@ import (
 	"github.com/shardq/shardq"
 )
 
+// deferIn names the received messages to defer.
+type deferIn struct {
+	Receipts []string `json:"receipts" required:"true" minItems:"1" maxItems:"1000" description:"receipts of this topic and group (1 to 1000, none twice); not a large message's, nor a deferred message's"`
+}
+
+// deferredCountOut answers a defer.
+type deferredCountOut struct {
+	Deferred int `json:"deferred"`
+}
+
 // deferMessages sets the messages of receipts aside (Receipts.Defer).
 func (s *Server) deferMessages(w http.ResponseWriter, r *http.Request, tenant string) {
-	in, _, err := decodeSettle(r.Body, false)
+	var in deferIn
+	err := decodeJSON(r.Body, &in)
+	if err == nil {
+		err = checkReceipts(in.Receipts)
+	}
 	if err != nil {
 		s.decodeError(w, r, err)
 		return
@@ -23,14 +37,22 @@ func (s *Server) deferMessages(w http.ResponseWriter, r *http.Request, tenant st
 		s.fail(w, r, err)
 		return
 	}
-	writeReceiptsDone(w, "deferred", len(in.Receipts), stale, " (their lease or claim moved on, or a later ack settled them: the messages are delivered again or settled)")
+	writeReceiptsDone(w, "deferred", len(in.Receipts), stale, " (their lease or claim moved on, or a later ack settled them: the messages are delivered again or settled)",
+		func(n int) deferredCountOut { return deferredCountOut{Deferred: n} })
 }
 
 // deferredReceiveIn names deferred messages by offset; visibility is in
 // seconds.
 type deferredReceiveIn struct {
-	Offsets    []int64  `json:"offsets"`
-	Visibility *float64 `json:"visibility"`
+	Offsets    []int64  `json:"offsets" required:"true" minItems:"1" maxItems:"100" description:"offsets of messages this group deferred (1 to 100, and no more than --max-response-bytes holds of the largest message)"`
+	Visibility *float64 `json:"visibility" description:"seconds the messages are held (1 to 43200) [30]"`
+}
+
+// deferredMessagesOut is a deferred receive's answer, as
+// receiveDeferred streams it.
+type deferredMessagesOut struct {
+	Messages  []messageOut `json:"messages" description:"those of offsets that are deferred, stored, and held by no other receive, in offset order"`
+	Truncated bool         `json:"truncated" description:"always false: offsets past the response's byte budget are left deferred, and only those handed out are listed"`
 }
 
 // maxDeferredOffsets is how many deferred messages one request may name:
@@ -81,9 +103,14 @@ type deferredOut struct {
 	Offset     int64      `json:"offset"`
 	CreatedAt  time.Time  `json:"created_at"`
 	DeferredAt time.Time  `json:"deferred_at"`
-	Attempts   int        `json:"attempts"`
-	HeldBy     string     `json:"held_by,omitempty"`
+	Attempts   int        `json:"attempts" description:"deliveries since it was deferred"`
+	HeldBy     string     `json:"held_by,omitempty" description:"the receive that holds it, until held_until"`
 	HeldUntil  *time.Time `json:"held_until,omitempty"`
+}
+
+// deferredListOut lists a group's deferred messages.
+type deferredListOut struct {
+	Deferred []deferredOut `json:"deferred"`
 }
 
 // listDeferred lists a group's deferred messages (?after=offset&limit=n).
@@ -118,5 +145,5 @@ func (s *Server) listDeferred(w http.ResponseWriter, r *http.Request, tenant str
 			out[i].HeldUntil = &d.HeldUntil
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"deferred": out})
+	writeJSON(w, http.StatusOK, deferredListOut{Deferred: out})
 }

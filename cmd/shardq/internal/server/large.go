@@ -46,7 +46,7 @@ const (
 type largeOut struct {
 	Bytes  int64  `json:"bytes"`
 	Chunks int    `json:"chunks"`
-	SHA256 string `json:"sha256"`
+	SHA256 string `json:"sha256" description:"hex"`
 }
 
 // bodyURL is where the body of the large message a receipt names is read.
@@ -132,8 +132,8 @@ type largeResultOut struct {
 	ID        string `json:"id"`
 	Bytes     int64  `json:"bytes"`
 	Chunks    int    `json:"chunks"`
-	SHA256    string `json:"sha256"`
-	EndOffset int64  `json:"end_offset"`
+	SHA256    string `json:"sha256" description:"hex"`
+	EndOffset int64  `json:"end_offset" description:"the end marker's offset: the message is complete from then"`
 }
 
 // publishLarge stores the request body as one large message.

@@ -19,21 +19,26 @@ import (
 // messageIn is one message of a publish request. The payload is text
 // (payload) or bytes (payload_base64); delay is in seconds.
 type messageIn struct {
-	Key           string            `json:"key"`
-	ID            string            `json:"id"`
+	Key           string            `json:"key" description:"partition key: the ordering unit; empty = ungrouped"`
+	ID            string            `json:"id" description:"idempotency key; a UUIDv7 when empty"`
 	Headers       map[string]string `json:"headers"`
-	Payload       *string           `json:"payload"`
-	PayloadBase64 *string           `json:"payload_base64"`
-	Delay         float64           `json:"delay"`
+	Payload       *string           `json:"payload" description:"text payload"`
+	PayloadBase64 *string           `json:"payload_base64" description:"binary payload, standard base64"`
+	Delay         float64           `json:"delay" minimum:"0" description:"seconds before delivery"`
 	NotBefore     *time.Time        `json:"not_before"`
-	TTL           float64           `json:"ttl"` // seconds
-	ExpiresAt     *time.Time        `json:"expires_at"`
+	TTL           float64           `json:"ttl" minimum:"0" description:"seconds until the message expires (never handed out after; dead-lettered when the consumer asks); set ttl or expires_at"`
+	ExpiresAt     *time.Time        `json:"expires_at" description:"when the message expires"`
 }
 
 // publishIn is a publish request: one message, or {"messages": [...]}.
 type publishIn struct {
 	messageIn
-	Messages []messageIn `json:"messages"`
+	Messages []messageIn `json:"messages" minItems:"1" maxItems:"1000"`
+}
+
+// Description is PublishRequest's in the OpenAPI document.
+func (publishIn) Description() string {
+	return `one message, or {"messages": [...]} (at most 1000, one transaction, one tenant)`
 }
 
 // decodePublish turns a publish body into messages for tenant and topic,
@@ -108,6 +113,11 @@ func seconds(field string, v float64, limit time.Duration) (time.Duration, error
 	return d, nil
 }
 
+// publishOut answers a publish: a result per message, in order.
+type publishOut struct {
+	Results []publishResultOut `json:"results"`
+}
+
 type publishResultOut struct {
 	Key       string `json:"key"`
 	ID        string `json:"id"`
@@ -134,25 +144,25 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request, tenant string) 
 	for i, p := range res {
 		out[i] = publishResultOut{Key: p.PartitionKey, ID: p.ID, Offset: p.Offset, Duplicate: p.Duplicate}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"results": out})
+	writeJSON(w, http.StatusOK, publishOut{Results: out})
 }
 
 // receiveIn is a receive request; wait and visibility are in seconds.
 type receiveIn struct {
-	Max        int     `json:"max"`
-	Wait       float64 `json:"wait"`
-	Visibility float64 `json:"visibility"`
-	Key        string  `json:"key"`
-	NextGroup  bool    `json:"next_group"`
-	Ungrouped  bool    `json:"ungrouped"`
+	Max        int     `json:"max" description:"1 to 1000 [1], and no more than --max-response-bytes holds"`
+	Wait       float64 `json:"wait" description:"long polling, seconds, at most 20 [0]"`
+	Visibility float64 `json:"visibility" description:"seconds the messages stay invisible to other receives [30], 1 to 43200"`
+	Key        string  `json:"key" description:"one message group"`
+	NextGroup  bool    `json:"next_group" description:"a free message group whose next message is among the oldest; with ack settling the whole of a group's previous receive, that group while it has more (at most 10 receives after the one that took it)"`
+	Ungrouped  bool    `json:"ungrouped" description:"only ungrouped messages (competing consumers); with none of key, next_group and ungrouped: ungrouped messages when there are any, else the next free message group"`
 	// Hold accepts the group as a session, RequireReady only while a
 	// message of it is ready; Session receives in one (docs/server.md).
-	Hold         bool   `json:"hold"`
-	RequireReady bool   `json:"require_ready"`
-	Session      string `json:"session"`
+	Hold         bool   `json:"hold" description:"accept the message group (key or next_group) as a session: its lease is kept across receives and the response's session names it; a named group is accepted even while empty unless require_ready"`
+	RequireReady bool   `json:"require_ready" description:"with hold and key: accept the group only while a message of it is ready"`
+	Session      string `json:"session" description:"receive in the session an earlier receive with hold opened (renews its lease to visibility; hands out from the group's cursor); no key, next_group, ungrouped or hold with it"`
 	// Ack holds receipts of earlier receives to acknowledge before this
 	// one receives: a consumer's loop in one request a turn.
-	Ack []string `json:"ack"`
+	Ack []string `json:"ack" maxItems:"1000" description:"receipts of earlier receives to acknowledge first, as POST .../ack does; a malformed one refuses the request (400) before anything is settled or received, a stale one is named in the answer's stale"`
 }
 
 func decodeReceive(body io.Reader, tenant, topic, group string) (shardq.ReceiveRequest, error) {
@@ -179,17 +189,39 @@ type messageOut struct {
 	ID            string            `json:"id"`
 	Offset        int64             `json:"offset"`
 	Headers       map[string]string `json:"headers"`
-	Payload       *string           `json:"payload,omitempty"`
-	PayloadBase64 *string           `json:"payload_base64,omitempty"`
+	Payload       *string           `json:"payload,omitempty" description:"when valid UTF-8"`
+	PayloadBase64 *string           `json:"payload_base64,omitempty" description:"otherwise"`
 	CreatedAt     time.Time         `json:"created_at"`
 	NotBefore     *time.Time        `json:"not_before,omitempty"`
-	ExpiresAt     *time.Time        `json:"expires_at,omitempty"`
+	ExpiresAt     *time.Time        `json:"expires_at,omitempty" description:"when the message expires (absent: never)"`
 	Attempt       int               `json:"attempt,omitempty"`
-	Receipt       string            `json:"receipt,omitempty"`
+	Receipt       string            `json:"receipt,omitempty" description:"settles the message: ack or nack"`
 	// Large and BodyURL, on a received large message (no payload): what
 	// its end marker says, and where its body is read by its receipt.
-	Large   *largeOut `json:"large,omitempty"`
-	BodyURL string    `json:"body_url,omitempty"`
+	Large   *largeOut `json:"large,omitempty" description:"on a large message (no payload): what its end marker says"`
+	BodyURL string    `json:"body_url,omitempty" description:"on a large message: GET it (with the token) to read the body"`
+}
+
+// receiveOut is a receive's answer, as receive streams it: the
+// messages, then receiveExtra's fields.
+type receiveOut struct {
+	Messages  []messageOut `json:"messages"`
+	Truncated bool         `json:"truncated" description:"the response's byte budget (--max-response-bytes) ended it before max/limit: more may be ready"`
+	receiveExtra
+}
+
+// receiveExtra is what a receive answers besides its messages.
+type receiveExtra struct {
+	Acked   *int        `json:"acked,omitempty" description:"receipts of the request's ack that were settled; present when the request had ack"`
+	Stale   []int       `json:"stale,omitempty" description:"indexes into the request's ack of stale receipts (their messages are delivered again); absent when none"`
+	Session *sessionOut `json:"session,omitempty" description:"the message group this receive holds as a session"`
+}
+
+// messagesOut is a listing of stored messages (browse, dead letters),
+// as writeMessages streams it.
+type messagesOut struct {
+	Items     []messageOut `json:"items"`
+	Truncated bool         `json:"truncated" description:"the response's byte budget (--max-response-bytes) ended it before max/limit: more may be ready"`
 }
 
 func messageOf(key, id string, offset int64, headers map[string]string, payload []byte, created, notBefore time.Time) messageOut {
@@ -306,11 +338,7 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 	// receive; a stale receipt does not fail the receive, the answer
 	// names it. A malformed one fails it, and settles nothing.
 	got, err := s.cfg.Receipts.Receive(r.Context(), rq)
-	var settled struct {
-		Acked   *int        `json:"acked,omitempty"` // present when the request acked
-		Stale   []int       `json:"stale,omitempty"`
-		Session *sessionOut `json:"session,omitempty"`
-	}
+	var settled receiveExtra // Acked is present when the request acked
 	if len(rq.Ack) > 0 {
 		settled.Acked, settled.Stale = &got.Acked, got.Stale
 	}
@@ -353,9 +381,14 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request, tenant string) 
 
 // settleIn is an ack or nack request; retry_after is in seconds.
 type settleIn struct {
-	Receipts   []string `json:"receipts"`
-	RetryAfter float64  `json:"retry_after"`
-	Reason     string   `json:"reason"`
+	Receipts   []string `json:"receipts" required:"true" minItems:"1" maxItems:"1000"`
+	RetryAfter float64  `json:"retry_after" minimum:"0" maximum:"43200" description:"nack: seconds before the message is delivered again"`
+	Reason     string   `json:"reason" description:"nack: recorded as the last error"`
+}
+
+// settledOut answers an ack or nack.
+type settledOut struct {
+	Settled int `json:"settled"`
 }
 
 func decodeSettle(body io.Reader, nack bool) (settleIn, time.Duration, error) {
@@ -363,11 +396,10 @@ func decodeSettle(body io.Reader, nack bool) (settleIn, time.Duration, error) {
 	if err := decodeJSON(body, &in); err != nil {
 		return in, 0, err
 	}
+	if err := checkReceipts(in.Receipts); err != nil {
+		return in, 0, err
+	}
 	switch {
-	case len(in.Receipts) == 0:
-		return in, 0, &shardq.ValidationError{Field: "receipts", Rule: "must not be empty"}
-	case len(in.Receipts) > shardq.MaxReceiveMessages:
-		return in, 0, &shardq.ValidationError{Field: "receipts", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(in.Receipts), shardq.MaxReceiveMessages)}
 	case !nack && (in.RetryAfter != 0 || in.Reason != ""):
 		return in, 0, &shardq.ValidationError{Field: "retry_after", Rule: "only a nack takes retry_after and reason"}
 	case len(in.Reason) > ident.MaxHeaderValueBytes || !utf8.ValidString(in.Reason):
@@ -375,6 +407,18 @@ func decodeSettle(body io.Reader, nack bool) (settleIn, time.Duration, error) {
 	}
 	d, err := seconds("retry_after", in.RetryAfter, shardq.MaxVisibility)
 	return in, d, err
+}
+
+// checkReceipts refuses a request's list of receipts when it is empty or
+// longer than a request may name.
+func checkReceipts(receipts []string) error {
+	switch {
+	case len(receipts) == 0:
+		return &shardq.ValidationError{Field: "receipts", Rule: "must not be empty"}
+	case len(receipts) > shardq.MaxReceiveMessages:
+		return &shardq.ValidationError{Field: "receipts", Rule: fmt.Sprintf("%d receipts, limit %d a request", len(receipts), shardq.MaxReceiveMessages)}
+	}
+	return nil
 }
 
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -405,18 +449,20 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, tenant string, n
 		s.fail(w, r, err)
 		return
 	}
-	writeReceiptsDone(w, "settled", len(in.Receipts), stale, " (their lease or claim moved on: the messages are delivered again)")
+	writeReceiptsDone(w, "settled", len(in.Receipts), stale, " (their lease or claim moved on: the messages are delivered again)",
+		func(n int) settledOut { return settledOut{Settled: n} })
 }
 
-// writeReceiptsDone answers a call on n receipts: {field: done}, or 409
-// naming the stale ones (why: what that means) when there are any.
-func writeReceiptsDone(w http.ResponseWriter, field string, n int, stale []int, why string) {
+// writeReceiptsDone answers a call on n receipts: out of those done
+// (what their verb says), or 409 naming the stale ones (why: what that
+// means) when there are any.
+func writeReceiptsDone[T any](w http.ResponseWriter, verb string, n int, stale []int, why string, out func(done int) T) {
 	done := n - len(stale)
 	if len(stale) > 0 {
 		writeProblem(w, problem{Type: typeStale, Status: http.StatusConflict, Title: "stale receipt",
-			Detail:  fmt.Sprintf("%d of %d receipts are stale%s; the others were %s", len(stale), n, why, field),
+			Detail:  fmt.Sprintf("%d of %d receipts are stale%s; the others were %s", len(stale), n, why, verb),
 			Settled: &done, Stale: stale})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{field: done})
+	writeJSON(w, http.StatusOK, out(done))
 }

@@ -23,15 +23,15 @@ type problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
-	Field  string `json:"field,omitempty"`
+	Field  string `json:"field,omitempty" description:"the input that broke a rule"`
 	Rule   string `json:"rule,omitempty"`
 	// Quota and Limit name the tenant's quota a publish went over.
-	Quota string `json:"quota,omitempty"`
-	Limit int64  `json:"limit,omitempty"`
+	Quota string `json:"quota,omitempty" description:"quota-exceeded: the quota (publish_rate, publish_byte_rate, max_messages, max_bytes, max_partitions)"`
+	Limit int64  `json:"limit,omitempty" description:"quota-exceeded: the quota's limit"`
 	// Settled and Stale, on a 409 of ack or nack: how many receipts of the
 	// request were settled, and the indexes of the stale ones.
-	Settled *int  `json:"settled,omitempty"`
-	Stale   []int `json:"stale,omitempty"`
+	Settled *int  `json:"settled,omitempty" description:"ack/nack: receipts settled"`
+	Stale   []int `json:"stale,omitempty" description:"ack/nack: indexes of stale receipts"`
 }
 
 // Problem types: a URN per kind, "about:blank" for plain HTTP statuses.

@@ -348,8 +348,9 @@ func (s *Server) logAccess(r *http.Request, status int, d time.Duration, a *acce
 }
 
 // route is one API operation: its pattern, the role it needs ("" for the
-// unauthenticated ones) and its handler. The OpenAPI document lists every
-// route (a test holds the two together).
+// unauthenticated ones) and its handler. apiDocs describes each by the
+// same pattern, and the OpenAPI document is generated from the two
+// (openapi.go).
 type route struct {
 	pattern string
 	role    string
@@ -359,10 +360,16 @@ type route struct {
 	large bool
 }
 
+// The paths of a tenant, a topic and a consumer group, under which the
+// API's routes are.
+const (
+	tenantRoute = "/v1/tenants/{tenant}"
+	topicRoute  = tenantRoute + "/topics/{topic}"
+	groupRoute  = topicRoute + "/groups/{group}"
+)
+
 func (s *Server) apiRoutes() []route {
-	const t = "/v1/tenants/{tenant}"
-	const tp = t + "/topics/{topic}"
-	const g = tp + "/groups/{group}"
+	const t, tp, g = tenantRoute, topicRoute, groupRoute
 	return []route{
 		{"POST " + tp + "/messages", RolePublish, s.publish, false},
 		{"POST " + tp + "/large", RolePublish, s.publishLarge, true},
@@ -408,7 +415,7 @@ func (s *Server) routes() {
 		}
 		s.mux.Handle(rt.pattern, s.authorized(rt.role, h, rt.large))
 	}
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, healthOut{Status: "ok"}) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -438,8 +445,19 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Type: typeUnavail, Status: http.StatusServiceUnavailable,
 			Detail: fmt.Sprintf("the database is at migration %d of %d: run `shardq migrate`", cur, latest)})
 	default:
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": cur})
+		writeJSON(w, http.StatusOK, readyOut{Status: "ready", SchemaVersion: cur})
 	}
+}
+
+// healthOut answers /healthz.
+type healthOut struct {
+	Status string `json:"status" enum:"ok"`
+}
+
+// readyOut answers /readyz.
+type readyOut struct {
+	Status        string `json:"status" enum:"ready"`
+	SchemaVersion int    `json:"schema_version" description:"the database's migration"`
 }
 
 // authorized checks, in this order and before any other SQL: the

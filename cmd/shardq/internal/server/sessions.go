@@ -11,7 +11,7 @@ import (
 
 // sessionOut is the message group a receive holds as a session.
 type sessionOut struct {
-	ID        string    `json:"id"`
+	ID        string    `json:"id" description:"pass as session (receive, session/close, visibility) and in the Shardq-Session header (state)"`
 	Key       string    `json:"key"`
 	ExpiresAt time.Time `json:"expires_at"`
 }
@@ -21,8 +21,23 @@ type sessionOut struct {
 const sessionHeader = "Shardq-Session"
 
 type visibilityIn struct {
-	Receipts   []string `json:"receipts"`
-	Visibility *float64 `json:"visibility"`
+	Receipts   []string `json:"receipts" required:"true" description:"receipts, or session ids, of this topic and group (1 to 1000, none twice)"`
+	Visibility *float64 `json:"visibility" required:"true" minimum:"0" maximum:"43200" description:"seconds from now (0 to 43200); 0 gives the messages, or the session's group, back at once"`
+}
+
+// changedOut answers a visibility change.
+type changedOut struct {
+	Changed int `json:"changed"`
+}
+
+// closeSessionIn names the session to close.
+type closeSessionIn struct {
+	Session string `json:"session" required:"true"`
+}
+
+// closedOut answers a session's close.
+type closedOut struct {
+	Closed bool `json:"closed"`
 }
 
 // changeVisibility sets the visibility timeout of receipts' messages (or
@@ -47,14 +62,13 @@ func (s *Server) changeVisibility(w http.ResponseWriter, r *http.Request, tenant
 		s.fail(w, r, err)
 		return
 	}
-	writeReceiptsDone(w, "changed", len(in.Receipts), stale, " (their lease or claim moved on)")
+	writeReceiptsDone(w, "changed", len(in.Receipts), stale, " (their lease or claim moved on)",
+		func(n int) changedOut { return changedOut{Changed: n} })
 }
 
 // closeSession gives a session's group back at once.
 func (s *Server) closeSession(w http.ResponseWriter, r *http.Request, tenant string) {
-	var in struct {
-		Session string `json:"session"`
-	}
+	var in closeSessionIn
 	err := decodeJSON(r.Body, &in)
 	if err == nil && in.Session == "" {
 		err = &shardq.ValidationError{Field: "session", Rule: "required"}
@@ -67,7 +81,7 @@ func (s *Server) closeSession(w http.ResponseWriter, r *http.Request, tenant str
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"closed": true})
+	writeJSON(w, http.StatusOK, closedOut{Closed: true})
 }
 
 // sessionOf reads the session id of a group-state request.

@@ -19,23 +19,28 @@ import (
 
 type tenantOut struct {
 	Tenant      string          `json:"tenant"`
-	SuspendedAt *time.Time      `json:"suspended_at,omitempty"`
+	SuspendedAt *time.Time      `json:"suspended_at,omitempty" description:"absent while active"`
 	Limits      limitsJSON      `json:"limits"`
 	Messages    int64           `json:"messages"`
-	Partitions  int64           `json:"partitions"`
-	Bytes       int64           `json:"bytes"`
+	Partitions  int64           `json:"partitions" description:"partitions with a message"`
+	Bytes       int64           `json:"bytes" description:"stored bytes in every topic: what max_bytes counts"`
 	Topics      []topicUsageOut `json:"topics"`
 }
 
 // limitsJSON is a tenant's quotas and retention (0: none, the default).
 type limitsJSON struct {
-	PublishRate     int64 `json:"publish_rate"`
-	PublishByteRate int64 `json:"publish_byte_rate"`
-	MaxMessages     int64 `json:"max_messages"`
-	MaxBytes        int64 `json:"max_bytes"`
-	MaxPartitions   int64 `json:"max_partitions"`
-	MinRetentionMS  int64 `json:"min_retention_ms"`
-	MaxRetentionMS  int64 `json:"max_retention_ms"`
+	PublishRate     int64 `json:"publish_rate" minimum:"0" description:"messages per second, per server process"`
+	PublishByteRate int64 `json:"publish_byte_rate" minimum:"0" description:"message bytes per second (payload, headers as stored, key and id), per server process"`
+	MaxMessages     int64 `json:"max_messages" minimum:"0" description:"messages stored"`
+	MaxBytes        int64 `json:"max_bytes" minimum:"0" description:"bytes stored: messages (payload, headers, key, id), message-group states, deferred rows and the consumer groups' bookkeeping, as the tenant's bytes report them"`
+	MaxPartitions   int64 `json:"max_partitions" minimum:"0" description:"partitions with a message"`
+	MinRetentionMS  int64 `json:"min_retention_ms" minimum:"0"`
+	MaxRetentionMS  int64 `json:"max_retention_ms" minimum:"0"`
+}
+
+// Description is TenantLimits's in the OpenAPI document.
+func (limitsJSON) Description() string {
+	return "a tenant's quotas and retention; 0: no limit, or the cleaner's default retention"
 }
 
 func limitsOut(l shardq.TenantLimits) limitsJSON {
@@ -88,11 +93,11 @@ func (s *Server) setLimits(w http.ResponseWriter, r *http.Request, tenant string
 type topicUsageOut struct {
 	Topic         string `json:"topic"`
 	Messages      int64  `json:"messages"`
-	Partitions    int64  `json:"partitions"`
-	Bytes         int64  `json:"bytes"`
-	StateBytes    int64  `json:"state_bytes"`
-	DeferredBytes int64  `json:"deferred_bytes"`
-	GroupBytes    int64  `json:"group_bytes"`
+	Partitions    int64  `json:"partitions" description:"partitions with a message"`
+	Bytes         int64  `json:"bytes" description:"stored bytes: each message's payload, headers (as stored, JSON), key and id, and state_bytes, deferred_bytes and group_bytes"`
+	StateBytes    int64  `json:"state_bytes" description:"of message-group states: each state, key and consumer group"`
+	DeferredBytes int64  `json:"deferred_bytes" description:"of deferred rows: each key and consumer group"`
+	GroupBytes    int64  `json:"group_bytes" description:"of the consumer groups' bookkeeping: each lease's, cursor's and registry row's key, consumer group and owner, and 32 bytes of its other columns"`
 }
 
 // onlyParams refuses a query parameter outside allowed.
@@ -139,7 +144,7 @@ func (s *Server) resumeTenant(w http.ResponseWriter, r *http.Request, tenant str
 }
 
 func (s *Server) suspendOrResume(w http.ResponseWriter, r *http.Request, tenant string, suspend bool) {
-	if err := decodeJSON(r.Body, &struct{}{}); err != nil {
+	if err := decodeJSON(r.Body, &emptyIn{}); err != nil {
 		s.decodeError(w, r, err)
 		return
 	}
@@ -151,7 +156,12 @@ func (s *Server) suspendOrResume(w http.ResponseWriter, r *http.Request, tenant 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"suspended": suspend})
+	writeJSON(w, http.StatusOK, suspendedOut{Suspended: suspend})
+}
+
+// suspendedOut answers a tenant's suspend or resume.
+type suspendedOut struct {
+	Suspended bool `json:"suspended"`
 }
 
 // export streams the tenant's export as JSON lines: a transfer (one of
@@ -207,13 +217,20 @@ func (p *pendingWriter) Write(b []byte) (int, error) {
 type deleteTenantIn struct {
 	Execute    bool    `json:"execute"`
 	Force      bool    `json:"force"`
-	Batch      int     `json:"batch"`
-	StaleAfter float64 `json:"stale_after"` // seconds
+	Batch      int     `json:"batch" description:"rows per statement (1 to 10000, default 1000)"`
+	StaleAfter float64 `json:"stale_after" minimum:"0" description:"seconds: a heartbeat older than this is not live (0: 9)"`
 }
 
 type tableRowsOut struct {
 	Table string `json:"table"`
 	Rows  int64  `json:"rows"`
+}
+
+// deleteTenantOut answers a tenant's deletion: rows per table, deleted
+// or previewed.
+type deleteTenantOut struct {
+	Executed bool           `json:"executed"`
+	Tables   []tableRowsOut `json:"tables"`
 }
 
 // deleteTenant previews, or with "execute" makes, the deletion of every
@@ -246,5 +263,5 @@ func (s *Server) deleteTenant(w http.ResponseWriter, r *http.Request, tenant str
 	for i, t := range rows {
 		out[i] = tableRowsOut{t.Table, t.Rows}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"executed": in.Execute, "tables": out})
+	writeJSON(w, http.StatusOK, deleteTenantOut{Executed: in.Execute, Tables: out})
 }
