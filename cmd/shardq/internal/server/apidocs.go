@@ -148,7 +148,7 @@ var apiDocs = map[string]apiDoc{
 	},
 	"POST " + groupRoute + "/defer": {
 		id: "defer", summary: "Defer received messages (Service Bus Defer): each is settled and set aside, to be received later by its offset",
-		params: groupParams{}, body: deferIn{}, responses: okJSON(deferredCountOut{}),
+		params: groupParams{}, body: settleIn{}, responses: okJSON(deferredCountOut{}),
 		problems: []int{http.StatusConflict},
 	},
 	"POST " + groupRoute + "/deferred/receive": {

@@ -11,11 +11,6 @@ import (
 	"github.com/shardq/shardq"
 )
 
-// deferIn names the received messages to defer.
-type deferIn struct {
-	Receipts []string `json:"receipts" required:"true" minItems:"1" maxItems:"1000" description:"receipts of this topic and group (1 to 1000, none twice); not a large message's, nor a deferred message's"`
-}
-
 // deferredCountOut answers a defer.
 type deferredCountOut struct {
 	Deferred int `json:"deferred"`
@@ -23,11 +18,9 @@ type deferredCountOut struct {
 
 // deferMessages sets the messages of receipts aside (Receipts.Defer).
 func (s *Server) deferMessages(w http.ResponseWriter, r *http.Request, tenant string) {
-	var in deferIn
-	err := decodeJSON(r.Body, &in)
-	if err == nil {
-		err = checkReceipts(in.Receipts)
-	}
+	// A settle's body, so that one body serves ack and defer; a nack's
+	// retry_after and reason are refused.
+	in, _, err := decodeSettle(r.Body, false)
 	if err != nil {
 		s.decodeError(w, r, err)
 		return

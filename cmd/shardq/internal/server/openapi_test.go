@@ -21,6 +21,7 @@ import (
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/swaggest/openapi-go/openapi31"
 
+	"github.com/shardq/shardq"
 	"github.com/shardq/shardq/internal/testdb"
 )
 
@@ -375,5 +376,60 @@ func TestStreamedAnswersMatchTheirTypes(t *testing.T) {
 		if err := jsonv2.Unmarshal(rec.Body.Bytes(), c.into, jsonOptions); err != nil {
 			t.Errorf("%T does not describe %s: %v", c.into, rec.Body, err)
 		}
+	}
+}
+
+// TestOpenAPIBoundsAreTheServers: every maxItems and maximum the
+// document states, on a request's field or a query parameter, is the
+// bound the server enforces, by the constant that holds it.
+func TestOpenAPIBoundsAreTheServers(t *testing.T) {
+	bound := map[string]int64{ // by JSON member or parameter name
+		"messages":    maxJSONElements,
+		"ack":         int64(shardq.MaxReceiveMessages),
+		"receipts":    int64(shardq.MaxReceiveMessages),
+		"offsets":     shardq.MaxDeferredOffsets,
+		"retry_after": int64(shardq.MaxVisibility / time.Second),
+		"visibility":  int64(shardq.MaxVisibility / time.Second),
+		"limit":       shardq.MaxPageLimit,
+		"batch":       shardq.MaxPageLimit,
+	}
+	if maxJSONElements != shardq.MaxReceiveMessages {
+		t.Errorf("maxJSONElements %d, a request's receipts up to %d", maxJSONElements, shardq.MaxReceiveMessages)
+	}
+	seen := map[reflect.Type]bool{}
+	var walk func(where string, typ reflect.Type)
+	walk = func(where string, typ reflect.Type) {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct || seen[typ] || typ.PkgPath() != reflect.TypeFor[problem]().PkgPath() {
+			return
+		}
+		seen[typ] = true
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			name, _, _ := strings.Cut(cmp.Or(f.Tag.Get("json"), f.Tag.Get("query")), ",")
+			for _, tag := range []string{"maxItems", "maximum"} {
+				v, ok := f.Tag.Lookup(tag)
+				if !ok {
+					continue
+				}
+				want, known := bound[name]
+				if got, err := strconv.ParseInt(v, 10, 64); !known || err != nil || got != want {
+					t.Errorf("%s.%s: %s %q, the server's bound for %q is %d (known: %v)", where, f.Name, tag, v, name, want, known)
+				}
+			}
+			walk(where, f.Type)
+		}
+	}
+	for pattern, d := range apiDocs {
+		for _, v := range []any{d.params, d.body} {
+			if v != nil {
+				walk(pattern, reflect.TypeOf(v))
+			}
+		}
+	}
+	if len(seen) < 10 {
+		t.Fatalf("walked %d types; the doc table names more", len(seen))
 	}
 }
