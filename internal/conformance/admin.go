@@ -16,10 +16,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var adminTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var adminTests = []conformanceTest{
 	{"AdminListingsAreScoped", testAdminListingsAreScoped},
 	{"AdminOffsetsShowLag", testAdminOffsetsShowLag},
 	{"AdminOffsetsCountScheduled", testAdminOffsetsCountScheduled},

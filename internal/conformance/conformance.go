@@ -44,12 +44,10 @@ var changesEnv = map[string]bool{"ServedTenantsOnly": true, "SubscribeValidates"
 // migrated, when not nil, is open with the database already migrated to
 // the latest schema version and emptied of rows: every test but those of
 // migration takes it, for servers where a test's DDL costs seconds
-// (Vitess).
-func RunParallel(t *testing.T, open, migrated Open) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, Open)
-	}{
+// (Vitess). only, when not empty, names the tests to run; a name that is
+// not a test fails the run, so that a rename cannot shrink it unseen.
+func RunParallel(t *testing.T, open, migrated Open, only ...string) {
+	tests := []conformanceTest{
 		{"NotMigratedSaysSo", testNotMigratedSaysSo},
 		{"PublishRoundTrip", testPublishRoundTrip},
 		{"PublishLargestLegalBatch", testPublishLargestLegalBatch},
@@ -67,7 +65,16 @@ func RunParallel(t *testing.T, open, migrated Open) {
 		{"LaterCommitNeverHidesBehindOpenOne", testLaterCommitNeverHidesBehindOpenOne},
 		{"NoSkipWithSlowConcurrentCommits", testNoSkipWithSlowConcurrentCommits},
 	}
-	for _, tc := range slices.Concat(tests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, settleTests, largeTests, producerTests) {
+	all := slices.Concat(tests, subscriberTests, discoveryTests, groupTests, transactionTests, adminTests, lifecycleTests, tenantTests, receiptTests, settleTests, largeTests, producerTests)
+	for _, name := range only {
+		if !slices.ContainsFunc(all, func(tc conformanceTest) bool { return tc.name == name }) {
+			t.Fatalf("conformance: no test named %q", name)
+		}
+	}
+	for _, tc := range all {
+		if len(only) > 0 && !slices.Contains(only, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			if !changesEnv[tc.name] {
 				t.Parallel()
@@ -766,4 +773,10 @@ func beginWrite(ctx context.Context, d driver.Driver) (*sql.Tx, error) {
 		return nil, err
 	}
 	return tx.(*sql.Tx), nil
+}
+
+// conformanceTest is one scenario of the suite.
+type conformanceTest struct {
+	name string
+	fn   func(*testing.T, Open)
 }

@@ -12,10 +12,7 @@ import (
 	"github.com/shardq/shardq"
 )
 
-var discoveryTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var discoveryTests = []conformanceTest{
 	{"LateCommitSeenWithinWindow", testLateCommitSeenWithinWindow},
 	{"LateCommitSeenByFullDiscovery", testLateCommitSeenByFullDiscovery},
 }

@@ -19,10 +19,7 @@ import (
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-var groupTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var groupTests = []conformanceTest{
 	{"AcceptGroupIsExclusiveAndContinuesInOrder", testAcceptGroupIsExclusive},
 	{"AcceptGroupWaits", testAcceptGroupWaits},
 	{"ReceiverAndSubscriberNeverShareAGroup", testReceiverAndSubscriberNeverShare},

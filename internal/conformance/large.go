@@ -15,10 +15,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var largeTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var largeTests = []conformanceTest{
 	{"PublishDuringLargeWrite", testPublishDuringLargeWrite},
 }
 

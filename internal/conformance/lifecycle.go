@@ -18,10 +18,7 @@ import (
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-var lifecycleTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var lifecycleTests = []conformanceTest{
 	{"RetentionRemovesDrainedPartitions", testRetentionRemovesDrainedPartitions},
 	{"RemovalKeepsWhatAGroupHasNotPassed", testRemovalKeepsWhatAGroupHasNotPassed},
 	{"RemovalWaitsForLiveLeases", testRemovalWaitsForLiveLeases},

@@ -15,10 +15,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var producerTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var producerTests = []conformanceTest{
 	{"ProducerKeepsKeyOrder", testProducerKeepsKeyOrder},
 	{"ProducerStopWritesWhatWasHandedIn", testProducerStopWritesWhatWasHandedIn},
 	{"ProducerResumeFailsWhatWaited", testProducerResumeFailsWhatWaited},

@@ -15,10 +15,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var receiptTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var receiptTests = []conformanceTest{
 	{"ReceiptsGroupExclusiveCumulativeAck", testReceiptsGroup},
 	{"ReceiptsVisibilityTimeoutRedelivers", testReceiptsVisibility},
 	{"ReceiptsNackRetriesThenDeadLetters", testReceiptsNack},

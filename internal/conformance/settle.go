@@ -15,10 +15,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var settleTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var settleTests = []conformanceTest{
 	{"SettleSameOutcomeOnEveryPath", testSettleSameOutcome},
 }
 

@@ -17,10 +17,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var subscriberTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var subscriberTests = []conformanceTest{
 	{"SubscribersDeliverInOrder", testSubscribersDeliverInOrder},
 	{"SubscribersJoinAndLeave", testSubscribersJoinAndLeave},
 	{"PoisonMessageGoesToDLQ", testPoisonMessageGoesToDLQ},

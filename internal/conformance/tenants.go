@@ -22,10 +22,7 @@ import (
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-var tenantTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var tenantTests = []conformanceTest{
 	{"SuspendTenant", testSuspendTenant},
 	{"SuspendGivesBackClaims", testSuspendGivesBackClaims},
 	{"SuspendStopsRetries", testSuspendStopsRetries},

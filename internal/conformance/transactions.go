@@ -15,10 +15,7 @@ import (
 	"github.com/shardq/shardq/driver"
 )
 
-var transactionTests = []struct {
-	name string
-	fn   func(*testing.T, Open)
-}{
+var transactionTests = []conformanceTest{
 	{"TxCommitAndRollback", testTxCommitAndRollback},
 	{"TxUnknownThenChecked", testTxUnknownThenChecked},
 	{"TxChecksExhausted", testTxChecksExhausted},

@@ -53,6 +53,26 @@ var (
 	migrationsTable = regexp.MustCompile(`\bshardq_schema_migrations\b`)
 )
 
+var (
+	paramList = regexp.MustCompile(`\?(\s*,\s*\?)+`)
+	tupleList = regexp.MustCompile(`\(\?…?\)(\s*,\s*\(\?…?\))+`)
+	literal   = regexp.MustCompile(`'[^']*'|\b\d+\b`)
+)
+
+// StatementShape is q with its lists of parameters and tuples, and its
+// literals, collapsed: the statements that differ only in how many
+// offsets or rows they name share a shape. ok is false for a statement
+// RoutingProof leaves out (no queue table, DDL, migrations).
+func StatementShape(q string) (shape string, ok bool) {
+	q = strings.Join(strings.Fields(q), " ")
+	if !queueTable.MatchString(q) || ddl.MatchString(q) || migrationsTable.MatchString(q) {
+		return "", false
+	}
+	q = paramList.ReplaceAllString(q, "?…")
+	q = tupleList.ReplaceAllString(q, "(…)…")
+	return literal.ReplaceAllString(q, "L"), true
+}
+
 // allTenantReads are the only statements that may scatter: admin reads an
 // operator asked for with --all-tenants (driver.Scope.AllTenants renders
 // "1 = 1" for the tenant condition), each named by its driver method.

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -25,21 +26,74 @@ import (
 // keyspace of two shards, sharded by tenant (vschema.json), a keyspace of
 // the pool per test. It records every statement the driver sends
 // meanwhile, and then proves the routing.
+//
+// With -short (CI) it runs vitessShort. The long form (scripts/test
+// --long) runs every scenario, and fails when a statement shape of the
+// whole suite is missing from what vitessShort sends, naming the
+// scenarios that send it.
 func TestVitess(t *testing.T) {
 	var log testdb.StatementLog
+	var mu sync.Mutex
+	shapes := map[string]map[string]bool{} // statement shape -> the scenarios that send it
+	record := func(t *testing.T) func(string) {
+		scenario := strings.SplitN(t.Name(), "/", 4)[2] // TestVitess/Conformance/<scenario>[/…]
+		return func(q string) {
+			log.Record(q)
+			if shape, ok := testdb.StatementShape(q); ok {
+				mu.Lock()
+				if shapes[shape] == nil {
+					shapes[shape] = map[string]bool{}
+				}
+				shapes[shape][scenario] = true
+				mu.Unlock()
+			}
+		}
+	}
+	var only []string
+	floor := 290 // the whole suite sends about 363 distinct statements that route by tenant (IN lists vary with timing)
+	if testing.Short() {
+		only, floor = vitessShort, 220 // about 275
+	}
 	t.Run("Conformance", func(t *testing.T) {
 		conformance.RunParallel(t, func(t *testing.T) driver.Driver {
 			_, dsn := testdb.VitessIn(t) // a clean keyspace of t's own
-			return testdb.VitessRecorded(t, dsn, log.Record)
+			return testdb.VitessRecorded(t, dsn, record(t))
 		}, func(t *testing.T) driver.Driver {
 			_, dsn := testdb.VitessMigrated(t) // migrated, no rows
-			return testdb.VitessRecorded(t, dsn, log.Record)
-		})
+			return testdb.VitessRecorded(t, dsn, record(t))
+		}, only...)
 	})
-	// The suite sends about 363 distinct statements that route by tenant (IN
-	// lists vary with timing); a floor near that
-	// catches a recording that lost most of them.
-	t.Run("RoutingProof", func(t *testing.T) { testdb.RoutingProof(t, log.All(), 290) })
+	// A floor near the count catches a recording that lost most of them.
+	t.Run("RoutingProof", func(t *testing.T) { testdb.RoutingProof(t, log.All(), floor) })
+	if !testing.Short() {
+		t.Run("ShortFormSendsEveryShape", func(t *testing.T) {
+			for shape, scenarios := range shapes {
+				if !slices.ContainsFunc(vitessShort, func(s string) bool { return scenarios[s] }) {
+					t.Errorf("no scenario of vitessShort sends this statement; add one of %v:\n%s", slices.Sorted(maps.Keys(scenarios)), shape)
+				}
+			}
+		})
+	}
+}
+
+// vitessShort is the conformance suite's CI form through vtgate: the
+// fewest scenarios, cheapest first, that send every statement shape the
+// whole suite sends (31, 45 s of the suite's 212 s when chosen), and the
+// scenarios of the ordering and idempotency invariants, whose interleavings
+// through vtgate matter beyond the statements' routing. Every scenario
+// runs on SQLite and MariaDB in CI, and through vtgate in the long form.
+var vitessShort = []string{
+	// Every statement shape.
+	"AdminInspectAndDeleteOneRow", "AdminListingsArePaged", "AdminListingsAreScoped", "AdminRequeueDeadLetter",
+	"AdminResetOffsets", "DedupWindow", "Deferral", "DeferralReceipts", "DeleteTenant", "ExportTenant",
+	"IdempotentAcrossCalls", "LapsedClaimNotDelivered", "ListTenants", "LostLeaseCancelsHandler", "MessagesExpire",
+	"MixedSubscribers", "NotMigratedSaysSo", "PublishDuringLargeWrite", "ReceiptsBytesBoundedByDefault",
+	"ReceiptsChangeVisibility", "ReceiptsNextGroupAndWait", "ReceiptsUngrouped", "RemovalKeepsWhatAGroupHasNotPassed",
+	"RemovalWaitsForLiveLeases", "RetentionRemovesDrainedPartitions", "StaticMembership", "SuspendGivesBackClaims",
+	"TenantRetention", "TxChecksExhausted", "TxUnknownThenChecked", "UngroupedReplayAfterOffsetReset",
+	// Ordering and idempotency under concurrent commits.
+	"IdempotentUnderRace", "LaterCommitNeverHidesBehindOpenOne", "NoSkipWithSlowConcurrentCommits",
+	"PublishTxCommitAndRollback", "SubscribersDeliverInOrder", "TxConcurrentSendsInCommitOrder",
 }
 
 // vitessShardDSN reaches the shards' MySQL directly (vttestserver's one
