@@ -9,12 +9,14 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -432,4 +434,87 @@ func TestOpenAPIBoundsAreTheServers(t *testing.T) {
 	if len(seen) < 10 {
 		t.Fatalf("walked %d types; the doc table names more", len(seen))
 	}
+}
+
+// documentedPatterns routes a request to the pattern of its entry in
+// apiDocs, as the server's mux does.
+var documentedPatterns = sync.OnceValue(func() *http.ServeMux {
+	mux := http.NewServeMux()
+	for pattern := range apiDocs {
+		mux.HandleFunc(pattern, func(http.ResponseWriter, *http.Request) {})
+	}
+	return mux
+})
+
+// checkAnswer holds a JSON answer to the type apiDocs gives its route and
+// status: no member the type lacks, and every member the type always
+// writes (not omitempty), at every depth. The harness calls it on every
+// answer, so each server test checks the document against what the
+// handlers send.
+func checkAnswer(t testing.TB, req *http.Request, status int, raw []byte) {
+	t.Helper()
+	_, pattern := documentedPatterns().Handler(req)
+	d, ok := apiDocs[pattern]
+	if !ok {
+		return // not a documented route (the dashboard, a 404)
+	}
+	for _, r := range d.responses {
+		if r.status != status || r.body == nil {
+			continue
+		}
+		typ := reflect.TypeOf(r.body)
+		if err := jsonv2.Unmarshal(raw, reflect.New(typ).Interface(), jsonOptions); err != nil {
+			t.Errorf("%s answered %d with what its documented %s does not describe: %v\n%s", pattern, status, typ, err, raw)
+			return
+		}
+		var v any
+		if err := json.Unmarshal(raw, &v); err == nil {
+			if missing := missingMembers(typ, v, "$"); len(missing) > 0 {
+				t.Errorf("%s answered %d without members its documented %s always has: %v\n%s", pattern, status, typ, missing, raw)
+			}
+		}
+		return
+	}
+}
+
+// missingMembers lists the members of typ that omit nothing (no
+// omitempty) and are absent from v, at every depth.
+func missingMembers(typ reflect.Type, v any, at string) []string {
+	for typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	var out []string
+	switch typ.Kind() {
+	case reflect.Slice:
+		if items, ok := v.([]any); ok && typ.Elem().Kind() != reflect.Uint8 {
+			for i, item := range items {
+				out = append(out, missingMembers(typ.Elem(), item, fmt.Sprintf("%s[%d]", at, i))...)
+			}
+		}
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok || typ == reflect.TypeFor[time.Time]() {
+			return nil
+		}
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case name == "-":
+			case f.Anonymous && name == "":
+				out = append(out, missingMembers(f.Type, v, at)...)
+			case !f.IsExported():
+			default:
+				name = cmp.Or(name, f.Name)
+				member, present := obj[name]
+				if !present && !strings.Contains(opts, "omitempty") && !strings.Contains(opts, "omitzero") {
+					out = append(out, at+"."+name)
+				}
+				if present {
+					out = append(out, missingMembers(f.Type, member, at+"."+name)...)
+				}
+			}
+		}
+	}
+	return out
 }

@@ -174,6 +174,7 @@ func (h *harness) call(method, path, tok string, body any) reply {
 		if err := json.Unmarshal(raw, &out.body); err != nil {
 			h.t.Fatalf("%s %s: answer is not a JSON object: %v: %s", method, path, err, raw)
 		}
+		checkAnswer(h.t, req, res.StatusCode, raw)
 	}
 	return out
 }
