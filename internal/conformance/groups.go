@@ -1033,7 +1033,6 @@ func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 	var got []string
 	var u1Token int64 // the token u1 was delivered under
 	g := newGate()
-	defer g.open()
 	cfg := fastConfig("g", "x", []string{"t"}, func(ctx context.Context, dl *shardq.Delivery) error {
 		mu.Lock()
 		got = append(got, fmt.Sprintf("%s@%d", dl.ID, dl.Attempt))
@@ -1043,7 +1042,9 @@ func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 		}
 		mu.Unlock()
 		if first {
-			return g.hold(ctx)
+			// Held past its claim's cancellation: the only slot stays
+			// busy, so nothing is popped until the gate opens.
+			return g.hold(context.Background())
 		}
 		return nil
 	})
@@ -1053,6 +1054,7 @@ func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 		t.Fatal(err)
 	}
 	defer stopAll(t, s)
+	defer g.open() // before the stop, which waits for the held handler
 	g.waitHeld(t, "u0")
 	// u1 is claimed into the queue behind the busy handler.
 	var queuedOffset int64
@@ -1063,6 +1065,13 @@ func testLapsedClaimNotDelivered(t *testing.T, open Open) {
 	})
 	queuedToken := token(queuedOffset)
 	clock.Advance(2 * cfg.VisibilityTimeout) // the queued claim lapses
+	// While the only handler is still held, the member claims u1 again:
+	// its lapsed claim is given back first, so the attempt is the same.
+	waitFor(t, "u1 claimed again", 20*time.Second, func() bool { return token(queuedOffset) != queuedToken })
+	var attempts int
+	if err := d.DB().QueryRow("SELECT attempts FROM queue_message_claims WHERE tenant = 't' AND message_offset = ?", queuedOffset).Scan(&attempts); err != nil || attempts != 1 {
+		t.Fatalf("u1 claimed again as attempt %d (%v), want 1: its lapsed claim, never handed out, counted", attempts, err)
+	}
 	g.open()
 	// u0's claim lapsed too (the clock jumped while its handler ran), so
 	// u0 may be delivered again meanwhile; only u1's first delivery counts.

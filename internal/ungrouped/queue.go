@@ -14,17 +14,29 @@ import (
 // tenant, served in turn: the handlers take one claim of each tenant with
 // claims queued before a second of any, so a tenant's backlog of hundreds
 // of claims does not stand before another tenant's message.
+//
+// A claim that lapsed while queued (lapseAt by clock) is never handed
+// out: pop sets it aside, under the same lock, for the claim loop, which
+// gives it back (takeLapsed) before it claims the tenant's messages again.
+// Were a handler to give it back instead, the loop's claim could come
+// first and count a retry of a delivery no handler saw.
 type claimQueue struct {
 	mu       sync.Mutex
 	nonEmpty *sync.Cond
 	tenants  map[string][]driver.Claim
 	turns    []string // the tenants with claims, in turn order
 	n        int
+	lapsed   map[string][]driver.Claim // set aside by pop, for takeLapsed
 	closed   bool
+	clock    func() time.Time
+	lapseAt  func(driver.Claim) time.Time
+	// setAside is signalled (without blocking) when pop sets a claim aside.
+	setAside chan struct{}
 }
 
-func newClaimQueue() *claimQueue {
-	q := &claimQueue{tenants: map[string][]driver.Claim{}}
+func newClaimQueue(clock func() time.Time, lapseAt func(driver.Claim) time.Time) *claimQueue {
+	q := &claimQueue{tenants: map[string][]driver.Claim{}, lapsed: map[string][]driver.Claim{},
+		clock: clock, lapseAt: lapseAt, setAside: make(chan struct{}, 1)}
 	q.nonEmpty = sync.NewCond(&q.mu)
 	return q
 }
@@ -47,29 +59,38 @@ func (q *claimQueue) push(c driver.Claim) bool {
 	return true
 }
 
-// pop waits for a claim and takes the next tenant's first; false once the
-// queue is closed.
+// pop waits for a claim that has not lapsed and takes the next tenant's
+// first, setting lapsed ones aside; false once the queue is closed.
 func (q *claimQueue) pop() (driver.Claim, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for q.n == 0 && !q.closed {
-		q.nonEmpty.Wait()
+	for {
+		for q.n == 0 && !q.closed {
+			q.nonEmpty.Wait()
+		}
+		if q.closed {
+			return driver.Claim{}, false
+		}
+		t := q.turns[0]
+		cs := q.tenants[t]
+		c := cs[0]
+		q.tenants[t] = cs[1:]
+		q.n--
+		q.turns = q.turns[1:]
+		if len(q.tenants[t]) > 0 {
+			q.turns = append(q.turns, t) // its next turn comes after the others'
+		} else {
+			delete(q.tenants, t)
+		}
+		if q.clock().Before(q.lapseAt(c)) {
+			return c, true
+		}
+		q.lapsed[t] = append(q.lapsed[t], c)
+		select {
+		case q.setAside <- struct{}{}:
+		default:
+		}
 	}
-	if q.closed {
-		return driver.Claim{}, false
-	}
-	t := q.turns[0]
-	cs := q.tenants[t]
-	c := cs[0]
-	q.tenants[t] = cs[1:]
-	q.n--
-	q.turns = q.turns[1:]
-	if len(q.tenants[t]) > 0 {
-		q.turns = append(q.turns, t) // its next turn comes after the others'
-	} else {
-		delete(q.tenants, t)
-	}
-	return c, true
 }
 
 // len is the number of claims queued.
@@ -86,34 +107,46 @@ func (q *claimQueue) queued(tenant string) int {
 	return len(q.tenants[tenant])
 }
 
-// takeLapsed takes the claims that lapse by lapseAt(c) at or before now
-// out of the queue. A tenant's claims were queued in the order they were
-// taken, each for the same visibility, so only the head of each FIFO is
-// looked at.
-func (q *claimQueue) takeLapsed(now time.Time, lapseAt func(driver.Claim) time.Time) []driver.Claim {
+// takeLapsed takes tenant's claims that lapse at or before now out of the
+// queue, with those pop set aside.
+func (q *claimQueue) takeLapsed(tenant string, now time.Time) []driver.Claim {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var lapsed []driver.Claim
-	for t, cs := range q.tenants {
-		i := 0
-		for i < len(cs) && !now.Before(lapseAt(cs[i])) {
-			i++
+	lapsed := q.lapsed[tenant]
+	delete(q.lapsed, tenant)
+	cs := q.tenants[tenant]
+	kept := slices.DeleteFunc(slices.Clone(cs), func(c driver.Claim) bool {
+		if now.Before(q.lapseAt(c)) {
+			return false
 		}
-		if i == 0 {
-			continue
-		}
-		lapsed = append(lapsed, cs[:i]...)
-		q.n -= i
-		if q.tenants[t] = cs[i:]; len(cs) == i {
-			delete(q.tenants, t)
-			q.turns = slices.DeleteFunc(q.turns, func(x string) bool { return x == t })
-		}
+		lapsed = append(lapsed, c)
+		return true
+	})
+	if len(kept) == len(cs) {
+		return lapsed
+	}
+	q.n -= len(cs) - len(kept)
+	if q.tenants[tenant] = kept; len(kept) == 0 {
+		delete(q.tenants, tenant)
+		q.turns = slices.DeleteFunc(q.turns, func(x string) bool { return x == tenant })
 	}
 	return lapsed
 }
 
+// takeSetAside takes every claim pop set aside.
+func (q *claimQueue) takeSetAside() []driver.Claim {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []driver.Claim
+	for t, cs := range q.lapsed {
+		out = append(out, cs...)
+		delete(q.lapsed, t)
+	}
+	return out
+}
+
 // close wakes the handlers (pop returns false) and returns the claims
-// never taken.
+// never taken, and those set aside.
 func (q *claimQueue) close() []driver.Claim {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -123,6 +156,9 @@ func (q *claimQueue) close() []driver.Claim {
 	for _, t := range q.turns {
 		left = append(left, q.tenants[t]...)
 	}
-	q.tenants, q.turns, q.n = nil, nil, 0
+	for _, cs := range q.lapsed {
+		left = append(left, cs...)
+	}
+	q.tenants, q.turns, q.n, q.lapsed = nil, nil, 0, nil
 	return left
 }

@@ -17,7 +17,7 @@ func claimOf(tenant string, offset int64) driver.Claim {
 // The tenants' claims are taken in turn, each tenant's in its order; a
 // tenant that comes back after its claims ran out waits for its turn.
 func TestClaimQueueTakesTenantsInTurn(t *testing.T) {
-	q := newClaimQueue()
+	q := newClaimQueue(time.Now, func(driver.Claim) time.Time { return time.Now().Add(time.Hour) }) // nothing lapses
 	for i := range 4 {
 		q.push(claimOf("a", int64(i)))
 	}
@@ -48,36 +48,59 @@ func TestClaimQueueTakesTenantsInTurn(t *testing.T) {
 	}
 }
 
-// The claims that lapsed are taken out of the queue, the others kept in
+// A claim that lapsed in the queue is never popped: pop sets it aside,
+// and takeLapsed returns it with the tenant's queued claims that lapsed
+// by then (in any order: a clock may step back), keeping the others in
 // their turns.
-func TestClaimQueueTakeLapsed(t *testing.T) {
+func TestClaimQueueSetsLapsedAside(t *testing.T) {
 	t0 := time.Unix(1000, 0)
+	now := t0
 	claim := func(tenant string, offset int64, lapse time.Duration) driver.Claim {
 		c := claimOf(tenant, offset)
 		c.VisibleUntil = t0.Add(lapse)
 		return c
 	}
-	q := newClaimQueue()
-	for _, c := range []driver.Claim{claim("a", 1, time.Second), claim("a", 2, 3*time.Second), claim("b", 3, time.Second), claim("c", 4, 5*time.Second)} {
+	q := newClaimQueue(func() time.Time { return now }, func(c driver.Claim) time.Time { return c.VisibleUntil })
+	for _, c := range []driver.Claim{claim("a", 1, time.Second), claim("a", 2, 3*time.Second), claim("a", 3, time.Second),
+		claim("b", 4, time.Second), claim("c", 5, 5*time.Second)} {
 		q.push(c)
 	}
-	lapseAt := func(c driver.Claim) time.Time { return c.VisibleUntil }
-	got := map[int64]bool{}
-	for _, c := range q.takeLapsed(t0.Add(time.Second), lapseAt) {
-		got[c.Message.Offset] = true
+	now = t0.Add(time.Second)
+	if c, _ := q.pop(); c.Message.Offset != 5 {
+		// a's 1 and b's 4 lapsed, set aside in their turns; then c's 5.
+		t.Fatalf("popped offset %d, want 5, past the lapsed 1 and 4", c.Message.Offset)
 	}
-	if len(got) != 2 || !got[1] || !got[3] {
-		t.Fatalf("lapsed = %v, want offsets 1 and 3", got)
+	select {
+	case <-q.setAside:
+	default:
+		t.Fatal("pop set a claim aside without a signal")
 	}
-	if q.len() != 2 || q.queued("a") != 1 || q.queued("b") != 0 {
-		t.Fatalf("left %d queued (a %d, b %d), want a's 2 and c's 4", q.len(), q.queued("a"), q.queued("b"))
+	offsets := func(cs []driver.Claim) []int64 {
+		var out []int64
+		for _, c := range cs {
+			out = append(out, c.Message.Offset)
+		}
+		slices.Sort(out)
+		return out
 	}
-	var order []int64
-	for range 2 {
-		c, _ := q.pop()
-		order = append(order, c.Message.Offset)
+	if got := offsets(q.takeLapsed("a", now)); !slices.Equal(got, []int64{1, 3}) {
+		t.Fatalf("a's lapsed = %v, want [1 3] (the one set aside and the one behind a live claim)", got)
 	}
-	if order[0] != 2 || order[1] != 4 {
-		t.Fatalf("popped %v, want [2 4]: the turns must skip an emptied tenant", order)
+	if got := offsets(q.takeSetAside()); !slices.Equal(got, []int64{4}) {
+		t.Fatalf("set aside = %v, want [4]", got)
+	}
+	if q.len() != 1 || q.queued("a") != 1 || q.queued("b") != 0 {
+		t.Fatalf("left %d queued (a %d, b %d), want a's 2", q.len(), q.queued("a"), q.queued("b"))
+	}
+	if c, _ := q.pop(); c.Message.Offset != 2 {
+		t.Fatalf("popped %d, want 2", c.Message.Offset)
+	}
+	q.push(claim("d", 6, 0))
+	q.push(claim("d", 7, 9*time.Second))
+	if c, _ := q.pop(); c.Message.Offset != 7 {
+		t.Fatalf("popped %d, want 7 past the lapsed 6", c.Message.Offset)
+	}
+	if left := offsets(q.close()); !slices.Equal(left, []int64{6}) {
+		t.Fatalf("close returned %v, want the set-aside 6", left)
 	}
 }

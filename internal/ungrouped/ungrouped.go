@@ -181,7 +181,7 @@ const maxPrefetch = 500
 // claims that those lapse in the queue.
 func (s *Service) ungrouped() {
 	n := s.cfg.Concurrency
-	queue := newClaimQueue()
+	queue := newClaimQueue(s.cfg.Clock, s.lapseAt)
 	took := make(chan struct{}, 1) // a handler took a claim off the queue
 	var handled atomic.Int64
 	for range n {
@@ -203,12 +203,11 @@ func (s *Service) ungrouped() {
 		if s.life.Context().Err() != nil {
 			return
 		}
-		// Claims that lapsed in the queue are given back before the next
-		// claim, which would otherwise take their messages again as
-		// retries of deliveries no handler saw.
-		for _, c := range queue.takeLapsed(s.cfg.Clock(), s.lapseAt) {
-			s.logLapsed(c)
-			s.giveBack(c)
+		// Claims the handlers found lapsed are given back here, in turn
+		// with the claims, which would otherwise take their messages
+		// again as retries of deliveries no handler saw.
+		for _, c := range queue.takeSetAside() {
+			s.giveBackLapsed(c)
 		}
 		woken, rescan := s.takeWoken()
 		for _, t := range woken {
@@ -283,6 +282,7 @@ func (s *Service) ungrouped() {
 		case <-s.wake:
 			rereads = 1
 		case <-took: // the queue shrank: maybe room for a batch
+		case <-queue.setAside: // a lapsed claim to give back
 		case <-s.life.Context().Done():
 		}
 		t.Stop()
@@ -370,16 +370,8 @@ func (s *Service) handleClaims(queue *claimQueue, took chan<- struct{}, handled 
 			s.giveBack(c)
 			continue
 		}
-		// A claim that lapsed while it waited here (a frozen process, a
-		// long queue) may be another member's by now: never hand it out.
-		// Its attempt is given back (fenced by the claim's token: a no-op
-		// once another member claimed it), since no handler saw it; else
-		// a loaded member would dead-letter messages it never delivered.
-		if !s.cfg.Clock().Before(s.lapseAt(c)) {
-			s.logLapsed(c)
-			s.giveBack(c)
-			continue
-		}
+		// pop never hands out a claim that lapsed while it waited (a
+		// frozen process, a long queue): it may be another member's.
 		s.handleClaim(c)
 	}
 }
@@ -390,9 +382,14 @@ func (s *Service) lapseAt(c driver.Claim) time.Time {
 	return c.VisibleUntil.Add(-lifecycle.HolderMargin(s.cfg.Visibility))
 }
 
-func (s *Service) logLapsed(c driver.Claim) {
+// giveBackLapsed gives back a claim that lapsed in the queue: its
+// attempt is uncounted (fenced by its token: a no-op once another member
+// claimed it), since no handler saw it; else a loaded member would
+// dead-letter messages it never delivered.
+func (s *Service) giveBackLapsed(c driver.Claim) {
 	s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
 		"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
+	s.giveBack(c)
 }
 
 // prefetch is the local queue's target size.
@@ -422,8 +419,17 @@ func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
 	if s.cfg.Paused != nil && s.cfg.Paused(tenant) {
 		return 0
 	}
+	// The claims of tenant that lapsed in the queue by now are given back
+	// first, and the claim is made as of that same now: whatever it
+	// reclaims (visible by now) lapsed in the queue a margin earlier, so
+	// a message this member queued is never reclaimed as a retry while its
+	// undelivered claim is still counted.
+	now := s.cfg.Clock()
+	for _, c := range queue.takeLapsed(tenant, now) {
+		s.giveBackLapsed(c)
+	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
-	claims, _, err := s.drv.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owner: s.cfg.ID, Now: s.cfg.Clock(), Visibility: s.cfg.Visibility, Limit: driver.ClaimLimit{Messages: room}})
+	claims, _, err := s.drv.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owner: s.cfg.ID, Now: now, Visibility: s.cfg.Visibility, Limit: driver.ClaimLimit{Messages: room}})
 	cancel()
 	if err != nil {
 		if s.life.Context().Err() == nil {
