@@ -107,42 +107,40 @@ func (q *claimQueue) queued(tenant string) int {
 	return len(q.tenants[tenant])
 }
 
-// takeLapsed takes tenant's claims that lapse at or before now out of the
-// queue, with those pop set aside.
+// takeLapsed takes the claims that lapse at or before now out of the
+// queue (the whole FIFO: a clock may step back), with those pop set
+// aside: tenant's, or every tenant's when tenant is "".
 func (q *claimQueue) takeLapsed(tenant string, now time.Time) []driver.Claim {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	lapsed := q.lapsed[tenant]
-	delete(q.lapsed, tenant)
-	cs := q.tenants[tenant]
-	kept := slices.DeleteFunc(slices.Clone(cs), func(c driver.Claim) bool {
-		if now.Before(q.lapseAt(c)) {
-			return false
+	var lapsed []driver.Claim
+	for t, cs := range q.lapsed {
+		if tenant == "" || t == tenant {
+			lapsed = append(lapsed, cs...)
+			delete(q.lapsed, t)
 		}
-		lapsed = append(lapsed, c)
-		return true
-	})
-	if len(kept) == len(cs) {
-		return lapsed
 	}
-	q.n -= len(cs) - len(kept)
-	if q.tenants[tenant] = kept; len(kept) == 0 {
-		delete(q.tenants, tenant)
-		q.turns = slices.DeleteFunc(q.turns, func(x string) bool { return x == tenant })
+	for t, cs := range q.tenants {
+		if tenant != "" && t != tenant {
+			continue
+		}
+		kept := slices.DeleteFunc(slices.Clone(cs), func(c driver.Claim) bool {
+			if now.Before(q.lapseAt(c)) {
+				return false
+			}
+			lapsed = append(lapsed, c)
+			return true
+		})
+		if len(kept) == len(cs) {
+			continue
+		}
+		q.n -= len(cs) - len(kept)
+		if q.tenants[t] = kept; len(kept) == 0 {
+			delete(q.tenants, t)
+			q.turns = slices.DeleteFunc(q.turns, func(x string) bool { return x == t })
+		}
 	}
 	return lapsed
-}
-
-// takeSetAside takes every claim pop set aside.
-func (q *claimQueue) takeSetAside() []driver.Claim {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var out []driver.Claim
-	for t, cs := range q.lapsed {
-		out = append(out, cs...)
-		delete(q.lapsed, t)
-	}
-	return out
 }
 
 // close wakes the handlers (pop returns false) and returns the claims

@@ -203,11 +203,13 @@ func (s *Service) ungrouped() {
 		if s.life.Context().Err() != nil {
 			return
 		}
-		// Claims the handlers found lapsed are given back here, in turn
-		// with the claims, which would otherwise take their messages
-		// again as retries of deliveries no handler saw.
-		for _, c := range queue.takeSetAside() {
-			s.giveBackLapsed(c)
+		// Claims that lapsed in the queue, or that the handlers found
+		// lapsed, are given back here, in turn with the claims, which
+		// would otherwise take their messages again as retries of
+		// deliveries no handler saw.
+		at := s.cfg.Clock()
+		for _, c := range queue.takeLapsed("", at) {
+			_ = s.giveBackLapsed(c, at) // logged: its attempt stays counted
 		}
 		woken, rescan := s.takeWoken()
 		for _, t := range woken {
@@ -386,10 +388,10 @@ func (s *Service) lapseAt(c driver.Claim) time.Time {
 // attempt is uncounted (fenced by its token: a no-op once another member
 // claimed it), since no handler saw it; else a loaded member would
 // dead-letter messages it never delivered.
-func (s *Service) giveBackLapsed(c driver.Claim) {
+func (s *Service) giveBackLapsed(c driver.Claim, now time.Time) error {
 	s.log.Warn("shardq: ungrouped claim lapsed before delivery; the message is delivered again by its next claim",
 		"tenant", c.Message.Tenant, "offset", c.Message.Offset, "visible_until", c.VisibleUntil)
-	s.giveBack(c)
+	return s.giveBackAt(c, now)
 }
 
 // prefetch is the local queue's target size.
@@ -424,9 +426,15 @@ func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
 	// reclaims (visible by now) lapsed in the queue a margin earlier, so
 	// a message this member queued is never reclaimed as a retry while its
 	// undelivered claim is still counted.
+	// A give-back that failed leaves the attempt counted: the tenant is
+	// not claimed this round, which would count another.
 	now := s.cfg.Clock()
+	var failed bool
 	for _, c := range queue.takeLapsed(tenant, now) {
-		s.giveBackLapsed(c)
+		failed = s.giveBackLapsed(c, now) != nil || failed
+	}
+	if failed {
+		return 0
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	claims, _, err := s.drv.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owner: s.cfg.ID, Now: now, Visibility: s.cfg.Visibility, Limit: driver.ClaimLimit{Messages: room}})
@@ -683,12 +691,22 @@ func (s *Service) renewWhileHandled(c driver.Claim, handled <-chan struct{}, los
 
 // giveBack makes a claim visible again at once, its attempt uncounted.
 func (s *Service) giveBack(c driver.Claim) {
+	_ = s.giveBackAt(c, s.cfg.Clock()) // logged; the claim lapses by itself
+}
+
+// giveBackAt makes a claim visible again as of now, its attempt
+// uncounted: a no-op once another member claimed it. An error is logged
+// and returned.
+func (s *Service) giveBackAt(c driver.Claim, now time.Time) error {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
-	now := s.cfg.Clock()
 	err := s.retrying(ctx, func() error { return s.drv.ReleaseClaim(ctx, c, now) })
-	if err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+	if errors.Is(err, driver.ErrLeaseLost) {
+		return nil
+	}
+	if err != nil {
 		s.log.Warn("shardq: giving back an ungrouped claim failed; it is delivered again after its visibility timeout",
 			"tenant", c.Message.Tenant, "offset", c.Message.Offset, "err", err)
 	}
+	return err
 }
