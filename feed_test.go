@@ -432,3 +432,84 @@ func TestChangeFeedModeIsChecked(t *testing.T) {
 		t.Fatalf("NewClient with ChangeFeed 7: %v; want a validation error naming the change feed", err)
 	}
 }
+
+// fetchRecorder notes when a group receiver reads its group.
+type fetchRecorder struct {
+	driver.Driver
+	at chan time.Time
+}
+
+func (r fetchRecorder) FetchWithin(ctx context.Context, p driver.FetchWithinParams) ([]driver.Message, bool, error) {
+	select {
+	case r.at <- time.Now():
+	default:
+	}
+	return r.Driver.FetchWithin(ctx, p)
+}
+
+// Without a change feed, a group receiver that handed a message out looks
+// again soon (a twentieth of PollInterval, doubling), not a whole
+// PollInterval later: the next message of a busy group arrives within
+// milliseconds of its commit in another process.
+func TestReceiverLooksSoonAfterAMessage(t *testing.T) {
+	const every = 2 * time.Second // a floor of 100 ms
+	pubDrv, subDrv := testdb.TwoDrivers(t, "sqlite")
+	pub := newTestClient(t, pubDrv, nil)
+	if err := pub.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fetches := make(chan time.Time, 64)
+	sub := newTestClient(t, fetchRecorder{subDrv, fetches}, &shardq.Config{ChangeFeed: shardq.FeedOff})
+	ctx := context.Background()
+	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sub.AcceptGroup(ctx, shardq.GroupRef{Tenant: "t", Topic: "x", ConsumerGroup: "g"}, "k", &shardq.ReceiverOptions{PollInterval: every})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	d, err := r.Receive(ctx)
+	if err != nil || d.ID != "m1" {
+		t.Fatalf("Receive: %v, %v", d, err)
+	}
+	if err := r.Ack(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	for len(fetches) > 0 {
+		<-fetches
+	}
+	got := make(chan error, 1)
+	go func() {
+		d, err := r.Receive(ctx)
+		if err == nil && d.ID != "m2" {
+			err = fmt.Errorf("received %s, want m2", d.ID)
+		}
+		if err == nil {
+			err = r.Ack(ctx, d)
+		}
+		got <- err
+	}()
+	from := time.Now()
+	for range 4 { // at once, then 100 ms apart
+		select {
+		case <-fetches:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the receiver stopped looking")
+		}
+	}
+	if took := time.Since(from); took >= every {
+		t.Fatalf("4 looks after a message took %v: not sooner than PollInterval (%v)", took, every)
+	}
+	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m2"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("m2 was not received")
+	}
+}

@@ -72,8 +72,10 @@ type ReceiverOptions struct {
 	// received while none is unsettled [60s].
 	IdleTimeout time.Duration
 	// PollInterval is how often Receive looks for a new message, and an
-	// accept with a wait tries again [200ms]. A Publish through the same
-	// Client, and the change feed, wake Receive at once.
+	// accept with a wait tries again [200ms]. Without a change feed,
+	// Receive looks again after a twentieth of it once it handed a message
+	// out, backing off to PollInterval (docs/feed.md). A Publish through
+	// the same Client, and the change feed, wake Receive at once.
 	PollInterval time.Duration
 	// FeedPollInterval replaces PollInterval in Receive while the
 	// client's change feed streams [2s].

@@ -271,8 +271,12 @@ type SubscriberConfig struct {
 	FullDiscoveryInterval time.Duration
 	// PollInterval is how often the heads of this member's idle partitions
 	// are checked for new messages, in one query for all of them, and the
-	// tenants with ungrouped messages in another [200ms]. (A Publish
-	// through the same Client, and the change feed, wake them at once.)
+	// tenants with ungrouped messages in another [200ms]. Without a change
+	// feed, a poll that finds work brings the next ones forward to a
+	// twentieth of it (10 ms), and the interval doubles back to
+	// PollInterval as polls find none (docs/feed.md). (A
+	// Publish through the same Client, and the change feed, wake them at
+	// once.)
 	PollInterval time.Duration
 	// FeedPollInterval replaces PollInterval while the client's change
 	// feed streams: the feed wakes partitions within milliseconds, and

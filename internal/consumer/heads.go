@@ -7,18 +7,21 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/backoff"
 )
 
 // idleFallback × PollInterval is how long an idle worker waits when
 // neither the head watcher nor a wake-up wakes it.
 const idleFallback = 5
 
-// watchHeads wakes idle workers whose partition head moved: every
-// PollInterval (FeedPollInterval while the change feed streams), and at
-// once when the feed asks for a rescan, one query reads the heads of all
-// of this member's idle partitions, in all its tenants, instead of each
-// idle partition polling on its own.
+// watchHeads wakes idle workers whose partition head moved: at once when
+// the feed asks for a rescan, every FeedPollInterval while the change feed
+// streams, and without it every PollInterval, polling faster (down to a
+// twentieth of it) while heads move (backoff.Poll). One query reads the
+// heads of all of this member's idle partitions, in all its tenants,
+// instead of each idle partition polling on its own.
 func (s *Member) watchHeads() {
+	poll := backoff.NewPoll(s.cfg.PollInterval)
 	t := time.NewTimer(s.pollEvery())
 	defer t.Stop()
 	for {
@@ -28,18 +31,25 @@ func (s *Member) watchHeads() {
 		case <-t.C:
 		case <-s.rescan:
 		}
-		s.wakeMovedHeads()
-		t.Reset(s.pollEvery())
+		moved := s.wakeMovedHeads()
+		if s.feedUp() {
+			t.Reset(s.pollEvery())
+		} else {
+			t.Reset(poll.Next(moved))
+		}
 	}
 }
 
 // wakeMovedHeads is one round of the head watcher: one statement for all
-// idle partitions of every tenant (up to 500 keys).
-func (s *Member) wakeMovedHeads() {
+// idle partitions of every tenant (up to 500 keys). It reports whether
+// the member's partitions move: a head moved, or every partition it holds
+// is busy (each read brings more).
+func (s *Member) wakeMovedHeads() bool {
 	idle := map[driver.HeadKey]*worker{}
 	var tenants, keys []string
 	seenTenant, seenKey := map[string]bool{}, map[string]bool{}
 	s.mu.Lock()
+	held := len(s.workers)
 	for ref, w := range s.workers {
 		if w.idleAfter.Load() > 0 {
 			idle[driver.HeadKey{Tenant: ref.Tenant, PartitionKey: ref.PartitionKey}] = w
@@ -55,7 +65,7 @@ func (s *Member) wakeMovedHeads() {
 	}
 	s.mu.Unlock()
 	if len(idle) == 0 {
-		return
+		return held > 0
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	heads, err := s.drv.HeadsOf(ctx, s.cfg.Topic, tenants, keys)
@@ -64,11 +74,14 @@ func (s *Member) wakeMovedHeads() {
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenants", tenants, "err", err)
 		}
-		return
+		return false
 	}
+	moved := false
 	for k, w := range idle {
 		if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
 			signal(w.wake)
+			moved = true
 		}
 	}
+	return moved
 }

@@ -367,11 +367,14 @@ func (s *Member) retrying(ctx context.Context, write func() error) error {
 // pollEvery is how often idle work is polled: PollInterval, or the slower
 // FeedPollInterval while the change feed streams.
 func (s *Member) pollEvery() time.Duration {
-	if s.cfg.FeedUp != nil && s.cfg.FeedUp() {
+	if s.feedUp() {
 		return max(s.cfg.PollInterval, s.cfg.FeedPollInterval)
 	}
 	return s.cfg.PollInterval
 }
+
+// feedUp reports whether the change feed streams.
+func (s *Member) feedUp() bool { return s.cfg.FeedUp != nil && s.cfg.FeedUp() }
 
 // errorsIsLost reports a lost lease.
 func errorsIsLost(err error) bool { return errors.Is(err, driver.ErrLeaseLost) }

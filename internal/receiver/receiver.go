@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/backoff"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/keepalive"
 	"github.com/shardq/shardq/internal/large"
@@ -148,7 +149,7 @@ func tryAccept(ctx context.Context, drv driver.Driver, cfg Config, ref driver.Pa
 		"partition_key", ref.PartitionKey, "member", id), id: id, ref: ref, lease: l, cursor: l.Committed, lastActive: now,
 		metrics: cfg.Tel.Group(ref.Topic, ref.ConsumerGroup),
 		closing: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
-		waiter: large.Waiter{Store: drv, Timeout: cfg.LargeWriteTimeout, Stalls: cfg.LargeStalls}}
+		waiter: large.Waiter{Store: drv, Timeout: cfg.LargeWriteTimeout, Stalls: cfg.LargeStalls}, poll: backoff.NewPoll(cfg.PollInterval)}
 	if nextOffset >= 0 || cfg.RequireReady {
 		ready, err := r.ready(ctx)
 		if err == nil && !ready {
@@ -180,10 +181,14 @@ type Receiver struct {
 	// metrics counts the lease, retries and dead letters.
 	metrics *telemetry.Group
 
-	cursor int64                          // last settled offset
-	buf    []driver.Message               // fetched after the cursor, not handed out
-	states map[int64]driver.DeliveryState // retry bookkeeping of buf
-	held   *driver.Message                // handed out, not settled
+	cursor int64            // last settled offset
+	buf    []driver.Message // fetched after the cursor, not handed out
+	// poll is Receive's wait without a feed; handedOut says its last
+	// call handed a message out (Receive's own: one caller at a time).
+	poll      *backoff.Poll
+	handedOut bool
+	states    map[int64]driver.DeliveryState // retry bookkeeping of buf
+	held      *driver.Message                // handed out, not settled
 	// heldAttempt is held's attempt, as handed out.
 	heldAttempt int
 	// heldInTx: the application settled held in its own transaction
@@ -348,9 +353,14 @@ func (r *Receiver) Receive(ctx context.Context) (driver.Message, int, error) {
 			}
 			return driver.Message{}, 0, fmt.Errorf("shardq: receive %s: %w", r.ref, err)
 		}
-		wait := r.cfg.PollInterval
+		var wait time.Duration
 		if r.cfg.Local.Up() {
-			wait = max(wait, r.cfg.FeedPollInterval)
+			wait = max(r.cfg.PollInterval, r.cfg.FeedPollInterval)
+		} else {
+			// Without a feed: soon after a message, backing off to
+			// PollInterval while none comes.
+			wait = r.poll.Next(r.handedOut)
+			r.handedOut = false
 		}
 		if len(r.buf) > 0 {
 			m := r.buf[0]
@@ -374,6 +384,7 @@ func (r *Receiver) Receive(ctx context.Context) (driver.Message, int, error) {
 				r.startHeldTimer(m.Offset, st.Attempts+1)
 				r.mu.Unlock()
 				r.cfg.Tel.Received(ctx, m, r.ref.ConsumerGroup, start)
+				r.handedOut = true
 				return m, st.Attempts + 1, nil
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/backoff"
 	"github.com/shardq/shardq/internal/coalesce"
 	"github.com/shardq/shardq/internal/expiry"
 	"github.com/shardq/shardq/internal/large"
@@ -194,11 +195,13 @@ func (s *Service) ungrouped() {
 		}
 	}()
 	var advanced time.Time
-	var nextProbe, lastProbe time.Time // when the tenants with work are read again, and were last
-	active := map[string]bool{}        // tenants with work at the last probe, or woken since
-	dry := map[string]bool{}           // active tenants whose last claim found nothing
-	rereads := 0                       // claims after a wake-up that found nothing (feedRereads)
-	round := 0                         // turns the tenants' claims when more claim than the target
+	var nextProbe, lastProbe time.Time          // when the tenants with work are read again, and were last
+	poll := backoff.NewPoll(s.cfg.PollInterval) // without a feed: faster while probes lead to claims
+	claimedSince := 0                           // claims since the last probe
+	active := map[string]bool{}                 // tenants with work at the last probe, or woken since
+	dry := map[string]bool{}                    // active tenants whose last claim found nothing
+	rereads := 0                                // claims after a wake-up that found nothing (feedRereads)
+	round := 0                                  // turns the tenants' claims when more claim than the target
 	for {
 		if s.life.Context().Err() != nil {
 			return
@@ -228,7 +231,11 @@ func (s *Service) ungrouped() {
 			for _, t := range woken {
 				active[t] = true
 			}
-			lastProbe, nextProbe = now, now.Add(s.pollEvery())
+			every := s.pollEvery()
+			if !s.feedUp() {
+				every = poll.Next(claimedSince > 0)
+			}
+			lastProbe, nextProbe, claimedSince = now, now.Add(every), 0
 		}
 		target := prefetch.target(handled.Load(), s.cfg.Clock())
 		claimed := 0
@@ -262,6 +269,14 @@ func (s *Service) ungrouped() {
 				claimed += n
 			}
 		}
+		if claimed > 0 && claimedSince == 0 && !s.feedUp() {
+			// The first claims since the probe: probe again soon. A tenant
+			// whose cursor lags while its messages are delayed, claimed
+			// elsewhere or paused has work by the probe, but leads to no
+			// claim, and the probes back off.
+			nextProbe = minTime(nextProbe, lastProbe.Add(poll.Next(true)))
+		}
+		claimedSince += claimed
 		if now := s.cfg.Clock(); now.Sub(advanced) >= s.cfg.DiscoveryInterval {
 			s.advanceUngrouped(active, now)
 			advanced = now
@@ -306,11 +321,14 @@ func minTime(a, b time.Time) time.Time {
 // pollEvery is how often the tenants with work are read: PollInterval, or
 // FeedPollInterval while the change feed streams.
 func (s *Service) pollEvery() time.Duration {
-	if s.cfg.FeedUp != nil && s.cfg.FeedUp() {
+	if s.feedUp() {
 		return max(s.cfg.PollInterval, s.cfg.FeedPollInterval)
 	}
 	return s.cfg.PollInterval
 }
+
+// feedUp reports whether the change feed streams.
+func (s *Service) feedUp() bool { return s.cfg.FeedUp != nil && s.cfg.FeedUp() }
 
 // probe reads, in one statement for all the member's tenants, those whose
 // ungrouped head is past the group's ungrouped cursor: only those are
