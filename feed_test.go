@@ -448,11 +448,12 @@ func (r fetchRecorder) FetchWithin(ctx context.Context, p driver.FetchWithinPara
 }
 
 // Without a change feed, a group receiver that handed a message out looks
-// again soon (a twentieth of PollInterval, doubling), not a whole
-// PollInterval later: the next message of a busy group arrives within
-// milliseconds of its commit in another process.
+// again soon (a twentieth of PollInterval), not a whole PollInterval
+// later, so that the next message of a busy group arrives within
+// milliseconds of its commit in another process; while none comes, it
+// backs off to PollInterval.
 func TestReceiverLooksSoonAfterAMessage(t *testing.T) {
-	const every = 2 * time.Second // a floor of 100 ms
+	const every = time.Second // a floor of 50 ms
 	pubDrv, subDrv := testdb.TwoDrivers(t, "sqlite")
 	pub := newTestClient(t, pubDrv, nil)
 	if err := pub.Migrate(context.Background()); err != nil {
@@ -490,16 +491,26 @@ func TestReceiverLooksSoonAfterAMessage(t *testing.T) {
 		}
 		got <- err
 	}()
-	from := time.Now()
-	for range 4 { // at once, then 100 ms apart
+	look := func() time.Time {
+		t.Helper()
 		select {
-		case <-fetches:
+		case at := <-fetches:
+			return at
 		case <-time.After(10 * time.Second):
 			t.Fatal("the receiver stopped looking")
+			return time.Time{}
 		}
 	}
-	if took := time.Since(from); took >= every {
+	from := time.Now()
+	var at []time.Time
+	for range 11 { // at once, 4 × 50 ms, then 100, 200, 400, 800, 1000, 1000 ms
+		at = append(at, look())
+	}
+	if took := at[3].Sub(from); took >= every {
 		t.Fatalf("4 looks after a message took %v: not sooner than PollInterval (%v)", took, every)
+	}
+	if tail := at[10].Sub(at[7]); tail < every*6/10 {
+		t.Fatalf("the last 3 of 10 looks with no message took %v: not backing off towards PollInterval (%v)", tail, every)
 	}
 	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "k", ID: "m2"}); err != nil {
 		t.Fatal(err)

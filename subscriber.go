@@ -273,8 +273,8 @@ type SubscriberConfig struct {
 	// are checked for new messages, in one query for all of them, and the
 	// tenants with ungrouped messages in another [200ms]. Without a change
 	// feed, a poll that finds work brings the next ones forward to a
-	// twentieth of it (10 ms), and the interval doubles back to
-	// PollInterval as polls find none (docs/feed.md). (A
+	// twentieth of it (10 ms; at least 5 ms), and the interval doubles
+	// back to PollInterval as polls find none (docs/feed.md). (A
 	// Publish through the same Client, and the change feed, wake them at
 	// once.)
 	PollInterval time.Duration

@@ -62,8 +62,10 @@ func (p *Poll) Next(found bool) time.Duration {
 		p.cur, p.misses = p.floor, 0
 	case p.misses < pollHold:
 		p.misses++
+	case p.cur > p.ceiling/2: // doubling would pass it, or overflow
+		p.cur = p.ceiling
 	default:
-		p.cur = min(p.cur*2, p.ceiling)
+		p.cur *= 2
 	}
 	return p.cur
 }

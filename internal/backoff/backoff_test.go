@@ -3,6 +3,7 @@
 package backoff
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -59,6 +60,19 @@ func TestPollSpeedsUpWhileFindingAndBacksOff(t *testing.T) {
 		want(false, 10*time.Millisecond)
 	}
 	want(false, 20*time.Millisecond)
+}
+
+func TestPollNeverOverflows(t *testing.T) {
+	p := NewPoll(math.MaxInt64)
+	p.Next(true)
+	for range 100 {
+		if d := p.Next(false); d <= 0 {
+			t.Fatalf("Next = %v", d)
+		}
+	}
+	if d := p.Next(false); d != math.MaxInt64 {
+		t.Fatalf("Next = %v, want the ceiling", d)
+	}
 }
 
 func TestPollFloor(t *testing.T) {

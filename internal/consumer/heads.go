@@ -22,6 +22,7 @@ const idleFallback = 5
 // instead of each idle partition polling on its own.
 func (s *Member) watchHeads() {
 	poll := backoff.NewPoll(s.cfg.PollInterval)
+	seen := map[driver.HeadKey]int64{}
 	t := time.NewTimer(s.pollEvery())
 	defer t.Stop()
 	for {
@@ -31,7 +32,7 @@ func (s *Member) watchHeads() {
 		case <-t.C:
 		case <-s.rescan:
 		}
-		moved := s.wakeMovedHeads()
+		moved := s.wakeMovedHeads(seen)
 		if s.feedUp() {
 			t.Reset(s.pollEvery())
 		} else {
@@ -41,15 +42,16 @@ func (s *Member) watchHeads() {
 }
 
 // wakeMovedHeads is one round of the head watcher: one statement for all
-// idle partitions of every tenant (up to 500 keys). It reports whether
-// the member's partitions move: a head moved, or every partition it holds
-// is busy (each read brings more).
-func (s *Member) wakeMovedHeads() bool {
+// idle partitions of every tenant (up to 500 keys). It reports whether a
+// head rose since the last round (seen: the idle partitions' heads then,
+// kept up to date): a partition whose head stays past its cursor (its
+// messages aged out before the group read them) wakes its worker at each
+// round, but is not activity.
+func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) bool {
 	idle := map[driver.HeadKey]*worker{}
 	var tenants, keys []string
 	seenTenant, seenKey := map[string]bool{}, map[string]bool{}
 	s.mu.Lock()
-	held := len(s.workers)
 	for ref, w := range s.workers {
 		if w.idleAfter.Load() > 0 {
 			idle[driver.HeadKey{Tenant: ref.Tenant, PartitionKey: ref.PartitionKey}] = w
@@ -65,7 +67,8 @@ func (s *Member) wakeMovedHeads() bool {
 	}
 	s.mu.Unlock()
 	if len(idle) == 0 {
-		return held > 0
+		clear(seen)
+		return false
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	heads, err := s.drv.HeadsOf(ctx, s.cfg.Topic, tenants, keys)
@@ -78,10 +81,21 @@ func (s *Member) wakeMovedHeads() bool {
 	}
 	moved := false
 	for k, w := range idle {
-		if after := w.idleAfter.Load(); after > 0 && heads[k] >= after {
+		h := heads[k]
+		if after := w.idleAfter.Load(); after > 0 && h >= after {
 			signal(w.wake)
-			moved = true
+			if before, ok := seen[k]; !ok || h > before {
+				moved = true
+			}
 		}
+	}
+	for k := range seen {
+		if _, ok := idle[k]; !ok {
+			delete(seen, k)
+		}
+	}
+	for k := range idle {
+		seen[k] = heads[k]
 	}
 	return moved
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -196,12 +197,19 @@ func (s *Service) ungrouped() {
 	}()
 	var advanced time.Time
 	var nextProbe, lastProbe time.Time          // when the tenants with work are read again, and were last
+	var lastFull time.Time                      // when a probe last gave every dry tenant another claim
 	poll := backoff.NewPoll(s.cfg.PollInterval) // without a feed: faster while probes lead to claims
 	claimedSince := 0                           // claims since the last probe
 	active := map[string]bool{}                 // tenants with work at the last probe, or woken since
-	dry := map[string]bool{}                    // active tenants whose last claim found nothing
-	rereads := 0                                // claims after a wake-up that found nothing (feedRereads)
-	round := 0                                  // turns the tenants' claims when more claim than the target
+	heads := map[string]int64{}                 // the active tenants' ungrouped heads at the last probe
+	// dry is the active tenants whose last claim found nothing, with
+	// their head then: their messages are delayed, claimed by others or
+	// being handled. They are claimed from again when woken, when a probe
+	// finds their head moved, or once a pollEvery, not at every probe a
+	// busy tenant brings forward.
+	dry := map[string]int64{}
+	rereads := 0 // claims after a wake-up that found nothing (feedRereads)
+	round := 0   // turns the tenants' claims when more claim than the target
 	for {
 		if s.life.Context().Err() != nil {
 			return
@@ -226,8 +234,20 @@ func (s *Service) ungrouped() {
 			nextProbe = minTime(nextProbe, lastProbe.Add(rescanGap))
 		}
 		if !now.Before(nextProbe) {
-			active = s.probe()
-			clear(dry)
+			heads = s.probe()
+			active = make(map[string]bool, len(heads)+len(woken))
+			for t := range heads {
+				active[t] = true
+			}
+			if now.Sub(lastFull) >= s.pollEvery() {
+				clear(dry)
+				lastFull = now
+			}
+			for t, at := range dry {
+				if h, ok := heads[t]; !ok || h > at {
+					delete(dry, t)
+				}
+			}
 			for _, t := range woken {
 				active[t] = true
 			}
@@ -241,7 +261,7 @@ func (s *Service) ungrouped() {
 		claimed := 0
 		var claimable []string
 		for _, tenant := range s.cfg.Tenants { // in the configured order
-			if active[tenant] && !dry[tenant] && (s.cfg.Paused == nil || !s.cfg.Paused(tenant)) {
+			if _, isDry := dry[tenant]; active[tenant] && !isDry && (s.cfg.Paused == nil || !s.cfg.Paused(tenant)) {
 				claimable = append(claimable, tenant)
 			}
 		}
@@ -264,7 +284,7 @@ func (s *Service) ungrouped() {
 			if room := share - queued; queued == 0 || room >= max(1, share/2) {
 				n := s.claimInto(tenant, room, queue)
 				if n == 0 && rereads == 0 { // after a wake-up, look again (feedRereads)
-					dry[tenant] = true
+					dry[tenant] = heads[tenant]
 				}
 				claimed += n
 			}
@@ -331,11 +351,12 @@ func (s *Service) pollEvery() time.Duration {
 func (s *Service) feedUp() bool { return s.cfg.FeedUp != nil && s.cfg.FeedUp() }
 
 // probe reads, in one statement for all the member's tenants, those whose
-// ungrouped head is past the group's ungrouped cursor: only those are
+// ungrouped head is past the group's ungrouped cursor, with that head:
+// only those are
 // claimed from and advanced until the next probe, so that an idle member
 // costs one statement per poll however many tenants it serves. On error
 // it returns every tenant (and logs why).
-func (s *Service) probe() map[string]bool {
+func (s *Service) probe() map[string]int64 {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
 	ps, err := s.drv.PartitionsWithWorkOf(ctx, driver.GroupScope{Tenants: s.cfg.Tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, []string{""})
@@ -343,15 +364,15 @@ func (s *Service) probe() map[string]bool {
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: reading the tenants with ungrouped messages failed; claiming in every tenant", "tenants", s.cfg.Tenants, "err", err)
 		}
-		all := make(map[string]bool, len(s.cfg.Tenants))
+		all := make(map[string]int64, len(s.cfg.Tenants))
 		for _, t := range s.cfg.Tenants {
-			all[t] = true
+			all[t] = math.MaxInt64 // unknown: claimed from, dry or not
 		}
 		return all
 	}
-	work := make(map[string]bool, len(ps))
+	work := make(map[string]int64, len(ps))
 	for _, p := range ps {
-		work[p.Tenant] = true
+		work[p.Tenant] = p.HeadOffset
 	}
 	return work
 }
