@@ -233,7 +233,7 @@ func (a *Admin) Requeue(ctx context.Context, ref MessageRef, suffix string) (*Pu
 	if err := checkRef(ref); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
 	}
-	if err := a.c.tenants.check(ctx, ref.Tenant); err != nil { // a requeue is a publish
+	if err := a.c.tenants.Check(ctx, ref.Tenant); err != nil { // a requeue is a publish
 		return nil, fmt.Errorf("shardq: admin: requeue: %w", err)
 	}
 	dl := ref
@@ -255,7 +255,7 @@ func (a *Admin) RequeueAll(ctx context.Context, t TopicRef, suffix string) (int,
 	if err := firstInvalid(ident.Tenant(t.Tenant), ident.Topic(t.Topic), ident.Topic(t.Topic+suffix)); err != nil {
 		return 0, fmt.Errorf("shardq: admin: %w", err)
 	}
-	if err := a.c.tenants.check(ctx, t.Tenant); err != nil {
+	if err := a.c.tenants.Check(ctx, t.Tenant); err != nil {
 		return 0, fmt.Errorf("shardq: admin: requeue: %w", err)
 	}
 	return admin.RequeueAll(ctx, a.c.drv, t.Tenant, t.Topic, suffix, func() { a.advance(1) })
@@ -268,7 +268,7 @@ func (a *Admin) CommitHalf(ctx context.Context, ref MessageRef) (*PublishResult,
 	if err := checkRef(ref); err != nil {
 		return nil, fmt.Errorf("shardq: admin: %w", err)
 	}
-	if err := a.c.tenants.check(ctx, ref.Tenant); err != nil { // it enters its partition: a publish
+	if err := a.c.tenants.Check(ctx, ref.Tenant); err != nil { // it enters its partition: a publish
 		return nil, fmt.Errorf("shardq: admin: commit half: %w", err)
 	}
 	m, err := a.c.drv.CommitHalf(ctx, ref.toDriver(), 0)

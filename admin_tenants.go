@@ -121,7 +121,7 @@ func (a *Admin) DeleteTenant(ctx context.Context, tenant string, opts DeleteTena
 		deleted[len(deleted)-1].Rows += n
 		a.advance(n)
 	}
-	a.c.tenants.forget(tenant)
+	a.c.tenants.Forget(tenant)
 	a.c.registered.Range(func(k, _ any) bool {
 		if k.(groupreg.Key)[0] == tenant {
 			a.c.registered.Delete(k)
@@ -156,7 +156,7 @@ func (a *Admin) setSuspended(ctx context.Context, tenant string, suspended bool)
 	if err := ident.Tenant(tenant); err != nil {
 		return fmt.Errorf("shardq: admin %s tenant: %w", verb, err)
 	}
-	defer a.c.tenants.forget(tenant)
+	defer a.c.tenants.Forget(tenant)
 	if err := a.c.drv.SetTenantSuspended(ctx, tenant, suspended, a.c.cfg.Clock()); err != nil {
 		return fmt.Errorf("shardq: admin %s tenant %q: %w", verb, tenant, err)
 	}
@@ -249,7 +249,7 @@ func (a *Admin) SetTenantLimits(ctx context.Context, tenant string, limits Tenan
 	if err := limits.check(); err != nil {
 		return fmt.Errorf("shardq: admin set tenant limits of %q: %w", tenant, err)
 	}
-	defer a.c.tenants.forget(tenant)
+	defer a.c.tenants.Forget(tenant)
 	if err := a.c.drv.SetTenantLimits(ctx, tenant, limits.driver(), a.c.cfg.Clock()); err != nil {
 		return fmt.Errorf("shardq: admin set tenant limits of %q: %w", tenant, err)
 	}

@@ -56,6 +56,7 @@ import (
 	"github.com/shardq/shardq/internal/schema"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/telemetry"
+	"github.com/shardq/shardq/internal/tenants"
 	"github.com/shardq/shardq/internal/wakeup"
 )
 
@@ -197,8 +198,8 @@ type Client struct {
 	// (registerGroup), keyed by groupreg.Key, so that accepting message
 	// groups in a loop does not read the registry every time.
 	registered sync.Map
-	// tenants caches the tenants' settings rows (tenants.go).
-	tenants *tenantStates
+	// tenants caches the tenants' settings rows (internal/tenants).
+	tenants *tenants.States
 	// stalls is since when this client's readers have seen each stalled
 	// large message's write make no progress (large.Stalls).
 	stalls large.Stalls
@@ -241,10 +242,11 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		cl.cfg.Clock = cl.clock.Now
 	}
 	cl.tel = telemetry.New(cl.cfg.TracerProvider, cl.cfg.MeterProvider)
-	cl.tenants = newTenantStates(drv, cl.cfg, cl.tel)
+	cl.tenants = tenants.New(drv, tenants.Options{TTL: cl.cfg.TenantSettingsTTL, UsageEvery: cl.cfg.TenantUsageInterval,
+		Clock: cl.cfg.Clock, Tel: cl.tel, Log: cl.cfg.Logger})
 	// Consumers' state and deferral writes pass their tenants' checks.
-	cl.drv = tenantWrites{Driver: drv, ts: cl.tenants}
-	cl.tel.SetQuotas(cl.tenants.quotaUses)
+	cl.drv = tenants.Writes(drv, cl.tenants)
+	cl.tel.SetQuotas(cl.tenants.QuotaUses)
 	if l, ok := drv.(driver.Logged); ok {
 		l.UseLogger(cl.cfg.Logger)
 	}
@@ -254,7 +256,7 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		MaxInflight: cl.cfg.PublishMaxInflight, Linger: cl.cfg.PublishLinger, Timeout: cl.cfg.PublishTimeout,
 		Tenants: cl.cfg.Tenants, ReservedPrefix: large.HeaderPrefix, Clock: cl.cfg.Clock, Logger: cl.cfg.Logger,
 		MessageError: func(i int, err error) error { return &MessageError{Index: i, Err: err} },
-		Admit:        cl.tenants.admit})
+		Admit:        cl.tenants.Admit})
 	if err != nil {
 		return nil, fmt.Errorf("shardq: new client: %w", err)
 	}
@@ -316,7 +318,7 @@ func (c *Client) Close() error {
 	}
 	c.local.Close()
 	c.pub.Close()
-	c.tenants.close()
+	c.tenants.Close()
 	c.tel.SetQuotas(nil)
 	return err
 }

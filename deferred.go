@@ -95,7 +95,7 @@ func (c *Client) ReceiveDeferred(ctx context.Context, r DeferredRequest) ([]*Del
 	if err := c.syncClock(ctx); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
-	if err := c.tenants.check(ctx, r.Tenant); err != nil {
+	if err := c.tenants.Check(ctx, r.Tenant); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
 	g := driver.GroupRef{Tenant: r.Tenant, Topic: r.Topic, ConsumerGroup: r.ConsumerGroup}
@@ -252,7 +252,7 @@ func (r *Receipts) ReceiveDeferred(ctx context.Context, rq DeferredRequest) ([]R
 	if err := r.c.syncClock(ctx); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
-	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
+	if err := r.c.tenants.Check(ctx, rq.Tenant); err != nil {
 		return nil, fmt.Errorf("shardq: receive deferred: %w", err)
 	}
 	got, err := r.rt.ReceiveDeferred(ctx, rq.Tenant, rq.Topic, rq.ConsumerGroup, rq.Offsets, rq.Visibility, rq.MaxBytes)

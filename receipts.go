@@ -319,7 +319,7 @@ func (r *Receipts) Receive(ctx context.Context, rq ReceiveRequest) (ReceiveResul
 	if err := r.c.syncClock(ctx); err != nil {
 		return ReceiveResult{}, fmt.Errorf("shardq: receive: %w", err)
 	}
-	if err := r.c.tenants.check(ctx, rq.Tenant); err != nil {
+	if err := r.c.tenants.Check(ctx, rq.Tenant); err != nil {
 		return r.ackSuspended(ctx, rq, fmt.Errorf("shardq: receive: %w", err))
 	}
 	if err := r.c.registerGroup(ctx, []string{rq.Tenant}, rq.Topic, rq.ConsumerGroup, StartEarliest, r.o.Clock()); err != nil {
@@ -505,7 +505,7 @@ func (r *Receipts) ChangeVisibility(ctx context.Context, g GroupRef, receipts []
 		// is settling, which goes on.
 		err := validateGroupRef(g.Tenant, g.Topic, g.ConsumerGroup)
 		if err == nil {
-			err = r.c.tenants.check(ctx, g.Tenant)
+			err = r.c.tenants.Check(ctx, g.Tenant)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("shardq: change visibility: %w", err)

@@ -73,9 +73,10 @@ type ReceiverOptions struct {
 	IdleTimeout time.Duration
 	// PollInterval is how often Receive looks for a new message, and an
 	// accept with a wait tries again [200ms]. Without a change feed,
-	// Receive looks again after a twentieth of it once it handed a message
-	// out, backing off to PollInterval (docs/feed.md). A Publish through
-	// the same Client, and the change feed, wake Receive at once.
+	// Receive looks again after a twentieth of it (at least 5 ms) once it
+	// handed a message out, backing off to PollInterval (docs/feed.md). A
+	// Publish through the same Client, and the change feed, wake Receive
+	// at once.
 	PollInterval time.Duration
 	// FeedPollInterval replaces PollInterval in Receive while the
 	// client's change feed streams [2s].
@@ -173,7 +174,7 @@ func (c *Client) AcceptGroup(ctx context.Context, g GroupRef, partitionKey strin
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
-	if err := c.tenants.check(ctx, tenant); err != nil {
+	if err := c.tenants.Check(ctx, tenant); err != nil {
 		return nil, fmt.Errorf("shardq: accept group: %w", err)
 	}
 	if err := c.registerGroup(ctx, []string{tenant}, topic, consumerGroup, o.StartPosition, o.Clock()); err != nil {
@@ -204,7 +205,7 @@ func (c *Client) AcceptNextGroup(ctx context.Context, r NextGroupRequest, opts *
 	if err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)
 	}
-	if tenants, err = c.activeTenants(ctx, tenants); err != nil {
+	if tenants, err = c.tenants.Active(ctx, tenants); err != nil {
 		return nil, fmt.Errorf("shardq: accept next group: %w", err)
 	}
 	if err := c.registerGroup(ctx, tenants, topic, consumerGroup, o.StartPosition, o.Clock()); err != nil {
@@ -278,7 +279,7 @@ func (r *GroupReceiver) ID() string { return r.rt.ID() }
 // every chunk and the end marker; Nack, Stop or a crash before Ack
 // deliver it again from its first chunk.
 func (r *GroupReceiver) Receive(ctx context.Context) (*Delivery, error) {
-	if err := r.c.tenants.check(ctx, r.Tenant()); err != nil {
+	if err := r.c.tenants.Check(ctx, r.Tenant()); err != nil {
 		return nil, fmt.Errorf("shardq: receive: %w", err)
 	}
 	w, err := r.rt.ReceiveWhole(ctx)

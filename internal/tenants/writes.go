@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package shardq
+package tenants
 
 import (
 	"context"
@@ -12,20 +12,24 @@ import (
 	"github.com/shardq/shardq/internal/publish"
 )
 
-// tenantWrites is the client's driver with its tenants' checks on the
-// writes a consumer makes besides settling: a message group's state, a
-// deferral, and the lease of a message group that holds no message (a
-// group accepted by name before anything is published to it). Each adds
-// to what the tenant stores, so each is refused in a suspended tenant
-// (the state and the deferral) or past its MaxBytes, whichever runtime
-// makes it (subscriber, group receiver, receipts): the check sits at the
-// write.
-type tenantWrites struct {
-	driver.Driver
-	ts *tenantStates
+// Writes is drv with ts's checks on the writes a consumer makes besides
+// settling: a message group's state, a deferral, and the lease of a
+// message group that holds no message (a group accepted by name before
+// anything is published to it). Each adds to what the tenant stores, so
+// each is refused in a suspended tenant (the state and the deferral) or
+// past its MaxBytes, whichever runtime makes it (subscriber, group
+// receiver, receipts): the check sits at the write.
+func Writes(drv driver.Driver, ts *States) driver.Driver {
+	return writes{Driver: drv, ts: ts}
 }
 
-func (d tenantWrites) SetGroupState(ctx context.Context, l driver.Lease, state []byte, now time.Time) error {
+// writes is the driver Writes returns.
+type writes struct {
+	driver.Driver
+	ts *States
+}
+
+func (d writes) SetGroupState(ctx context.Context, l driver.Lease, state []byte, now time.Time) error {
 	end, err := d.ts.admitStored(ctx, l.Tenant, driver.GroupStateBytes(l.ConsumerGroup, l.PartitionKey, state))
 	if err != nil {
 		return fmt.Errorf("set the state of %s: %w", l.PartitionRef, err)
@@ -35,16 +39,16 @@ func (d tenantWrites) SetGroupState(ctx context.Context, l driver.Lease, state [
 }
 
 // InTx checks the deferrals made in a caller's transaction.
-func (d tenantWrites) InTx(tx driver.DBTX) driver.TxSettler {
-	return tenantTxSettler{d.Driver.InTx(tx), d.ts}
+func (d writes) InTx(tx driver.DBTX) driver.TxSettler {
+	return txSettler{d.Driver.InTx(tx), d.ts}
 }
 
-type tenantTxSettler struct {
+type txSettler struct {
 	driver.TxSettler
-	ts *tenantStates
+	ts *States
 }
 
-func (t tenantTxSettler) Defer(ctx context.Context, group string, m driver.Message, now time.Time) error {
+func (t txSettler) Defer(ctx context.Context, group string, m driver.Message, now time.Time) error {
 	end, err := t.ts.admitStored(ctx, m.Tenant, driver.DeferredBytes(group, m.PartitionKey))
 	if err != nil {
 		return fmt.Errorf("defer offset %d of tenant %q topic %q partition %q for group %q: %w", m.Offset, m.Tenant, m.Topic, m.PartitionKey, group, err)
@@ -59,7 +63,7 @@ func (t tenantTxSettler) Defer(ctx context.Context, group string, m driver.Messa
 // the lease of a partition that holds no message: a group accepted by a
 // name nothing was published to makes rows that hold nothing to consume.
 // The leases of partitions with messages, which consuming needs, go on.
-func (d tenantWrites) AcquireLease(ctx context.Context, in driver.AcquireLeaseParams) (driver.Lease, error) {
+func (d writes) AcquireLease(ctx context.Context, in driver.AcquireLeaseParams) (driver.Lease, error) {
 	p := in.Partition
 	if strings.HasPrefix(p.ConsumerGroup, "$") { // shardq's own (retention's claim): it frees what the tenant stores
 		return d.Driver.AcquireLease(ctx, in)
