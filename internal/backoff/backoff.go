@@ -54,6 +54,9 @@ func PollFloor(ceiling time.Duration) time.Duration {
 	return max(ceiling/20, min(ceiling, 5*time.Millisecond))
 }
 
+// Wait is the current interval, for a round that polled nothing.
+func (p *Poll) Wait() time.Duration { return p.cur }
+
 // Next is the wait before the next poll, given whether the last one found
 // something.
 func (p *Poll) Next(found bool) time.Duration {

@@ -32,10 +32,13 @@ func (s *Member) watchHeads() {
 		case <-t.C:
 		case <-s.rescan:
 		}
-		moved := s.wakeMovedHeads(seen)
-		if s.feedUp() {
+		moved, polled := s.wakeMovedHeads(seen)
+		switch {
+		case s.feedUp():
 			t.Reset(s.pollEvery())
-		} else {
+		case !polled: // every held partition busy, or none held: no news either way
+			t.Reset(poll.Wait())
+		default:
 			t.Reset(poll.Next(moved))
 		}
 	}
@@ -44,10 +47,11 @@ func (s *Member) watchHeads() {
 // wakeMovedHeads is one round of the head watcher: one statement for all
 // idle partitions of every tenant (up to 500 keys). It reports whether a
 // head rose since the last round (seen: the idle partitions' heads then,
-// kept up to date): a partition whose head stays past its cursor (its
-// messages aged out before the group read them) wakes its worker at each
-// round, but is not activity.
-func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) bool {
+// kept up to date), and whether it read heads at all (no idle partition,
+// or the read failed: no). A partition whose head stays past its cursor
+// (its messages aged out before the group read them) wakes its worker at
+// each round, but is not activity.
+func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) (moved, polled bool) {
 	idle := map[driver.HeadKey]*worker{}
 	var tenants, keys []string
 	seenTenant, seenKey := map[string]bool{}, map[string]bool{}
@@ -68,7 +72,7 @@ func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) bool {
 	s.mu.Unlock()
 	if len(idle) == 0 {
 		clear(seen)
-		return false
+		return false, false
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	heads, err := s.drv.HeadsOf(ctx, s.cfg.Topic, tenants, keys)
@@ -77,9 +81,8 @@ func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) bool {
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenants", tenants, "err", err)
 		}
-		return false
+		return false, true // a failing database backs the polls off
 	}
-	moved := false
 	for k, w := range idle {
 		h := heads[k]
 		if after := w.idleAfter.Load(); after > 0 && h >= after {
@@ -97,5 +100,5 @@ func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) bool {
 	for k := range idle {
 		seen[k] = heads[k]
 	}
-	return moved
+	return moved, true
 }

@@ -90,7 +90,9 @@ func (s *Member) refreshPaused(ctx context.Context) {
 	if len(resumed) > 0 {
 		s.log.Info("shardq: consumer group resumed", "tenants", resumed)
 		if s.ungrouped != nil {
-			s.ungrouped.Rescan()
+			for _, t := range resumed {
+				s.ungrouped.Wake(t) // claimed from at once, dry or not
+			}
 		}
 	}
 }

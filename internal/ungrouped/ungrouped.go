@@ -197,17 +197,16 @@ func (s *Service) ungrouped() {
 	}()
 	var advanced time.Time
 	var nextProbe, lastProbe time.Time          // when the tenants with work are read again, and were last
-	var lastFull time.Time                      // when a probe last gave every dry tenant another claim
 	poll := backoff.NewPoll(s.cfg.PollInterval) // without a feed: faster while probes lead to claims
 	claimedSince := 0                           // claims since the last probe
 	active := map[string]bool{}                 // tenants with work at the last probe, or woken since
 	heads := map[string]int64{}                 // the active tenants' ungrouped heads at the last probe
-	// dry is the active tenants whose last claim found nothing, with
-	// their head then: their messages are delayed, claimed by others or
-	// being handled. They are claimed from again when woken, when a probe
-	// finds their head moved, or once a pollEvery, not at every probe a
-	// busy tenant brings forward.
-	dry := map[string]int64{}
+	// dry is the active tenants whose last claim found nothing: their
+	// messages are delayed, claimed by others or being handled. They are
+	// claimed from again when woken, when a probe finds their head moved,
+	// or a pollEvery after (a probe comes then), not at every probe a busy
+	// tenant brings forward.
+	dry := map[string]dryMark{}
 	rereads := 0 // claims after a wake-up that found nothing (feedRereads)
 	round := 0   // turns the tenants' claims when more claim than the target
 	for {
@@ -239,12 +238,8 @@ func (s *Service) ungrouped() {
 			for t := range heads {
 				active[t] = true
 			}
-			if now.Sub(lastFull) >= s.pollEvery() {
-				clear(dry)
-				lastFull = now
-			}
-			for t, at := range dry {
-				if h, ok := heads[t]; !ok || h > at {
+			for t, d := range dry {
+				if h, ok := heads[t]; !ok || h > d.head || !now.Before(d.until) {
 					delete(dry, t)
 				}
 			}
@@ -276,15 +271,16 @@ func (s *Service) ungrouped() {
 		// nothing queued claims at once: a woken tenant's message does not
 		// wait for another tenant's backlog to shrink the queue, and the
 		// handlers take the tenants' claims in turn (claimQueue). A
-		// tenant whose claim finds nothing is left until it is woken or
-		// the next probe.
+		// tenant whose claim finds nothing is left dry (above).
 		share := max(1, target/max(1, len(claimable)))
 		for _, tenant := range claimable {
 			queued := queue.queued(tenant)
 			if room := share - queued; queued == 0 || room >= max(1, share/2) {
-				n := s.claimInto(tenant, room, queue)
-				if n == 0 && rereads == 0 { // after a wake-up, look again (feedRereads)
-					dry[tenant] = heads[tenant]
+				n, ok := s.claimInto(tenant, room, queue)
+				if ok && n == 0 && rereads == 0 { // after a wake-up, look again (feedRereads)
+					until := now.Add(s.pollEvery())
+					dry[tenant] = dryMark{head: heads[tenant], until: until}
+					nextProbe = minTime(nextProbe, until)
 				}
 				claimed += n
 			}
@@ -456,9 +452,13 @@ func (p *prefetch) target(handled int64, now time.Time) int {
 	return p.cur
 }
 
-func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
+// claimInto claims up to room of tenant's ungrouped messages into queue.
+// It reports how many, and whether it asked the database at all (false:
+// the tenant is paused, a give-back or the claim failed), so that only a
+// claim that found nothing leaves the tenant dry.
+func (s *Service) claimInto(tenant string, room int, queue *claimQueue) (int, bool) {
 	if s.cfg.Paused != nil && s.cfg.Paused(tenant) {
-		return 0
+		return 0, false
 	}
 	// The claims of tenant that lapsed in the queue by now are given back
 	// first, and the claim is made as of that same now: whatever it
@@ -473,7 +473,7 @@ func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
 		failed = s.giveBackLapsed(c, now) != nil || failed
 	}
 	if failed {
-		return 0
+		return 0, false
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	claims, _, err := s.drv.ClaimMessages(ctx, driver.ClaimMessagesParams{Group: driver.GroupRef{Tenant: tenant, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owner: s.cfg.ID, Now: now, Visibility: s.cfg.Visibility, Limit: driver.ClaimLimit{Messages: room}})
@@ -482,14 +482,21 @@ func (s *Service) claimInto(tenant string, room int, queue *claimQueue) int {
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: claiming ungrouped messages failed; retrying", "tenant", tenant, "err", err)
 		}
-		return 0
+		return 0, false
 	}
 	for _, c := range claims {
 		if !queue.push(c) {
 			s.giveBack(c) // the queue closed: stopping
 		}
 	}
-	return len(claims)
+	return len(claims), true
+}
+
+// dryMark is a dry tenant's head at the probe before its empty claim, and
+// when it is claimed from again whatever its head does.
+type dryMark struct {
+	head  int64
+	until time.Time
 }
 
 // advanceUngrouped moves the ungrouped cursor of the active tenants (the

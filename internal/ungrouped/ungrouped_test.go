@@ -69,7 +69,9 @@ func insert(ctx context.Context, d driver.Driver, m *driver.InsertMessage) error
 // while probes lead to claims (tenant a's messages stream in from another
 // process), and backs off again when they stop. Meanwhile b, whose claim
 // found nothing and whose head stays, is claimed from about once a
-// PollInterval, not at every probe a brings forward.
+// PollInterval, not at every probe a brings forward, and so its second
+// message, delayed until just after a went busy, within a PollInterval
+// of its time.
 func TestProbesFasterWhileTheyLeadToClaims(t *testing.T) {
 	const every = time.Second // a floor of 50 ms
 	d := testdb.Migrated(t, testdb.SQLite(t))
@@ -80,8 +82,14 @@ func TestProbesFasterWhileTheyLeadToClaims(t *testing.T) {
 	probes := make(chan time.Time, 64)
 	var streaming atomic.Bool
 	var published, bClaims atomic.Int64
+	bDue := make(chan time.Time, 1)
 	s := Start(ctx, probeRecorder{d, &streaming, &published, &bClaims, probes}, Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"a", "b"}, ID: "m0",
-		Handle:      func(context.Context, []driver.Message, *large.Whole, int) error { return nil },
+		Handle: func(_ context.Context, msgs []driver.Message, _ *large.Whole, _ int) error {
+			if msgs[0].ID == "b-due" {
+				bDue <- time.Now()
+			}
+			return nil
+		},
 		Concurrency: 1, Visibility: 30 * time.Second, MaxRenewal: 30 * time.Second, PollInterval: every,
 		DiscoveryInterval: time.Hour, // the cursor stays behind b's delayed message: b keeps work
 		Policy:            settle.Policy{MaxAttempts: 3, BackoffMin: time.Second, BackoffMax: time.Second},
@@ -103,6 +111,10 @@ func TestProbesFasterWhileTheyLeadToClaims(t *testing.T) {
 		t.Fatalf("probes %v apart while they led to no claim: faster than PollInterval (%v)", gap, every)
 	}
 
+	due := time.Now().Add(every / 4)
+	if err := insert(ctx, d, &driver.InsertMessage{Tenant: "b", ID: "b-due", NotBefore: due}); err != nil {
+		t.Fatal(err)
+	}
 	streaming.Store(true)
 	next() // the probe that finds a's first message
 	from, b0 := time.Now(), bClaims.Load()
@@ -115,6 +127,15 @@ func TestProbesFasterWhileTheyLeadToClaims(t *testing.T) {
 	}
 	if b > 3 {
 		t.Fatalf("tenant b, whose claim found nothing and whose head stayed, was claimed from %d times in 10 fast probes (%v)", b, took)
+	}
+
+	select {
+	case at := <-bDue:
+		if late := at.Sub(due); late > every+every/4 {
+			t.Errorf("b's message was handled %v after its time: more than PollInterval (%v)", late, every)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b's delayed message was not handled")
 	}
 
 	streaming.Store(false)
