@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,11 @@ const (
 	// publishers go on meanwhile, so some are in flight when it lands.
 	killAfter = 3000
 	runFor    = 3 * time.Second
+	// lagFor is how long the replica receives nothing before the kill
+	// (its I/O thread stopped, as a slow link would): asynchronous
+	// replication then loses what the primary acknowledged meanwhile,
+	// and semi-synchronous replication acknowledges nothing meanwhile.
+	lagFor = 300 * time.Millisecond
 )
 
 // ack is a publish the primary acknowledged.
@@ -43,13 +49,15 @@ type ack struct {
 // TestPrimaryKilledUnderPublishers: 16 publishers, one key each, publish
 // until the primary's mariadbd is killed (SIGKILL) mid-stream; the
 // replica is promoted once it applied what it received, as an external
-// failover tool does. On it, every acknowledged publish must be stored at
+// failover tool does. For the last lagFor before the kill the replica
+// receives nothing, as over a slow link. On it, every acknowledged publish must be stored at
 // its acknowledged offset, each key's in the order acknowledged, and a
 // subscriber must receive all that is stored, each key in order, and
 // what is published after the failover after it. With semi-synchronous
 // replication (AFTER_SYNC: a commit returns once the replica has its
 // events) nothing acknowledged may be lost; with asynchronous
-// replication the test reports what was.
+// replication the test reports what was, and fails if nothing was: it
+// would not see a loss.
 func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	mode := env(t, "SHARDQ_FAILOVER_MODE")
 	primary := withDatabase(t, env(t, "SHARDQ_FAILOVER_PRIMARY"), "")
@@ -85,6 +93,8 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 
 	acked := make([][]ack, keys) // acked[k] is written by key k's publisher only
 	var total atomic.Int64
+	var killed atomic.Bool
+	early := make(chan string, keys) // publishers that failed before the kill
 	var wg sync.WaitGroup
 	payload := []byte(strings.Repeat("p", 256))
 	for k := range keys {
@@ -97,6 +107,9 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 				res, err := pc.Publish(cctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key(k), ID: id, Payload: payload})
 				cancel()
 				if err != nil {
+					if !killed.Load() {
+						early <- fmt.Sprintf("%s: %v", id, err)
+					}
 					return // the primary is gone: this key's acknowledged run ends
 				}
 				acked[k] = append(acked[k], ack{id, res[0].Offset})
@@ -106,11 +119,28 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	}
 	start := time.Now()
 	waitFor(t, fmt.Sprintf("%d acknowledged publishes", killAfter), func() bool { return total.Load() >= killAfter && time.Since(start) >= runFor })
+	if mode == "semisync" {
+		st := status(t, primary, "Rpl_semi_sync_master_status", "Rpl_semi_sync_master_clients", "Rpl_semi_sync_master_yes_tx", "Rpl_semi_sync_master_no_tx")
+		if st["Rpl_semi_sync_master_status"] != "ON" || st["Rpl_semi_sync_master_clients"] != "1" || st["Rpl_semi_sync_master_no_tx"] != "0" || st["Rpl_semi_sync_master_yes_tx"] == "0" {
+			t.Fatalf("the primary is not semi-synchronous: %v", st)
+		}
+		t.Logf("semisync: %v", st)
+	}
+	exec(t, replica, "STOP SLAVE IO_THREAD")
+	atLag := total.Load()
+	time.Sleep(lagFor)
+	killed.Store(true)
 	kill(t, pidFile)
 	wg.Wait()
+	close(early)
+	for e := range early {
+		t.Errorf("a publisher failed before the kill: %s", e)
+	}
+	t.Logf("%s: %d publishes acknowledged while the replica received nothing", mode, total.Load()-atLag)
 	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_ = liveSub.Stop(stopCtx) // its last commits fail: the primary is gone
 	cancel()
+	live.check(t, "live, on the primary")
 	live.mark()
 	pc.Close()
 	pd.Close()
@@ -138,8 +168,11 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	lost, moved, ackedN := 0, 0, 0
 	var firstLost []string
 	for k := range keys {
-		for _, a := range acked[k] {
+		for i, a := range acked[k] {
 			ackedN++
+			if i > 0 && a.offset <= acked[k][i-1].offset {
+				t.Errorf("%s acknowledged at offset %d, after %s at %d", a.id, a.offset, acked[k][i-1].id, acked[k][i-1].offset)
+			}
 			switch off, ok := stored[a.id]; {
 			case !ok:
 				lost++
@@ -154,8 +187,11 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	}
 	t.Logf("%s: %d publishes acknowledged before the kill, %d stored on the promoted replica (publishes in flight at the kill included), %d acknowledged and lost %v",
 		mode, ackedN, len(stored), lost, firstLost)
-	if mode == "semisync" && lost > 0 {
+	switch {
+	case mode == "semisync" && lost > 0:
 		t.Errorf("semi-synchronous replication lost %d acknowledged publishes", lost)
+	case mode == "async" && lost == 0:
+		t.Errorf("asynchronous replication with the replica %v behind lost nothing acknowledged: the test would not see a loss", lagFor)
 	}
 
 	// Publishing goes on after them, and a subscriber receives everything
@@ -352,11 +388,18 @@ func kill(t *testing.T, pidFile string) {
 	if err != nil {
 		t.Fatalf("%s: %v", pidFile, err)
 	}
-	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || strings.TrimSpace(string(comm)) != "mariadbd" {
-		t.Fatalf("pid %d of %s is not mariadbd (%q, %v)", pid, pidFile, comm, err)
+	// Only the mariadbd that wrote this pid file: a stale one may name
+	// another process by now.
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if comm, cerr := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || cerr != nil || strings.TrimSpace(string(comm)) != "mariadbd" ||
+		!slices.Contains(strings.Split(string(cmdline), "\x00"), "--pid-file="+pidFile) {
+		t.Fatalf("pid %d of %s is not the mariadbd that wrote it (%q, %v, %v)", pid, pidFile, cmdline, err, cerr)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
+	}
+	if err := os.Remove(pidFile); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -377,6 +420,20 @@ func promote(t *testing.T, dsn string) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
+}
+
+// status reads the named status variables of the server at dsn.
+func status(t *testing.T, dsn string, names ...string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, n := range names {
+		var v string
+		if err := query(t, dsn, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = ?", strings.ToUpper(n)).Scan(&v); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		out[n] = v
+	}
+	return out
 }
 
 func slaveStatus(t *testing.T, db *sql.DB) map[string]string {
