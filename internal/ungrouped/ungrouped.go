@@ -348,10 +348,9 @@ func (s *Service) feedUp() bool { return s.cfg.FeedUp != nil && s.cfg.FeedUp() }
 
 // probe reads, in one statement for all the member's tenants, those whose
 // ungrouped head is past the group's ungrouped cursor, with that head:
-// only those are
-// claimed from and advanced until the next probe, so that an idle member
-// costs one statement per poll however many tenants it serves. On error
-// it returns every tenant (and logs why).
+// only those are claimed from and advanced until the next probe, so that
+// an idle member costs one statement per poll however many tenants it
+// serves. On error it returns every tenant (and logs why).
 func (s *Service) probe() map[string]int64 {
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	defer cancel()
