@@ -67,7 +67,7 @@ func accept(t *testing.T, clk *clock, ids ...string) *Receiver {
 	r, err := AcceptGroup(ctx, d, Config{Name: "r", LeaseTTL: 30 * time.Second, IdleTimeout: time.Hour, PollInterval: 10 * time.Millisecond,
 		FeedPollInterval: time.Second, LargeWriteTimeout: time.Minute, LargeStalls: &large.Stalls{},
 		Settler: settle.Settler{Driver: d, Policy: settle.Policy{MaxAttempts: 5, BackoffMin: 10 * time.Second, BackoffMax: 10 * time.Second}, DLQSuffix: ".dlq", Clock: clk.Now},
-		Log: slog.New(slog.DiscardHandler), Tel: telemetry.New(nil, nil), Local: local,
+		Log:     slog.New(slog.DiscardHandler), Tel: telemetry.New(nil, nil), Local: local,
 		Owned: func(driver.PartitionRef, *driver.LeaseHeldError) error { return ErrGroupOwned }}, ref)
 	if err != nil {
 		t.Fatal(err)
