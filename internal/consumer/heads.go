@@ -32,13 +32,13 @@ func (s *Member) watchHeads() {
 		case <-t.C:
 		case <-s.rescan:
 		}
-		moved, polled := s.wakeMovedHeads(seen)
+		moved, polled, held := s.wakeMovedHeads(seen)
 		switch {
 		case s.feedUp():
 			t.Reset(s.pollEvery())
-		case !polled: // every held partition busy, or none held: no news either way
+		case !polled && held: // every held partition busy: no news either way, no statement
 			t.Reset(poll.Wait())
-		default:
+		default: // none held counts as still
 			t.Reset(poll.Next(moved))
 		}
 	}
@@ -47,15 +47,16 @@ func (s *Member) watchHeads() {
 // wakeMovedHeads is one round of the head watcher: one statement for all
 // idle partitions of every tenant (up to 500 keys). It reports whether a
 // head rose since the last round (seen: the idle partitions' heads then,
-// kept up to date), and whether it read heads at all (no idle partition,
-// or the read failed: no). A partition whose head stays past its cursor
+// kept up to date), whether it read heads at all (no idle partition: no),
+// and whether the member holds any partition. A partition whose head stays past its cursor
 // (its messages aged out before the group read them) wakes its worker at
 // each round, but is not activity.
-func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) (moved, polled bool) {
+func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) (moved, polled, held bool) {
 	idle := map[driver.HeadKey]*worker{}
 	var tenants, keys []string
 	seenTenant, seenKey := map[string]bool{}, map[string]bool{}
 	s.mu.Lock()
+	held = len(s.workers) > 0
 	for ref, w := range s.workers {
 		if w.idleAfter.Load() > 0 {
 			idle[driver.HeadKey{Tenant: ref.Tenant, PartitionKey: ref.PartitionKey}] = w
@@ -72,7 +73,7 @@ func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) (moved, polled bo
 	s.mu.Unlock()
 	if len(idle) == 0 {
 		clear(seen)
-		return false, false
+		return false, false, held
 	}
 	ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 	heads, err := s.drv.HeadsOf(ctx, s.cfg.Topic, tenants, keys)
@@ -81,7 +82,7 @@ func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) (moved, polled bo
 		if s.life.Context().Err() == nil {
 			s.log.Warn("shardq: reading partition heads failed; idle partitions fall back to polling", "tenants", tenants, "err", err)
 		}
-		return false, true // a failing database backs the polls off
+		return false, true, held // a failing database backs the polls off
 	}
 	for k, w := range idle {
 		h := heads[k]
@@ -100,5 +101,5 @@ func (s *Member) wakeMovedHeads(seen map[driver.HeadKey]int64) (moved, polled bo
 	for k := range idle {
 		seen[k] = heads[k]
 	}
-	return moved, true
+	return moved, true, held
 }

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -204,11 +203,13 @@ func (s *Service) ungrouped() {
 	// dry is the active tenants whose last claim found nothing: their
 	// messages are delayed, claimed by others or being handled. They are
 	// claimed from again when woken, when a probe finds their head moved,
-	// or a pollEvery after (a probe comes then), not at every probe a busy
-	// tenant brings forward.
+	// or about a pollEvery after (without a feed at the last probe before
+	// then; with one a probe comes then), not at every probe a busy tenant
+	// brings forward.
 	dry := map[string]dryMark{}
-	rereads := 0 // claims after a wake-up that found nothing (feedRereads)
-	round := 0   // turns the tenants' claims when more claim than the target
+	rereads := 0                   // claims after a wake-up that found nothing (feedRereads)
+	rereading := map[string]bool{} // the tenants that wake-up named: not left dry meanwhile
+	round := 0                     // turns the tenants' claims when more claim than the target
 	for {
 		if s.life.Context().Err() != nil {
 			return
@@ -225,6 +226,10 @@ func (s *Service) ungrouped() {
 		for _, t := range woken {
 			active[t] = true
 			delete(dry, t)
+			rereading[t] = true
+		}
+		if len(rereading) == 0 {
+			rereads = 0 // a rescan alone names nobody to read again
 		}
 		now := time.Now()
 		if rescan {
@@ -238,19 +243,26 @@ func (s *Service) ungrouped() {
 			for t := range heads {
 				active[t] = true
 			}
+			every, feed := s.pollEvery(), s.feedUp()
+			expire := now // with a feed, a probe comes at each mark's end (below)
+			if !feed {
+				every = poll.Next(claimedSince > 0)
+				expire = now.Add(every) // the last probe before the mark's end
+			}
 			for t, d := range dry {
-				if h, ok := heads[t]; !ok || h > d.head || !now.Before(d.until) {
+				if h, ok := heads[t]; !ok || h > d.head || !d.until.After(expire) {
 					delete(dry, t)
 				}
 			}
 			for _, t := range woken {
 				active[t] = true
 			}
-			every := s.pollEvery()
-			if !s.feedUp() {
-				every = poll.Next(claimedSince > 0)
-			}
 			lastProbe, nextProbe, claimedSince = now, now.Add(every), 0
+			if feed {
+				for _, d := range dry {
+					nextProbe = minTime(nextProbe, d.until)
+				}
+			}
 		}
 		target := prefetch.target(handled.Load(), s.cfg.Clock())
 		claimed := 0
@@ -277,10 +289,8 @@ func (s *Service) ungrouped() {
 			queued := queue.queued(tenant)
 			if room := share - queued; queued == 0 || room >= max(1, share/2) {
 				n, ok := s.claimInto(tenant, room, queue)
-				if ok && n == 0 && rereads == 0 { // after a wake-up, look again (feedRereads)
-					until := now.Add(s.pollEvery())
-					dry[tenant] = dryMark{head: heads[tenant], until: until}
-					nextProbe = minTime(nextProbe, until)
+				if ok && n == 0 && !rereading[tenant] { // woken: look again (feedRereads)
+					dry[tenant] = dryMark{head: heads[tenant], until: time.Now().Add(s.pollEvery())}
 				}
 				claimed += n
 			}
@@ -308,6 +318,7 @@ func (s *Service) ungrouped() {
 			rereads++
 		} else {
 			rereads = 0
+			clear(rereading)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -361,7 +372,7 @@ func (s *Service) probe() map[string]int64 {
 		}
 		all := make(map[string]int64, len(s.cfg.Tenants))
 		for _, t := range s.cfg.Tenants {
-			all[t] = math.MaxInt64 // unknown: claimed from, dry or not
+			all[t] = -1 // unknown: the next probe that reads a head ends a dry mark
 		}
 		return all
 	}
