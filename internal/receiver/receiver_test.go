@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,29 +17,11 @@ import (
 	"github.com/shardq/shardq/internal/wakeup"
 )
 
-// clock is a test's clock, moved by hand.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 var ref = driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
 
 // accept publishes ids to ref's partition of a migrated SQLite file and
 // accepts the group there on clk.
-func accept(t *testing.T, clk *clock, ids ...string) *Receiver {
+func accept(t *testing.T, clk *testdb.Clock, ids ...string) *Receiver {
 	t.Helper()
 	d := testdb.Migrated(t, testdb.SQLite(t))
 	ctx := context.Background()
@@ -90,7 +71,7 @@ func receive(t *testing.T, r *Receiver, wantID string, wantAttempt int) driver.M
 // A receiver hands out one message at a time, in order: the next only
 // once the one in hand is settled.
 func TestReceiveHoldsOneMessageAtATime(t *testing.T) {
-	clk := &clock{now: time.Now()}
+	clk := testdb.NewClock(time.Now())
 	r := accept(t, clk, "m1", "m2")
 	m1 := receive(t, r, "m1", 1)
 	if _, _, err := r.Receive(context.Background()); !errors.Is(err, ErrUnsettled) {
@@ -106,7 +87,7 @@ func TestReceiveHoldsOneMessageAtATime(t *testing.T) {
 // passed by the receiver's clock, and not before; nothing after it is
 // handed out meanwhile.
 func TestNackRedeliversAfterItsBackoff(t *testing.T) {
-	clk := &clock{now: time.Now()}
+	clk := testdb.NewClock(time.Now())
 	r := accept(t, clk, "m1", "m2")
 	m1 := receive(t, r, "m1", 1)
 	if err := r.Nack(context.Background(), m1.Offset, errors.New("handler failed")); err != nil {
@@ -118,16 +99,16 @@ func TestNackRedeliversAfterItsBackoff(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Receive before m1's backoff passed: %s, %v; want nothing until ctx ends", m.ID, err)
 	}
-	clk.add(10 * time.Second) // the backoff, within the lease
+	clk.Add(10 * time.Second) // the backoff, within the lease
 	receive(t, r, "m1", 2)
 }
 
 // Once the lease may have expired by the receiver's clock, it hands out
 // nothing and closes: another consumer may hold the group by then.
 func TestReceivePastTheLeaseCloses(t *testing.T) {
-	clk := &clock{now: time.Now()}
+	clk := testdb.NewClock(time.Now())
 	r := accept(t, clk, "m1")
-	clk.add(31 * time.Second)
+	clk.Add(31 * time.Second)
 	m, _, err := r.Receive(context.Background())
 	if !errors.Is(err, ErrReceiverClosed) || !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("Receive past the lease: %s, %v; want ErrReceiverClosed wrapping ErrLeaseLost", m.ID, err)
