@@ -271,10 +271,11 @@ func (a *Admin) CommitHalf(ctx context.Context, ref MessageRef) (*PublishResult,
 	if err := a.c.tenants.Check(ctx, ref.Tenant); err != nil { // it enters its partition: a publish
 		return nil, fmt.Errorf("shardq: admin: commit half: %w", err)
 	}
-	m, err := a.c.drv.CommitHalf(ctx, ref.toDriver(), 0)
-	if err != nil {
+	hc := &driver.HalfCommit{Ref: ref.toDriver()}
+	if err := a.c.drv.CommitHalves(ctx, []*driver.HalfCommit{hc}); err != nil {
 		return nil, err
 	}
+	m := hc.Message
 	return &PublishResult{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset}, nil
 }
 

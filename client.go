@@ -73,13 +73,14 @@ type Config struct {
 	LargeWriteTimeout time.Duration
 
 	// PublishMaxBatch bounds the messages that concurrent Publish calls
-	// share in one transaction. A single call with more messages is still
-	// one transaction of its own. Default 500.
+	// (and transactional sends' commits) share in one transaction. A
+	// single call with more messages is still one transaction of its own.
+	// Default 500.
 	PublishMaxBatch int
 
 	// PublishMaxInflight bounds the publish transactions running at once
-	// per tenant; calls arriving meanwhile queue and share the next one.
-	// Default 2.
+	// per tenant, and apart from them the transactional sends' commits;
+	// calls arriving meanwhile queue and share the next one. Default 2.
 	PublishMaxInflight int
 
 	// PublishLinger is how long a publish transaction waits for more

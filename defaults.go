@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
@@ -113,6 +114,22 @@ func maxAttempts(v int) (int, error) {
 // (settings.Liveness).
 func checkLiveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
 	return settings.Liveness(leaseTTL, heartbeat, staleAfter)
+}
+
+// warnFrozenHold warns when a member's lease is too short for the bounds
+// of the driver's sessions (settings.FrozenHold): allowed, since tests
+// and some deployments want short leases, but a frozen member could then
+// cost a healthy one a lease. retry is how soon the member tries a failed
+// renewal again.
+func (c *Client) warnFrozenHold(log *slog.Logger, leaseTTL, retry time.Duration) {
+	lb, ok := c.drv.(driver.LockBounded)
+	if !ok {
+		return
+	}
+	idle, wait := lb.LockBounds()
+	if err := settings.FrozenHold(leaseTTL, retry, idle, wait); err != nil {
+		log.Warn("shardq: lease shorter than the database's lock bounds allow", "err", err)
+	}
 }
 
 // dlqTopic checks that topic's dead-letter topic is a valid topic name.

@@ -8,7 +8,6 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,20 +47,7 @@ func freezeOutsideWrites(t *testing.T, drv driver.Driver, p *os.Process) {
 		t.Fatal(err)
 	}
 	// The lock goes only once every thread of p has stopped.
-	waitUntil(t, "the holder stopped", 10*time.Second, func() bool {
-		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p.Pid))
-		if err != nil || len(tasks) == 0 {
-			return false
-		}
-		for _, task := range tasks {
-			b, err := os.ReadFile(task)
-			_, rest, ok := strings.Cut(string(b), ") ")
-			if err != nil || !ok || !strings.HasPrefix(rest, "T") {
-				return false
-			}
-		}
-		return true
-	})
+	waitUntil(t, "the holder stopped", 10*time.Second, func() bool { return processStopped(p.Pid) })
 	if tx != nil {
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)

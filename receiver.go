@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
+	"github.com/shardq/shardq/internal/keepalive"
 	"github.com/shardq/shardq/internal/large"
 	"github.com/shardq/shardq/internal/receiver"
 	"github.com/shardq/shardq/internal/settings"
@@ -131,7 +132,11 @@ func (c *Client) receiverDefaults(o *ReceiverOptions, topic string) (ReceiverOpt
 	if err := ident.SubscriberName(r.Name); err != nil {
 		return r, err
 	}
-	return r, dlqTopic(topic, r.DLQSuffix)
+	if err := dlqTopic(topic, r.DLQSuffix); err != nil {
+		return r, err
+	}
+	c.warnFrozenHold(r.Logger, r.LeaseTTL, keepalive.Period(r.LeaseTTL, r.IdleTimeout))
+	return r, nil
 }
 
 // receiverConfig is the runtime's configuration of o.

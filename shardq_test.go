@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv(ackTxHelperEnv); dsn != "" {
 		os.Exit(runAckTxHelper(dsn))
 	}
+	if dsn := os.Getenv(lockHelperEnv); dsn != "" {
+		os.Exit(runLockHelper(dsn))
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }
 

@@ -408,6 +408,9 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 		c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber")); err != nil {
 		return cfg, err
 	}
+	if cfg.Take != TakeUngrouped {
+		c.warnFrozenHold(cfg.Logger, cfg.LeaseTTL, cfg.HeartbeatInterval)
+	}
 	if err := cmp.Or(ident.ConsumerGroup(cfg.ConsumerGroup), ident.Topic(cfg.Topic), ident.SubscriberName(cfg.Name),
 		dlqTopic(cfg.Topic, cfg.DLQSuffix)); err != nil {
 		return cfg, err

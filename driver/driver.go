@@ -412,8 +412,8 @@ type Leases interface {
 	HeldLeases(ctx context.Context, g GroupScope) ([]Lease, error)
 	// SweepLeases frees every lease held by one of Owners (dead
 	// subscribers) whose heartbeat row in the lease's tenant is older
-	// than StaleBefore or gone, checked under a lock on those rows in the
-	// sweep's own transaction; each token advances so their writes fail.
+	// than StaleBefore or gone, checked in the same statement, one per
+	// tenant; each token advances so their writes fail.
 	SweepLeases(ctx context.Context, p SweepLeasesParams) (int64, error)
 	// TakeOverMember gives Member, in one transaction per tenant, the
 	// leases that one of Previous (earlier incarnations of a static
@@ -483,16 +483,24 @@ func (h *HalfMessage) Ref() MessageRef {
 	return MessageRef{Tenant: h.Tenant, Topic: h.Topic, PartitionKey: h.PartitionKey, ID: h.ID}
 }
 
+// HalfCommit is a half message to commit (CommitHalves).
+type HalfCommit struct {
+	Ref        MessageRef
+	ClaimToken int64
+	Message    *InsertMessage // as it entered its partition; set once committed
+}
+
 // HalfMessages stores transactional sends. A claim token of 0 means an
 // unclaimed resolution (the sender's own, or an operator's); a positive one
 // must still be current (ErrLeaseLost otherwise).
 type HalfMessages interface {
 	// InsertHalf stores h, due for its first check at h.NextCheckAt.
 	InsertHalf(ctx context.Context, h *HalfMessage) error
-	// CommitHalf deletes the half message and appends it to its partition
-	// with a fresh offset, in one transaction; ErrHalfResolved when it is
-	// pending no more.
-	CommitHalf(ctx context.Context, ref MessageRef, claimToken int64) (*InsertMessage, error)
+	// CommitHalves deletes the half messages of hs, all of one tenant,
+	// and appends them to their partitions with fresh offsets, in the
+	// order of hs, in one transaction: all or none. ErrHalfResolved when
+	// one is pending no more.
+	CommitHalves(ctx context.Context, hs []*HalfCommit) error
 	// RollbackHalf deletes the half message; ErrHalfResolved when it is
 	// pending no more.
 	RollbackHalf(ctx context.Context, ref MessageRef, claimToken int64) error
@@ -507,6 +515,15 @@ type HalfMessages interface {
 	// tenant only when an operator asked for all). Sort key: (tenant,
 	// topic, partition key, id).
 	ListHalves(ctx context.Context, s Scope) ([]HalfMessage, error)
+}
+
+// LockBounded is a driver whose server ends a transaction left idle (a
+// frozen process's, holding its row locks) after IdleTransaction, and
+// fails a statement's wait for a row lock after LockWait: together, how
+// long a frozen member can hold up another's lease renewals (docs/leases.md,
+// "Bounded waits"). Zero when the driver does not know them.
+type LockBounded interface {
+	LockBounds() (idleTransaction, lockWait time.Duration)
 }
 
 // Logged is a driver with log lines of its own (its database library's,

@@ -21,6 +21,7 @@ var leaseTests = []struct {
 	fn   func(*testing.T, Open)
 }{
 	{"LeaseIsExclusiveAndFenced", testLeaseIsExclusiveAndFenced},
+	{"HeldLeaseRefusedWithoutWaiting", testHeldLeaseRefusedWithoutWaiting},
 	{"LeaseRenewAndReacquire", testLeaseRenewAndReacquire},
 	{"RenewManyLeasesAtOnce", testRenewManyLeasesAtOnce},
 	{"CommitNeverMovesBack", testCommitNeverMovesBack},
@@ -63,6 +64,36 @@ func Committed(t *testing.T, d driver.Driver, tenant, topic, key, group string) 
 	}
 	t.Fatalf("partition %q not found", key)
 	return 0
+}
+
+// testHeldLeaseRefusedWithoutWaiting: an acquisition of a lease another
+// owner holds unexpired is refused while the holder's own transaction has
+// the row locked (a commit in flight, or the holder frozen inside one),
+// without waiting for it: and so it never holds the holder's row itself
+// (docs/leases.md, "Bounded waits").
+func testHeldLeaseRefusedWithoutWaiting(t *testing.T, open Open) {
+	d := setup(t, open)
+	ctx := context.Background()
+	res := mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "k"})
+	p := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "k"}
+	a, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: p, Owner: "sub-a", Now: t0, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.BeginWrite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := d.InTx(tx).CommitOffset(ctx, a, res[0].Offset, t0); err != nil { // fences: the row is locked
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err = d.AcquireLease(wait, driver.AcquireLeaseParams{Partition: p, Owner: "sub-b", Now: t0.Add(time.Second), TTL: ttl})
+	if !errors.Is(err, driver.ErrLeaseHeld) {
+		t.Fatalf("acquire of a lease held by a transaction in flight = %v, want ErrLeaseHeld at once", err)
+	}
 }
 
 func testLeaseIsExclusiveAndFenced(t *testing.T, open Open) {

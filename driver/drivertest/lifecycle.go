@@ -19,6 +19,57 @@ var lifecycleTests = []struct {
 	{"StartPositionLatest", testStartPositionLatest},
 	{"UnreadPartitionsCounted", testUnreadPartitionsCounted},
 	{"DeleteGroup", testDeleteGroup},
+	{"RemovalPassesHeldPartitionsWithoutWaiting", testRemovalPassesHeldPartitionsWithoutWaiting},
+}
+
+// testRemovalPassesHeldPartitionsWithoutWaiting: a retention pass leaves
+// a drained partition whose lease another member holds, and does not wait
+// for that holder's transaction in flight to do so (nor, frozen inside
+// its own, hold the holder's row): docs/leases.md, "Bounded waits". A
+// drained partition nobody holds goes.
+func testRemovalPassesHeldPartitionsWithoutWaiting(t *testing.T, open Open) {
+	d := setup(t, open)
+	ctx := context.Background()
+	for _, m := range mustInsert(t, d, driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "held", ID: "a"},
+		driver.InsertMessage{Tenant: "t", Topic: "x", PartitionKey: "free", ID: "b"}) {
+		if _, err := d.DeleteMessage(ctx, driver.MessageRef{Tenant: "t", Topic: "x", PartitionKey: m.PartitionKey, ID: m.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := driver.PartitionRef{Tenant: "t", ConsumerGroup: "g", Topic: "x", PartitionKey: "held"}
+	now := time.Now()
+	a, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: held, Owner: "sub-a", Now: now, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: driver.PartitionRef{Tenant: "t", ConsumerGroup: driver.RetentionGroup, Topic: "x"},
+		Owner: "pass", Now: now, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.BeginWrite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := d.InTx(tx).CommitOffset(ctx, a, 0, now); err != nil { // fences: the holder's row is locked
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	removed, err := d.RemovePartitions(wait, claim, driver.RemovePartitionsRequest{Tenant: "t", Topic: "x", ConsumerGroups: []string{"g"},
+		PartitionKeys: []string{"held"}, IdleBefore: now.Add(time.Hour), Now: now})
+	if err != nil || len(removed) != 0 {
+		t.Fatalf("removal of a held partition while its holder's transaction runs: removed %v, %v; want none, at once", removed, err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	removed, err = d.RemovePartitions(ctx, claim, driver.RemovePartitionsRequest{Tenant: "t", Topic: "x", ConsumerGroups: []string{"g"},
+		PartitionKeys: []string{"held", "free"}, IdleBefore: now.Add(time.Hour), Now: now})
+	if err != nil || fmt.Sprint(removed) != "[free]" {
+		t.Fatalf("removal of a held and a free drained partition: removed %v, %v; want [free]", removed, err)
+	}
 }
 
 // testStartPositionLatest: a group made with the latest start position

@@ -18,6 +18,7 @@ var transactionTests = []struct {
 	fn   func(*testing.T, Open)
 }{
 	{"TxExactlyOneOutcome", testTxExactlyOneOutcome},
+	{"TxCommitHalvesAllOrNone", testTxCommitHalvesAllOrNone},
 }
 
 // testTxExactlyOneOutcome races every pair of resolutions of one half
@@ -50,11 +51,11 @@ func testTxExactlyOneOutcome(t *testing.T, open Open) {
 				var err error
 				switch what {
 				case "commit":
-					_, err = d.CommitHalf(ctx, ref, 0)
+					err = d.CommitHalves(ctx, []*driver.HalfCommit{{Ref: ref}})
 				case "rollback":
 					err = d.RollbackHalf(ctx, ref, 0)
 				case "checked-commit":
-					_, err = d.CommitHalf(ctx, ref, claimed[0].ClaimToken)
+					err = d.CommitHalves(ctx, []*driver.HalfCommit{{Ref: ref, ClaimToken: claimed[0].ClaimToken}})
 				}
 				results <- outcome{what, err}
 			}()
@@ -84,6 +85,57 @@ func testTxExactlyOneOutcome(t *testing.T, open Open) {
 	}
 	if pending(t, d) != 0 {
 		t.Fatal("half messages left after the races")
+	}
+}
+
+// testTxCommitHalvesAllOrNone: a batch of half messages enters its
+// partitions in the batch's order, each with its message; a batch with
+// one half message resolved already, or of two tenants, commits none.
+func testTxCommitHalvesAllOrNone(t *testing.T, open Open) {
+	d := setup(t, open)
+	ctx := context.Background()
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	half := func(tenant, key, id string) *driver.HalfCommit {
+		t.Helper()
+		h := &driver.HalfMessage{InsertMessage: driver.InsertMessage{Tenant: tenant, Topic: "x", PartitionKey: key, ID: id,
+			Headers: map[string]string{}, Payload: []byte(id), CreatedAt: t0}, ProducerGroup: "pg", NextCheckAt: t0.Add(time.Hour)}
+		if err := d.InsertHalf(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		return &driver.HalfCommit{Ref: h.Ref()}
+	}
+	// Sorted by key, the batch would be a1, a3, a2: it must go in as given.
+	a3, a1, a2 := half("t", "k1", "a3"), half("t", "k1", "a1"), half("t", "k2", "a2")
+	if err := d.CommitHalves(ctx, []*driver.HalfCommit{a3, a1, a2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, hc := range []*driver.HalfCommit{a3, a1, a2} {
+		if hc.Message == nil || hc.Message.ID != hc.Ref.ID || hc.Message.PartitionKey != hc.Ref.PartitionKey || hc.Message.Offset <= 0 {
+			t.Fatalf("%s: committed message %+v", hc.Ref.ID, hc.Message)
+		}
+	}
+	var ids []string
+	for _, m := range fetchAll(t, d, "t", "x", "k1") {
+		ids = append(ids, m.ID)
+	}
+	if fmt.Sprint(ids) != "[a3 a1]" || a3.Message.Offset >= a1.Message.Offset {
+		t.Fatalf("partition k1 holds %v (offsets a3 %d, a1 %d); want [a3 a1] in the batch's order", ids, a3.Message.Offset, a1.Message.Offset)
+	}
+
+	b1 := half("t", "k1", "b1")
+	again := &driver.HalfCommit{Ref: a1.Ref}
+	if err := d.CommitHalves(ctx, []*driver.HalfCommit{b1, again}); !errors.Is(err, driver.ErrHalfResolved) {
+		t.Fatalf("a batch with a resolved half message: %v; want ErrHalfResolved", err)
+	}
+	other := half("u", "k1", "c1")
+	if err := d.CommitHalves(ctx, []*driver.HalfCommit{b1, other}); err == nil {
+		t.Fatal("a batch of two tenants committed")
+	}
+	if b1.Message != nil || again.Message != nil || other.Message != nil {
+		t.Fatal("a failed batch set a message")
+	}
+	if got := len(fetchAll(t, d, "t", "x", "k1")); got != 2 || pending(t, d) != 1 {
+		t.Fatalf("after the failed batches: %d messages on k1, %d half messages pending; want 2 and b1", got, pending(t, d))
 	}
 }
 

@@ -67,6 +67,8 @@ type Driver struct {
 	feedMax    uint32          // FeedMaxEventBytes
 	feed       driver.HeadFeed // HeadFeed's, run instead of the binary log; nil: the binary log
 	logs       *logSink        // the driver's own log lines: go-sql-driver's (with Open) and the feed's
+	idleBound  time.Duration   // Open's sessions' idle-transaction bound; 0 with New
+	lockWait   time.Duration   // Open's sessions' lock-wait bound; 0 with New
 }
 
 // DefaultFeedMaxEventBytes is the largest binary log event the change
@@ -229,6 +231,8 @@ func Open(dsn string, opts ...Option) (*Driver, error) {
 		return nil, err
 	}
 	d.owned = true
+	d.idleBound = paramSeconds(cfg.Params, idleTxTimeoutSeconds, "idle_transaction_timeout", "wait_timeout")
+	d.lockWait = paramSeconds(cfg.Params, lockWaitTimeoutSeconds, "innodb_lock_wait_timeout")
 	d.txdb = sql.OpenDB(&sessionConnector{base: conn, limits: limits, skipLockWait: skipLockWait, skipIdle: skipIdle, implicitBegin: true})
 	d.txdb.SetMaxOpenConns(32)
 	d.txdb.SetMaxIdleConns(32)
@@ -253,6 +257,16 @@ func Open(dsn string, opts ...Option) (*Driver, error) {
 
 func (d *Driver) Name() string { return "mysql" }
 func (d *Driver) DB() *sql.DB  { return d.db }
+
+// LockBounds reports the bounds Open's sessions run with (a DSN's own
+// values, or 10 s and 5 s); nothing with New, whose pool is the caller's,
+// or through vtgate, where vttablet bounds transactions itself.
+func (d *Driver) LockBounds() (idleTransaction, lockWait time.Duration) {
+	if d.server.sharded.Load() {
+		return 0, 0
+	}
+	return d.idleBound, d.lockWait
+}
 
 // DatabaseTime reads the server's clock, in microseconds since the Unix
 // epoch, from UTC_TIMESTAMP: the session's time zone (and its daylight

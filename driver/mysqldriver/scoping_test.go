@@ -174,7 +174,7 @@ func TestHotPathNamesTenant(t *testing.T) {
 	if err != nil || len(claimed) != 4 {
 		t.Fatalf("claimed %d, %v", len(claimed), err)
 	}
-	if _, err := d.CommitHalf(ctx, claimed[0].Ref(), claimed[0].ClaimToken); err != nil {
+	if err := d.CommitHalves(ctx, []*driver.HalfCommit{{Ref: claimed[0].Ref(), ClaimToken: claimed[0].ClaimToken}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.RollbackHalf(ctx, claimed[1].Ref(), claimed[1].ClaimToken); err != nil {

@@ -29,6 +29,21 @@ const (
 	idleTxTimeoutSeconds   = 10 // MariaDB idle_transaction_timeout; MySQL wait_timeout
 )
 
+// paramSeconds is the first of names that params sets, in whole seconds
+// (a value that is not one counts as unknown: 0), or def when none is set.
+func paramSeconds(params map[string]string, def int, names ...string) time.Duration {
+	for _, n := range names {
+		if v, ok := params[n]; ok {
+			s, err := strconv.Atoi(strings.Trim(v, "'"))
+			if err != nil || s < 0 {
+				return 0
+			}
+			return time.Duration(s) * time.Second
+		}
+	}
+	return time.Duration(def) * time.Second
+}
+
 // ErrUnsafeCharset is returned when a connection's character set is not
 // utf8mb4. Keys, ids and headers are utf8mb4 text; another character set
 // would garble them, and with a multibyte one such as gbk, big5, sjis or

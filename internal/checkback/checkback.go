@@ -108,7 +108,7 @@ func (s *Service) check(h driver.HalfMessage) {
 	now := s.cfg.Clock()
 	switch {
 	case outcome == Commit:
-		_, err = s.drv.CommitHalf(ctx, h.Ref(), h.ClaimToken)
+		err = s.drv.CommitHalves(ctx, []*driver.HalfCommit{{Ref: h.Ref(), ClaimToken: h.ClaimToken}})
 		if err == nil {
 			s.committed.Add(1)
 			s.cfg.Log.Info("shardq: half message committed by check-back", args...)

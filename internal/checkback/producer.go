@@ -169,7 +169,7 @@ func (p *Producer) Send(ctx context.Context, msg publish.Message, twoSelectors b
 	state, lerr := run(ctx, local, half)
 	switch state {
 	case Commit:
-		m, err := p.drv.CommitHalf(ctx, half.Ref(), 0)
+		m, err := p.pub.CommitHalf(ctx, half.Ref())
 		if err != nil {
 			return res, fmt.Errorf("shardq: send in transaction: %w", err)
 		}

@@ -86,6 +86,17 @@ func (b *Batcher[K, T]) WithBytes(maxBytes int64, size func(T) int64) *Batcher[K
 	return b
 }
 
+// Queued reports the submissions queued under key that no flush has
+// taken yet.
+func (b *Batcher[K, T]) Queued(key K) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q := b.queues[key]; q != nil {
+		return len(q.pending)
+	}
+	return 0
+}
+
 // Submit queues items under key and waits until they are flushed or ctx is
 // done. When ctx ends first, the items may still be flushed later.
 func (b *Batcher[K, T]) Submit(ctx context.Context, key K, items []T) error {

@@ -22,8 +22,9 @@ import (
 // createdAt is a created_at value of the database's type. Compare the
 // msgs/s of each shardq case with its raw twin:
 //
-//	publish-1msg-16conc vs raw-autocommit-16conns
-//	publish-100msgs     vs raw-multirow-100
+//	publish-1msg-16conc             vs raw-autocommit-16conns
+//	publish-100msgs                 vs raw-multirow-100
+//	send-in-transaction-16conc-1key vs publish-1msg-16conc-1key
 func Benchmark(b *testing.B, d driver.Driver, rawDDL string, createdAt any) {
 	payload := []byte(strings.Repeat("x", 256))
 	ctx := context.Background()
@@ -63,6 +64,32 @@ func Benchmark(b *testing.B, d driver.Driver, rawDDL string, createdAt any) {
 			}
 		})
 		reportRate(b, 1)
+	})
+	// Sixteen senders on one hot key: a transactional send (a half
+	// message written, then committed) beside a publish to that key.
+	hot := func(name string, send func(shardq.Message) error) {
+		b.Run(name, func(b *testing.B) {
+			b.SetParallelism(16 / max(1, runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := send(shardq.Message{Tenant: "bench", Topic: "hot", PartitionKey: "hot", Payload: payload}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			reportRate(b, 1)
+		})
+	}
+	hot("publish-1msg-16conc-1key", func(m shardq.Message) error { _, err := c.Publish(ctx, m); return err })
+	commit := func(context.Context, *shardq.HalfMessage) (shardq.TxState, error) { return shardq.TxCommit, nil }
+	tp, err := c.StartTransactionProducer(ctx, shardq.TransactionProducerConfig{ProducerGroup: "bench", Tenants: []string{"bench"}, Checker: commit})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tp.Stop(ctx)
+	hot("send-in-transaction-16conc-1key", func(m shardq.Message) error {
+		_, err := tp.SendInTransaction(ctx, m, nil, nil, commit)
+		return err
 	})
 	b.Run("raw-multirow-100", func(b *testing.B) {
 		rows := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", 100), ", ")

@@ -4,20 +4,30 @@ package consumer
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/lifecycle"
 )
 
-// beat is the liveness loop: heartbeat and lease renewal. It runs apart
-// from manage so that a slow discovery tick never lets either go stale.
+// beat writes the member's heartbeat every HeartbeatInterval, and
+// renewals renew its leases as often, each on its own goroutine and apart
+// from manage: a renewal may wait on a row lock that another member's
+// transaction holds (a frozen process's, until the server ends its
+// session), and a heartbeat never waits behind it (docs/leases.md,
+// "Bounded waits").
 func (s *Member) beat() {
+	lifecycle.Every(s.life.Context(), s.cfg.HeartbeatInterval, false, func() {
+		s.beatOnce(s.life.Context()) // fenced, the subscription stops the member and renew finds its leases lost
+	})
+}
+
+func (s *Member) renewals() {
 	lifecycle.Every(s.life.Context(), s.cfg.HeartbeatInterval, false, func() {
 		ctx, cancel := context.WithTimeout(s.life.Context(), dbTimeout)
 		defer cancel()
-		s.beatOnce(ctx)             // fenced, the subscription stops the member
-		s.renew(ctx, s.cfg.Clock()) // and this finds its leases lost at once, cancelling their handlers
+		s.renew(ctx, s.cfg.Clock()) // a lost lease cancels its handler at once
 	})
 }
 
@@ -111,13 +121,12 @@ func (s *Member) renew(ctx context.Context, now time.Time) {
 }
 
 // renewUntil writes the member's heartbeat and renews its leases every
-// HeartbeatInterval until done closes: while a stopping member's
-// handlers drain (a stale heartbeat would let the others sweep its
-// leases, and stop its workers: worker.giveUpAt).
+// HeartbeatInterval, each on its own goroutine as beat and renewals do,
+// until done closes: while a stopping member's handlers drain (a stale
+// heartbeat would let the others sweep its leases, and stop its workers:
+// worker.giveUpAt).
 func (s *Member) renewUntil(done <-chan struct{}) {
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
-	defer t.Stop()
-	// A renewal in flight when done closes ends with it: Stop is bounded
+	// A write in flight when done closes ends with it: Stop is bounded
 	// by its caller's context (a beat by its interval, beatOnce).
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
@@ -128,20 +137,27 @@ func (s *Member) renewUntil(done <-chan struct{}) {
 		case <-base.Done():
 		}
 	}()
-	for {
-		select {
-		case <-done:
-			return
-		case <-t.C:
+	every := func(fn func(ctx context.Context)) {
+		t := time.NewTicker(s.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
 			select {
-			case <-done: // both were ready: drained wins
+			case <-done:
 				return
-			default:
+			case <-t.C:
+				select {
+				case <-done: // both were ready: drained wins
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(base, dbTimeout)
+				fn(ctx)
+				cancel()
 			}
-			ctx, cancel := context.WithTimeout(base, dbTimeout)
-			s.beatOnce(ctx)
-			s.renew(ctx, s.cfg.Clock())
-			cancel()
 		}
 	}
+	var wg sync.WaitGroup
+	wg.Go(func() { every(func(ctx context.Context) { s.beatOnce(ctx) }) })
+	every(func(ctx context.Context) { s.renew(ctx, s.cfg.Clock()) })
+	wg.Wait()
 }

@@ -202,6 +202,7 @@ func Start(ctx context.Context, drv driver.Driver, cfg Config) (*Member, error) 
 	s.life = lifecycle.New(ctx)
 	if cfg.Take != TakeUngrouped {
 		s.life.Go(s.beat)
+		s.life.Go(s.renewals)
 		s.life.Go(s.manage)
 		s.life.Go(s.watchHeads)
 		s.life.Go(s.commits)

@@ -49,9 +49,17 @@ func Start(leases driver.Leases, cfg Config) *Service {
 // Stop ends the loop and waits for it.
 func (s *Service) Stop(ctx context.Context) { s.life.Stop(ctx) }
 
+// Period is how often the loop looks at a lease of ttl whose holder
+// goes idle after idle: at most a tenth of ttl, so that a renewal that
+// failed (it waited on a row lock that a frozen process held until the
+// server ended its session) is tried again well before the lease could
+// lapse (docs/leases.md, "Bounded waits").
+func Period(ttl, idle time.Duration) time.Duration {
+	return min(ttl/10, max(idle/10, time.Millisecond))
+}
+
 func loop(ctx context.Context, leases driver.Leases, cfg Config) {
-	period := min(cfg.TTL/3, max(cfg.IdleTimeout/10, time.Millisecond))
-	t := time.NewTicker(period)
+	t := time.NewTicker(Period(cfg.TTL, cfg.IdleTimeout))
 	defer t.Stop()
 	renewed := cfg.Clock()
 	for {

@@ -103,6 +103,7 @@ type Publisher struct {
 	tel     *telemetry.T
 	local   *wakeup.Registry // told of every commit, to wake this client's consumers
 	batcher *coalesce.Batcher[string, *driver.InsertMessage]
+	halves  *coalesce.Batcher[string, *driver.HalfCommit]
 	// served is the served tenant list as a set; nil when any tenant goes.
 	served     map[string]bool
 	servedList string
@@ -116,11 +117,16 @@ func New(drv driver.Driver, tel *telemetry.T, local *wakeup.Registry, cfg Config
 		return nil, err
 	}
 	p.batcher = coalesce.New[string](p.writeBatch, cfg.MaxBatch, cfg.MaxInflight, cfg.Linger, cfg.Timeout)
+	p.halves = coalesce.New[string](p.commitHalves, cfg.MaxBatch, cfg.MaxInflight, 0, cfg.Timeout)
 	return p, nil
 }
 
-// Close lets queued publishes finish and refuses new ones.
-func (p *Publisher) Close() { p.batcher.Close() }
+// Close lets queued publishes and half-message commits finish and
+// refuses new ones.
+func (p *Publisher) Close() {
+	p.batcher.Close()
+	p.halves.Close()
+}
 
 // Timeout bounds one publish transaction.
 func (p *Publisher) Timeout() time.Duration { return p.cfg.Timeout }
@@ -455,6 +461,36 @@ func (p *Publisher) writeOnce(ctx context.Context, rows []*driver.InsertMessage)
 		return fmt.Errorf("commit: %w", err)
 	}
 	p.local.Committed(rows)
+	return nil
+}
+
+// CommitHalf commits the unclaimed half message ref: it enters its
+// partition with a fresh offset. Commits of one tenant share transactions
+// as publishes do, so however many senders commit at once, at most
+// MaxInflight transactions of this client wait on a partition's head row.
+func (p *Publisher) CommitHalf(ctx context.Context, ref driver.MessageRef) (*driver.InsertMessage, error) {
+	hc := &driver.HalfCommit{Ref: ref}
+	if err := p.halves.Submit(ctx, ref.Tenant, []*driver.HalfCommit{hc}); err != nil {
+		if errors.Is(err, coalesce.ErrClosed) {
+			return nil, lifecycle.ErrClosed
+		}
+		return nil, err
+	}
+	return hc.Message, nil
+}
+
+func (p *Publisher) commitHalves(ctx context.Context, hs []*driver.HalfCommit, _ int) error {
+	err := retry.Do(ctx, p.cfg.Retries, p.drv.Retryable, func(n int, err error) {
+		p.cfg.Logger.Warn("shardq: half-message commit retried", "tenant", hs[0].Ref.Tenant, "attempt", n, "err", err)
+	}, func() error { return p.drv.CommitHalves(ctx, hs) })
+	if err != nil {
+		return err
+	}
+	msgs := make([]*driver.InsertMessage, len(hs))
+	for i, hc := range hs {
+		msgs[i] = hc.Message
+	}
+	p.local.Committed(msgs)
 	return nil
 }
 

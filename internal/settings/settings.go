@@ -62,6 +62,25 @@ func Liveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
 	return nil
 }
 
+// FrozenHold checks that a lease outlives the longest a frozen process
+// can hold up its renewals: renewal is due when a third of leaseTTL has
+// passed, and a transaction frozen with the lease row locked keeps it
+// until the server ends the session (idle, after its last statement,
+// which may itself have waited lockWait); a renewal that failed meanwhile
+// is tried again retry later; 1 s covers the members' margin. Zero
+// bounds (unknown, or no server) check nothing.
+func FrozenHold(leaseTTL, retry, idle, lockWait time.Duration) error {
+	if idle <= 0 || lockWait <= 0 {
+		return nil
+	}
+	if need := idle + lockWait + retry + time.Second; leaseTTL*2/3 < need {
+		return &ident.Error{Field: "LeaseTTL", Rule: fmt.Sprintf("two thirds of %s are under %s (the session's idle-transaction bound %s, "+
+			"its lock wait %s, a renewal's retry %s and 1 s): a member frozen inside a transaction could make a healthy member lose a lease",
+			leaseTTL, need, idle, lockWait, retry)}
+	}
+	return nil
+}
+
 // DLQTopic checks that topic's dead-letter topic is a valid topic name.
 func DLQTopic(topic, suffix string) error {
 	if err := ident.Topic(topic + suffix); err != nil {

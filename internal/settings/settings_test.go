@@ -4,12 +4,16 @@ package settings
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/shardq/shardq/internal/ident"
 )
 
 // SHARDQ_TENANTS is the served tenant list; MQ_TENANTS, its former name,
@@ -81,5 +85,27 @@ func TestEnvTenantsWarnsOnce(t *testing.T) {
 	}
 	if _, err := ConsumerTenants("tenants", nil); err == nil || err.Error() != "SHARDQ_TENANTS: empty tenant list (set tenants or SHARDQ_TENANTS)" {
 		t.Fatalf("ConsumerTenants without a list: %v", err)
+	}
+}
+
+// The defaults (30 s leases, 3 s heartbeats) outlast MariaDB's bounds as
+// mysqldriver sets them (10 s idle, 5 s lock wait); a lease whose
+// two thirds do not cover the hold is named, and unknown bounds pass.
+func TestFrozenHold(t *testing.T) {
+	for _, c := range []struct {
+		ttl, retry, idle, wait time.Duration
+		ok                     bool
+	}{
+		{30 * time.Second, 3 * time.Second, 10 * time.Second, 5 * time.Second, true},
+		{28 * time.Second, 3 * time.Second, 10 * time.Second, 5 * time.Second, false},
+		{6 * time.Second, 500 * time.Millisecond, time.Second, time.Second, true},
+		{5 * time.Second, 500 * time.Millisecond, time.Second, time.Second, false},
+		{time.Second, 300 * time.Millisecond, 0, 0, true},
+	} {
+		err := FrozenHold(c.ttl, c.retry, c.idle, c.wait)
+		var ie *ident.Error
+		if (err == nil) != c.ok || (err != nil && (!errors.As(err, &ie) || ie.Field != "LeaseTTL")) {
+			t.Errorf("FrozenHold(%s, retry %s, idle %s, wait %s) = %v; want ok %v, else a LeaseTTL error", c.ttl, c.retry, c.idle, c.wait, err, c.ok)
+		}
 	}
 }

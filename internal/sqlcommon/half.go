@@ -3,9 +3,11 @@
 package sqlcommon
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardq/shardq/driver"
@@ -50,26 +52,61 @@ func (d *Store) lockHalf(ctx context.Context, tx *sql.Tx, ref driver.MessageRef,
 	return &hs[0], nil
 }
 
-// CommitHalf deletes the half row and appends the message with a fresh
-// offset in one transaction. The row lock makes racing resolutions
+// CommitHalves deletes the half rows and appends their messages with fresh
+// offsets in one transaction. The row locks make racing resolutions
 // (commit twice, commit against check-back, rollback against commit)
-// exclusive: the second finds no row and appends nothing.
-func (d *Store) CommitHalf(ctx context.Context, ref driver.MessageRef, claimToken int64) (*driver.InsertMessage, error) {
-	op := fmt.Sprintf("commit half message tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID)
-	return inTx(ctx, d.Begin, func(tx *sql.Tx) (*driver.InsertMessage, error) {
-		h, err := d.lockHalf(ctx, tx, ref, claimToken, op)
-		if err != nil {
-			return nil, err
+// exclusive: the second finds no row and appends nothing. Half rows are
+// locked in key order, so two batches never wait on each other in a
+// cycle; the messages go in in the order of hs.
+func (d *Store) CommitHalves(ctx context.Context, hs []*driver.HalfCommit) error {
+	if len(hs) == 0 {
+		return nil
+	}
+	op := fmt.Sprintf("commit %d half messages of tenant %q", len(hs), hs[0].Ref.Tenant)
+	if len(hs) == 1 {
+		ref := hs[0].Ref
+		op = fmt.Sprintf("commit half message tenant %q topic %q partition %q id %q", ref.Tenant, ref.Topic, ref.PartitionKey, ref.ID)
+	}
+	for _, hc := range hs[1:] {
+		if hc.Ref.Tenant != hs[0].Ref.Tenant { // one tenant, one shard
+			return fmt.Errorf("%s: half message of tenant %q in the batch", op, hc.Ref.Tenant)
 		}
-		if _, err := d.exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(ref)); err != nil {
-			return nil, d.Wrap(op, err)
+	}
+	order := slices.Clone(hs)
+	slices.SortFunc(order, func(a, b *driver.HalfCommit) int { return compareRefs(a.Ref, b.Ref) })
+	msgs, err := inTx(ctx, d.Begin, func(tx *sql.Tx) ([]*driver.InsertMessage, error) {
+		locked := make(map[driver.MessageRef]*driver.InsertMessage, len(hs))
+		for _, hc := range order {
+			h, err := d.lockHalf(ctx, tx, hc.Ref, hc.ClaimToken, op)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := d.exec(ctx, tx, d.sql().admin.halfDelete, messageNamed(hc.Ref)); err != nil {
+				return nil, d.Wrap(op, err)
+			}
+			locked[hc.Ref] = &h.InsertMessage
 		}
-		m := h.InsertMessage
-		if err := d.Insert(ctx, tx, []*driver.InsertMessage{&m}); err != nil {
+		msgs := make([]*driver.InsertMessage, len(hs))
+		for i, hc := range hs {
+			msgs[i] = locked[hc.Ref]
+		}
+		if err := d.Insert(ctx, tx, msgs); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
-		return &m, nil
+		return msgs, nil
 	})
+	if err != nil {
+		return err
+	}
+	for i, hc := range hs {
+		hc.Message = msgs[i]
+	}
+	return nil
+}
+
+func compareRefs(a, b driver.MessageRef) int {
+	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.PartitionKey, b.PartitionKey),
+		cmp.Compare(a.ID, b.ID))
 }
 
 // RollbackHalf deletes the half row.

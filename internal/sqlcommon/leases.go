@@ -105,11 +105,32 @@ func inTx[T any](ctx context.Context, begin func(context.Context) (*sql.Tx, erro
 
 // AcquireLease makes sure the lease row exists, locks it, and takes it for
 // owner with the next token unless another owner holds it unexpired.
+//
+// A row another owner holds unexpired is refused on a plain read, before
+// any transaction: a process frozen inside this one would otherwise keep
+// the holder's row locked (the ensuring upsert and the locking read both
+// lock it), and the holder's renewals and commits waiting, until the
+// server ended its session (docs/leases.md, "Bounded waits").
 func (d *Store) AcquireLease(ctx context.Context, in driver.AcquireLeaseParams) (driver.Lease, error) {
 	p, owner, now, ttl := in.Partition, in.Owner, in.Now, in.TTL
+	op := "acquire lease on " + p.String()
+	st, key := d.leases(), refNamed(p)
+	var holder string
+	var expires any
+	switch err := d.queryRow(ctx, d.Read, st.peek, key).Scan(&holder, &expires); {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return driver.Lease{}, d.Wrap(op, err)
+	default:
+		exp, err := d.DecodeTime(expires)
+		if err != nil {
+			return driver.Lease{}, fmt.Errorf("%s: %w", op, err)
+		}
+		if holder != "" && holder != owner && exp.After(now) {
+			return driver.Lease{}, &driver.LeaseHeldError{Partition: p, Owner: holder, ExpiresAt: exp}
+		}
+	}
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) (driver.Lease, error) {
-		op := "acquire lease on " + p.String()
-		st, key := d.leases(), refNamed(p)
 		if _, err := d.exec(ctx, tx, st.ensure, key.with(Args{"now": d.EncodeTime(now), "first_token": now.UnixMicro()})); err != nil {
 			return driver.Lease{}, d.Wrap(op, err)
 		}
@@ -587,72 +608,30 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 }
 
 // SweepLeases frees the leases of those of owners whose heartbeat row is
-// older than staleBefore (or gone) and advances their tokens, tenant by
-// tenant: each transaction locks the owners' leases and heartbeat rows,
-// so that a heartbeat written since the caller read them either saves its
-// owner here or waits until the sweep is done.
+// older than staleBefore (or gone) and advances their tokens: one
+// statement per tenant (one shard), which a frozen process cannot leave
+// holding the rows of members that are alive. A heartbeat that lands
+// just after it does not make the swept leases live again: it came too
+// late, and its member stops the workers they fed (docs/leases.md).
 func (d *Store) SweepLeases(ctx context.Context, in driver.SweepLeasesParams) (int64, error) {
 	g, owners, staleBefore, now := in.Group, in.Owners, in.StaleBefore, in.Now
-	group, topic := g.ConsumerGroup, g.Topic
 	if len(owners) == 0 {
 		return 0, nil
 	}
 	var swept int64
 	var errs []error
 	for _, tenant := range g.Tenants {
-		op := fmt.Sprintf("sweep leases of tenant %q group %q topic %q", tenant, group, topic)
-		n, err := inTx(ctx, d.Begin, func(tx *sql.Tx) (int64, error) {
-			scope := memberNamed([]string{tenant}, group, topic).with(Args{"owners": textList(owners)})
-			// The lease rows first, then the heartbeat rows, as
-			// TakeOverMember takes them: the opposite order could deadlock.
-			held, err := d.query(ctx, tx, d.leases().takenLeases, scope)
-			if err != nil {
-				return 0, err
+		res, err := d.exec(ctx, d.Write, d.leases().sweep, memberNamed([]string{tenant}, g.ConsumerGroup, g.Topic).with(Args{
+			"owners": textList(owners), "stale_before": d.EncodeTime(staleBefore), "now": d.EncodeTime(now)}))
+		if err == nil {
+			var n int64
+			if n, err = res.RowsAffected(); err == nil {
+				swept += n
 			}
-			if err := held.Close(); err != nil {
-				return 0, err
-			}
-			rows, err := d.query(ctx, tx, d.leases().lockBeats, scope)
-			if err != nil {
-				return 0, err
-			}
-			alive := map[string]bool{}
-			for rows.Next() {
-				var name string
-				var beat any
-				if err := rows.Scan(&name, &beat); err != nil {
-					rows.Close()
-					return 0, err
-				}
-				at, err := d.DecodeTime(beat)
-				if err != nil {
-					rows.Close()
-					return 0, err
-				}
-				alive[name] = !at.Before(staleBefore)
-			}
-			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-				return 0, err
-			}
-			var dead []string
-			for _, o := range owners {
-				if !alive[o] {
-					dead = append(dead, o)
-				}
-			}
-			if len(dead) == 0 {
-				return 0, nil
-			}
-			res, err := d.exec(ctx, tx, d.leases().sweep, scope.with(Args{"owners": textList(dead), "now": d.EncodeTime(now)}))
-			if err != nil {
-				return 0, err
-			}
-			return res.RowsAffected()
-		})
-		if err != nil {
-			errs = append(errs, d.Wrap(op, err))
 		}
-		swept += n
+		if err != nil {
+			errs = append(errs, d.Wrap(fmt.Sprintf("sweep leases of tenant %q group %q topic %q", tenant, g.ConsumerGroup, g.Topic), err))
+		}
 	}
 	return swept, errors.Join(errs...)
 }

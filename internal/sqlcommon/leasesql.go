@@ -13,6 +13,7 @@ import (
 type leaseSQL struct {
 	ensure             string // make sure a lease row exists (a no-op upsert that locks it); a new row's token is the time in µs
 	lock               string // read and lock a lease row
+	peek               string // read a lease row, locking nothing
 	committed          string // the group's cursor of the partition
 	start              string // where the group starts in a partition it has no cursor for
 	take               string // give the row to an owner with a new token
@@ -29,8 +30,7 @@ type leaseSQL struct {
 	states             string // read the retry bookkeeping of a range of offsets
 	list               string // a group's lease rows in a topic
 	held               string // list, of the rows an owner holds (idx_leases_owner)
-	lockBeats          string // read and lock the heartbeat rows of :owners
-	sweep              string // free the leases of departed owners with the next token
+	sweep              string // free the leases of those of :owners without a heartbeat since :stale_before, with the next token
 	takenLeases        string // the leases of :owners, locked, with their expiry
 	takeOver           string // give the leases of :owners (earlier incarnations) at :keys to :member with the next token, never shortened
 	removeMembers      string // delete the heartbeat rows of :owners
@@ -57,6 +57,7 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		ensure: "INSERT INTO queue_partition_leases (tenant, consumer_group, topic, partition_key, owner, token, expires_at, acquired_at) " +
 			"VALUES (:tenant, :group, :topic, :key, '', :first_token, :now, :now)" + s.upsert("tenant, consumer_group, topic, partition_key", ""),
 		lock:      "SELECT owner, token, expires_at FROM queue_partition_leases WHERE " + leaseKeyNamed + s.forUpdate(),
+		peek:      "SELECT owner, expires_at FROM queue_partition_leases WHERE " + leaseKeyNamed,
 		committed: "SELECT committed_offset FROM queue_offsets WHERE tenant = :tenant AND topic = :topic AND partition_key = :key AND consumer_group = :group",
 		start:     "SELECT start_offset FROM queue_consumer_groups WHERE tenant = :tenant AND topic = :topic AND consumer_group = :group",
 		take: "UPDATE queue_partition_leases SET owner = :owner, token = :token, expires_at = :expires_at, acquired_at = :now " +
@@ -90,10 +91,12 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		// statement costs).
 		held: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases" + s.useIndex("idx_leases_owner") +
 			" WHERE " + memberScope + " AND owner > ''",
-		lockBeats: "SELECT subscriber_name, heartbeat_at FROM queue_subscriber_heartbeats WHERE " + memberScope +
-			" AND subscriber_name IN (:owners)" + s.forUpdate(),
+		// One statement: it cannot be left half done, its row locks
+		// held, by a process frozen between two statements.
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
-			" AND owner IN (:owners)",
+			" AND owner IN (:owners) AND NOT EXISTS (SELECT 1 FROM queue_subscriber_heartbeats h WHERE h.tenant = queue_partition_leases.tenant" +
+			" AND h.consumer_group = queue_partition_leases.consumer_group AND h.topic = queue_partition_leases.topic" +
+			" AND h.subscriber_name = queue_partition_leases.owner AND h.heartbeat_at >= :stale_before)",
 		takenLeases: "SELECT partition_key, expires_at FROM queue_partition_leases WHERE " + memberScope + " AND owner IN (:owners)" + s.forUpdate(),
 		takeOver: "UPDATE queue_partition_leases SET owner = :member, token = token + 1, expires_at = " + s.greatest() + "(expires_at, :expires_at) WHERE " + memberScope +
 			" AND owner IN (:owners) AND partition_key IN (:keys)",

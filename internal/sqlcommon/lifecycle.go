@@ -172,18 +172,28 @@ func (d *Store) StaleLeaseKeys(ctx context.Context, in driver.StaleLeaseKeysPara
 // or left a message; one that comes after waits and then creates the
 // partition anew. Lease rows are locked too, so an acquisition either
 // committed first (live: the partition stays) or waits and makes a new
-// row whose token starts above the old ones (docs/leases.md).
+// row whose token starts above the old ones (docs/leases.md). The keys a
+// plain read finds held are left out first: a pass frozen inside the
+// transaction would otherwise keep their holders' renewals waiting.
 func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, r driver.RemovePartitionsRequest) ([]string, error) {
 	tenant, topic, groups, keys, idleBefore, now := r.Tenant, r.Topic, r.ConsumerGroups, r.PartitionKeys, r.IdleBefore, r.Now
+	op := fmt.Sprintf("retention: remove drained partitions of tenant %q topic %q", tenant, topic)
+	st := d.lifecycle()
+	if len(keys) > 0 && len(groups) > 0 {
+		held, err := d.liveLeaseKeys(ctx, d.Read, st.heldLeases, Args{"tenant": tenant, "topic": topic, "keys": textList(keys),
+			"groups": textList(groups)}, now, op)
+		if err != nil {
+			return nil, err
+		}
+		keys = slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return slices.Contains(held, k) })
+	}
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	op := fmt.Sprintf("retention: remove drained partitions of tenant %q topic %q", tenant, topic)
 	return inTx(ctx, d.Begin, func(tx *sql.Tx) ([]string, error) {
 		if err := d.fence(ctx, tx, claim, op); err != nil {
 			return nil, err
 		}
-		st := d.lifecycle()
 		key := Args{"tenant": tenant, "topic": topic, "keys": textList(keys)}
 		keep := map[string]bool{}
 		rows, err := d.query(ctx, tx, st.lockHeads, key)
@@ -260,7 +270,7 @@ func (d *Store) RemovePartitions(ctx context.Context, claim driver.Lease, r driv
 
 // liveLeaseKeys runs stmt, a locking read of lease rows (partition_key,
 // owner, expires_at), and returns the keys of those unexpired by now.
-func (d *Store) liveLeaseKeys(ctx context.Context, tx *sql.Tx, stmt string, args Args, now time.Time, op string) ([]string, error) {
+func (d *Store) liveLeaseKeys(ctx context.Context, tx driver.DBTX, stmt string, args Args, now time.Time, op string) ([]string, error) {
 	rows, err := d.query(ctx, tx, stmt, args)
 	if err != nil {
 		return nil, d.Wrap(op, err)

@@ -19,6 +19,7 @@ type lifecycleSQL struct {
 	staleKeys  string   // keys of lease rows of :groups free or expired before :before
 	lockHeads  string   // head rows of :keys, locked
 	liveLeases string   // which of :keys a group of :groups holds unexpired; locks every row read
+	heldLeases string   // liveLeases, locking nothing
 	dropHeads  string   // delete the head rows of :keys
 	dropCurs   string   // delete every group's cursor of :keys
 	dropLeases string   // delete the lease rows of :keys of :groups
@@ -81,6 +82,7 @@ func newLifecycleSQL(s Syntax) lifecycleSQL {
 			" WHERE m.tenant = p.tenant AND m.topic = p.topic AND m.partition_key = p.partition_key LIMIT 1)" +
 			" FROM queue_partitions p WHERE p.tenant = :tenant AND p.topic = :topic AND p.partition_key IN (:keys)" + s.forUpdate(),
 		liveLeases: "SELECT partition_key, owner, expires_at FROM queue_partition_leases WHERE " + groupKeys + s.forUpdate(),
+		heldLeases: "SELECT partition_key, owner, expires_at FROM queue_partition_leases WHERE " + groupKeys,
 		// Idle ones only: under READ COMMITTED a head row a publisher
 		// created after lockHeads read none is not locked by it, and must
 		// not go.

@@ -11,6 +11,11 @@ FROM queue_partition_leases
 WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND partition_key = :key
 FOR UPDATE;
 
+-- peek: read a lease row, locking nothing
+SELECT owner, expires_at
+FROM queue_partition_leases
+WHERE tenant = :tenant AND consumer_group = :group AND topic = :topic AND partition_key = :key;
+
 -- committed: the group's cursor of the partition
 SELECT committed_offset
 FROM queue_offsets
@@ -94,16 +99,10 @@ SELECT tenant, partition_key, owner, token, expires_at
 FROM queue_partition_leases FORCE INDEX (idx_leases_owner)
 WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner > '';
 
--- lockBeats: read and lock the heartbeat rows of :owners
-SELECT subscriber_name, heartbeat_at
-FROM queue_subscriber_heartbeats
-WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND subscriber_name IN (:owners)
-FOR UPDATE;
-
--- sweep: free the leases of departed owners with the next token
+-- sweep: free the leases of those of :owners without a heartbeat since :stale_before, with the next token
 UPDATE queue_partition_leases
 SET owner = '', token = token + 1, expires_at = :now
-WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners);
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners) AND NOT EXISTS (SELECT 1 FROM queue_subscriber_heartbeats h WHERE h.tenant = queue_partition_leases.tenant AND h.consumer_group = queue_partition_leases.consumer_group AND h.topic = queue_partition_leases.topic AND h.subscriber_name = queue_partition_leases.owner AND h.heartbeat_at >= :stale_before);
 
 -- takenLeases: the leases of :owners, locked, with their expiry
 SELECT partition_key, expires_at

@@ -82,6 +82,11 @@ FROM queue_partition_leases
 WHERE tenant = :tenant AND consumer_group IN (:groups) AND topic = :topic AND partition_key IN (:keys)
 FOR UPDATE;
 
+-- heldLeases: liveLeases, locking nothing
+SELECT partition_key, owner, expires_at
+FROM queue_partition_leases
+WHERE tenant = :tenant AND consumer_group IN (:groups) AND topic = :topic AND partition_key IN (:keys);
+
 -- dropHeads: delete the head rows of :keys
 DELETE
 FROM queue_partitions

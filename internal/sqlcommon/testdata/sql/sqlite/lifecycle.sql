@@ -81,6 +81,11 @@ SELECT partition_key, owner, expires_at
 FROM queue_partition_leases
 WHERE tenant = :tenant AND consumer_group IN (:groups) AND topic = :topic AND partition_key IN (:keys);
 
+-- heldLeases: liveLeases, locking nothing
+SELECT partition_key, owner, expires_at
+FROM queue_partition_leases
+WHERE tenant = :tenant AND consumer_group IN (:groups) AND topic = :topic AND partition_key IN (:keys);
+
 -- dropHeads: delete the head rows of :keys
 DELETE
 FROM queue_partitions

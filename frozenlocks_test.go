@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package shardq_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardq/shardq"
+	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/testdb"
+)
+
+// lockHelperEnv ("keys dsn") makes the test binary a process that opens
+// a transaction, locks the lease rows of tenant t, group g, topic x at
+// the comma-separated keys (as an acquisition's locking read does),
+// prints "LOCKED" and stops itself (SIGSTOP): a member frozen inside a
+// transaction, holding rows that another member needs.
+const lockHelperEnv = "SHARDQ_LOCK_HELPER"
+
+func runLockHelper(arg string) int {
+	keys, dsn, _ := strings.Cut(arg, " ")
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, k := range strings.Split(keys, ",") {
+		var owner string
+		if err := tx.QueryRowContext(ctx, "SELECT owner FROM queue_partition_leases WHERE tenant = 't' AND consumer_group = 'g' "+
+			"AND topic = 'x' AND partition_key = ? FOR UPDATE", k).Scan(&owner); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	fmt.Println("LOCKED")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	select {} // until killed
+}
+
+// TestFrozenTransactionStallsNoHealthyMember: a process frozen inside a
+// transaction that holds a healthy member's lease rows (an acquisition
+// racing the holder's, an older release beside a newer one, an operator's
+// command) keeps them locked until the server ends its session. The
+// holder's renewals wait and fail meanwhile, but its heartbeat does not
+// wait behind them: it is not swept, keeps every lease under the same
+// token, and nothing is delivered twice. On the defaults, and on the
+// shortest lease the rule of docs/leases.md ("Bounded waits") allows for
+// bounds of 1 s.
+func TestFrozenTransactionStallsNoHealthyMember(t *testing.T) {
+	for _, c := range []struct {
+		name, params          string
+		idle, wait            time.Duration
+		ttl, heartbeat, stale time.Duration
+	}{
+		{"defaults", "", 10 * time.Second, 5 * time.Second, shardq.DefaultLeaseTTL, shardq.DefaultHeartbeatInterval, 3 * shardq.DefaultHeartbeatInterval},
+		// Staleness well under one lock wait: a heartbeat that waited
+		// behind a renewal would go stale.
+		{"fast heartbeats", "", 10 * time.Second, 5 * time.Second, shardq.DefaultLeaseTTL, time.Second, 3 * time.Second},
+		{"shortest", "idle_transaction_timeout=1&innodb_lock_wait_timeout=1", time.Second, time.Second, 6 * time.Second, 500 * time.Millisecond, time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // each on a database of its own; most of the time is waiting
+			base := testdb.MySQLDatabase(t)
+			url := testdb.MySQLURL(t, base)
+			if c.params != "" {
+				url += "?" + c.params
+			}
+			ctx := context.Background()
+			var mu sync.Mutex
+			got := map[string]int{}
+			handle := func(_ context.Context, d *shardq.Delivery) error {
+				mu.Lock()
+				got[d.ID]++
+				mu.Unlock()
+				return nil
+			}
+			member := func(name string) (*shardq.Client, driver.Driver) {
+				cl, drv, err := openURL(url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cl.Close(); drv.Close() })
+				sub, err := cl.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Name: name,
+					Handler: handle, Take: shardq.TakeGrouped, LeaseTTL: c.ttl, HeartbeatInterval: c.heartbeat, StaleAfter: c.stale,
+					DiscoveryInterval: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond, IdleRelease: time.Hour})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { sub.Stop(context.Background()) })
+				return cl, drv
+			}
+			pub, drv := member("h1")
+			member("h2")
+
+			// A publisher keeps every partition busy for the whole run.
+			pubCtx, stopPub := context.WithCancel(ctx)
+			var published sync.WaitGroup
+			published.Go(func() {
+				for i := 0; pubCtx.Err() == nil && i < 20_000; i++ {
+					m := shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%05d", i)}
+					if _, err := pub.Publish(pubCtx, m); err != nil && pubCtx.Err() == nil {
+						t.Errorf("publish: %v", err)
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+			defer func() { stopPub(); published.Wait() }()
+
+			scope := driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}
+			held := func(member string) map[string]driver.Lease {
+				ls, err := drv.HeldLeases(ctx, scope)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := map[string]driver.Lease{}
+				for _, l := range ls {
+					if strings.HasPrefix(l.Owner, member+"#") && l.ExpiresAt.After(time.Now()) {
+						out[l.PartitionKey] = l
+					}
+				}
+				return out
+			}
+			// Fair share settled: four partitions each, the same twice in a row.
+			var last string
+			waitUntil(t, "h1 and h2 holding four partitions each", time.Minute, func() bool {
+				h1, h2 := held("h1"), held("h2")
+				now := fmt.Sprint(h1, h2)
+				settled := len(h1) == 4 && len(h2) == 4 && now == last
+				last = now
+				time.Sleep(500 * time.Millisecond)
+				return settled
+			})
+			before := held("h1")
+			var keys []string
+			due := time.Now().Add(time.Hour)
+			for k, l := range before {
+				keys = append(keys, k)
+				if d := l.ExpiresAt.Add(-c.ttl * 2 / 3); d.Before(due) {
+					due = d
+				}
+			}
+			// Freeze just before h1's next renewal is due: it then waits
+			// on the rows for as long as the server lets the frozen
+			// session live.
+			time.Sleep(time.Until(due) - c.heartbeat/2)
+
+			// The bounds mysqldriver.Open sets, or the case's, as a member's session has them.
+			cmd, stdout := startHelper(t, lockHelperEnv, fmt.Sprintf("%s %s?idle_transaction_timeout=%d&innodb_lock_wait_timeout=%d",
+				strings.Join(keys, ","), base, int(c.idle.Seconds()), int(c.wait.Seconds())))
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "LOCKED\n" {
+				t.Fatalf("lock helper: %q, %v", line, err)
+			}
+			frozenAt := time.Now()
+			waitUntil(t, "the lock holder stopped", 10*time.Second, func() bool { return processStopped(cmd.Process.Pid) })
+
+			// The rows are locked: a locking read that will not wait fails.
+			probe := func() error {
+				tx, err := drv.DB().BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback()
+				var owner string
+				return tx.QueryRowContext(ctx, "SELECT owner FROM queue_partition_leases WHERE tenant = 't' AND consumer_group = 'g' "+
+					"AND topic = 'x' AND partition_key = ? FOR UPDATE NOWAIT", keys[0]).Scan(&owner)
+			}
+			if err := probe(); err == nil {
+				t.Fatal("h1's lease row was not locked by the frozen transaction")
+			}
+			// Past the heartbeat's staleness, and past the bound after
+			// which the server ends the frozen session.
+			waitUntil(t, "the server ending the frozen transaction", c.idle+c.wait+10*time.Second, func() bool { return probe() == nil })
+			if d := time.Since(frozenAt); d < c.stale {
+				t.Fatalf("the rows were locked for %s only, under StaleAfter %s", d, c.stale)
+			}
+			time.Sleep(c.stale + c.heartbeat) // a sweep that the freeze caused would have run by now
+
+			after := held("h1")
+			for k, l := range before {
+				if a, ok := after[k]; !ok || a.Token != l.Token || a.Owner != l.Owner {
+					t.Errorf("partition %s: h1 held it under token %d before the freeze; after it, held %v by %q under token %d", k, l.Token, ok, a.Owner, a.Token)
+				}
+			}
+			stopPub()
+			published.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			for id, n := range got {
+				if n > 1 {
+					t.Errorf("message %s delivered %d times", id, n)
+				}
+			}
+			if len(got) == 0 {
+				t.Fatal("nothing was delivered")
+			}
+		})
+	}
+}
+
+// processStopped reports whether every thread of pid is stopped (state
+// T in /proc).
+func processStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		_, rest, ok := strings.Cut(string(b), ") ")
+		if err != nil || !ok || !strings.HasPrefix(rest, "T") {
+			return false
+		}
+	}
+	return true
+}
