@@ -207,6 +207,12 @@ type Client struct {
 	// clock is the database's clock that cfg.Clock reads; nil when the
 	// client keeps to Clock as it is.
 	clock *dbtime.Clock
+	// bounds reports the driver's lock bounds, when it knows them
+	// (warnFrozenHold); drv wraps the driver and hides them.
+	bounds driver.LockBounded
+	// frozenWarned holds the lease timings warnFrozenHold has warned of,
+	// so that a receiver accepted in a loop warns once.
+	frozenWarned sync.Map
 }
 
 // syncClock reads the database's clock unless it has been read: members
@@ -238,6 +244,7 @@ func NewClient(drv driver.Driver, cfg *Config) (*Client, error) {
 		c = *cfg
 	}
 	cl := &Client{drv: drv, cfg: c.withDefaults()}
+	cl.bounds, _ = drv.(driver.LockBounded)
 	if dc, ok := drv.(driver.Clock); ok && (c.ClockSync > 0 || c.ClockSync == 0 && c.Clock == nil) {
 		cl.clock = dbtime.New(cl.cfg.Clock, dc.DatabaseTime, cmp.Or(c.ClockSync, DefaultClockSync), cl.cfg.Logger)
 		cl.cfg.Clock = cl.clock.Now

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/shardq/shardq/driver"
 	"github.com/shardq/shardq/internal/ident"
 	"github.com/shardq/shardq/internal/settings"
 	"github.com/shardq/shardq/internal/settle"
@@ -122,13 +121,14 @@ func checkLiveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
 // cost a healthy one a lease. retry is how soon the member tries a failed
 // renewal again.
 func (c *Client) warnFrozenHold(log *slog.Logger, leaseTTL, retry time.Duration) {
-	lb, ok := c.drv.(driver.LockBounded)
-	if !ok {
+	if c.bounds == nil {
 		return
 	}
-	idle, wait := lb.LockBounds()
+	idle, wait := c.bounds.LockBounds()
 	if err := settings.FrozenHold(leaseTTL, retry, idle, wait); err != nil {
-		log.Warn("shardq: lease shorter than the database's lock bounds allow", "err", err)
+		if _, warned := c.frozenWarned.LoadOrStore([2]time.Duration{leaseTTL, retry}, true); !warned {
+			log.Warn("shardq: lease shorter than the database's lock bounds allow", "err", err)
+		}
 	}
 }
 

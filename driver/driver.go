@@ -410,10 +410,10 @@ type Leases interface {
 	// HeldLeases is ListLeases without the free rows (an index serves it:
 	// its cost follows the leases held).
 	HeldLeases(ctx context.Context, g GroupScope) ([]Lease, error)
-	// SweepLeases frees every lease held by one of Owners (dead
-	// subscribers) whose heartbeat row in the lease's tenant is older
-	// than StaleBefore or gone, checked in the same statement, one per
-	// tenant; each token advances so their writes fail.
+	// SweepLeases frees every lease acquired before Now and held by one
+	// of Owners (dead subscribers) whose heartbeat row in the lease's
+	// tenant is older than StaleBefore or gone, checked in the same
+	// statement, one per tenant; each token advances so their writes fail.
 	SweepLeases(ctx context.Context, p SweepLeasesParams) (int64, error)
 	// TakeOverMember gives Member, in one transaction per tenant, the
 	// leases that one of Previous (earlier incarnations of a static
@@ -521,7 +521,8 @@ type HalfMessages interface {
 // frozen process's, holding its row locks) after IdleTransaction, and
 // fails a statement's wait for a row lock after LockWait: together, how
 // long a frozen member can hold up another's lease renewals (docs/leases.md,
-// "Bounded waits"). Zero when the driver does not know them.
+// "Bounded waits"). Zero when the driver does not know them; negative
+// when the session sets none.
 type LockBounded interface {
 	LockBounds() (idleTransaction, lockWait time.Duration)
 }

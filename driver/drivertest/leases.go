@@ -283,15 +283,25 @@ func testSweepFreesDeadOwners(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// late's lease was acquired after the sweeper read the heartbeats
+	// (after its Now): whatever the sweep reads of late's heartbeat, the
+	// lease is not a dead owner's.
+	late, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref("k4"), Owner: "late", Now: t0.Add(2 * time.Second), TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
 	scope := driver.GroupScope{Tenants: []string{"t"}, Topic: "x", ConsumerGroup: "g"}
-	for name, at := range map[string]time.Time{"dead": t0.Add(-time.Minute), "alive": t0, "revived": t0} {
+	for name, at := range map[string]time.Time{"dead": t0.Add(-time.Minute), "alive": t0, "revived": t0, "late": t0.Add(-time.Minute)} {
 		if err := d.Heartbeat(ctx, scope, name, at); err != nil {
 			t.Fatal(err)
 		}
 	}
-	n, err := d.SweepLeases(ctx, driver.SweepLeasesParams{Group: scope, Owners: []string{"dead", "revived"}, StaleBefore: t0.Add(-30 * time.Second), Now: t0.Add(time.Second)})
+	n, err := d.SweepLeases(ctx, driver.SweepLeasesParams{Group: scope, Owners: []string{"dead", "revived", "late"}, StaleBefore: t0.Add(-30 * time.Second), Now: t0.Add(time.Second)})
 	if err != nil || n != 1 {
 		t.Fatalf("sweep = %d, %v; want 1", n, err)
+	}
+	if _, err := d.RenewLease(ctx, late, t0.Add(3*time.Second), ttl); err != nil {
+		t.Fatalf("sweep took a lease acquired after the sweeper's now: %v", err)
 	}
 	if _, err := d.RenewLease(ctx, revived, t0.Add(time.Second), ttl); err != nil {
 		t.Fatalf("sweep took the lease of an owner whose heartbeat was written again: %v", err)

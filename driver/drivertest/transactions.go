@@ -122,8 +122,14 @@ func testTxCommitHalvesAllOrNone(t *testing.T, open Open) {
 		t.Fatalf("partition k1 holds %v (offsets a3 %d, a1 %d); want [a3 a1] in the batch's order", ids, a3.Message.Offset, a1.Message.Offset)
 	}
 
+	// z9 sorts after b1: b1's half row is locked and deleted before z9 is
+	// found resolved, and all of it is rolled back.
+	z9 := half("t", "k2", "z9")
+	if err := d.CommitHalves(ctx, []*driver.HalfCommit{z9}); err != nil {
+		t.Fatal(err)
+	}
 	b1 := half("t", "k1", "b1")
-	again := &driver.HalfCommit{Ref: a1.Ref}
+	again := &driver.HalfCommit{Ref: z9.Ref}
 	if err := d.CommitHalves(ctx, []*driver.HalfCommit{b1, again}); !errors.Is(err, driver.ErrHalfResolved) {
 		t.Fatalf("a batch with a resolved half message: %v; want ErrHalfResolved", err)
 	}

@@ -29,19 +29,34 @@ const (
 	idleTxTimeoutSeconds   = 10 // MariaDB idle_transaction_timeout; MySQL wait_timeout
 )
 
-// paramSeconds is the first of names that params sets, in whole seconds
-// (a value that is not one counts as unknown: 0), or def when none is set.
+// paramSeconds is the shortest bound params sets among names, in whole
+// seconds (quoted or not), or def when it names none of them. A value of 0
+// sets no bound; when every one named is 0 the result is -1 (unbounded).
+// A value that is not a whole number of seconds counts as unknown (0).
 func paramSeconds(params map[string]string, def int, names ...string) time.Duration {
+	var named bool
+	var shortest time.Duration
 	for _, n := range names {
-		if v, ok := params[n]; ok {
-			s, err := strconv.Atoi(strings.Trim(v, "'"))
-			if err != nil || s < 0 {
-				return 0
-			}
-			return time.Duration(s) * time.Second
+		v, ok := params[n]
+		if !ok {
+			continue
+		}
+		named = true
+		sec, err := strconv.ParseInt(strings.Trim(strings.TrimSpace(v), `'"`), 10, 64)
+		if err != nil || sec < 0 {
+			return 0
+		}
+		if d := time.Duration(min(sec, 1<<31)) * time.Second; sec > 0 && (shortest == 0 || d < shortest) {
+			shortest = d
 		}
 	}
-	return time.Duration(def) * time.Second
+	switch {
+	case !named:
+		return time.Duration(def) * time.Second
+	case shortest == 0:
+		return -1
+	}
+	return shortest
 }
 
 // ErrUnsafeCharset is returned when a connection's character set is not

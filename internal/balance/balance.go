@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/shardq/shardq/driver"
+	"github.com/shardq/shardq/internal/ident"
 )
 
 // Input is what one subscriber knows at one tick.
@@ -96,9 +97,13 @@ func Compute(in Input) Plan {
 		}
 		// Held without work: still part of the share until idle release;
 		// so is an expired lease of a live member (a static member that
-		// stopped keeps its place for its next process): the peers' quotas
-		// stay, and none of their partitions moves meanwhile.
-		if !h.inWork && (mine || l.ExpiresAt.After(in.Now) || slices.Contains(in.Live[l.Tenant], l.Owner)) {
+		// stopped keeps its place for its next process), or of another
+		// incarnation of a live static member (one that took over the
+		// leases after this tick read the live members): the peers'
+		// quotas stay, and none of their partitions moves meanwhile.
+		if !h.inWork && (mine || l.ExpiresAt.After(in.Now) || slices.ContainsFunc(in.Live[l.Tenant], func(m string) bool {
+			return m == l.Owner || ident.SameInstance(m, l.Owner)
+		})) {
 			s.active++
 		}
 	}

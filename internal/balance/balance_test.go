@@ -153,6 +153,35 @@ func TestStoppedStaticMemberKeepsItsShare(t *testing.T) {
 	}
 }
 
+// A static member's new incarnation took its earlier one's leases over
+// between a peer's reads of the live members and of the leases: the tick
+// sees the earlier incarnation live and the leases held, expired by then
+// (the takeover's write was slow), by an owner it does not know. They
+// are the live instance's, and b keeps its four.
+func TestTakenOverLeasesOfALiveInstanceCount(t *testing.T) {
+	ps := parts("t", 8)
+	var rows []driver.Lease
+	for i, p := range ps {
+		if i < 4 {
+			rows = append(rows, driver.Lease{PartitionRef: p, Owner: "b#00000000", ExpiresAt: now.Add(time.Minute)})
+		} else {
+			rows = append(rows, driver.Lease{PartitionRef: p, Owner: "a@00000002", ExpiresAt: now.Add(-time.Second)})
+		}
+	}
+	plan := Compute(Input{Me: "b#00000000", Live: map[string][]string{"t": {"a@00000001", "b#00000000"}}, Leases: rows, Now: now})
+	if plan.Quota["t"] != 4 || len(plan.Release) != 0 {
+		t.Fatalf("plan %+v: want b to keep its 4", plan)
+	}
+	// Another member's expired leases are not the live instance's.
+	for i := 4; i < 8; i++ {
+		rows[i].Owner = "c@00000002"
+	}
+	plan = Compute(Input{Me: "b#00000000", Live: map[string][]string{"t": {"a@00000001", "b#00000000"}}, Leases: rows, Now: now})
+	if plan.Quota["t"] != 2 {
+		t.Fatalf("plan %+v: want a quota of 2 (c's expired leases are nobody's share)", plan)
+	}
+}
+
 // go test -bench . -run '^$' ./internal/balance/
 // One subscriber's plan at 10,000 and 100,000 partitions with work, 8 live
 // members, a tenth of the partitions leased.

@@ -130,6 +130,13 @@ func InstanceMemberID(instance string) string {
 	return instance + "@" + hex.EncodeToString(b[:])
 }
 
+// SameInstance reports whether identities a and b are two incarnations
+// of one static member instance.
+func SameInstance(a, b string) bool {
+	i := strings.LastIndexByte(a, '@')
+	return i > 0 && IsIncarnation(a[:i], a) && IsIncarnation(a[:i], b)
+}
+
 // IsIncarnation reports whether identity is one of InstanceMemberID(instance).
 func IsIncarnation(instance, identity string) bool {
 	suffix, ok := strings.CutPrefix(identity, instance+"@")

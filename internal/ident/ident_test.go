@@ -216,3 +216,26 @@ func FuzzTenantList(f *testing.F) {
 		}
 	})
 }
+
+// Two identities are one static instance's only when both are its
+// incarnations: "@" and 8 hex digits after the same instance id.
+func TestSameInstance(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{"a@0123abcd", "a@ffff0000", true},
+		{"a@0123abcd", "a@0123abcd", true},
+		{"a@b@0123abcd", "a@b@ffff0000", true},
+		{"a@0123abcd", "b@0123abcd", false},
+		{"a@0123abcd", "a#0123abcd", false},
+		{"a#0123abcd", "a#ffff0000", false},
+		{"a@0123abcd", "a@0123abcZ", false},
+		{"@0123abcd", "@ffff0000", false},
+		{"a@short", "a@short", false},
+	} {
+		if got := SameInstance(c.a, c.b); got != c.want {
+			t.Errorf("SameInstance(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}

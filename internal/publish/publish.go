@@ -468,15 +468,31 @@ func (p *Publisher) writeOnce(ctx context.Context, rows []*driver.InsertMessage)
 // partition with a fresh offset. Commits of one tenant share transactions
 // as publishes do, so however many senders commit at once, at most
 // MaxInflight transactions of this client wait on a partition's head row.
+//
+// A half message found resolved whose message is stored was committed:
+// by a shared transaction that reported an error after its commit (the
+// coalescer then ran this one alone, and found it gone), or by a
+// check-back or an operator. Either way the sender's answer is the
+// stored message, not ErrHalfResolved.
 func (p *Publisher) CommitHalf(ctx context.Context, ref driver.MessageRef) (*driver.InsertMessage, error) {
 	hc := &driver.HalfCommit{Ref: ref}
-	if err := p.halves.Submit(ctx, ref.Tenant, []*driver.HalfCommit{hc}); err != nil {
-		if errors.Is(err, coalesce.ErrClosed) {
-			return nil, lifecycle.ErrClosed
+	err := p.halves.Submit(ctx, ref.Tenant, []*driver.HalfCommit{hc})
+	switch {
+	case err == nil:
+		return hc.Message, nil
+	case errors.Is(err, coalesce.ErrClosed):
+		return nil, lifecycle.ErrClosed
+	case errors.Is(err, driver.ErrHalfResolved):
+		m, serr := p.Stored(ctx, ref)
+		if serr != nil {
+			return nil, errors.Join(err, serr)
 		}
-		return nil, err
+		if m != nil {
+			return &driver.InsertMessage{Tenant: m.Tenant, Topic: m.Topic, PartitionKey: m.PartitionKey, ID: m.ID, Offset: m.Offset,
+				Headers: m.Headers, Payload: m.Payload, CreatedAt: m.CreatedAt, NotBefore: m.NotBefore}, nil
+		}
 	}
-	return hc.Message, nil
+	return nil, err
 }
 
 func (p *Publisher) commitHalves(ctx context.Context, hs []*driver.HalfCommit, _ int) error {

@@ -68,9 +68,13 @@ func Liveness(leaseTTL, heartbeat, staleAfter time.Duration) error {
 // until the server ends the session (idle, after its last statement,
 // which may itself have waited lockWait); a renewal that failed meanwhile
 // is tried again retry later; 1 s covers the members' margin. Zero
-// bounds (unknown, or no server) check nothing.
+// bounds (unknown, or no server) check nothing; a negative one is none.
 func FrozenHold(leaseTTL, retry, idle, lockWait time.Duration) error {
-	if idle <= 0 || lockWait <= 0 {
+	if idle < 0 || lockWait < 0 {
+		return &ident.Error{Field: "LeaseTTL", Rule: "the session sets no idle-transaction bound (or no lock-wait bound): " +
+			"a member frozen inside a transaction would hold its row locks, and a healthy member's lease, until it resumed"}
+	}
+	if idle == 0 || lockWait == 0 {
 		return nil
 	}
 	if need := idle + lockWait + retry + time.Second; leaseTTL*2/3 < need {

@@ -101,6 +101,7 @@ func TestFrozenHold(t *testing.T) {
 		{6 * time.Second, 500 * time.Millisecond, time.Second, time.Second, true},
 		{5 * time.Second, 500 * time.Millisecond, time.Second, time.Second, false},
 		{time.Second, 300 * time.Millisecond, 0, 0, true},
+		{time.Hour, time.Second, -1, 5 * time.Second, false},
 	} {
 		err := FrozenHold(c.ttl, c.retry, c.idle, c.wait)
 		var ie *ident.Error

@@ -608,8 +608,8 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 }
 
 // SweepLeases frees the leases of those of owners whose heartbeat row is
-// older than staleBefore (or gone) and advances their tokens: one
-// statement per tenant (one shard), which a frozen process cannot leave
+// older than staleBefore (or gone), acquired before now, and advances
+// their tokens: one statement per tenant (one shard), which a frozen process cannot leave
 // holding the rows of members that are alive. A heartbeat that lands
 // just after it does not make the swept leases live again: it came too
 // late, and its member stops the workers they fed (docs/leases.md).

@@ -92,9 +92,12 @@ func newLeaseSQL(s Syntax) leaseSQL {
 		held: "SELECT tenant, partition_key, owner, token, expires_at FROM queue_partition_leases" + s.useIndex("idx_leases_owner") +
 			" WHERE " + memberScope + " AND owner > ''",
 		// One statement: it cannot be left half done, its row locks
-		// held, by a process frozen between two statements.
+		// held, by a process frozen between two statements. A lease
+		// acquired after :now (when the sweeper read the heartbeats) is
+		// not a dead owner's: under READ COMMITTED the subquery reads an
+		// earlier snapshot than the lease rows it meets after a lock wait.
 		sweep: "UPDATE queue_partition_leases SET owner = '', token = token + 1, expires_at = :now WHERE " + memberScope +
-			" AND owner IN (:owners) AND NOT EXISTS (SELECT 1 FROM queue_subscriber_heartbeats h WHERE h.tenant = queue_partition_leases.tenant" +
+			" AND owner IN (:owners) AND acquired_at < :now AND NOT EXISTS (SELECT 1 FROM queue_subscriber_heartbeats h WHERE h.tenant = queue_partition_leases.tenant" +
 			" AND h.consumer_group = queue_partition_leases.consumer_group AND h.topic = queue_partition_leases.topic" +
 			" AND h.subscriber_name = queue_partition_leases.owner AND h.heartbeat_at >= :stale_before)",
 		takenLeases: "SELECT partition_key, expires_at FROM queue_partition_leases WHERE " + memberScope + " AND owner IN (:owners)" + s.forUpdate(),

@@ -102,7 +102,7 @@ WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND ow
 -- sweep: free the leases of those of :owners without a heartbeat since :stale_before, with the next token
 UPDATE queue_partition_leases
 SET owner = '', token = token + 1, expires_at = :now
-WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners) AND NOT EXISTS (SELECT 1 FROM queue_subscriber_heartbeats h WHERE h.tenant = queue_partition_leases.tenant AND h.consumer_group = queue_partition_leases.consumer_group AND h.topic = queue_partition_leases.topic AND h.subscriber_name = queue_partition_leases.owner AND h.heartbeat_at >= :stale_before);
+WHERE tenant IN (:tenants) AND consumer_group = :group AND topic = :topic AND owner IN (:owners) AND acquired_at < :now AND NOT EXISTS (SELECT 1 FROM queue_subscriber_heartbeats h WHERE h.tenant = queue_partition_leases.tenant AND h.consumer_group = queue_partition_leases.consumer_group AND h.topic = queue_partition_leases.topic AND h.subscriber_name = queue_partition_leases.owner AND h.heartbeat_at >= :stale_before);
 
 -- takenLeases: the leases of :owners, locked, with their expiry
 SELECT partition_key, expires_at
