@@ -5,11 +5,15 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -32,6 +36,11 @@ const (
 	// httpTimeout bounds one request; a receive's wait is on top.
 	httpTimeout = 10 * time.Second
 	httpWait    = time.Second
+	// Every httpLargeEvery-th publish call uploads a large message of 64
+	// KiB to 512 KiB (POST …/large) to key httpLargeKey instead; receivers
+	// read its body by receipt.
+	httpLargeEvery = 10
+	httpLargeKey   = "hL"
 )
 
 // TokenEnv carries the serve token to the HTTP clients (never the
@@ -63,21 +72,84 @@ func (h *httpClient) call(ctx context.Context, url string, in, out any) error {
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+h.token)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := h.http.Do(req)
-	if err != nil {
-		return &noAnswerError{err}
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	_, b, err := h.do(req, 8<<20)
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode/100 != 2 {
-		return &statusError{url: url, status: resp.Status, body: string(bytes.TrimSpace(b))}
-	}
 	return json.Unmarshal(b, out)
+}
+
+// uploadLarge publishes a large message of random bytes over HTTP to
+// httpLargeKey, recording its send and, when stored, its publish.
+func (cl *client) uploadLarge(ctx context.Context, h *httpClient, tenant, id string) {
+	body := make([]byte, 64<<10+cl.rng.IntN(448<<10))
+	for i := range body {
+		body[i] = byte(cl.rng.Uint32())
+	}
+	sum := sha256.Sum256(body)
+	cl.record(Event{Op: "send", Tenant: tenant, Topic: TopicHTTP, Key: httpLargeKey, ID: id, Size: int64(len(body))})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.base(tenant)+"/large?key="+httpLargeKey+"&id="+url.QueryEscape(id), bytes.NewReader(body))
+	if err != nil {
+		cl.log.Warn("chaos: large upload over HTTP", "err", err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Repr-Digest", "sha-256=:"+base64.StdEncoding.EncodeToString(sum[:])+":")
+	start := now()
+	_, b, err := h.do(req, 1<<20)
+	end := now()
+	var out struct {
+		EndOffset int64 `json:"end_offset"`
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &out)
+	}
+	if err != nil {
+		cl.log.Warn("chaos: large upload over HTTP failed (outcome unknown)", "err", err)
+		return
+	}
+	cl.record(Event{Op: "publish", Tenant: tenant, Topic: TopicHTTP, Key: httpLargeKey, ID: id, Offset: out.EndOffset, Start: start, End: end,
+		Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])})
+}
+
+// readBody reads a received large message's body by its receipt, through
+// the next server, and returns its size and SHA-256 (hex).
+func (h *httpClient) readBody(ctx context.Context, bodyURL string) (int64, string, error) {
+	s := h.servers[h.next%len(h.servers)]
+	h.next++
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s+bodyURL, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, b, err := h.do(req, 1<<20)
+	if err != nil {
+		return 0, "", err
+	}
+	if resp.ContentLength >= 0 && int64(len(b)) != resp.ContentLength {
+		return 0, "", fmt.Errorf("body of %d bytes, %d announced", len(b), resp.ContentLength)
+	}
+	sum := sha256.Sum256(b)
+	return int64(len(b)), hex.EncodeToString(sum[:]), nil
+}
+
+// do sends req with the token and returns a 2xx answer's body, read
+// whole (up to limit bytes), and its head.
+func (h *httpClient) do(req *http.Request, limit int64) (*http.Response, []byte, error) {
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	resp, err := h.http.Do(req)
+	if err != nil {
+		return nil, nil, &noAnswerError{err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return nil, nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, nil, &statusError{url: req.URL.String(), status: resp.Status, body: string(bytes.TrimSpace(b))}
+	}
+	return resp, b, nil
 }
 
 // statusError: the server answered, and not with success.
@@ -112,10 +184,15 @@ func (cl *client) httpPublish(ctx context.Context, stop <-chan struct{}) error {
 			Offset int64  `json:"offset"`
 		} `json:"results"`
 	}
-	n := 0
+	n, calls := 0, 0
 	return every(ctx, stop, cl.cfg.Interval, func() {
-		msgs := make([]msg, 1+cl.rng.IntN(3))
 		tenant := cl.tenant()
+		if calls++; calls%httpLargeEvery == 0 {
+			n++
+			cl.uploadLarge(ctx, h, tenant, fmt.Sprintf("%s-%d", cl.cfg.Name, n))
+			return
+		}
+		msgs := make([]msg, 1+cl.rng.IntN(3))
 		for i := range msgs {
 			n++
 			msgs[i] = msg{Key: fmt.Sprintf("h%d", cl.rng.IntN(httpKeys)), ID: fmt.Sprintf("%s-%d", cl.cfg.Name, n),
@@ -147,6 +224,7 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		ID      string `json:"id"`
 		Offset  int64  `json:"offset"`
 		Receipt string `json:"receipt"`
+		BodyURL string `json:"body_url"` // a large message's
 	}
 	for turn := 0; ctx.Err() == nil; turn++ {
 		var got struct {
@@ -176,7 +254,13 @@ func (cl *client) httpReceive(ctx context.Context, stop <-chan struct{}) error {
 		poison := ""
 		for _, m := range got.Messages {
 			e := Event{Op: "handle", Tenant: tenant, Group: GroupHTTP, Topic: TopicHTTP, Key: m.Key, ID: m.ID, Offset: m.Offset, Start: now(), Result: "ok"}
-			if poisoned(m.ID) {
+			var berr error
+			if m.BodyURL != "" {
+				if e.Size, e.SHA256, berr = h.readBody(ctx, m.BodyURL); berr != nil {
+					cl.log.Warn("chaos: reading a large body over HTTP failed; nacking it", "id", m.ID, "err", berr)
+				}
+			}
+			if poisoned(m.ID) || berr != nil {
 				e.Result, poison = "error", m.Receipt
 			} else {
 				acks = append(acks, m.Receipt)

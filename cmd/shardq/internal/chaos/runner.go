@@ -743,7 +743,8 @@ func (r *runner) dumpTenant(ctx context.Context, c *shardq.Client, tenant string
 		var e Event
 		switch l.Kind {
 		case shardq.ExportKindMessage:
-			e = Event{Op: "stored", Proc: "runner", Tenant: tenant, Topic: l.Topic, ID: l.ID, Offset: l.Offset}
+			e = Event{Op: "stored", Proc: "runner", Tenant: tenant, Topic: l.Topic, ID: l.ID, Offset: l.Offset,
+				Complete: l.Headers[shardq.HeaderLargeChunks] != "" && l.Headers[shardq.HeaderLargeAborted] != "true"}
 		case shardq.ExportKindCursor:
 			if l.Committed == nil {
 				continue

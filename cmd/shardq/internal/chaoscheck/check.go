@@ -63,6 +63,9 @@ type Event struct {
 	// Intent (op send, check; transactional messages): how the sender's
 	// local transaction ends, commit or rollback, whoever resolves it.
 	Intent string `json:"intent,omitempty"`
+	// Complete (op stored, a large message's end marker): its write
+	// completed; an aborted or abandoned write's marker is stored without.
+	Complete bool `json:"complete,omitempty"`
 }
 
 // History ops.
@@ -210,6 +213,7 @@ type message struct {
 	large          bool   // sent as a large message (Size on its send)
 	start, end     int64  // the acknowledged publish's call
 	stored         bool
+	complete       bool // a large message whose end marker says its write completed
 	size           int64
 	sha256         string
 }
@@ -278,7 +282,7 @@ func Check(evs []Event) Report {
 			r.Published++
 		case OpStored:
 			m := get(e.Topic, e.ID)
-			m.stored, m.key = true, e.Key
+			m.stored, m.complete, m.key = true, e.Complete, e.Key
 			if m.offset < 0 {
 				m.offset = e.Offset
 			}
@@ -356,10 +360,11 @@ func Check(evs []Event) Report {
 		// stored: its acknowledgement was lost, or a check-back committed
 		// it), never settled. Lost when the group's cursor passed it (or
 		// it is gone), stuck when the cursor is still below it. A large
-		// message whose write was cut off is stored as an abandoned
-		// marker, which no handler is given.
+		// message whose write was cut off is stored as an aborted or
+		// abandoned marker, which no handler is given; one whose write
+		// completed, acknowledged or not, must arrive.
 		for _, m := range sortedMessages(msgs) {
-			if m.topic != topic || !(m.acked || m.sent && m.stored && !m.large) || dead[m.id] {
+			if m.topic != topic || !(m.acked || m.sent && m.stored && (!m.large || m.complete)) || dead[m.id] {
 				continue
 			}
 			cursor, ok := cursors[[3]string{g, topic, m.key}]

@@ -131,6 +131,11 @@ func TestEachViolationIsFound(t *testing.T) {
 			Event{Op: OpHalf, Proc: "runner", Topic: "ordered", Key: "k4", ID: "t4"})},
 		{"committed by the check-back, never delivered", "stuck", "t5", append(healthy(), txSend("t5", "k4", IntentCommit),
 			Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "k4", ID: "t5", Offset: 9})},
+		// Its writer died after the end marker committed, before it
+		// wrote the acknowledgement: the write completed all the same.
+		{"large write completed, unacknowledged, never delivered", "stuck", "L3", append(healthy(),
+			Event{Op: OpSend, Proc: "large-0.1", Topic: "ordered", Key: "L0", ID: "L3", Size: 100},
+			Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "L0", ID: "L3", Offset: 14, Complete: true})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -354,10 +359,10 @@ func TestLargeDeliveredAtItsFirstChunk(t *testing.T) {
 	h := hdl("sub-0.1", "sub", "L1", "ordered", "L0", 20, 300, 301, "ok")
 	acked := Event{Op: OpPublish, Proc: "large-0.1", Topic: "ordered", Key: "L0", ID: "L1", Offset: 25, Start: 1, End: 2, Size: 100, SHA256: "aa"}
 	h.Size, h.SHA256 = 100, "aa"
-	stored := Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "L0", ID: "L1", Offset: 25}
+	stored := Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "L0", ID: "L1", Offset: 25, Complete: true}
 	for name, evs := range map[string][]Event{
 		"acknowledged": append(healthy(), large, acked, h),
-		"found stored": append(healthy(), large, stored, h),
+		"found stored": append(healthy(), large, stored, h, Event{Op: OpCursor, Proc: "runner", Group: "sub", Topic: "ordered", Key: "L0", Offset: 25}),
 	} {
 		if r := Check(evs); len(r.Violations) != 0 {
 			t.Errorf("%s: %v", name, r.Violations)
