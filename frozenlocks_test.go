@@ -61,9 +61,10 @@ func runLockHelper(arg string) int {
 // transaction that holds a healthy member's lease rows (an acquisition
 // racing the holder's, an older release beside a newer one, an operator's
 // command) keeps them locked until the server ends its session. The
-// holder's renewals wait and fail meanwhile, but its heartbeat does not
-// wait behind them: it is not swept, keeps every lease under the same
-// token, and nothing is delivered twice. On the defaults, and on the
+// holder's renewals wait (and may fail) meanwhile, but its heartbeat does
+// not wait behind them: it is not swept, keeps every lease under the same
+// token, and nothing is delivered twice. On the defaults, with 1 s
+// heartbeats and 3 s staleness (well under one lock wait), and on the
 // shortest lease the rule of docs/leases.md ("Bounded waits") allows for
 // bounds of 1 s.
 func TestFrozenTransactionStallsNoHealthyMember(t *testing.T) {

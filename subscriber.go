@@ -408,9 +408,6 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 		c.settleDefaults(&cfg.MaxAttempts, &cfg.DLQSuffix, &cfg.Clock, &cfg.Logger, &cfg.Name, "subscriber")); err != nil {
 		return cfg, err
 	}
-	if cfg.Take != TakeUngrouped {
-		c.warnFrozenHold(cfg.Logger, cfg.LeaseTTL, cfg.HeartbeatInterval)
-	}
 	if err := cmp.Or(ident.ConsumerGroup(cfg.ConsumerGroup), ident.Topic(cfg.Topic), ident.SubscriberName(cfg.Name),
 		dlqTopic(cfg.Topic, cfg.DLQSuffix)); err != nil {
 		return cfg, err
@@ -427,8 +424,13 @@ func (c *Client) subscriberDefaults(cfg SubscriberConfig) (SubscriberConfig, err
 		return cfg, &ident.Error{Field: "handler", Rule: "set exactly one of Handler and BatchHandler"}
 	}
 	var err error
-	cfg.Tenants, err = consumerTenants("tenants", cfg.Tenants)
-	return cfg, err
+	if cfg.Tenants, err = consumerTenants("tenants", cfg.Tenants); err != nil {
+		return cfg, err
+	}
+	if cfg.Take != TakeUngrouped {
+		c.warnFrozenHold(cfg.Logger, cfg.LeaseTTL, cfg.HeartbeatInterval)
+	}
+	return cfg, nil
 }
 
 // Take chooses which messages a subscriber consumes.

@@ -607,12 +607,13 @@ func (d *Store) listLeases(ctx context.Context, stmt string, tenants []string, g
 	return out, nil
 }
 
-// SweepLeases frees the leases of those of owners whose heartbeat row is
-// older than staleBefore (or gone), acquired before now, and advances
-// their tokens: one statement per tenant (one shard), which a frozen process cannot leave
-// holding the rows of members that are alive. A heartbeat that lands
-// just after it does not make the swept leases live again: it came too
-// late, and its member stops the workers they fed (docs/leases.md).
+// SweepLeases frees the leases, acquired before now, of those of owners
+// whose heartbeat row is older than staleBefore (or gone), and advances
+// their tokens: one statement per tenant (one shard), which no frozen
+// process can leave holding the rows of members that are alive. A
+// heartbeat that lands just after it does not make the swept leases live
+// again: it came too late, and its member stops the workers they fed
+// (docs/leases.md).
 func (d *Store) SweepLeases(ctx context.Context, in driver.SweepLeasesParams) (int64, error) {
 	g, owners, staleBefore, now := in.Group, in.Owners, in.StaleBefore, in.Now
 	if len(owners) == 0 {

@@ -299,7 +299,8 @@ func (cl *client) publishLarge(ctx context.Context, stop <-chan struct{}) error 
 		for i := range body {
 			body[i] = byte(cl.rng.Uint32())
 		}
-		cl.record(Event{Op: "send", Tenant: m.Tenant, Topic: m.Topic, Key: m.PartitionKey, ID: m.ID, Size: int64(size)})
+		sum := sha256.Sum256(body)
+		cl.record(Event{Op: "send", Tenant: m.Tenant, Topic: m.Topic, Key: m.PartitionKey, ID: m.ID, Size: int64(size), SHA256: hex.EncodeToString(sum[:])})
 		start := now()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		res, err := cl.c.PublishLarge(cctx, m, bytes.NewReader(body), &shardq.LargeOptions{ChunkSize: 64 << 10, ChunksPerTx: 4})

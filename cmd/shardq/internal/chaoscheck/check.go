@@ -56,8 +56,9 @@ type Event struct {
 	// effects may still cost a lease or claim (a lease's TTL and the
 	// commit interval): a duplicate within it is explained.
 	Grace int64 `json:"grace,omitempty"`
-	// Size and SHA256 (large messages): written by the publisher (Size
-	// on its send too), and what a consumer read back.
+	// Size and SHA256 (large messages): written by the publisher (on its
+	// send too, so that a completed write it never saw acknowledged is
+	// checked as well), and what a consumer read back.
 	Size   int64  `json:"size,omitempty"`
 	SHA256 string `json:"sha256,omitempty"`
 	// Intent (op send, check; transactional messages): how the sender's
@@ -267,6 +268,9 @@ func Check(evs []Event) Report {
 		case OpSend:
 			m := get(e.Topic, e.ID)
 			m.sent, m.key, m.intent, m.large = true, e.Key, e.Intent, e.Size > 0
+			if m.sha256 == "" { // a large message's, known before the call; its publish line says the same
+				m.size, m.sha256 = e.Size, e.SHA256
+			}
 			r.Sent++
 			if e.Intent != "" {
 				r.Halves++

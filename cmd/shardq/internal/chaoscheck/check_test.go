@@ -136,6 +136,10 @@ func TestEachViolationIsFound(t *testing.T) {
 		{"large write completed, unacknowledged, never delivered", "stuck", "L3", append(healthy(),
 			Event{Op: OpSend, Proc: "large-0.1", Topic: "ordered", Key: "L0", ID: "L3", Size: 100},
 			Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "L0", ID: "L3", Offset: 14, Complete: true})},
+		{"large write completed, unacknowledged, read back otherwise", "partial", "L4", append(healthy(),
+			Event{Op: OpSend, Proc: "large-0.1", Topic: "ordered", Key: "L4", ID: "L4", Size: 100, SHA256: "aa"},
+			Event{Op: OpStored, Proc: "runner", Topic: "ordered", Key: "L4", ID: "L4", Offset: 15, Complete: true},
+			Event{Op: OpHandle, Proc: "sub-0.1", Group: "sub", Topic: "ordered", Key: "L4", ID: "L4", Offset: 15, Start: 100, End: 101, Result: "ok", Size: 100, SHA256: "bb"})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
