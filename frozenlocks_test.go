@@ -8,8 +8,10 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,40 +23,75 @@ import (
 	"github.com/shardq/shardq/internal/testdb"
 )
 
-// lockHelperEnv ("keys dsn") makes the test binary a process that opens
-// a transaction, locks the lease rows of tenant t, group g, topic x at
-// the comma-separated keys (as an acquisition's locking read does),
+// lockHelperEnv (a go-sql-driver DSN) makes the test binary a process
+// that connects, prints "READY", reads a line of comma-separated keys
+// from its input, opens a transaction, locks the lease rows of tenant t,
+// group g, topic x at those keys (as an acquisition's locking read does),
 // prints "LOCKED" and stops itself (SIGSTOP): a member frozen inside a
-// transaction, holding rows that another member needs.
-const lockHelperEnv = "SHARDQ_LOCK_HELPER"
+// transaction, holding rows that another member needs. Connecting first
+// keeps the lock's moment close to the line's.
+const lockHelperEnv = "SHARDQ_LOCK_HELPER_DSN"
 
-func runLockHelper(arg string) int {
-	keys, dsn, _ := strings.Cut(arg, " ")
+func runLockHelper(dsn string) int {
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "lock helper:", err)
+		return 1
+	}
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
+	db.SetMaxOpenConns(1)
 	ctx := context.Background()
+	if err := db.PingContext(ctx); err != nil {
+		return fail(err)
+	}
+	fmt.Println("READY")
+	keys, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	if err != nil {
+		return fail(err)
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
-	for _, k := range strings.Split(keys, ",") {
+	for _, k := range strings.Split(strings.TrimSpace(keys), ",") {
 		var owner string
 		if err := tx.QueryRowContext(ctx, "SELECT owner FROM queue_partition_leases WHERE tenant = 't' AND consumer_group = 'g' "+
 			"AND topic = 'x' AND partition_key = ? FOR UPDATE", k).Scan(&owner); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return fail(err)
 		}
 	}
 	fmt.Println("LOCKED")
 	if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
 	select {} // until killed
+}
+
+// lockHelper starts the lock helper on dsn and waits for it to connect.
+func lockHelper(t *testing.T, dsn string) (*exec.Cmd, io.Writer, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), lockHelperEnv+"="+dsn)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewReader(out)
+	if line, err := lines.ReadString('\n'); err != nil || line != "READY\n" {
+		t.Fatalf("lock helper: %q, %v", line, err)
+	}
+	return cmd, in, lines
 }
 
 // TestFrozenTransactionStallsNoHealthyMember: a process frozen inside a
@@ -112,6 +149,9 @@ func TestFrozenTransactionStallsNoHealthyMember(t *testing.T) {
 			}
 			pub, drv := member("h1")
 			member("h2")
+			// The bounds mysqldriver.Open sets, or the case's, as a member's session has them.
+			cmd, locks, lines := lockHelper(t, fmt.Sprintf("%s?idle_transaction_timeout=%d&innodb_lock_wait_timeout=%d",
+				base, int(c.idle.Seconds()), int(c.wait.Seconds())))
 
 			// A publisher keeps every partition busy for the whole run.
 			pubCtx, stopPub := context.WithCancel(ctx)
@@ -166,11 +206,10 @@ func TestFrozenTransactionStallsNoHealthyMember(t *testing.T) {
 			// server lets the frozen session live.
 			time.Sleep(time.Until(due) - c.idle/2)
 
-			// The bounds mysqldriver.Open sets, or the case's, as a member's session has them.
-			cmd, stdout := startHelper(t, lockHelperEnv, fmt.Sprintf("%s %s?idle_transaction_timeout=%d&innodb_lock_wait_timeout=%d",
-				strings.Join(keys, ","), base, int(c.idle.Seconds()), int(c.wait.Seconds())))
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-			if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "LOCKED\n" {
+			if _, err := fmt.Fprintln(locks, strings.Join(keys, ",")); err != nil {
+				t.Fatal(err)
+			}
+			if line, err := lines.ReadString('\n'); err != nil || line != "LOCKED\n" {
 				t.Fatalf("lock helper: %q, %v", line, err)
 			}
 			frozenAt := time.Now()
