@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -305,4 +306,99 @@ func TestShortLeaseWarnsOnce(t *testing.T) {
 	if n := logs.Count("lease shorter than the database's lock bounds allow"); n != 1 || logs.Count("LeaseTTL") != 1 {
 		t.Fatalf("%d warnings for a 6 s lease accepted twice and the default twice; want 1 naming LeaseTTL: %q", n, logs.All())
 	}
+}
+
+// TestLockedSQLiteFileCostsNoRedelivery: on SQLite a process frozen
+// inside a write holds the file's write lock, and no server ends it. Two
+// healthy members, busy with a backlog, can neither heartbeat, renew nor
+// commit meanwhile; they stop handing out before their heartbeats could
+// count as stale (as they must: a member that judges them may exist), and
+// the lock outlasts their busy_timeout. Once the file is free, what they
+// handled is committed before anyone takes their partitions (the final
+// commit is tried again while the file is locked, and a member whose own
+// heartbeat was late sweeps nobody), so nothing is delivered twice.
+func TestLockedSQLiteFileCostsNoRedelivery(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shardq.db")
+	const busy = 300 * time.Millisecond
+	url := fmt.Sprintf("sqlite://%s?busy_timeout=%s", path, busy)
+	ctx := context.Background()
+	var mu sync.Mutex
+	got := map[string]int{}
+	handle := func(_ context.Context, d *shardq.Delivery) error {
+		time.Sleep(10 * time.Millisecond) // a backlog outlasts the lock's start
+		mu.Lock()
+		got[d.ID]++
+		mu.Unlock()
+		return nil
+	}
+	const heartbeat, stale = 250 * time.Millisecond, time.Second
+	var pub *shardq.Client
+	for _, name := range []string{"h1", "h2"} {
+		cl, drv, err := openURL(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close(); drv.Close() })
+		pub = cl
+		if name == "h1" {
+			var ms []shardq.Message
+			for i := range 2000 {
+				ms = append(ms, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%05d", i)})
+			}
+			if _, err := cl.Publish(ctx, ms...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sub, err := cl.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Name: name,
+			Handler: handle, Take: shardq.TakeGrouped, LeaseTTL: 6 * time.Second, HeartbeatInterval: heartbeat, StaleAfter: stale,
+			DiscoveryInterval: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond, IdleRelease: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Stop(context.Background()) })
+	}
+	delivered := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	waitUntil(t, "deliveries under way", time.Minute, func() bool { return delivered() >= 200 })
+
+	// The frozen process: a write transaction that holds the file.
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	conn, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	atLock := delivered()
+	time.Sleep(2*stale + busy) // past the staleness, and past every waiting write's busy_timeout
+	during := delivered()
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if during == atLock || during >= 2000 {
+		t.Fatalf("%d delivered when the file was locked, %d when it was freed: the lock must fall in the middle of the backlog", atLock, during)
+	}
+	waitUntil(t, "every message delivered", time.Minute, func() bool { return delivered() == 2000 })
+	// A redelivery of what was handled under the lock would come now.
+	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "p0", ID: "last"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the last message", time.Minute, func() bool { return delivered() == 2001 })
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range got {
+		if n > 1 {
+			t.Errorf("message %s delivered %d times", id, n)
+		}
+	}
+	t.Logf("%d delivered before the lock, %d while it was held", atLock, during-atLock)
 }

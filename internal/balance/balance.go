@@ -34,6 +34,10 @@ type Input struct {
 	// Leases are the group's lease rows (free ones included).
 	Leases []driver.Lease
 	Now    time.Time
+	// Unjudged lists the tenants where Me cannot judge the others this
+	// tick (its own heartbeat was late): their leases count as held,
+	// expired or not.
+	Unjudged map[string]bool
 }
 
 // Plan is what to do this tick.
@@ -78,7 +82,7 @@ func Compute(in Input) Plan {
 		if h != nil {
 			h.inWork = true
 		}
-		if h == nil || (h.lease.Owner != in.Me && !h.lease.ExpiresAt.After(in.Now)) {
+		if h == nil || (h.lease.Owner != in.Me && !h.lease.ExpiresAt.After(in.Now) && !in.Unjudged[p.Tenant]) {
 			if s.takable == nil {
 				s.takable = make([]driver.PartitionRef, 0, len(in.Work))
 			}

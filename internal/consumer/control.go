@@ -77,6 +77,12 @@ func (s *Member) tick() (contended bool) {
 	member := map[string]bool{}
 	s.mu.Lock()
 	previous := s.previous
+	unjudged := map[string]bool{}
+	for _, t := range s.cfg.Tenants {
+		if !s.steadyIn(t, now) {
+			unjudged[t] = true
+		}
+	}
 	s.mu.Unlock()
 	if s.cfg.Instance != "" {
 		if s.rivals(ctx, subs, previous) {
@@ -96,7 +102,7 @@ func (s *Member) tick() (contended bool) {
 			alive[sub.Name] = true
 		}
 	}
-	s.sweep(ctx, leases, member, alive, now)
+	s.sweep(ctx, leases, member, alive, unjudged, now)
 	held := make(map[[2]string]bool, len(leases))
 	for _, l := range leases {
 		if l.Owner != "" && l.Owner != s.cfg.ID {
@@ -128,7 +134,7 @@ func (s *Member) tick() (contended bool) {
 		}
 		refs = append(refs, driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey})
 	}
-	plan := balance.Compute(balance.Input{Me: s.cfg.ID, Live: live, Work: refs, Leases: leases, Now: now})
+	plan := balance.Compute(balance.Input{Me: s.cfg.ID, Live: live, Work: refs, Leases: leases, Now: now, Unjudged: unjudged})
 	for _, p := range plan.Release {
 		s.mu.Lock()
 		if w := s.workers[p]; w != nil {
@@ -310,14 +316,15 @@ func (s *Member) tickFailed(what string, err error) {
 	s.log.Warn("shardq: "+what+"; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
 }
 
-// sweep frees the leases of subscribers whose heartbeat went stale.
-func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, now time.Time) {
+// sweep frees the leases of subscribers whose heartbeat went stale, in
+// the tenants where this member may judge them (steadyIn).
+func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive, unjudged map[string]bool, now time.Time) {
 	deadSet, tenantSet := map[string]bool{}, map[string]bool{}
 	for _, l := range leases {
 		// Only members whose heartbeat went stale are known dead. An owner
 		// without heartbeat rows is a group receiver (AcceptGroup), which
 		// renews its lease instead: its lease expires by itself.
-		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] {
+		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] && !unjudged[l.Tenant] {
 			deadSet[l.Owner], tenantSet[l.Tenant] = true, true
 		}
 	}

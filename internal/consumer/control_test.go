@@ -63,3 +63,72 @@ func TestAcquisitionsPastTheDeadlineLogOnce(t *testing.T) {
 		t.Fatalf("%d warnings about acquiring 50 partitions past the deadline, want 1", n)
 	}
 }
+
+// TestLateMemberJudgesNobody: a member whose own heartbeat is late (this
+// process frozen, or every writer held up by another process frozen
+// inside a write on SQLite's file) sweeps nobody until its heartbeat has
+// been on time for StaleAfter: the others
+// were likely held up as long, and get that time to write theirs again.
+// Then a member that stays stale is swept.
+func TestLateMemberJudgesNobody(t *testing.T) {
+	ctx := context.Background()
+	d := testdb.Migrated(t, testdb.SQLite(t))
+	publishKeys(t, d, "k", 0, 4)
+	scope := driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"}
+	now := time.Unix(1_000_000, 0)
+	const stale = 4 * time.Second
+	for _, m := range []string{"ghost", "m0"} {
+		if err := d.Heartbeat(ctx, scope, m, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		ref := driver.PartitionRef{Tenant: "bench", ConsumerGroup: "g", Topic: "tick", PartitionKey: fmt.Sprintf("k%07d", i)}
+		if _, err := d.AcquireLease(ctx, driver.AcquireLeaseParams{Partition: ref, Owner: "ghost", Now: now, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &Member{drv: d, workers: map[driver.PartitionRef]*worker{}, life: lifecycle.New(ctx), log: slog.New(slog.DiscardHandler),
+		cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench"}, ID: "m0", LeaseTTL: time.Hour, StaleAfter: stale,
+			HeartbeatInterval: time.Second, DiscoveryWindow: time.Minute, FullDiscoveryInterval: time.Hour, Clock: func() time.Time { return now }}}
+	defer s.life.Stop(ctx)
+	s.beaten(scope.Tenants, now)
+	ghostHolds := func() int {
+		ls, err := d.HeldLeases(ctx, scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, l := range ls {
+			if l.Owner == "ghost" {
+				n++
+			}
+		}
+		return n
+	}
+	beat := func() {
+		if err := s.heartbeat(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Both frozen past StaleAfter: m0 wakes first.
+	now = now.Add(stale + time.Second)
+	s.tick()
+	if n := ghostHolds(); n != 4 {
+		t.Fatalf("a member whose own heartbeat was %s old swept a peer's leases (%d of 4 left)", stale+time.Second, n)
+	}
+	beat() // lands late
+	for end := now.Add(stale); now.Before(end); now = now.Add(stale / 4) {
+		s.tick()
+		if n := ghostHolds(); n != 4 {
+			t.Fatalf("swept a peer %s after its own late heartbeat (%d of 4 leases left), before the peer had StaleAfter (%s) to write again",
+				now.Sub(end.Add(-stale)), n, stale)
+		}
+		beat()
+	}
+	s.tick()
+	if n := ghostHolds(); n != 0 {
+		t.Fatalf("a peer stale for StaleAfter after this member's heartbeat came back on time still holds %d leases", n)
+	}
+}

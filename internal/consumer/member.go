@@ -157,7 +157,10 @@ type Member struct {
 	// while it moved may have been taken before a freeze and swept since
 	// (startWorker).
 	lapses map[string]uint64
-	beatMu sync.Mutex // one heartbeat write at a time (beatOnce)
+	// judgeFrom is, per tenant, when this member may judge the others
+	// there by their heartbeats again (guarded by mu; steadyIn).
+	judgeFrom map[string]time.Time
+	beatMu    sync.Mutex // one heartbeat write at a time (beatOnce)
 }
 
 // Start starts a member: it heartbeats once (or, taking only ungrouped
@@ -303,8 +306,12 @@ func (s *Member) beaten(tenants []string, at time.Time) {
 	}
 	if s.lapses == nil {
 		s.lapses = map[string]uint64{}
+		s.judgeFrom = map[string]time.Time{}
 	}
 	for _, t := range tenants {
+		if last, ok := s.beatAt[t]; ok && done.Sub(last) > s.lateAfter() {
+			s.judgeFrom[t] = done.Add(s.cfg.StaleAfter) // late: steadyIn
+		}
 		if last, ok := s.beatAt[t]; ok && !done.Before(s.liveUntil(t).Add(-s.holderMargin())) {
 			s.lapses[t]++
 			for _, w := range s.workers {
@@ -327,6 +334,24 @@ func (s *Member) beaten(tenants []string, at time.Time) {
 // an expiry (worker.giveUpAt). Called with s.mu held.
 func (s *Member) liveUntil(tenant string) time.Time {
 	return s.beatAt[tenant].Add(s.cfg.StaleAfter)
+}
+
+// steadyIn reports whether the member may judge the others in tenant by
+// their heartbeats at now: sweep the leases of those gone stale, and take
+// another owner's expired lease. Not while its own heartbeat there
+// is late (lateAfter), nor for StaleAfter after a late one landed: what
+// held it up (another process frozen inside a write on SQLite's file, a
+// freeze of this process, a slow database) may have held theirs up too,
+// and each gets StaleAfter to write again before it is judged
+// (docs/leases.md, "Liveness"). Called with s.mu held.
+func (s *Member) steadyIn(tenant string, now time.Time) bool {
+	return now.Sub(s.beatAt[tenant]) <= s.lateAfter() && !now.Before(s.judgeFrom[tenant])
+}
+
+// lateAfter is the age at which the member's own heartbeat is late:
+// halfway from its interval to StaleAfter.
+func (s *Member) lateAfter() time.Duration {
+	return (s.cfg.HeartbeatInterval + s.cfg.StaleAfter) / 2
 }
 
 // lapsesIn is the count of lapsed heartbeats in tenant so far (lapses).

@@ -401,13 +401,34 @@ func (w *worker) finish() {
 // among the member's until then, so the member does not take the
 // partition again first; the step is bounded on its own, outside the
 // member's commit lock, as in an outage many leases end at once.
+//
+// A write the database refused for a lock (SQLite's file held by another
+// process, frozen mid-write, which is why the lease lapsed unrenewed) is
+// tried again every PollInterval until it lands, the lease turns out
+// taken, or the member stops: the file frees for everyone at once, and
+// what was handled under the lease is then committed, not delivered again.
 func (w *worker) commitLost() {
 	w.settledTo()
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-	defer cancel()
-	now := w.s.cfg.Clock()
-	if err := w.s.drv.CommitReceived(ctx, driver.CommitReceivedParams{Lease: w.leaseNow(), Offset: w.cursor, Release: !now.Before(w.notBefore), Now: now}); err == nil {
-		raise(&w.commit, w.cursor)
+	s := w.s
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+		now := s.cfg.Clock()
+		err := s.drv.CommitReceived(ctx, driver.CommitReceivedParams{Lease: w.leaseNow(), Offset: w.cursor, Release: !now.Before(w.notBefore), Now: now})
+		cancel()
+		if err == nil {
+			raise(&w.commit, w.cursor)
+			return
+		}
+		if !s.drv.Retryable(err) {
+			return
+		}
+		t := time.NewTimer(s.cfg.PollInterval)
+		select {
+		case <-t.C:
+		case <-s.life.HardContext().Done():
+			t.Stop()
+			return
+		}
 	}
 }
 
