@@ -137,7 +137,10 @@ type Config struct {
 	// FeedOff polls only.
 	ChangeFeed FeedMode
 
-	// Clock is this process's clock. Default time.Now.
+	// Clock is this process's clock. Default time.Now. Its elapsed time
+	// is trusted between reads of the database's clock (ClockSync): one
+	// that jumps ahead of the time that passes by more than a LeaseTTL
+	// can take a lease that has not expired (docs/chaos.md, "Left out").
 	Clock func() time.Time
 
 	// ClockSync is how often the client reads the database's clock
