@@ -315,90 +315,109 @@ func TestShortLeaseWarnsOnce(t *testing.T) {
 // count as stale (as they must: a member that judges them may exist), and
 // the lock outlasts their busy_timeout. Once the file is free, what they
 // handled is committed before anyone takes their partitions (the final
-// commit is tried again while the file is locked, and a member whose own
-// heartbeat was late sweeps nobody), so nothing is delivered twice.
+// commit is tried again while it fails, and a member whose own heartbeat
+// was late spares the peers held up with it), so nothing is delivered
+// twice. The long form (not -short) holds the file past a call's 15 s
+// bound on the default busy_timeout, where the members' writes queue
+// for their one connection and fail with their deadline, not SQLITE_BUSY.
 func TestLockedSQLiteFileCostsNoRedelivery(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "shardq.db")
-	const busy = 300 * time.Millisecond
-	url := fmt.Sprintf("sqlite://%s?busy_timeout=%s", path, busy)
-	ctx := context.Background()
-	var mu sync.Mutex
-	got := map[string]int{}
-	handle := func(_ context.Context, d *shardq.Delivery) error {
-		time.Sleep(10 * time.Millisecond) // a backlog outlasts the lock's start
-		mu.Lock()
-		got[d.ID]++
-		mu.Unlock()
-		return nil
-	}
 	const heartbeat, stale = 250 * time.Millisecond, time.Second
-	var pub *shardq.Client
-	for _, name := range []string{"h1", "h2"} {
-		cl, drv, err := openURL(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cl.Close(); drv.Close() })
-		pub = cl
-		if name == "h1" {
-			var ms []shardq.Message
-			for i := range 2000 {
-				ms = append(ms, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%05d", i)})
+	cases := []struct {
+		name       string
+		busy, lock time.Duration
+	}{{"busy_timeout 300ms", 300 * time.Millisecond, 2*stale + 300*time.Millisecond}}
+	if !testing.Short() {
+		cases = append(cases, struct {
+			name       string
+			busy, lock time.Duration
+		}{"default busy_timeout", 0, 25 * time.Second})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "shardq.db")
+			url := "sqlite://" + path
+			if c.busy > 0 {
+				url += fmt.Sprintf("?busy_timeout=%s", c.busy)
 			}
-			if _, err := cl.Publish(ctx, ms...); err != nil {
+			ctx := context.Background()
+			var mu sync.Mutex
+			got := map[string]int{}
+			handle := func(_ context.Context, d *shardq.Delivery) error {
+				time.Sleep(10 * time.Millisecond) // a backlog outlasts the lock's start
+				mu.Lock()
+				got[d.ID]++
+				mu.Unlock()
+				return nil
+			}
+			var pub *shardq.Client
+			for _, name := range []string{"h1", "h2"} {
+				cl, drv, err := openURL(url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cl.Close(); drv.Close() })
+				pub = cl
+				if name == "h1" {
+					var ms []shardq.Message
+					for i := range 2000 {
+						ms = append(ms, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: fmt.Sprintf("p%d", i%8), ID: fmt.Sprintf("m%05d", i)})
+					}
+					if _, err := cl.Publish(ctx, ms...); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sub, err := cl.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Name: name,
+					Handler: handle, Take: shardq.TakeGrouped, LeaseTTL: 6 * time.Second, HeartbeatInterval: heartbeat, StaleAfter: stale,
+					DiscoveryInterval: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond, IdleRelease: time.Hour})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { sub.Stop(context.Background()) })
+			}
+			delivered := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(got)
+			}
+			waitUntil(t, "deliveries under way", time.Minute, func() bool { return delivered() >= 200 })
+
+			// The frozen process: a write transaction that holds the file.
+			raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)") // wait out a member's write
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		sub, err := cl.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "g", Topic: "x", Tenants: []string{"t"}, Name: name,
-			Handler: handle, Take: shardq.TakeGrouped, LeaseTTL: 6 * time.Second, HeartbeatInterval: heartbeat, StaleAfter: stale,
-			DiscoveryInterval: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond, IdleRelease: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sub.Stop(context.Background()) })
+			defer raw.Close()
+			conn, err := raw.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+				t.Fatal(err)
+			}
+			atLock := delivered()
+			time.Sleep(c.lock)
+			during := delivered()
+			if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
+			if during == atLock || during >= 2000 {
+				t.Fatalf("%d delivered when the file was locked, %d when it was freed: the lock must fall in the middle of the backlog", atLock, during)
+			}
+			waitUntil(t, "every message delivered", time.Minute, func() bool { return delivered() == 2000 })
+			// A redelivery of what was handled under the lock would come now.
+			if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "p0", ID: "last"}); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "the last message", time.Minute, func() bool { return delivered() == 2001 })
+			mu.Lock()
+			defer mu.Unlock()
+			for id, n := range got {
+				if n > 1 {
+					t.Errorf("message %s delivered %d times", id, n)
+				}
+			}
+			t.Logf("%d delivered before the lock, %d while it was held for %s", atLock, during-atLock, c.lock)
+		})
 	}
-	delivered := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got)
-	}
-	waitUntil(t, "deliveries under way", time.Minute, func() bool { return delivered() >= 200 })
-
-	// The frozen process: a write transaction that holds the file.
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	conn, err := raw.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	atLock := delivered()
-	time.Sleep(2*stale + busy) // past the staleness, and past every waiting write's busy_timeout
-	during := delivered()
-	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
-		t.Fatal(err)
-	}
-	if during == atLock || during >= 2000 {
-		t.Fatalf("%d delivered when the file was locked, %d when it was freed: the lock must fall in the middle of the backlog", atLock, during)
-	}
-	waitUntil(t, "every message delivered", time.Minute, func() bool { return delivered() == 2000 })
-	// A redelivery of what was handled under the lock would come now.
-	if _, err := pub.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: "p0", ID: "last"}); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the last message", time.Minute, func() bool { return delivered() == 2001 })
-	mu.Lock()
-	defer mu.Unlock()
-	for id, n := range got {
-		if n > 1 {
-			t.Errorf("message %s delivered %d times", id, n)
-		}
-	}
-	t.Logf("%d delivered before the lock, %d while it was held", atLock, during-atLock)
 }

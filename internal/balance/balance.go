@@ -34,10 +34,10 @@ type Input struct {
 	// Leases are the group's lease rows (free ones included).
 	Leases []driver.Lease
 	Now    time.Time
-	// Unjudged lists the tenants where Me cannot judge the others this
-	// tick (its own heartbeat was late): their leases count as held,
-	// expired or not.
-	Unjudged map[string]bool
+	// Spare holds, for the tenants where Me's own heartbeat was late, the
+	// time after which another owner's expired lease still counts as
+	// held: its owner may have been held up as long as Me.
+	Spare map[string]time.Time
 }
 
 // Plan is what to do this tick.
@@ -82,7 +82,7 @@ func Compute(in Input) Plan {
 		if h != nil {
 			h.inWork = true
 		}
-		if h == nil || (h.lease.Owner != in.Me && !h.lease.ExpiresAt.After(in.Now) && !in.Unjudged[p.Tenant]) {
+		if h == nil || (h.lease.Owner != in.Me && !h.lease.ExpiresAt.After(in.Now) && !spared(in.Spare, h.lease)) {
 			if s.takable == nil {
 				s.takable = make([]driver.PartitionRef, 0, len(in.Work))
 			}
@@ -146,6 +146,12 @@ func Compute(in Input) Plan {
 		plan.Acquire = append(plan.Acquire, s.takable[:want]...)
 	}
 	return plan
+}
+
+// spared reports whether l's expiry falls after its tenant's mark in spare.
+func spared(spare map[string]time.Time, l driver.Lease) bool {
+	mark, ok := spare[l.Tenant]
+	return ok && l.ExpiresAt.After(mark)
 }
 
 // byScore orders partitions by rendezvous score for me, highest first.

@@ -127,23 +127,25 @@ func TestExpiredLeasesAreTakableAndTenantsSeparate(t *testing.T) {
 	}
 }
 
-// In a tenant where this member cannot judge the others (its own
-// heartbeat was late), an expired lease of another owner is not takable:
-// that owner was likely held up as long, and renews it once it can.
-func TestUnjudgedTenantKeepsOthersExpiredLeases(t *testing.T) {
-	work := append(parts("t1", 2), parts("t2", 2)...)
+// In a tenant where this member's own heartbeat was late, another
+// owner's lease that expired after the mark (Spare) is not takable: that
+// owner may have been held up as long. One that expired before the mark,
+// or in another tenant, is.
+func TestSparedLeasesAreNotTakable(t *testing.T) {
+	work := append(parts("t1", 3), parts("t2", 2)...)
 	rows := []driver.Lease{
 		{PartitionRef: work[0], Owner: "late", ExpiresAt: now.Add(-time.Second)},
-		{PartitionRef: work[2], Owner: "late", ExpiresAt: now.Add(-time.Second)},
+		{PartitionRef: work[1], Owner: "dead", ExpiresAt: now.Add(-time.Minute)},
+		{PartitionRef: work[3], Owner: "late", ExpiresAt: now.Add(-time.Second)},
 	}
 	plan := Compute(Input{Me: "me", Live: map[string][]string{"t1": {"me"}, "t2": {"me"}}, Work: work, Leases: rows, Now: now,
-		Unjudged: map[string]bool{"t1": true}})
+		Spare: map[string]time.Time{"t1": now.Add(-10 * time.Second)}})
 	got := map[driver.PartitionRef]bool{}
 	for _, p := range plan.Acquire {
 		got[p] = true
 	}
-	if got[work[0]] || !got[work[1]] || !got[work[2]] || !got[work[3]] {
-		t.Fatalf("acquire %v: want t1's free partition (not its expired lease of another owner) and both of t2", plan.Acquire)
+	if got[work[0]] || !got[work[1]] || !got[work[2]] || !got[work[3]] || !got[work[4]] {
+		t.Fatalf("acquire %v: want all but t1's lease that expired after the mark", plan.Acquire)
 	}
 }
 

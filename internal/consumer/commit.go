@@ -83,7 +83,9 @@ func (s *Member) commitTenant(tenant string, ws []*worker, batch []driver.Offset
 func (w *worker) committed(offset int64, err error) bool {
 	switch {
 	case errorsIsLost(err):
-		w.s.log.Warn("shardq: lease lost at commit; the new owner redelivers", w.logArgs("offset", offset)...)
+		if w.commit.Load() < offset { // else the lapsed worker's own commit landed first (commitLost)
+			w.s.log.Warn("shardq: lease lost at commit; the new owner redelivers", w.logArgs("offset", offset)...)
+		}
 		w.lose()
 		return false
 	case err != nil:

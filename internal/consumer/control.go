@@ -77,10 +77,12 @@ func (s *Member) tick() (contended bool) {
 	member := map[string]bool{}
 	s.mu.Lock()
 	previous := s.previous
-	unjudged := map[string]bool{}
+	spare, spareLeases := map[string]time.Time{}, map[string]time.Time{}
 	for _, t := range s.cfg.Tenants {
-		if !s.steadyIn(t, now) {
-			unjudged[t] = true
+		from, held := s.spareFrom(t, now)
+		spare[t] = from
+		if held {
+			spareLeases[t] = from
 		}
 	}
 	s.mu.Unlock()
@@ -102,7 +104,7 @@ func (s *Member) tick() (contended bool) {
 			alive[sub.Name] = true
 		}
 	}
-	s.sweep(ctx, leases, member, alive, unjudged, now)
+	s.sweep(ctx, leases, member, alive, spare, now)
 	held := make(map[[2]string]bool, len(leases))
 	for _, l := range leases {
 		if l.Owner != "" && l.Owner != s.cfg.ID {
@@ -134,7 +136,7 @@ func (s *Member) tick() (contended bool) {
 		}
 		refs = append(refs, driver.PartitionRef{Tenant: p.Tenant, ConsumerGroup: s.cfg.ConsumerGroup, Topic: p.Topic, PartitionKey: p.PartitionKey})
 	}
-	plan := balance.Compute(balance.Input{Me: s.cfg.ID, Live: live, Work: refs, Leases: leases, Now: now, Unjudged: unjudged})
+	plan := balance.Compute(balance.Input{Me: s.cfg.ID, Live: live, Work: refs, Leases: leases, Now: now, Spare: spareLeases})
 	for _, p := range plan.Release {
 		s.mu.Lock()
 		if w := s.workers[p]; w != nil {
@@ -316,27 +318,36 @@ func (s *Member) tickFailed(what string, err error) {
 	s.log.Warn("shardq: "+what+"; retrying next tick", "tenants", s.cfg.Tenants, "err", err)
 }
 
-// sweep frees the leases of subscribers whose heartbeat went stale, in
-// the tenants where this member may judge them (steadyIn).
-func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive, unjudged map[string]bool, now time.Time) {
-	deadSet, tenantSet := map[string]bool{}, map[string]bool{}
+// sweep frees the leases of subscribers whose heartbeat went stale,
+// sparing, per tenant, those that beat after spare (spareFrom).
+func (s *Member) sweep(ctx context.Context, leases []driver.Lease, member, alive map[string]bool, spare map[string]time.Time, now time.Time) {
+	dead := map[string]map[string]bool{} // tenant → owners
 	for _, l := range leases {
 		// Only members whose heartbeat went stale are known dead. An owner
 		// without heartbeat rows is a group receiver (AcceptGroup), which
 		// renews its lease instead: its lease expires by itself.
-		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] && !unjudged[l.Tenant] {
-			deadSet[l.Owner], tenantSet[l.Tenant] = true, true
+		if l.Owner != "" && member[l.Owner] && !alive[l.Owner] {
+			if dead[l.Tenant] == nil {
+				dead[l.Tenant] = map[string]bool{}
+			}
+			dead[l.Tenant][l.Owner] = true
 		}
 	}
-	if len(deadSet) == 0 {
-		return
-	}
-	dead, tenants := slices.Sorted(maps.Keys(deadSet)), slices.Sorted(maps.Keys(tenantSet))
-	n, err := s.drv.SweepLeases(ctx, driver.SweepLeasesParams{Group: driver.GroupScope{Tenants: tenants, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup}, Owners: dead, StaleBefore: now.Add(-s.cfg.StaleAfter), Now: now})
-	if n > 0 {
-		s.log.Info("shardq: swept leases of dead subscribers", "dead", dead, "leases", n)
-	}
-	if err != nil {
-		s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenants", tenants, "err", err)
+	for _, tenant := range slices.Sorted(maps.Keys(dead)) {
+		owners := slices.Sorted(maps.Keys(dead[tenant]))
+		// The statement re-reads the heartbeats: one that waited for a
+		// lock still spares what beat after the mark (a held-up peer).
+		before := now.Add(-s.cfg.StaleAfter)
+		if m := spare[tenant]; m.Before(before) {
+			before = m
+		}
+		n, err := s.drv.SweepLeases(ctx, driver.SweepLeasesParams{Group: driver.GroupScope{Tenants: []string{tenant}, Topic: s.cfg.Topic, ConsumerGroup: s.cfg.ConsumerGroup},
+			Owners: owners, StaleBefore: before, Now: now})
+		if n > 0 {
+			s.log.Info("shardq: swept leases of dead subscribers", "tenant", tenant, "dead", owners, "leases", n)
+		}
+		if err != nil {
+			s.log.Warn("shardq: orphan sweep failed; retrying next tick", "tenant", tenant, "err", err)
+		}
 	}
 }

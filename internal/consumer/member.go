@@ -157,10 +157,12 @@ type Member struct {
 	// while it moved may have been taken before a freeze and swept since
 	// (startWorker).
 	lapses map[string]uint64
-	// judgeFrom is, per tenant, when this member may judge the others
-	// there by their heartbeats again (guarded by mu; steadyIn).
-	judgeFrom map[string]time.Time
-	beatMu    sync.Mutex // one heartbeat write at a time (beatOnce)
+	// judgeFrom is, per tenant, until when this member spares the peers
+	// that may have been held up with it, and heldFrom the stamp of its
+	// last heartbeat before the late one that set it (guarded by mu;
+	// spareFrom).
+	judgeFrom, heldFrom map[string]time.Time
+	beatMu              sync.Mutex // one heartbeat write at a time (beatOnce)
 }
 
 // Start starts a member: it heartbeats once (or, taking only ungrouped
@@ -306,11 +308,11 @@ func (s *Member) beaten(tenants []string, at time.Time) {
 	}
 	if s.lapses == nil {
 		s.lapses = map[string]uint64{}
-		s.judgeFrom = map[string]time.Time{}
+		s.judgeFrom, s.heldFrom = map[string]time.Time{}, map[string]time.Time{}
 	}
 	for _, t := range tenants {
 		if last, ok := s.beatAt[t]; ok && done.Sub(last) > s.lateAfter() {
-			s.judgeFrom[t] = done.Add(s.cfg.StaleAfter) // late: steadyIn
+			s.judgeFrom[t], s.heldFrom[t] = done.Add(s.cfg.StaleAfter), last // late: spareFrom
 		}
 		if last, ok := s.beatAt[t]; ok && !done.Before(s.liveUntil(t).Add(-s.holderMargin())) {
 			s.lapses[t]++
@@ -336,16 +338,25 @@ func (s *Member) liveUntil(tenant string) time.Time {
 	return s.beatAt[tenant].Add(s.cfg.StaleAfter)
 }
 
-// steadyIn reports whether the member may judge the others in tenant by
-// their heartbeats at now: sweep the leases of those gone stale, and take
-// another owner's expired lease. Not while its own heartbeat there
-// is late (lateAfter), nor for StaleAfter after a late one landed: what
-// held it up (another process frozen inside a write on SQLite's file, a
-// freeze of this process, a slow database) may have held theirs up too,
-// and each gets StaleAfter to write again before it is judged
-// (docs/leases.md, "Liveness"). Called with s.mu held.
-func (s *Member) steadyIn(tenant string, now time.Time) bool {
-	return now.Sub(s.beatAt[tenant]) <= s.lateAfter() && !now.Before(s.judgeFrom[tenant])
+// spareFrom is the heartbeat time from which this member spares the
+// others in tenant at now: it sweeps no member whose last heartbeat is
+// that recent, however stale it looks, and, when held is true, takes no
+// other owner's lease that expired after it. A peer that beat no more
+// than an interval and a half before this member's own last heartbeat
+// may have been held up as long as it was (another process frozen inside
+// a write on SQLite's file, a slow database) and is as live as it is.
+// While its own heartbeat is late (lateAfter), and for StaleAfter after a
+// late one landed, the mark stays at its last heartbeat before the
+// delay, so that those peers get StaleAfter to write theirs again; a
+// peer already stale before it is judged as ever (docs/leases.md,
+// "Liveness"). Called with s.mu held.
+func (s *Member) spareFrom(tenant string, now time.Time) (from time.Time, held bool) {
+	mark := s.beatAt[tenant]
+	held = now.Sub(mark) > s.lateAfter()
+	if now.Before(s.judgeFrom[tenant]) {
+		mark, held = s.heldFrom[tenant], true
+	}
+	return mark.Add(-s.cfg.HeartbeatInterval * 3 / 2), held
 }
 
 // lateAfter is the age at which the member's own heartbeat is late:

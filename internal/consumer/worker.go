@@ -402,11 +402,12 @@ func (w *worker) finish() {
 // partition again first; the step is bounded on its own, outside the
 // member's commit lock, as in an outage many leases end at once.
 //
-// A write the database refused for a lock (SQLite's file held by another
-// process, frozen mid-write, which is why the lease lapsed unrenewed) is
-// tried again every PollInterval until it lands, the lease turns out
-// taken, or the member stops: the file frees for everyone at once, and
-// what was handled under the lease is then committed, not delivered again.
+// While the member runs, a commit that fails for any reason but a lost
+// lease is tried again every HeartbeatInterval until it lands or the
+// token turns out taken: a lease lapses unrenewed when writes fail (on
+// SQLite, every writer waits while another process, frozen mid-write,
+// holds the file), and once they succeed again what was handled under it
+// is committed, not delivered again. A stopping member tries once.
 func (w *worker) commitLost() {
 	w.settledTo()
 	s := w.s
@@ -419,13 +420,13 @@ func (w *worker) commitLost() {
 			raise(&w.commit, w.cursor)
 			return
 		}
-		if !s.drv.Retryable(err) {
+		if errorsIsLost(err) {
 			return
 		}
-		t := time.NewTimer(s.cfg.PollInterval)
+		t := time.NewTimer(s.cfg.HeartbeatInterval)
 		select {
 		case <-t.C:
-		case <-s.life.HardContext().Done():
+		case <-s.life.Context().Done():
 			t.Stop()
 			return
 		}
