@@ -5,17 +5,16 @@
 package failovertest
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
-	"strconv"
+	osexec "os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,10 +46,12 @@ type ack struct {
 }
 
 // TestPrimaryKilledUnderPublishers: 16 publishers, one key each, publish
-// until the primary's mariadbd is killed (SIGKILL) mid-stream; the
-// replica is promoted once it applied what it received, as an external
-// failover tool does. For the last lagFor before the kill the replica
-// receives nothing, as over a slow link. On it, every acknowledged publish must be stored at
+// until the primary's mariadbd is killed (SIGKILL, by the command
+// SHARDQ_FAILOVER_KILL) mid-stream; the replica is promoted once it
+// applied what it received, as an external failover tool does, and then
+// SHARDQ_FAILOVER_PROMOTED is run, if set (it tells Vitess). For the last
+// lagFor before the kill the replica receives nothing, as over a slow
+// link. On it, every acknowledged publish must be stored at
 // its acknowledged offset, each key's in the order acknowledged, and a
 // subscriber must receive all that is stored, each key in order, and
 // what is published after the failover after it. With semi-synchronous
@@ -58,16 +59,30 @@ type ack struct {
 // events) nothing acknowledged may be lost; with asynchronous
 // replication the test reports what was, and fails if nothing was: it
 // would not see a loss.
+//
+// The queue's clients use the primary and then the promoted replica
+// (database shardq_failover, created here), or, with
+// SHARDQ_FAILOVER_QUEUE set, that DSN throughout (vtgate), the servers
+// holding the tables in database SHARDQ_FAILOVER_SCHEMA. The messages are
+// tenant SHARDQ_FAILOVER_TENANT's ["t"]: through Vitess, one of the
+// killed shard.
 func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	mode := env(t, "SHARDQ_FAILOVER_MODE")
 	primary := withDatabase(t, env(t, "SHARDQ_FAILOVER_PRIMARY"), "")
 	replica := withDatabase(t, env(t, "SHARDQ_FAILOVER_REPLICA"), "")
-	pidFile := env(t, "SHARDQ_FAILOVER_PRIMARY_PID")
+	killCmd := env(t, "SHARDQ_FAILOVER_KILL")
+	schema := cmp.Or(os.Getenv("SHARDQ_FAILOVER_SCHEMA"), database)
+	tenant := cmp.Or(os.Getenv("SHARDQ_FAILOVER_TENANT"), "t")
+	before, after := withDatabase(t, primary, database), withDatabase(t, replica, database)
+	if q := os.Getenv("SHARDQ_FAILOVER_QUEUE"); q != "" {
+		before, after = q, q
+	} else {
+		exec(t, primary, "CREATE DATABASE "+database+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+	}
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
 
-	exec(t, primary, "CREATE DATABASE "+database+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-	pd, err := mysqldriver.Open(withDatabase(t, primary, database))
+	pd, err := mysqldriver.Open(before)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,13 +95,13 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	}
 	waitFor(t, "the schema on the replica", func() bool {
 		var n int
-		return query(t, replica, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = 'queue_messages'", database).Scan(&n) == nil && n == 1
+		return query(t, replica, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = 'queue_messages'", schema).Scan(&n) == nil && n == 1
 	})
 
 	// Group "live" reads on the primary while it runs, and goes on on the
 	// promoted replica from the cursors that reached it.
 	live := newRecorder()
-	liveSub, err := pc.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "live", Topic: "x", Tenants: []string{"t"}, Handler: live.handle})
+	liveSub, err := pc.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: "live", Topic: "x", Tenants: []string{tenant}, Handler: live.handle})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +119,7 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 			for n := 0; ; n++ {
 				id := fmt.Sprintf("k%02d-%06d", k, n)
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				res, err := pc.Publish(cctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key(k), ID: id, Payload: payload})
+				res, err := pc.Publish(cctx, shardq.Message{Tenant: tenant, Topic: "x", PartitionKey: key(k), ID: id, Payload: payload})
 				cancel()
 				if err != nil {
 					if !killed.Load() {
@@ -130,7 +145,8 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	atLag := total.Load()
 	time.Sleep(lagFor)
 	killed.Store(true)
-	kill(t, pidFile)
+	run(t, killCmd)
+	killedAt := time.Now()
 	wg.Wait()
 	close(early)
 	for e := range early {
@@ -145,12 +161,16 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	pc.Close()
 	pd.Close()
 	promote(t, replica)
+	if c := os.Getenv("SHARDQ_FAILOVER_PROMOTED"); c != "" {
+		run(t, c)
+	}
+	promotedAt := time.Now()
 
 	// On the new primary: each acknowledged publish where it was
 	// acknowledged.
 	stored := map[string]int64{}
-	rows, err := open(t, withDatabase(t, replica, database)).QueryContext(ctx,
-		"SELECT id, `offset` FROM queue_messages WHERE tenant = 't' AND topic = 'x'")
+	rows, err := open(t, withDatabase(t, replica, schema)).QueryContext(ctx,
+		"SELECT id, `offset` FROM queue_messages WHERE tenant = ? AND topic = 'x'", tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +216,7 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 
 	// Publishing goes on after them, and a subscriber receives everything
 	// stored, each key in order.
-	rd, err := mysqldriver.Open(withDatabase(t, replica, database))
+	rd, err := mysqldriver.Open(after)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,9 +228,24 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 	defer rc.Close()
 	reused := 0 // keys whose new message took an offset at or below an acknowledged one
 	for k := range keys {
-		res, err := rc.Publish(ctx, shardq.Message{Tenant: "t", Topic: "x", PartitionKey: key(k), ID: fmt.Sprintf("k%02d-after", k), Payload: payload})
+		// Through vtgate the first may fail while it learns of the new
+		// primary: again, under the same id, for up to 30 s.
+		var res []shardq.PublishResult
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			res, err = rc.Publish(cctx, shardq.Message{Tenant: tenant, Topic: "x", PartitionKey: key(k), ID: fmt.Sprintf("k%02d-after", k), Payload: payload})
+			cancel()
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			t.Logf("key %s: publish on the promoted replica: %v; again", key(k), err)
+		}
 		if err != nil {
 			t.Fatalf("publish on the promoted replica: %v", err)
+		}
+		if k == 0 {
+			t.Logf("%s: first publish accepted on the promoted replica %v after its promotion, %v after the kill", mode,
+				time.Since(promotedAt).Round(time.Millisecond), time.Since(killedAt).Round(time.Millisecond))
 		}
 		if n := len(acked[k]); n > 0 && res[0].Offset <= acked[k][n-1].offset {
 			// Only after a loss: the lost messages' offsets are drawn
@@ -232,7 +267,7 @@ func TestPrimaryKilledUnderPublishers(t *testing.T) {
 		name string
 		rec  *recorder
 	}{{"fresh", fresh}, {"live", live}} {
-		sub, err := rc.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: g.name, Topic: "x", Tenants: []string{"t"}, Handler: g.rec.handle})
+		sub, err := rc.Subscribe(ctx, shardq.SubscriberConfig{ConsumerGroup: g.name, Topic: "x", Tenants: []string{tenant}, Handler: g.rec.handle})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +362,7 @@ func env(t *testing.T, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
-		t.Fatalf("%s is not set: run scripts/mariadb-failover", name)
+		t.Fatalf("%s is not set: run scripts/mariadb-failover or scripts/vitess-failover --unplanned", name)
 	}
 	return v
 }
@@ -377,35 +412,24 @@ func query(t *testing.T, dsn, q string, args ...any) *sql.Row {
 	return open(t, dsn).QueryRow(q, args...)
 }
 
-// kill sends SIGKILL to the mariadbd of pidFile: a machine that dies.
-func kill(t *testing.T, pidFile string) {
+// run runs command with sh -c, from the module's root, and logs its output.
+func run(t *testing.T, command string) {
 	t.Helper()
-	b, err := os.ReadFile(pidFile)
+	cmd := osexec.Command("sh", "-c", command)
+	cmd.Dir = "../../.."
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v\n%s", command, err, out)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatalf("%s: %v", pidFile, err)
-	}
-	// Only the mariadbd that wrote this pid file: a stale one may name
-	// another process by now.
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if comm, cerr := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || cerr != nil || strings.TrimSpace(string(comm)) != "mariadbd" ||
-		!slices.Contains(strings.Split(string(cmdline), "\x00"), "--pid-file="+pidFile) {
-		t.Fatalf("pid %d of %s is not the mariadbd that wrote it (%q, %v, %v)", pid, pidFile, cmdline, err, cerr)
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(pidFile); err != nil {
-		t.Error(err)
+	if len(out) > 0 {
+		t.Log(strings.TrimSpace(string(out)))
 	}
 }
 
 // promote makes the replica the primary, as an external failover tool
 // does: it waits until the replica applied every event it received
-// (gtid_slave_pos reaches Gtid_IO_Pos), then stops replicating.
+// (gtid_slave_pos reaches Gtid_IO_Pos), then stops replicating and
+// becomes writable (Vitess's mysqlds start read-only).
 func promote(t *testing.T, dsn string) {
 	t.Helper()
 	db := open(t, dsn)
@@ -415,7 +439,7 @@ func promote(t *testing.T, dsn string) {
 		return db.QueryRow("SELECT @@gtid_slave_pos").Scan(&applied) == nil && applied == received
 	})
 	t.Logf("promoting the replica at GTID %s", applied)
-	for _, stmt := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
+	for _, stmt := range []string{"STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"} {
 		if _, err := db.Exec(stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
 		}
