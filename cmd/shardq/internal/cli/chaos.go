@@ -127,7 +127,14 @@ func (a *app) chaosClientCmd() *cobra.Command {
 			cfg.SendUntil = time.Unix(0, sendUntil)
 			cfg.Token = a.env.Getenv(chaos.TokenEnv)
 			a.tune = cfg.Tune
+			// Started again after a kill, a client may meet its database
+			// restarting (db-restart; through Vitess, a shard's primary):
+			// it waits for it, as a supervisor would start it again.
 			c, done, err := a.client()
+			for deadline := time.Now().Add(time.Minute); err != nil && !refused(err) && time.Now().Before(deadline); {
+				time.Sleep(500 * time.Millisecond)
+				c, done, err = a.client()
+			}
 			if err != nil {
 				return err
 			}

@@ -201,12 +201,18 @@ func newRoot(env Env) *cobra.Command {
 func run(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		err := fn(cmd, args)
-		var ue usageError
-		if err == nil || errors.As(err, &ue) || errors.Is(err, shardq.ErrInvalid) {
+		if err == nil || refused(err) {
 			return err
 		}
 		return runError{err}
 	}
+}
+
+// refused reports an error of the command's input, which trying again
+// cannot cure: a usage error or an invalid value.
+func refused(err error) bool {
+	var ue usageError
+	return errors.As(err, &ue) || errors.Is(err, shardq.ErrInvalid)
 }
 
 // spec parses the DSN. Every command validates its other flags before it
