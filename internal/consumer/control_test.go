@@ -105,12 +105,11 @@ func TestLateMemberSparesItsPeers(t *testing.T) {
 	if err := d.Heartbeat(ctx, scope, "m0", now); err != nil {
 		t.Fatal(err)
 	}
-	handled := make(chan struct{}, 16)
 	s := &Member{drv: d, workers: map[driver.PartitionRef]*worker{}, life: lifecycle.New(ctx), log: slog.New(slog.DiscardHandler),
 		cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench"}, ID: "m0", LeaseTTL: time.Hour, StaleAfter: stale,
 			HeartbeatInterval: beatEvery, DiscoveryWindow: time.Minute, FullDiscoveryInterval: time.Hour, MaxPartitions: 10, BatchSize: 10,
 			PollInterval: time.Hour, IdleRelease: time.Hour, Clock: func() time.Time { return now },
-			Handle: func(context.Context, []driver.Message, *large.Whole, int) error { handled <- struct{}{}; return nil }}}
+			Handle: func(context.Context, []driver.Message, *large.Whole, int) error { return nil }}}
 	defer s.life.Stop(ctx)
 	s.beaten(scope.Tenants, now)
 	owners := func() map[string]string {
