@@ -322,15 +322,13 @@ func TestShortLeaseWarnsOnce(t *testing.T) {
 // for their one connection and fail with their deadline, not SQLITE_BUSY.
 func TestLockedSQLiteFileCostsNoRedelivery(t *testing.T) {
 	const heartbeat, stale = 250 * time.Millisecond, time.Second
-	cases := []struct {
+	type lockCase struct {
 		name       string
-		busy, lock time.Duration
-	}{{"busy_timeout 300ms", 300 * time.Millisecond, 2*stale + 300*time.Millisecond}}
+		busy, lock time.Duration // busy 0: the driver's default
+	}
+	cases := []lockCase{{"busy_timeout 300ms", 300 * time.Millisecond, 2*stale + 300*time.Millisecond}}
 	if !testing.Short() {
-		cases = append(cases, struct {
-			name       string
-			busy, lock time.Duration
-		}{"default busy_timeout", 0, 25 * time.Second})
+		cases = append(cases, lockCase{"default busy_timeout", 0, 25 * time.Second})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
