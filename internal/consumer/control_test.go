@@ -79,7 +79,8 @@ func TestLateMemberSparesItsPeers(t *testing.T) {
 	d := testdb.Migrated(t, testdb.SQLite(t))
 	publishKeys(t, d, "k", 0, 4)
 	scope := driver.GroupScope{Tenants: []string{"bench"}, Topic: "tick", ConsumerGroup: "g"}
-	now := time.Unix(1_000_000, 0)
+	clock := testdb.NewClock(time.Unix(1_000_000, 0)) // read by the workers the ticks start
+	now := clock.Now()
 	const stale, beatEvery = 4 * time.Second, time.Second
 	ref := func(i int) driver.PartitionRef {
 		return driver.PartitionRef{Tenant: "bench", ConsumerGroup: "g", Topic: "tick", PartitionKey: fmt.Sprintf("k%07d", i)}
@@ -108,7 +109,7 @@ func TestLateMemberSparesItsPeers(t *testing.T) {
 	s := &Member{drv: d, workers: map[driver.PartitionRef]*worker{}, life: lifecycle.New(ctx), log: slog.New(slog.DiscardHandler),
 		cfg: Config{ConsumerGroup: "g", Topic: "tick", Tenants: []string{"bench"}, ID: "m0", LeaseTTL: time.Hour, StaleAfter: stale,
 			HeartbeatInterval: beatEvery, DiscoveryWindow: time.Minute, FullDiscoveryInterval: time.Hour, MaxPartitions: 10, BatchSize: 10,
-			PollInterval: time.Hour, IdleRelease: time.Hour, Clock: func() time.Time { return now },
+			PollInterval: time.Hour, IdleRelease: time.Hour, Clock: clock.Now,
 			Handle: func(context.Context, []driver.Message, *large.Whole, int) error { return nil }}}
 	defer s.life.Stop(ctx)
 	s.beaten(scope.Tenants, now)
@@ -133,20 +134,20 @@ func TestLateMemberSparesItsPeers(t *testing.T) {
 		}
 	}
 	beat := func() {
-		if err := s.heartbeat(ctx, now); err != nil {
+		if err := s.heartbeat(ctx, clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
 
 	// m0 and "held" frozen past StaleAfter and past the short leases; m0
 	// wakes first.
-	now = now.Add(stale + time.Second)
+	clock.Add(stale + time.Second)
 	s.tick()
 	want("the first tick after the delay", map[int]string{0: "", 1: "", 2: "held", 3: "held"})
 	beat() // lands late
-	for end := now.Add(stale); now.Before(end); now = now.Add(stale / 4) {
+	for end := clock.Now().Add(stale); clock.Now().Before(end); clock.Add(stale / 4) {
 		s.tick()
-		want(fmt.Sprintf("%s after m0's late heartbeat", now.Sub(end.Add(-stale))), map[int]string{2: "held", 3: "held"})
+		want(fmt.Sprintf("%s after m0's late heartbeat", clock.Now().Sub(end.Add(-stale))), map[int]string{2: "held", 3: "held"})
 		beat()
 	}
 	s.tick()
